@@ -1,0 +1,37 @@
+//! The contract between a rate-limiting algorithm and the cell that runs it.
+
+use crate::decision::Decision;
+
+/// A rate-limiting algorithm as a pure function over one 64-bit word.
+///
+/// An implementation owns its parameters and nothing else: no atomics, no clock.
+/// Given a word, the time and a request, it says what to answer and, when the word
+/// must change, the next word. The compare-and-swap cell that runs it holds no rate
+/// logic, so the concurrency argument is made once, for every algorithm.
+///
+/// Times are the clock's nanoseconds ([`Clock::now`](crate::Clock::now)); a time
+/// may be *behind* one the word has already seen, and must then never create
+/// permits.
+pub trait Algorithm {
+    /// The word of a bucket that has never been used.
+    fn fresh(&self) -> u64;
+
+    /// The most permits one request can ever get.
+    fn capacity(&self) -> u32;
+
+    /// Decide a request for `n` permits at `now` against `word`.
+    ///
+    /// Returns the decision and, when the word must change, the next word. A denial
+    /// must return `None`: it changes nothing, so it writes nothing. The cell checks
+    /// `1 <= n <= capacity()` before calling; outside that range an implementation
+    /// must still not panic.
+    fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>);
+
+    /// The permits a request could get at `now`, without taking any.
+    fn remaining(&self, word: u64, now: u64) -> u32;
+
+    /// Whether `word` now behaves exactly like [`fresh`](Algorithm::fresh): every
+    /// future decision would be the same. Such a word can be dropped and recreated
+    /// later without losing anything.
+    fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool;
+}

@@ -1,0 +1,103 @@
+//! The one compare-and-swap loop that runs every algorithm.
+
+use core::fmt;
+
+use crate::algorithm::Algorithm;
+use crate::decision::Decision;
+use crate::sync::{AtomicU64, Backoff, Ordering};
+
+/// One limiter's whole state: a 64-bit word, changed only by compare-and-swap.
+///
+/// # Orderings
+///
+/// Every access is `Relaxed`. The word publishes no other data: a thread that reads
+/// it learns nothing about any other memory location, and no other memory is
+/// written on the strength of what it holds. What must hold is that no two
+/// decisions spend the same tokens, and that is a property of the word's single
+/// modification order: a compare-and-swap succeeds only against the value it
+/// decided on, whatever the ordering. loom checks this (`loom-tests/`).
+pub(crate) struct Cell {
+    word: AtomicU64,
+}
+
+impl Cell {
+    pub(crate) fn new(word: u64) -> Cell {
+        Cell {
+            word: AtomicU64::new(word),
+        }
+    }
+
+    /// The current word.
+    #[inline]
+    pub(crate) fn load(&self) -> u64 {
+        // Relaxed: see the type's documentation; a peek needs only some value of
+        // the modification order.
+        self.word.load(Ordering::Relaxed)
+    }
+
+    /// Run one decision of `algorithm` at `now` for `n` permits.
+    ///
+    /// `1 <= n <= algorithm.capacity()` is the caller's to check.
+    #[inline(always)]
+    pub(crate) fn apply<A: Algorithm>(&self, algorithm: &A, now: u64, n: u32) -> Decision {
+        // Relaxed: see the type's documentation.
+        let current = self.word.load(Ordering::Relaxed);
+        let (decision, next) = algorithm.decide(current, now, n);
+        let Some(next) = next else {
+            // A denial changes nothing, so it writes nothing.
+            return decision;
+        };
+        // Relaxed on success and failure: the word publishes nothing else; the
+        // failure value is only the input to the next attempt.
+        match self
+            .word
+            .compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => decision,
+            Err(actual) => self.apply_contended(algorithm, now, n, actual),
+        }
+    }
+
+    /// The retry loop, out of line: another thread changed the word between our
+    /// load and our compare-and-swap.
+    ///
+    /// `now` is not read again. Deciding with a reading older than the word's is
+    /// safe (the algorithm treats it as behind the stored time and creates no
+    /// permits), and it keeps the loop free of clock reads.
+    #[cold]
+    #[inline(never)]
+    fn apply_contended<A: Algorithm>(
+        &self,
+        algorithm: &A,
+        now: u64,
+        n: u32,
+        mut current: u64,
+    ) -> Decision {
+        let backoff = Backoff::new();
+        loop {
+            let (decision, next) = algorithm.decide(current, now, n);
+            let Some(next) = next else {
+                return decision;
+            };
+            // Relaxed: as in `apply`.
+            match self.word.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return decision,
+                Err(actual) => {
+                    current = actual;
+                    backoff.spin();
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Cell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Cell({:#018x})", self.load())
+    }
+}

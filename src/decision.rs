@@ -1,0 +1,170 @@
+//! What a limiter answers: admitted with tokens left, or denied with the exact wait.
+
+use core::time::Duration;
+
+/// The answer to a request for permits.
+///
+/// A denial changes nothing: the permits were not taken, and
+/// [`Denied::retry_after`](Decision::Denied) says how long until the same request
+/// would be admitted, if nobody else takes the permits first.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Decision, ManualClock, Quota, RateLimiter};
+///
+/// let clock = ManualClock::new();
+/// let quota = Quota::new(1, 1, Duration::from_secs(1)).unwrap();
+/// let limiter = RateLimiter::with_clock(quota, clock.clone());
+///
+/// assert_eq!(limiter.try_acquire(), Decision::Allowed { remaining: 0 });
+/// clock.advance(Duration::from_millis(300));
+/// match limiter.try_acquire() {
+///     Decision::Allowed { .. } => unreachable!("the only token is spent"),
+///     Decision::Denied { retry_after } => {
+///         assert_eq!(retry_after.duration(), Duration::from_millis(700));
+///         assert_eq!(retry_after.header_secs(), 1); // "Retry-After: 1"
+///     }
+/// }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use = "a rate limiter's decision must be checked: a denied request must not proceed"]
+pub enum Decision {
+    /// The permits were taken; `remaining` tokens are left in the bucket.
+    Allowed {
+        /// Tokens left after this request.
+        remaining: u32,
+    },
+    /// Not enough permits now; nothing was taken.
+    Denied {
+        /// The wait until the request would be admitted.
+        retry_after: RetryAfter,
+    },
+}
+
+impl Decision {
+    /// `true` when the permits were taken.
+    #[inline]
+    pub const fn is_allowed(&self) -> bool {
+        matches!(self, Decision::Allowed { .. })
+    }
+
+    /// `true` when the request was denied.
+    #[inline]
+    pub const fn is_denied(&self) -> bool {
+        !self.is_allowed()
+    }
+
+    /// Tokens left after an admitted request; `None` for a denial.
+    #[inline]
+    pub const fn remaining(&self) -> Option<u32> {
+        match self {
+            Decision::Allowed { remaining } => Some(*remaining),
+            Decision::Denied { .. } => None,
+        }
+    }
+
+    /// The wait of a denial; `None` when admitted.
+    #[inline]
+    pub const fn retry_after(&self) -> Option<RetryAfter> {
+        match self {
+            Decision::Allowed { .. } => None,
+            Decision::Denied { retry_after } => Some(*retry_after),
+        }
+    }
+}
+
+/// How long a denied request must wait, to the nanosecond.
+///
+/// [`header_secs`](RetryAfter::header_secs) gives the value of an HTTP
+/// `Retry-After` header: whole seconds, rounded **up**, because a client told to
+/// come back too early only gets another 429.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RetryAfter {
+    nanos: u64,
+}
+
+impl RetryAfter {
+    /// A wait of `nanos` nanoseconds.
+    #[inline]
+    pub const fn from_nanos(nanos: u64) -> Self {
+        RetryAfter { nanos }
+    }
+
+    /// The wait in nanoseconds.
+    #[inline]
+    pub const fn as_nanos(&self) -> u64 {
+        self.nanos
+    }
+
+    /// The wait as a [`Duration`].
+    #[inline]
+    pub const fn duration(&self) -> Duration {
+        Duration::from_nanos(self.nanos)
+    }
+
+    /// Whole seconds for a `Retry-After` header, rounded up: 700 ms gives 1,
+    /// 1000 ms gives 1, 1001 ms gives 2. Never rounds down.
+    #[inline]
+    pub const fn header_secs(&self) -> u64 {
+        self.nanos.div_ceil(1_000_000_000)
+    }
+
+    /// Whole milliseconds, rounded up.
+    #[inline]
+    pub const fn millis_ceil(&self) -> u64 {
+        self.nanos.div_ceil(1_000_000)
+    }
+}
+
+impl From<RetryAfter> for Duration {
+    fn from(retry_after: RetryAfter) -> Duration {
+        retry_after.duration()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_secs_rounds_up_never_down() {
+        let cases = [
+            (0, 0),
+            (1, 1),
+            (700_000_000, 1),
+            (999_999_999, 1),
+            (1_000_000_000, 1),
+            (1_000_000_001, 2),
+            (u64::MAX, u64::MAX.div_ceil(1_000_000_000)),
+        ];
+        for (nanos, secs) in cases {
+            assert_eq!(
+                RetryAfter::from_nanos(nanos).header_secs(),
+                secs,
+                "{nanos} ns"
+            );
+        }
+    }
+
+    #[test]
+    fn millis_ceil_rounds_up() {
+        assert_eq!(RetryAfter::from_nanos(700_000_000).millis_ceil(), 700);
+        assert_eq!(RetryAfter::from_nanos(700_000_001).millis_ceil(), 701);
+        assert_eq!(RetryAfter::from_nanos(1).millis_ceil(), 1);
+    }
+
+    #[test]
+    fn accessors_agree() {
+        let allowed = Decision::Allowed { remaining: 4 };
+        assert!(allowed.is_allowed() && !allowed.is_denied());
+        assert_eq!(allowed.remaining(), Some(4));
+        assert_eq!(allowed.retry_after(), None);
+
+        let wait = RetryAfter::from_nanos(1_500);
+        let denied = Decision::Denied { retry_after: wait };
+        assert!(denied.is_denied() && !denied.is_allowed());
+        assert_eq!(denied.remaining(), None);
+        assert_eq!(denied.retry_after(), Some(wait));
+        assert_eq!(Duration::from(wait), Duration::from_nanos(1_500));
+    }
+}

@@ -1,0 +1,121 @@
+//! Typed errors: every invalid quota is refused when it is built, every invalid
+//! request when it is made. Nothing here is a panic.
+
+use core::fmt;
+use core::time::Duration;
+
+/// Why a [`Quota`](crate::Quota) could not be built.
+///
+/// Each variant names the offending value and the range that would be accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// The capacity (burst) was 0; a bucket must hold at least one token.
+    ZeroCapacity,
+    /// The refill amount was 0; a bucket that never refills is not a rate.
+    ZeroAmount,
+    /// A rate constructor such as [`Quota::per_second`](crate::Quota::per_second) got 0.
+    ZeroRate,
+    /// The refill period was zero.
+    ZeroPeriod,
+    /// The refill period is not a whole number of the bucket's time unit (1 µs up
+    /// to a capacity of 65,535, coarser above; see
+    /// [`Quota::time_unit`](crate::Quota::time_unit)).
+    PeriodResolution {
+        /// The period that was asked for.
+        period: Duration,
+        /// The time unit for the capacity asked for.
+        unit: Duration,
+    },
+    /// Refilling an empty bucket would take longer than the packed word's time field
+    /// can measure exactly for this capacity (half its range).
+    FillTimeTooLong {
+        /// The capacity asked for; it decides how many bits are left for time.
+        capacity: u32,
+        /// The time to refill an empty bucket: `ceil(capacity / amount) * period`.
+        fill_time: Duration,
+        /// The longest fill time this capacity allows.
+        max: Duration,
+    },
+}
+
+impl fmt::Display for QuotaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QuotaError::ZeroCapacity => f.write_str(
+                "quota capacity (burst) is 0; it must be between 1 and 4294967295 tokens",
+            ),
+            QuotaError::ZeroAmount => f.write_str(
+                "quota refill amount is 0; it must be between 1 and 4294967295 tokens per period",
+            ),
+            QuotaError::ZeroRate => {
+                f.write_str("quota rate is 0; it must be between 1 and 4294967295 per interval")
+            }
+            QuotaError::ZeroPeriod => {
+                f.write_str("quota refill period is zero; it must be at least 1 microsecond")
+            }
+            QuotaError::PeriodResolution { period, unit } => {
+                let unit_nanos = unit.as_nanos().max(1);
+                let suggestion = period.as_nanos().div_ceil(unit_nanos) * unit_nanos;
+                write!(
+                    f,
+                    "quota refill period {period:?} is not a whole number of the bucket's \
+                     time unit, {unit:?} for this capacity; use a multiple of {unit:?}, \
+                     e.g. {:?}",
+                    Duration::from_nanos(u64::try_from(suggestion).unwrap_or(u64::MAX))
+                )
+            }
+            QuotaError::FillTimeTooLong {
+                capacity,
+                fill_time,
+                max,
+            } => write!(
+                f,
+                "quota takes {fill_time:?} to refill an empty bucket of {capacity} tokens; \
+                 with that capacity the packed word measures at most {max:?}: \
+                 raise the amount per period, shorten the period, or lower the capacity"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for QuotaError {}
+
+/// Why a request for `n` permits was refused outright, before any rate decision.
+///
+/// These are not rate denials: retrying later cannot help, so they carry no wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AcquireError {
+    /// `n = 0` was requested. A request must ask for at least one permit; to look at
+    /// the tokens available without spending any, use `remaining()`.
+    ZeroPermits,
+    /// More permits were requested than the bucket can ever hold.
+    InsufficientCapacity {
+        /// The permits requested.
+        requested: u32,
+        /// The bucket's capacity, the most one request can ever get.
+        capacity: u32,
+    },
+}
+
+impl fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AcquireError::ZeroPermits => f.write_str(
+                "a request for 0 permits; ask for at least 1, or call remaining() to look \
+                 without spending",
+            ),
+            AcquireError::InsufficientCapacity {
+                requested,
+                capacity,
+            } => write!(
+                f,
+                "a request for {requested} permits can never succeed: the bucket holds at \
+                 most {capacity}; ask for between 1 and {capacity}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for AcquireError {}

@@ -1,0 +1,49 @@
+//! A lock-free, concurrent, in-process rate limiter for the hot path.
+//!
+//! turnstile decides admission *before* work begins and rejects explicitly: a
+//! denial carries the exact wait, and [`RetryAfter::header_secs`] rounds it up to
+//! the whole seconds of an HTTP `Retry-After` header.
+//!
+//! Every algorithm is a pure function over one 64-bit word ([`Algorithm`]), run by
+//! one compare-and-swap loop. The token bucket ([`TokenBucket`]) packs its token
+//! count and last refill time into that word.
+//!
+//! ```
+//! use turnstile::{Decision, Quota, RateLimiter};
+//!
+//! let limiter = RateLimiter::new(Quota::per_second(100)?.burst(20)?);
+//! match limiter.try_acquire() {
+//!     Decision::Allowed { remaining } => println!("go ahead, {remaining} left"),
+//!     Decision::Denied { retry_after } => {
+//!         println!("429 Too Many Requests, Retry-After: {}", retry_after.header_secs())
+//!     }
+//! }
+//! # Ok::<(), turnstile::QuotaError>(())
+//! ```
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+
+mod algorithm;
+mod cell;
+mod clock;
+mod decision;
+mod error;
+mod limiter;
+mod quota;
+mod sync;
+mod token_bucket;
+
+pub use algorithm::Algorithm;
+#[cfg(not(loom))]
+pub use clock::CoarseClock;
+pub use clock::{Clock, ManualClock, RealClock};
+pub use decision::{Decision, RetryAfter};
+pub use error::{AcquireError, QuotaError};
+pub use limiter::RateLimiter;
+pub use quota::Quota;
+pub use token_bucket::TokenBucket;

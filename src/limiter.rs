@@ -1,0 +1,130 @@
+//! A direct (unkeyed) limiter: one cell, one algorithm, one clock.
+
+use crossbeam_utils::CachePadded;
+
+use crate::algorithm::Algorithm;
+use crate::cell::Cell;
+use crate::clock::{Clock, RealClock};
+use crate::decision::Decision;
+use crate::error::AcquireError;
+use crate::quota::Quota;
+use crate::token_bucket::TokenBucket;
+
+/// A lock-free rate limiter for one stream of requests (one API, one client, one
+/// outbound dependency). Share it by reference or in an `Arc`; every method takes
+/// `&self`.
+///
+/// Each decision reads the clock once and runs one compare-and-swap on one
+/// `AtomicU64`; a denial writes nothing.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Decision, ManualClock, Quota, RateLimiter};
+///
+/// let clock = ManualClock::new();
+/// let limiter = RateLimiter::with_clock(Quota::new(3, 1, Duration::from_secs(1))?, clock.clone());
+///
+/// for left in [2, 1, 0] {
+///     assert_eq!(limiter.try_acquire(), Decision::Allowed { remaining: left });
+/// }
+/// let denied = limiter.try_acquire();
+/// assert_eq!(denied.retry_after().map(|r| r.duration()), Some(Duration::from_secs(1)));
+///
+/// clock.advance(Duration::from_secs(2));
+/// assert_eq!(limiter.remaining(), 2); // a peek spends nothing
+/// assert!(limiter.try_acquire_n(2)?.is_allowed());
+/// assert!(limiter.try_acquire_n(4).is_err()); // more than the bucket ever holds
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct RateLimiter<A = TokenBucket, C = RealClock> {
+    // Padded: every core writes this line; the algorithm's parameters and the
+    // clock beside it are read on every decision and must not share it.
+    cell: CachePadded<Cell>,
+    algorithm: A,
+    clock: C,
+}
+
+impl RateLimiter {
+    /// A token-bucket limiter for `quota` on the real clock.
+    pub fn new(quota: Quota) -> RateLimiter {
+        RateLimiter::with_clock(quota, RealClock::new())
+    }
+}
+
+impl<C: Clock> RateLimiter<TokenBucket, C> {
+    /// A token-bucket limiter for `quota` on `clock`
+    /// ([`CoarseClock`](crate::CoarseClock) for speed,
+    /// [`ManualClock`](crate::ManualClock) for tests).
+    pub fn with_clock(quota: Quota, clock: C) -> RateLimiter<TokenBucket, C> {
+        RateLimiter::from_parts(TokenBucket::new(quota), clock)
+    }
+}
+
+impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
+    /// A limiter running `algorithm` on `clock`, starting fresh.
+    pub fn from_parts(algorithm: A, clock: C) -> RateLimiter<A, C> {
+        RateLimiter {
+            cell: CachePadded::new(Cell::new(algorithm.fresh())),
+            algorithm,
+            clock,
+        }
+    }
+
+    /// Ask for one permit.
+    #[inline(always)]
+    pub fn try_acquire(&self) -> Decision {
+        // Every algorithm's capacity is at least 1, so one permit is always a
+        // valid request.
+        self.cell.apply(&self.algorithm, self.clock.now(), 1)
+    }
+
+    /// Ask for `n` permits, all or nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::ZeroPermits`] for `n = 0` (use [`remaining`](Self::remaining)
+    /// to look without spending), and [`AcquireError::InsufficientCapacity`] when
+    /// `n` exceeds the capacity, since such a request can never succeed. Neither
+    /// reads the clock or touches the bucket.
+    #[inline]
+    pub fn try_acquire_n(&self, n: u32) -> Result<Decision, AcquireError> {
+        check_permits(n, self.algorithm.capacity())?;
+        Ok(self.cell.apply(&self.algorithm, self.clock.now(), n))
+    }
+
+    /// The permits available now, without taking any.
+    pub fn remaining(&self) -> u32 {
+        self.algorithm.remaining(self.cell.load(), self.clock.now())
+    }
+
+    /// The most permits one request can get.
+    pub fn capacity(&self) -> u32 {
+        self.algorithm.capacity()
+    }
+
+    /// The algorithm and its parameters.
+    pub fn algorithm(&self) -> &A {
+        &self.algorithm
+    }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+/// Refuse requests that no rate decision can answer.
+#[inline]
+pub(crate) fn check_permits(n: u32, capacity: u32) -> Result<(), AcquireError> {
+    if n == 0 {
+        Err(AcquireError::ZeroPermits)
+    } else if n > capacity {
+        Err(AcquireError::InsufficientCapacity {
+            requested: n,
+            capacity,
+        })
+    } else {
+        Ok(())
+    }
+}

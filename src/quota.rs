@@ -1,0 +1,338 @@
+//! Validated token-bucket parameters: capacity, and `amount` tokens every `period`.
+
+use core::time::Duration;
+
+use crate::error::QuotaError;
+use crate::token_bucket::Layout;
+
+const MICROS_PER_SECOND: u64 = 1_000_000;
+/// The rate constructors keep their rounding below one part in this many.
+const PRECISION: u128 = 1_000;
+
+/// A token bucket's parameters: it holds at most `capacity` tokens (the burst) and
+/// gains `amount` tokens at the end of every whole `period`.
+///
+/// Every constructor validates; an invalid value is a [`QuotaError`] naming the
+/// value and the allowed range, never a panic and never a silent clamp.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::Quota;
+///
+/// // 100 per second, bursts of up to 20.
+/// let api = Quota::per_second(100)?.burst(20)?;
+/// assert_eq!(api.capacity(), 20);
+/// assert_eq!(api.period(), Duration::from_millis(10));
+///
+/// // The seed's bucket: capacity 3, one token every 1000 ms.
+/// let seed = Quota::new(3, 1, Duration::from_millis(1000))?;
+/// assert_eq!(seed.fill_time(), Duration::from_secs(3));
+///
+/// assert!(Quota::new(0, 1, Duration::from_secs(1)).is_err());
+/// # Ok::<(), turnstile::QuotaError>(())
+/// ```
+///
+/// # Time unit
+///
+/// The bucket keeps time in whole units ([`Quota::time_unit`]): one microsecond
+/// for capacities up to 65,535, doubling with each further bit of capacity (16 µs
+/// at a million, 65.536 ms at `u32::MAX`), which keeps every bucket exact for at
+/// least 4.46 years of idleness (see [`TokenBucket`](crate::TokenBucket#the-packed-word)).
+/// A period must be a whole number of units ([`QuotaError::PeriodResolution`]
+/// otherwise); the rate constructors choose such a period for you.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Quota {
+    capacity: u32,
+    amount: u32,
+    period_micros: u64,
+}
+
+impl Quota {
+    /// A bucket of `capacity` tokens that gains `amount` tokens every `period`.
+    ///
+    /// `amount` tokens arrive together at the end of each whole period (the seed's
+    /// and .NET's token bucket). With `amount = 1` the bucket admits at most
+    /// `capacity + floor(T / period)` requests in any interval `T` (RFC 1363's
+    /// `B + R·T`); with a larger amount, a batch arriving just after a burst can add
+    /// up to `amount - 1` more.
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::ZeroCapacity`], [`QuotaError::ZeroAmount`],
+    /// [`QuotaError::ZeroPeriod`], [`QuotaError::PeriodResolution`] for a period
+    /// that is not a whole number of the capacity's time unit, and
+    /// [`QuotaError::FillTimeTooLong`] when refilling from empty takes longer than
+    /// the packed word can measure (see [`Quota::max_fill_time`]).
+    pub fn new(capacity: u32, amount: u32, period: Duration) -> Result<Quota, QuotaError> {
+        if period.is_zero() {
+            return Err(QuotaError::ZeroPeriod);
+        }
+        let nanos = period.as_nanos();
+        if !nanos.is_multiple_of(1_000) {
+            let unit = Layout::for_capacity(capacity).unit_micros();
+            return Err(QuotaError::PeriodResolution {
+                period,
+                unit: Duration::from_micros(unit),
+            });
+        }
+        // A period too long for u64 microseconds is far beyond any fill-time limit.
+        let period_micros = u64::try_from(nanos / 1_000).unwrap_or(u64::MAX);
+        Quota::from_micros(capacity, amount, period_micros)
+    }
+
+    /// `rate` tokens per second, with a burst of `rate`.
+    ///
+    /// The refill is one token every `1 s / rate` when that is a whole number of
+    /// time units, so the rate is exact. Otherwise the constructor picks the
+    /// refill with the shortest period that never exceeds `rate` and stays within
+    /// 0.1% of it: the exact rate in small batches where one exists (300,000 per
+    /// second is 12 tokens every 40 µs), else one token every `ceil(1 s / rate)`
+    /// (3 per second is one every 333,334 µs), else a batch about every
+    /// millisecond. Use [`Quota::burst`] to change the burst.
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::ZeroRate`] for 0.
+    pub fn per_second(rate: u32) -> Result<Quota, QuotaError> {
+        Quota::per_interval(rate, MICROS_PER_SECOND)
+    }
+
+    /// `rate` tokens per minute, with a burst of `rate`; refill chosen as
+    /// [`Quota::per_second`] does.
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::ZeroRate`] for 0.
+    pub fn per_minute(rate: u32) -> Result<Quota, QuotaError> {
+        Quota::per_interval(rate, 60 * MICROS_PER_SECOND)
+    }
+
+    /// `rate` tokens per hour, with a burst of `rate`; refill chosen as
+    /// [`Quota::per_second`] does.
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::ZeroRate`] for 0.
+    pub fn per_hour(rate: u32) -> Result<Quota, QuotaError> {
+        Quota::per_interval(rate, 3_600 * MICROS_PER_SECOND)
+    }
+
+    /// One token every `period`, with a burst of 1 (pacing); widen the burst with
+    /// [`Quota::burst`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Quota::new`] for the period.
+    pub fn with_period(period: Duration) -> Result<Quota, QuotaError> {
+        Quota::new(1, 1, period)
+    }
+
+    /// The same refill with a different capacity (burst).
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::ZeroCapacity`]; [`QuotaError::PeriodResolution`] when the
+    /// new capacity is above 65,535 and its coarser time unit does not divide the
+    /// period; [`QuotaError::FillTimeTooLong`].
+    pub fn burst(self, capacity: u32) -> Result<Quota, QuotaError> {
+        Quota::from_micros(capacity, self.amount, self.period_micros)
+    }
+
+    /// The most tokens the bucket holds: the largest burst, and the most permits
+    /// one request can ask for.
+    pub const fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Tokens added at the end of each period.
+    pub const fn amount(&self) -> u32 {
+        self.amount
+    }
+
+    /// The refill period.
+    pub const fn period(&self) -> Duration {
+        Duration::from_micros(self.period_micros)
+    }
+
+    /// The time to refill an empty bucket: `ceil(capacity / amount) * period`.
+    pub const fn fill_time(&self) -> Duration {
+        Duration::from_micros(fill_time(self.capacity, self.amount, self.period_micros))
+    }
+
+    /// The granularity of the bucket's time for this capacity: 1 µs up to a
+    /// capacity of 65,535, then doubling with each bit (65.536 ms at `u32::MAX`).
+    /// The period is a whole number of these; refills land on them.
+    pub const fn time_unit(&self) -> Duration {
+        Duration::from_micros(Layout::for_capacity(self.capacity).unit_micros())
+    }
+
+    /// The longest fill time that a bucket of this capacity can have, and also the
+    /// longest idle time after which a bucket that was not full is still read
+    /// exactly: half the span of the packed word's time field, at least `2^47` µs
+    /// (4.46 years).
+    pub const fn max_fill_time(&self) -> Duration {
+        Duration::from_micros(Layout::for_capacity(self.capacity).half_range_micros())
+    }
+
+    pub(crate) const fn period_micros(&self) -> u64 {
+        self.period_micros
+    }
+
+    fn from_micros(capacity: u32, amount: u32, period_micros: u64) -> Result<Quota, QuotaError> {
+        if capacity == 0 {
+            return Err(QuotaError::ZeroCapacity);
+        }
+        if amount == 0 {
+            return Err(QuotaError::ZeroAmount);
+        }
+        if period_micros == 0 {
+            return Err(QuotaError::ZeroPeriod);
+        }
+        let layout = Layout::for_capacity(capacity);
+        let unit = layout.unit_micros();
+        if !period_micros.is_multiple_of(unit) {
+            return Err(QuotaError::PeriodResolution {
+                period: Duration::from_micros(period_micros),
+                unit: Duration::from_micros(unit),
+            });
+        }
+        let max = layout.half_range_micros();
+        let fill = u128::from(capacity.div_ceil(amount)) * u128::from(period_micros);
+        if fill > u128::from(max) {
+            return Err(QuotaError::FillTimeTooLong {
+                capacity,
+                fill_time: Duration::from_micros(u64::try_from(fill).unwrap_or(u64::MAX)),
+                max: Duration::from_micros(max),
+            });
+        }
+        Ok(Quota {
+            capacity,
+            amount,
+            period_micros,
+        })
+    }
+
+    fn per_interval(rate: u32, interval_micros: u64) -> Result<Quota, QuotaError> {
+        if rate == 0 {
+            return Err(QuotaError::ZeroRate);
+        }
+        let unit = Layout::for_capacity(rate).unit_micros();
+        let (amount, period) = refill_for_rate(u64::from(rate), interval_micros, unit);
+        // `refill_for_rate` keeps the amount within a u32 (see its tests).
+        let amount = u32::try_from(amount).unwrap_or(u32::MAX);
+        Quota::from_micros(rate, amount, period)
+    }
+}
+
+/// `ceil(capacity / amount) * period`, in the period's unit. Validated quotas keep
+/// it below `2^62` microseconds, so it cannot overflow.
+pub(crate) const fn fill_time(capacity: u32, amount: u32, period: u64) -> u64 {
+    (capacity.div_ceil(amount) as u64).saturating_mul(period)
+}
+
+/// The `(amount, period)` refill for `rate` tokens per `interval` microseconds with
+/// a period that is a whole number of `unit` microseconds: never faster than the
+/// rate, within one part in `PRECISION` of it, and with the shortest period among
+/// the candidates.
+fn refill_for_rate(rate: u64, interval: u64, unit: u64) -> (u64, u64) {
+    // In u128: products of a rate, an interval and a unit reach 2^80.
+    let (rate, interval, unit) = (u128::from(rate), u128::from(interval), u128::from(unit));
+    let round_up = |micros: u128| micros.div_ceil(unit) * unit;
+    // Exact: `rate / interval = a / p` with `p` the smallest whole number of units
+    // that is a multiple of `interval / gcd`.
+    let step = interval / gcd(rate, interval);
+    let exact_period = step / gcd(step, unit) * unit;
+    let exact = (rate * exact_period / interval, exact_period);
+    // Batches rounded down: `k` units long, at least PRECISION tokens each, so
+    // flooring the batch loses less than one part in PRECISION.
+    let k = (PRECISION * interval).div_ceil(rate * unit).max(1);
+    let floored = (rate * k * unit / interval, k * unit);
+    // Periods rounded up: a batch of `a` tokens every `a * interval / rate`
+    // rounded up to whole units, with the period at least PRECISION units long so
+    // the rounding costs less than one part in PRECISION.
+    let a = (rate * PRECISION * unit).div_ceil(interval);
+    let rounded = (a, round_up((a * interval).div_ceil(rate)));
+    let (amount, period) = [floored, rounded]
+        .into_iter()
+        .fold(exact, |best, c| if c.1 < best.1 { c } else { best });
+    // The chosen period is at most about PRECISION units or one token's interval,
+    // and the amount at most about PRECISION plus one unit's tokens: both fit.
+    (
+        u64::try_from(amount).unwrap_or(u64::MAX),
+        u64::try_from(period).unwrap_or(u64::MAX),
+    )
+}
+
+const fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_refills_never_exceed_the_rate_and_stay_within_a_thousandth() {
+        let intervals = [
+            MICROS_PER_SECOND,
+            60 * MICROS_PER_SECOND,
+            3_600 * MICROS_PER_SECOND,
+        ];
+        let rates = [
+            1,
+            2,
+            3,
+            7,
+            999,
+            1_000,
+            1_001,
+            1_500,
+            7_777,
+            65_535,
+            65_536,
+            100_000,
+            300_000,
+            333_333,
+            1_000_000,
+            3_000_000,
+            3_600_000,
+            999_999_937,
+            u64::from(u32::MAX),
+        ];
+        for interval in intervals {
+            for rate in rates {
+                let unit = Layout::for_capacity(rate as u32).unit_micros();
+                let (amount, period) = refill_for_rate(rate, interval, unit);
+                let case = format!("{rate}/{interval}µs (unit {unit}): {amount} per {period}µs");
+                assert!(amount >= 1 && amount <= u64::from(u32::MAX), "{case}");
+                assert!(period >= unit && period % unit == 0, "{case}");
+                // amount / period <= rate / interval
+                let (lhs, rhs) = (
+                    u128::from(amount) * u128::from(interval),
+                    u128::from(rate) * u128::from(period),
+                );
+                assert!(lhs <= rhs, "too fast: {case}");
+                assert!(lhs * 1_000 >= rhs * 999, "too slow: {case}");
+                // Batches stay short: at most about a millisecond, or a few units.
+                let one_token = interval.div_ceil(rate).div_ceil(unit) * unit;
+                assert!(
+                    period <= one_token.max(2_000 * unit),
+                    "batches too long: {case}"
+                );
+                Quota::from_micros(rate as u32, amount as u32, period).expect(&case);
+            }
+        }
+    }
+
+    #[test]
+    fn rate_refills_prefer_exact_and_smooth() {
+        let s = MICROS_PER_SECOND;
+        assert_eq!(refill_for_rate(100, s, 1), (1, 10_000));
+        assert_eq!(refill_for_rate(1_000_000, s, 16), (16, 16));
+        assert_eq!(refill_for_rate(3, s, 1), (1, 333_334));
+        assert_eq!(refill_for_rate(300_000, s, 8), (12, 40));
+        assert_eq!(refill_for_rate(3_000_000, s, 64), (192, 64));
+    }
+}

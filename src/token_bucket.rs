@@ -1,0 +1,436 @@
+//! The token bucket as a pure function on one 64-bit word.
+
+use crate::algorithm::Algorithm;
+use crate::decision::{Decision, RetryAfter};
+use crate::quota::{Quota, fill_time};
+
+use core::num::NonZeroU64;
+
+const NANOS_PER_MICRO: u64 = 1_000;
+
+/// `n` as a `NonZeroU64`; validated quotas never pass 0, which would map to 1.
+const fn non_zero(n: u64) -> NonZeroU64 {
+    match NonZeroU64::new(n) {
+        Some(n) => n,
+        None => NonZeroU64::MIN,
+    }
+}
+
+/// Token-field width up to which the time unit is one microsecond. Wider token
+/// fields coarsen the unit instead of shortening the time field's span.
+const TOKEN_BITS_AT_MICROSECOND: u32 = 16;
+
+/// Where the two fields sit in a token bucket's word, for one capacity, and the
+/// time field's unit.
+///
+/// The token field is exactly as wide as the capacity needs; time gets the rest.
+/// Up to 16 token bits the time unit is 1 µs; each token bit beyond doubles it, so
+/// the time field always spans at least `2^48` µs. The shift and mask are
+/// computed once, here, and every read or write of a word goes through
+/// [`pack`](Layout::pack), [`tokens`](Layout::tokens) and [`time`](Layout::time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Width of the time field, and the shift of the token field: `64 - token bits`.
+    time_bits: u32,
+    /// `2^time_bits - 1`.
+    time_mask: u64,
+    /// The time unit is `2^unit_shift` microseconds.
+    unit_shift: u32,
+}
+
+impl Layout {
+    /// The layout for a bucket of `capacity` tokens (`capacity >= 1`).
+    pub(crate) const fn for_capacity(capacity: u32) -> Layout {
+        // 1..=32 bits of tokens; `capacity | 1` gives capacity 0 one bit instead of none.
+        let token_bits = u32::BITS - (capacity | 1).leading_zeros();
+        let time_bits = u64::BITS - token_bits;
+        Layout {
+            time_bits,
+            time_mask: (1 << time_bits) - 1,
+            unit_shift: token_bits.saturating_sub(TOKEN_BITS_AT_MICROSECOND),
+        }
+    }
+
+    /// The time unit in microseconds: 1, or a larger power of two for capacities
+    /// above 65,535.
+    pub(crate) const fn unit_micros(self) -> u64 {
+        1 << self.unit_shift
+    }
+
+    /// Half the time field's range, in time units: elapsed times below it are read
+    /// forwards, at or above it as a reading behind the stored time.
+    const fn half_range(self) -> u64 {
+        1 << (self.time_bits - 1)
+    }
+
+    /// Half the time field's range, in microseconds; at least `2^47`.
+    pub(crate) const fn half_range_micros(self) -> u64 {
+        self.half_range() << self.unit_shift
+    }
+
+    /// A clock reading in nanoseconds as the word's time: whole units, wrapped.
+    #[inline(always)]
+    const fn time_of(self, now: u64) -> u64 {
+        self.wrap((now / NANOS_PER_MICRO) >> self.unit_shift)
+    }
+
+    /// The nanoseconds from `now` (a clock reading) to the start of the time unit
+    /// `ahead >= 1` units after `now`'s own: the exact wait for a refill that lands
+    /// there. Saturates at `u64::MAX` (584 years).
+    #[inline(always)]
+    const fn nanos_until(self, ahead: u64, now: u64) -> u64 {
+        let unit_start_micros = ((now / NANOS_PER_MICRO) >> self.unit_shift) << self.unit_shift;
+        let into_unit = now - unit_start_micros * NANOS_PER_MICRO;
+        match (ahead << self.unit_shift).checked_mul(NANOS_PER_MICRO) {
+            // `ahead >= 1` unit and `into_unit` is less than one: no underflow.
+            Some(ahead) => ahead - into_unit,
+            None => u64::MAX,
+        }
+    }
+
+    /// `time` wrapped to the time field.
+    #[inline(always)]
+    const fn wrap(self, time: u64) -> u64 {
+        time & self.time_mask
+    }
+
+    #[inline(always)]
+    const fn pack(self, tokens: u64, time: u64) -> u64 {
+        (tokens << self.time_bits) | self.wrap(time)
+    }
+
+    #[inline(always)]
+    const fn tokens(self, word: u64) -> u64 {
+        word >> self.time_bits
+    }
+
+    #[inline(always)]
+    const fn time(self, word: u64) -> u64 {
+        self.wrap(word)
+    }
+}
+
+/// The token bucket of the seed's `TokenBucketLimiter`, as a pure function on a
+/// word: no atomics, no clock. [`RateLimiter`](crate::RateLimiter) runs it in a
+/// compare-and-swap cell.
+///
+/// # Semantics
+///
+/// - A bucket starts full.
+/// - On each request it refills `amount` tokens for every whole `period` elapsed
+///   since the last refill. While the bucket is not full the fraction of a period
+///   is kept (the next refill time stays on the period grid); when it is full the
+///   fraction is dropped (the grid restarts at this request).
+/// - A request for `n` permits is all or nothing. A denial takes nothing, writes
+///   nothing, and reports the exact wait until `n` tokens will be there.
+///
+/// # The packed word
+///
+/// | bits | field | contents |
+/// |---|---|---|
+/// | `63 ..= 64-w` | tokens | tokens in the bucket at the last refill, `0 ..= capacity` |
+/// | `63-w ..= 0` | time | last refill time in whole time units of the clock, modulo `2^(64-w)` |
+///
+/// `w` is the number of bits the capacity needs (1 to 32), so the largest
+/// capacity is `u32::MAX` and the time field is 32 to 63 bits wide. The time unit
+/// is 1 µs up to 16 token bits (capacity 65,535) and doubles with each bit beyond,
+/// so the field always spans at least `2^48` µs (8.9 years); a period must be a
+/// whole number of units ([`Quota::time_unit`]).
+///
+/// | capacity up to | token bits | time unit | time field span | half span (exact idle) |
+/// |---|---|---|---|---|
+/// | 1 | 1 | 1 µs | 2^63 µs ≈ 292,000 years | ≈ 146,000 years |
+/// | 1,023 | 10 | 1 µs | 2^54 µs ≈ 571 years | ≈ 285 years |
+/// | 65,535 | 16 | 1 µs | 2^48 µs ≈ 8.9 years | ≈ 4.46 years |
+/// | 1,048,575 | 20 | 16 µs | 2^48 µs | ≈ 4.46 years |
+/// | 16,777,215 | 24 | 256 µs | 2^48 µs | ≈ 4.46 years |
+/// | 4,294,967,295 | 32 | 65,536 µs | 2^48 µs | ≈ 4.46 years |
+///
+/// Time is compared with wrapping arithmetic. An elapsed time
+/// `e = (now - time) mod 2^(64-w)` is read forwards when it is below half the span
+/// and as a reading *behind* the stored time otherwise. A quota whose fill time
+/// (`ceil(capacity / amount) * period`) exceeds half the span is refused
+/// ([`QuotaError::FillTimeTooLong`](crate::QuotaError)), so a forward reading can
+/// always tell a full bucket.
+///
+/// **Clocks that go backwards.** A reading behind the stored time (threads read
+/// the clock in one order and compare-and-swap in another; TSC skew between cores;
+/// a [`ManualClock`](crate::ManualClock) set back) refills nothing and never moves
+/// the stored time backwards: the request is decided on the tokens already there,
+/// and a denial's wait counts from the stored time. Such a reading can only
+/// under-credit.
+///
+/// **Wrap.** A word stored full (a bucket never used) is immune to wrap: it is full
+/// whatever the elapsed time. A word stored *not* full that then sees no request
+/// for at least half the span (4.46 years or more, by the table) is misread: a
+/// wrapped elapsed time in the behind half refills nothing, one in the forward half
+/// refills for that shorter time. Either way it under-credits (admits fewer, never
+/// more) until the clock comes round to the forward half again, or for one fill
+/// time of further use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenBucket {
+    quota: Quota,
+    layout: Layout,
+    capacity: u64,
+    // Non-zero by the quota's validation; the type lets divisions skip the check.
+    amount: NonZeroU64,
+    /// In time units.
+    period: NonZeroU64,
+    /// Time units to refill from empty; `<= half`.
+    fill: u64,
+    /// Half the time field's range, in time units.
+    half: u64,
+}
+
+impl TokenBucket {
+    /// The algorithm for a validated quota.
+    pub const fn new(quota: Quota) -> TokenBucket {
+        let layout = Layout::for_capacity(quota.capacity());
+        // The quota's period is a whole number of the layout's units.
+        let period = quota.period_micros() >> layout.unit_shift;
+        TokenBucket {
+            quota,
+            layout,
+            capacity: quota.capacity() as u64,
+            amount: non_zero(quota.amount() as u64),
+            period: non_zero(period),
+            fill: fill_time(quota.capacity(), quota.amount(), period),
+            half: layout.half_range(),
+        }
+    }
+
+    /// The quota this bucket enforces.
+    pub const fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// Refill `word` to time `now` (units, wrapped): the tokens available and the
+    /// refill time that goes with them.
+    #[inline(always)]
+    fn refill(&self, word: u64, now: u64) -> (u64, u64) {
+        let tokens = self.layout.tokens(word);
+        if tokens >= self.capacity {
+            // Full: any elapsed time leaves it full, and the fraction is dropped.
+            return (self.capacity, now);
+        }
+        let last = self.layout.time(word);
+        let elapsed = self.layout.wrap(now.wrapping_sub(last));
+        if elapsed < self.period.get() || elapsed >= self.half {
+            // Not a whole period yet, or a reading behind the stored time:
+            // refill nothing, move nothing.
+            return (tokens, last);
+        }
+        if elapsed >= self.fill {
+            return (self.capacity, now);
+        }
+        let periods = elapsed / self.period;
+        // periods * amount < ceil(capacity / amount) * amount <= capacity + amount,
+        // so this cannot overflow.
+        let filled = tokens + periods * self.amount.get();
+        if filled >= self.capacity {
+            (self.capacity, now)
+        } else {
+            (filled, last + periods * self.period.get())
+        }
+    }
+
+    /// The wait, in nanoseconds, until `n` tokens exist in a bucket holding
+    /// `available < n` tokens refilled at `base`, read at `now` (units) and
+    /// `now_ns`.
+    #[inline(always)]
+    fn wait_nanos(&self, available: u64, base: u64, now: u64, now_ns: u64, n: u64) -> u64 {
+        let missing = n - available;
+        let periods = if self.amount.get() == 1 {
+            missing
+        } else {
+            // `missing` and `amount` are below 2^32: no overflow.
+            (missing + self.amount.get() - 1) / self.amount
+        };
+        let refill = periods.saturating_mul(self.period.get());
+        let since = self.layout.wrap(now.wrapping_sub(base));
+        let ahead = if since < self.half {
+            // `since < period <= refill`: the next refill is still ahead.
+            refill - since
+        } else {
+            // Behind the stored time: first wait for the clock to reach it.
+            self.layout
+                .wrap(base.wrapping_sub(now))
+                .saturating_add(refill)
+        };
+        self.layout.nanos_until(ahead, now_ns)
+    }
+}
+
+impl Algorithm for TokenBucket {
+    #[inline]
+    fn fresh(&self) -> u64 {
+        // Time is irrelevant in a full bucket, so a fresh word needs no clock.
+        self.layout.pack(self.capacity, 0)
+    }
+
+    #[inline]
+    fn capacity(&self) -> u32 {
+        self.quota.capacity()
+    }
+
+    #[inline(always)]
+    fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
+        let t = self.layout.time_of(now);
+        let (available, base) = self.refill(word, t);
+        let n = u64::from(n);
+        if available >= n {
+            let left = available - n;
+            (
+                Decision::Allowed {
+                    // `left <= capacity <= u32::MAX`
+                    remaining: left as u32,
+                },
+                Some(self.layout.pack(left, base)),
+            )
+        } else {
+            let wait = self.wait_nanos(available, base, t, now, n);
+            (
+                Decision::Denied {
+                    retry_after: RetryAfter::from_nanos(wait),
+                },
+                None,
+            )
+        }
+    }
+
+    #[inline]
+    fn remaining(&self, word: u64, now: u64) -> u32 {
+        // `<= capacity <= u32::MAX`
+        self.refill(word, self.layout.time_of(now)).0 as u32
+    }
+
+    #[inline]
+    fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
+        self.refill(word, self.layout.time_of(now)).0 == self.capacity
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::time::Duration;
+
+    fn bucket(capacity: u32, amount: u32, period_ms: u64) -> TokenBucket {
+        TokenBucket::new(Quota::new(capacity, amount, Duration::from_millis(period_ms)).unwrap())
+    }
+
+    #[test]
+    fn layout_widths_and_units_at_every_capacity_edge() {
+        // (capacity, time bits, unit shift)
+        let cases = [
+            (0, 63, 0),
+            (1, 63, 0),
+            (2, 62, 0),
+            (3, 62, 0),
+            (4, 61, 0),
+            (1_023, 54, 0),
+            (1_024, 53, 0),
+            (65_535, 48, 0),
+            (65_536, 47, 1),
+            ((1 << 20) - 1, 44, 4),
+            (u32::MAX >> 1, 33, 15),
+            (u32::MAX, 32, 16),
+        ];
+        for (capacity, time_bits, unit_shift) in cases {
+            let layout = Layout::for_capacity(capacity);
+            assert_eq!(layout.time_bits, time_bits, "capacity {capacity}");
+            assert_eq!(layout.unit_shift, unit_shift, "capacity {capacity}");
+            assert_eq!(layout.half_range(), 1 << (time_bits - 1));
+            assert_eq!(layout.time_mask, u64::MAX >> (64 - time_bits));
+            // The span never drops below 2^48 µs.
+            assert!(layout.half_range_micros() >= 1 << 47, "capacity {capacity}");
+        }
+    }
+
+    #[test]
+    fn clock_readings_convert_to_units_and_waits_to_nanoseconds() {
+        let layout = Layout::for_capacity(u32::MAX); // 65,536 µs units
+        let unit_ns = 65_536_000;
+        for now in [
+            0,
+            1,
+            999,
+            1_000,
+            unit_ns - 1,
+            unit_ns,
+            5 * unit_ns + 123_456,
+        ] {
+            let t = layout.time_of(now);
+            assert_eq!(t, now / unit_ns);
+            // One unit ahead is the start of the next unit.
+            assert_eq!(layout.nanos_until(1, now), (t + 1) * unit_ns - now);
+            assert_eq!(layout.nanos_until(3, now), (t + 3) * unit_ns - now);
+        }
+        // Wraps at the field, and the wait saturates.
+        assert_eq!(
+            layout.time_of(u64::MAX),
+            (u64::MAX / unit_ns) & layout.time_mask
+        );
+        assert_eq!(layout.nanos_until(u64::MAX >> 16, 5), u64::MAX);
+    }
+
+    #[test]
+    fn pack_unpack_round_trips_at_the_edges() {
+        for capacity in [1, 2, 3, 255, 256, 1_023, 65_535, 1 << 24, u32::MAX] {
+            let layout = Layout::for_capacity(capacity);
+            let max_time = layout.time_mask;
+            let capacity = u64::from(capacity);
+            for tokens in [0, 1, capacity / 2, capacity - 1, capacity] {
+                for time in [0, 1, max_time / 2, max_time - 1, max_time] {
+                    let word = layout.pack(tokens, time);
+                    assert_eq!(layout.tokens(word), tokens, "tokens of {word:#x}");
+                    assert_eq!(layout.time(word), time, "time of {word:#x}");
+                }
+            }
+            // Time beyond the field wraps into it and never touches the tokens.
+            let word = layout.pack(capacity, max_time + 1);
+            assert_eq!(layout.tokens(word), capacity);
+            assert_eq!(layout.time(word), 0);
+        }
+    }
+
+    #[test]
+    fn full_word_uses_every_bit_at_u32_max() {
+        let layout = Layout::for_capacity(u32::MAX);
+        assert_eq!(
+            layout.pack(u64::from(u32::MAX), u64::from(u32::MAX)),
+            u64::MAX
+        );
+    }
+
+    #[test]
+    fn fresh_word_is_full_at_any_time() {
+        let b = bucket(3, 1, 1000);
+        for now in [0, 1, 999_999_999, u64::MAX / 2, u64::MAX] {
+            assert_eq!(b.remaining(b.fresh(), now), 3);
+            assert!(b.is_fresh_equivalent(b.fresh(), now));
+        }
+    }
+
+    #[test]
+    fn denial_writes_nothing_and_admission_writes_the_next_word() {
+        let b = bucket(1, 1, 1000);
+        let (d, next) = b.decide(b.fresh(), 0, 1);
+        assert_eq!(d, Decision::Allowed { remaining: 0 });
+        let next = next.unwrap();
+        let (d, none) = b.decide(next, 300_000_000, 1);
+        assert_eq!(
+            d.retry_after().unwrap().duration(),
+            Duration::from_millis(700)
+        );
+        assert_eq!(none, None);
+    }
+
+    #[test]
+    fn sub_microsecond_clock_readings_give_exact_nanosecond_waits() {
+        let b = bucket(1, 1, 1000);
+        let (_, w) = b.decide(b.fresh(), 0, 1);
+        let (d, _) = b.decide(w.unwrap(), 300_000_123, 1);
+        assert_eq!(d.retry_after().unwrap().as_nanos(), 699_999_877);
+    }
+}
