@@ -1,0 +1,132 @@
+//! Model checks of the compare-and-swap cell under every interleaving loom can
+//! reach (bounded by `LOOM_MAX_PREEMPTIONS`).
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom
+//! ```
+#![cfg(loom)]
+
+use std::time::Duration;
+
+use loom::sync::Arc;
+use loom::thread;
+use turnstile::{Decision, ManualClock, Quota, RateLimiter, TokenBucket};
+
+type Limiter = RateLimiter<TokenBucket, ManualClock>;
+
+fn limiter(capacity: u32, period: Duration) -> (Arc<Limiter>, ManualClock) {
+    let clock = ManualClock::new();
+    let quota = Quota::new(capacity, 1, period).unwrap();
+    (
+        Arc::new(RateLimiter::with_clock(quota, clock.clone())),
+        clock,
+    )
+}
+
+/// `k` threads acquire one permit each at the same instant from a bucket of
+/// capacity `c`: exactly `min(k, c)` are admitted, and the bucket holds what is
+/// left.
+fn k_threads_on_capacity_c(k: u32, c: u32) {
+    loom::model(move || {
+        let (limiter, _clock) = limiter(c, Duration::from_secs(1));
+        let threads: Vec<_> = (0..k)
+            .map(|_| {
+                let limiter = limiter.clone();
+                thread::spawn(move || limiter.try_acquire())
+            })
+            .collect();
+        let decisions: Vec<Decision> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let admitted = decisions.iter().filter(|d| d.is_allowed()).count() as u32;
+        assert_eq!(admitted, k.min(c), "{decisions:?}");
+        assert_eq!(limiter.remaining(), c - admitted);
+        // Every admitted decision reports a distinct number of tokens left: no two
+        // threads spent the same token.
+        let mut left: Vec<u32> = decisions.iter().filter_map(|d| d.remaining()).collect();
+        left.sort_unstable();
+        left.dedup();
+        assert_eq!(left.len() as u32, admitted);
+    });
+}
+
+#[test]
+fn two_threads_capacity_one() {
+    k_threads_on_capacity_c(2, 1);
+}
+
+#[test]
+fn two_threads_capacity_two() {
+    k_threads_on_capacity_c(2, 2);
+}
+
+#[test]
+fn three_threads_capacity_two() {
+    k_threads_on_capacity_c(3, 2);
+}
+
+#[test]
+fn three_threads_capacity_one() {
+    k_threads_on_capacity_c(3, 1);
+}
+
+/// Two threads acquire while a third moves the clock forward by one period, then
+/// another, from an empty bucket of capacity 2. Whatever the interleaving, no
+/// token is created or lost: the two refills are either admitted or still in the
+/// bucket at the end.
+#[test]
+fn clock_advancing_between_operations_creates_and_loses_nothing() {
+    loom::model(|| {
+        let period = Duration::from_secs(1);
+        let (limiter, clock) = limiter(2, period);
+        assert!(limiter.try_acquire_n(2).unwrap().is_allowed()); // empty at t = 0
+        let acquirers: Vec<_> = (0..2)
+            .map(|_| {
+                let limiter = limiter.clone();
+                thread::spawn(move || limiter.try_acquire().is_allowed())
+            })
+            .collect();
+        let ticker = {
+            let clock = clock.clone();
+            thread::spawn(move || {
+                clock.advance(period);
+                clock.advance(period);
+            })
+        };
+        ticker.join().unwrap();
+        let admitted = acquirers
+            .into_iter()
+            .map(|t| t.join().unwrap() as u32)
+            .sum::<u32>();
+        assert_eq!(clock.elapsed(), 2 * period);
+        assert_eq!(admitted + limiter.remaining(), 2, "admitted {admitted}");
+    });
+}
+
+/// One thread acquires, advances the clock and acquires again while another
+/// acquires, on a capacity-1 bucket with one token due at 10 ms and one at 20 ms.
+/// The first thread's first request always reads 10 ms (only it advances the
+/// clock), so neither token can be dropped by a full bucket: exactly two are
+/// admitted, whoever gets them, and none is left.
+#[test]
+fn a_thread_advancing_its_own_clock_races_another() {
+    loom::model(|| {
+        let period = Duration::from_millis(10);
+        let (limiter, clock) = limiter(1, period);
+        assert!(limiter.try_acquire().is_allowed()); // empty at t = 0
+        clock.advance(period); // one token due
+        let first = {
+            let (limiter, clock) = (limiter.clone(), clock.clone());
+            thread::spawn(move || {
+                let a = limiter.try_acquire().is_allowed() as u32;
+                clock.advance(period);
+                a + limiter.try_acquire().is_allowed() as u32
+            })
+        };
+        let second = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.try_acquire().is_allowed() as u32)
+        };
+        let admitted = first.join().unwrap() + second.join().unwrap();
+        assert_eq!(admitted, 2);
+        assert_eq!(limiter.remaining(), 0);
+    });
+}

@@ -1,0 +1,258 @@
+//! Property tests of the token bucket against the plain model in `model/`:
+//! exact agreement over random traces, quotas and requests, and RFC 1363's bound.
+
+mod model;
+
+use std::time::Duration;
+
+use model::Model;
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use turnstile::{ManualClock, Quota, RateLimiter, TokenBucket};
+
+/// A random valid quota: capacities from 1 to `u32::MAX` (so every token-field
+/// width and time unit), amounts from 1 to past the capacity, periods from one
+/// time unit to the longest the word allows.
+fn quotas() -> impl Strategy<Value = Quota> {
+    let capacity = prop_oneof![
+        4 => 1..=8u32,
+        4 => 1..=1_000u32,
+        1 => 1_000..=70_000u32,
+        1 => 70_000..=u32::MAX,
+    ];
+    (capacity, any::<u32>(), any::<u64>(), 0..4u8).prop_map(|(capacity, a, p, kind)| {
+        // The unit and the longest fill time depend on the capacity alone; 2^16 µs
+        // is a whole number of every capacity's unit.
+        let probe = Quota::new(capacity, capacity, Duration::from_micros(1 << 16)).unwrap();
+        let unit = probe.time_unit().as_micros() as u64;
+        let max_fill_units = probe.max_fill_time().as_micros() as u64 / unit;
+        // The fewest tokens per period that can refill this capacity in time.
+        let min_amount = u64::from(capacity).div_ceil(max_fill_units) as u32;
+        let amount = match kind {
+            0 | 1 => 1,
+            2 => 1 + a % 4,
+            _ => 1 + a % capacity.saturating_add(4),
+        }
+        .max(min_amount);
+        let periods = u64::from(capacity.div_ceil(amount));
+        let max_units = (max_fill_units / periods).max(1);
+        // Mostly short periods (busy buckets), sometimes anything allowed.
+        let units = if p % 4 == 0 {
+            1 + p / 4 % max_units
+        } else {
+            1 + p / 4 % max_units.min(2_000)
+        };
+        Quota::new(capacity, amount, Duration::from_micros(units * unit)).unwrap()
+    })
+}
+
+/// One step of a trace: how the clock moves, and the permits asked for.
+#[derive(Clone, Debug)]
+enum Move {
+    Stay,
+    /// Less than one period.
+    Within(u64),
+    /// Up to two fill times: partial and full refills.
+    Refill(u64),
+    /// Less than one time unit: sub-unit jitter.
+    Jitter(u64),
+    /// A long idle, short of the word's half span.
+    Idle(u64),
+    /// Back in time, by up to the same bound.
+    Back(u64),
+}
+
+fn moves(backwards: bool) -> impl Strategy<Value = Move> {
+    let back_weight = if backwards { 2 } else { 0 };
+    prop_oneof![
+        2 => Just(Move::Stay),
+        4 => any::<u64>().prop_map(Move::Within),
+        4 => any::<u64>().prop_map(Move::Refill),
+        1 => any::<u64>().prop_map(Move::Jitter),
+        1 => any::<u64>().prop_map(Move::Idle),
+        back_weight => any::<u64>().prop_map(Move::Back),
+    ]
+}
+
+fn permits(raw: u32, capacity: u32) -> u32 {
+    if raw.is_multiple_of(3) {
+        1 + raw / 3 % capacity
+    } else {
+        1 + raw % capacity.min(4)
+    }
+}
+
+/// A clock that walks a trace, keeping every reading within the range in which
+/// the packed word must agree exactly with unbounded time.
+struct Walk {
+    now: u64,
+    max_seen: u64,
+    period: u64,
+    fill: u64,
+    unit: u64,
+    /// The furthest a reading may be from the latest one seen, either way.
+    reach: u64,
+}
+
+impl Walk {
+    fn new(quota: Quota, start: u64) -> Walk {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let (fill, unit) = (ns(quota.fill_time()), ns(quota.time_unit()));
+        // A reading must stay within half the span of the oldest refill time the
+        // word may hold, which is up to one fill time behind the latest reading.
+        let half = ns(quota.max_fill_time());
+        let reach = half.saturating_sub(fill).saturating_sub(unit).min(1 << 50);
+        Walk {
+            now: start,
+            max_seen: start,
+            period: ns(quota.period()),
+            fill,
+            unit,
+            reach,
+        }
+    }
+
+    fn step(&mut self, m: &Move) -> u64 {
+        let ceiling = self.max_seen.saturating_add(self.reach);
+        let forward = |by: u64| self.now.saturating_add(by).min(ceiling);
+        self.now = match *m {
+            Move::Stay => self.now,
+            Move::Within(r) => forward(r % self.period),
+            Move::Refill(r) => forward(r % self.fill.saturating_mul(2).saturating_add(1)),
+            Move::Jitter(r) => forward(r % self.unit),
+            Move::Idle(r) => forward(r % (self.reach + 1)),
+            Move::Back(r) => self
+                .now
+                .saturating_sub(r % (self.reach + 1))
+                .max(self.max_seen.saturating_sub(self.reach)),
+        };
+        self.max_seen = self.max_seen.max(self.now);
+        self.now
+    }
+}
+
+/// Starting times: near zero, anywhere, or just before a wrap of the time field
+/// (where one falls inside a u64 of nanoseconds).
+fn start_for(quota: Quota, raw: u64, kind: u8) -> u64 {
+    let span_ns = 2 * quota.max_fill_time().as_nanos();
+    match kind {
+        0 => raw % 1_000_000_000_000,
+        1 if span_ns < u128::from(u64::MAX / 4) => {
+            let span = span_ns as u64;
+            let wraps = 1 + raw % 3;
+            let fill = u64::try_from(quota.fill_time().as_nanos()).unwrap_or(u64::MAX);
+            wraps * span - raw % fill.saturating_mul(2).saturating_add(1).min(span)
+        }
+        _ => raw % (1 << 62),
+    }
+}
+
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "tests/properties.proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    }
+}
+
+fn run_against_model(
+    mut model: Model,
+    quota: Quota,
+    start: u64,
+    trace: &[(Move, u32)],
+) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new();
+    let mut walk = Walk::new(quota, start);
+    clock.set_nanos(start);
+    let limiter: RateLimiter<TokenBucket, ManualClock> =
+        RateLimiter::with_clock(quota, clock.clone());
+    for (i, (m, raw)) in trace.iter().enumerate() {
+        let now = walk.step(m);
+        clock.set_nanos(now);
+        let n = permits(*raw, quota.capacity());
+        prop_assert_eq!(
+            limiter.remaining(),
+            model.remaining(now),
+            "peek at step {} ({} ns)",
+            i,
+            now
+        );
+        let ours = limiter.try_acquire_n(n).unwrap();
+        let theirs = model.acquire(now, n);
+        prop_assert_eq!(ours, theirs, "step {} at {} ns, n = {}", i, now, n);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config(10_000))]
+
+    /// Time only moves forward: every decision, wait and peek equals the seed's
+    /// algorithm on unbounded time, including traces that cross the word's wrap.
+    #[test]
+    fn agrees_with_the_seed_model(
+        quota in quotas(),
+        start in (any::<u64>(), 0..3u8),
+        trace in prop::collection::vec((moves(false), any::<u32>()), 1..60),
+    ) {
+        run_against_model(Model::seed(quota), quota, start_for(quota, start.0, start.1), &trace)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config(3_000))]
+
+    /// With readings that go backwards too, the bucket follows the documented
+    /// rules: a reading behind the last refill refills nothing and moves nothing,
+    /// and a denial changes nothing.
+    #[test]
+    fn agrees_with_the_model_when_time_goes_backwards(
+        quota in quotas(),
+        start in (any::<u64>(), 0..3u8),
+        trace in prop::collection::vec((moves(true), any::<u32>()), 1..60),
+    ) {
+        let model = Model::denial_writes_nothing(quota);
+        run_against_model(model, quota, start_for(quota, start.0, start.1), &trace)?;
+    }
+
+    /// RFC 1363: over any interval `T`, admitted permits never exceed
+    /// `capacity + refill(T)`, where `refill(T) = amount * floor(T / period)`
+    /// plus, for batches (`amount > 1`), the `amount - 1` tokens a batch arriving
+    /// just after a burst can add. `T` is measured in the bucket's time units.
+    #[test]
+    fn never_admits_more_than_capacity_plus_refill(
+        quota in quotas(),
+        start in (any::<u64>(), 0..3u8),
+        trace in prop::collection::vec((moves(false), any::<u32>()), 1..120),
+    ) {
+        let start = start_for(quota, start.0, start.1);
+        let clock = ManualClock::new();
+        clock.set_nanos(start);
+        let mut walk = Walk::new(quota, start);
+        let limiter = RateLimiter::with_clock(quota, clock.clone());
+        let unit = quota.time_unit().as_nanos() as u64;
+        let period = quota.period().as_nanos() as u64 / unit;
+        let (capacity, amount) = (u64::from(quota.capacity()), u64::from(quota.amount()));
+        // (time in units, permits) of each admission.
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        for (m, raw) in &trace {
+            let now = walk.step(m);
+            clock.set_nanos(now);
+            let n = permits(*raw, quota.capacity());
+            if limiter.try_acquire_n(n).unwrap().is_allowed() {
+                admitted.push((now / unit, u64::from(n)));
+            }
+        }
+        for i in 0..admitted.len() {
+            let mut sum = 0;
+            for j in i..admitted.len() {
+                sum += admitted[j].1;
+                let t = admitted[j].0 - admitted[i].0;
+                let bound = capacity + amount * (t / period) + (amount - 1);
+                prop_assert!(sum <= bound, "{} admitted in {} units; bound {}", sum, t, bound);
+            }
+        }
+    }
+}

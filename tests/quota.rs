@@ -1,0 +1,206 @@
+//! Every invalid quota is refused at construction with a typed error that names
+//! the value and the allowed range.
+
+use std::time::Duration;
+
+use turnstile::{Quota, QuotaError};
+
+#[test]
+fn zero_capacity_is_refused() {
+    let err = Quota::new(0, 1, Duration::from_secs(1)).unwrap_err();
+    assert_eq!(err, QuotaError::ZeroCapacity);
+    assert!(
+        err.to_string().contains("between 1 and 4294967295"),
+        "{err}"
+    );
+    assert_eq!(
+        Quota::per_second(10).unwrap().burst(0),
+        Err(QuotaError::ZeroCapacity)
+    );
+}
+
+#[test]
+fn zero_amount_is_refused() {
+    let err = Quota::new(1, 0, Duration::from_secs(1)).unwrap_err();
+    assert_eq!(err, QuotaError::ZeroAmount);
+    assert!(
+        err.to_string().contains("between 1 and 4294967295"),
+        "{err}"
+    );
+}
+
+#[test]
+fn zero_period_is_refused() {
+    for err in [
+        Quota::new(1, 1, Duration::ZERO).unwrap_err(),
+        Quota::with_period(Duration::ZERO).unwrap_err(),
+    ] {
+        assert_eq!(err, QuotaError::ZeroPeriod);
+        assert!(err.to_string().contains("at least 1 microsecond"), "{err}");
+    }
+}
+
+#[test]
+fn zero_rates_are_refused() {
+    assert_eq!(Quota::per_second(0), Err(QuotaError::ZeroRate));
+    assert_eq!(Quota::per_minute(0), Err(QuotaError::ZeroRate));
+    assert_eq!(Quota::per_hour(0), Err(QuotaError::ZeroRate));
+}
+
+#[test]
+fn sub_microsecond_periods_are_refused_with_a_suggestion() {
+    for (nanos, suggestion) in [(500, "1µs"), (1_500, "2µs"), (333_333_333, "333.334ms")] {
+        let period = Duration::from_nanos(nanos);
+        let err = Quota::new(1, 1, period).unwrap_err();
+        assert_eq!(
+            err,
+            QuotaError::PeriodResolution {
+                period,
+                unit: Duration::from_micros(1)
+            }
+        );
+        let text = err.to_string();
+        assert!(text.contains(&format!("{period:?}")), "{text}");
+        assert!(text.contains(suggestion), "{text}");
+    }
+    // Whole microseconds are fine.
+    assert!(Quota::new(1, 1, Duration::from_micros(1)).is_ok());
+}
+
+#[test]
+fn large_capacities_need_periods_in_their_coarser_unit() {
+    // A million tokens take 20 bits, so the unit is 2^4 = 16 µs.
+    let period = Duration::from_micros(1_000);
+    let err = Quota::new(1_000_000, 1, period).unwrap_err();
+    let unit = Duration::from_micros(16);
+    assert_eq!(err, QuotaError::PeriodResolution { period, unit });
+    let text = err.to_string();
+    assert!(text.contains("16µs") && text.contains("1.008ms"), "{text}");
+    let q = Quota::new(1_000_000, 16, Duration::from_micros(1_008)).unwrap();
+    assert_eq!(q.time_unit(), unit);
+
+    // Raising the burst past 65,535 re-checks the period against the new unit.
+    let err = Quota::per_second(7).unwrap().burst(1_000_000).unwrap_err();
+    assert!(
+        matches!(err, QuotaError::PeriodResolution { .. }),
+        "{err:?}"
+    );
+    assert!(Quota::per_second(100).unwrap().burst(1_000_000).is_ok()); // 10 ms = 625 units
+}
+
+#[test]
+fn fill_times_the_word_cannot_measure_are_refused() {
+    // u32::MAX tokens: 32 bits of time in units of 65,536 µs, so half the span is
+    // 2^31 units = 2^47 µs (~4.46 years).
+    let unit = Duration::from_micros(1 << 16);
+    let max = Duration::from_micros(1 << 47);
+    let err = Quota::new(u32::MAX, 1, unit).unwrap_err();
+    assert_eq!(
+        err,
+        QuotaError::FillTimeTooLong {
+            capacity: u32::MAX,
+            fill_time: unit * u32::MAX,
+            max,
+        }
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("4294967295 tokens") && text.contains(&format!("{max:?}")),
+        "{text}"
+    );
+
+    // Exactly at the limit is accepted: 2^31 periods of one unit.
+    let at_limit = Quota::new(u32::MAX, 2, unit).unwrap();
+    assert_eq!(at_limit.fill_time(), max);
+    assert_eq!(at_limit.max_fill_time(), max);
+
+    // A burst can push a valid refill past the limit.
+    let one_per_2_20_micros = Quota::new(1, 1, Duration::from_micros(1 << 20)).unwrap();
+    assert!(matches!(
+        one_per_2_20_micros.burst(1 << 30),
+        Err(QuotaError::FillTimeTooLong { .. })
+    ));
+}
+
+#[test]
+fn absurd_periods_are_refused_not_panicked_on() {
+    for period in [
+        Duration::from_secs(u64::MAX),
+        Duration::from_secs(u64::MAX / 2),
+        Duration::from_secs(1 << 62),
+    ] {
+        let err = Quota::new(1, 1, period).unwrap_err();
+        assert!(
+            matches!(err, QuotaError::FillTimeTooLong { .. }),
+            "{period:?}: {err:?}"
+        );
+        assert!(!err.to_string().is_empty());
+    }
+    // Duration::MAX has a sub-microsecond part as well.
+    let err = Quota::new(1, 1, Duration::MAX).unwrap_err();
+    assert_eq!(
+        err,
+        QuotaError::PeriodResolution {
+            period: Duration::MAX,
+            unit: Duration::from_micros(1)
+        }
+    );
+    assert!(!err.to_string().is_empty());
+}
+
+#[test]
+fn constructors_read_like_the_domain() {
+    let q = Quota::per_second(100).unwrap().burst(20).unwrap();
+    assert_eq!(
+        (q.capacity(), q.amount(), q.period()),
+        (20, 1, Duration::from_millis(10))
+    );
+
+    let q = Quota::per_minute(60).unwrap();
+    assert_eq!(
+        (q.capacity(), q.amount(), q.period()),
+        (60, 1, Duration::from_secs(1))
+    );
+
+    let q = Quota::per_hour(1).unwrap();
+    assert_eq!(
+        (q.capacity(), q.amount(), q.period()),
+        (1, 1, Duration::from_secs(3_600))
+    );
+
+    let q = Quota::with_period(Duration::from_millis(250)).unwrap();
+    assert_eq!(
+        (q.capacity(), q.amount(), q.period()),
+        (1, 1, Duration::from_millis(250))
+    );
+    assert_eq!(q.fill_time(), Duration::from_millis(250));
+
+    // Rates that do not divide a second are rounded to never exceed the rate.
+    let q = Quota::per_second(3).unwrap();
+    assert_eq!(
+        (q.amount(), q.period()),
+        (1, Duration::from_micros(333_334))
+    );
+    let q = Quota::per_second(u32::MAX).unwrap();
+    assert_eq!(q.time_unit(), Duration::from_micros(65_536));
+    assert!(q.amount() > 1 && q.period() == q.time_unit(), "{q:?}");
+}
+
+#[test]
+fn max_fill_time_is_half_the_time_field_and_never_under_4_46_years() {
+    let cases = [
+        (1, 1u64 << 62),
+        (1_023, 1 << 53),
+        (65_535, 1 << 47),
+        (1 << 20, 1 << 47),
+        (u32::MAX, 1 << 47),
+    ];
+    for (capacity, half) in cases {
+        let q = Quota::new(capacity, capacity, Duration::from_micros(1 << 22)).unwrap();
+        assert_eq!(
+            q.max_fill_time(),
+            Duration::from_micros(half),
+            "capacity {capacity}"
+        );
+    }
+}

@@ -1,0 +1,43 @@
+//! The seed's printed traces, asserted byte for byte.
+
+#[path = "../examples/shared/seed.rs"]
+mod seed;
+
+const SEED_TOKEN_BUCKET: &str = "\
+t=   0 ms allowed  tokens left 2
+t= 100 ms allowed  tokens left 1
+t= 200 ms allowed  tokens left 0
+t= 300 ms rejected Retry-After: 1 (next token in 700 ms)
+t= 500 ms rejected Retry-After: 1 (next token in 500 ms)
+t=1300 ms allowed  tokens left 0
+t=1400 ms rejected Retry-After: 1 (next token in 600 ms)
+t=3500 ms allowed  tokens left 1
+";
+
+#[test]
+fn token_bucket_example_prints_the_seed_trace() {
+    assert_eq!(seed::token_bucket_trace(), SEED_TOKEN_BUCKET);
+}
+
+/// The example binary's own stdout, when `cargo test` has built the examples
+/// (it does, unless asked for a single test target).
+#[test]
+fn token_bucket_binary_prints_the_seed_trace() {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/seed_traces-… → target/<profile>/examples/token_bucket
+    let Some(profile_dir) = exe.parent().and_then(|deps| deps.parent()) else {
+        panic!("unexpected test binary location {exe:?}");
+    };
+    let example = profile_dir
+        .join("examples")
+        .join(format!("token_bucket{}", std::env::consts::EXE_SUFFIX));
+    if !example.exists() {
+        eprintln!("{example:?} not built (single-target test run); the function test covers it");
+        return;
+    }
+    let out = std::process::Command::new(&example)
+        .output()
+        .expect("run the example");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), SEED_TOKEN_BUCKET);
+}

@@ -1,0 +1,298 @@
+//! The token bucket through the direct limiter: requests of `n` permits, peeking,
+//! clocks that go backwards, and time near and past the packed word's wrap.
+
+mod model;
+
+use std::time::Duration;
+
+use model::Model;
+use turnstile::{AcquireError, Clock, Decision, ManualClock, Quota, RateLimiter};
+
+fn limiter(
+    capacity: u32,
+    amount: u32,
+    period: Duration,
+) -> (
+    RateLimiter<turnstile::TokenBucket, ManualClock>,
+    ManualClock,
+) {
+    let clock = ManualClock::new();
+    let quota = Quota::new(capacity, amount, period).unwrap();
+    (RateLimiter::with_clock(quota, clock.clone()), clock)
+}
+
+fn wait(d: Decision) -> Duration {
+    d.retry_after().expect("a denial").duration()
+}
+
+#[test]
+fn zero_permits_is_an_error_and_touches_nothing() {
+    let (l, _) = limiter(3, 1, Duration::from_secs(1));
+    let err = l.try_acquire_n(0).unwrap_err();
+    assert_eq!(err, AcquireError::ZeroPermits);
+    assert!(err.to_string().contains("remaining()"), "{err}");
+    assert_eq!(l.remaining(), 3);
+}
+
+#[test]
+fn more_permits_than_capacity_is_an_error_not_a_wait() {
+    let (l, _) = limiter(3, 1, Duration::from_secs(1));
+    for n in [4, 1_000, u32::MAX] {
+        let err = l.try_acquire_n(n).unwrap_err();
+        assert_eq!(
+            err,
+            AcquireError::InsufficientCapacity {
+                requested: n,
+                capacity: 3
+            }
+        );
+        assert!(err.to_string().contains("between 1 and 3"), "{err}");
+    }
+    assert_eq!(l.remaining(), 3, "a refused request spends nothing");
+    assert_eq!(l.try_acquire_n(3), Ok(Decision::Allowed { remaining: 0 }));
+}
+
+#[test]
+fn n_permits_are_all_or_nothing_with_the_exact_wait() {
+    let (l, clock) = limiter(5, 1, Duration::from_millis(100));
+    assert_eq!(l.try_acquire_n(4), Ok(Decision::Allowed { remaining: 1 }));
+    clock.set(Duration::from_millis(30));
+    // 1 token now; 3 need two more refills: at 100 ms and 200 ms.
+    let d = l.try_acquire_n(3).unwrap();
+    assert_eq!(wait(d), Duration::from_millis(170));
+    assert_eq!(l.remaining(), 1, "the denial took nothing");
+    clock.set(Duration::from_millis(200));
+    assert_eq!(l.try_acquire_n(3), Ok(Decision::Allowed { remaining: 0 }));
+}
+
+#[test]
+fn batches_of_amount_tokens_arrive_each_whole_period() {
+    let (l, clock) = limiter(10, 4, Duration::from_millis(100));
+    assert!(l.try_acquire_n(10).unwrap().is_allowed());
+    clock.set(Duration::from_millis(99));
+    assert_eq!(l.remaining(), 0);
+    // 6 tokens take two batches: at 100 and 200 ms.
+    assert_eq!(
+        wait(l.try_acquire_n(6).unwrap()),
+        Duration::from_millis(101)
+    );
+    clock.set(Duration::from_millis(250));
+    assert_eq!(l.remaining(), 8);
+    clock.set(Duration::from_millis(300));
+    assert_eq!(l.remaining(), 10, "capped at capacity");
+}
+
+#[test]
+fn remaining_peeks_without_spending() {
+    let (l, clock) = limiter(3, 1, Duration::from_secs(1));
+    for _ in 0..5 {
+        assert_eq!(l.remaining(), 3);
+    }
+    let _ = l.try_acquire_n(3).unwrap();
+    clock.set(Duration::from_millis(2_500));
+    for _ in 0..5 {
+        assert_eq!(l.remaining(), 2);
+    }
+    assert_eq!(l.try_acquire(), Decision::Allowed { remaining: 1 });
+}
+
+#[test]
+fn fraction_is_kept_while_not_full_and_dropped_when_full() {
+    let (l, clock) = limiter(2, 1, Duration::from_millis(1_000));
+    let _ = l.try_acquire_n(2).unwrap(); // empty, refill grid at 0
+    clock.set(Duration::from_millis(1_700));
+    assert_eq!(l.try_acquire(), Decision::Allowed { remaining: 0 }); // grid kept: next at 2000
+    clock.set(Duration::from_millis(1_900));
+    assert_eq!(wait(l.try_acquire()), Duration::from_millis(100));
+
+    let (l, clock) = limiter(1, 1, Duration::from_millis(1_000));
+    clock.set(Duration::from_millis(5_700)); // full: the fraction is dropped
+    assert!(l.try_acquire().is_allowed());
+    clock.set(Duration::from_millis(6_000));
+    assert_eq!(
+        wait(l.try_acquire()),
+        Duration::from_millis(700),
+        "grid restarted at 5700"
+    );
+}
+
+#[test]
+fn time_going_backwards_refills_nothing_and_moves_nothing_back() {
+    let (l, clock) = limiter(3, 1, Duration::from_millis(1_000));
+    clock.set(Duration::from_millis(10_000));
+    let _ = l.try_acquire_n(3).unwrap(); // empty, last refill 10 000 ms
+    clock.set(Duration::from_millis(10_500));
+    let forward = wait(l.try_acquire());
+    assert_eq!(forward, Duration::from_millis(500));
+
+    // Five seconds back: no refill, and the wait counts from the stored time.
+    clock.set(Duration::from_millis(5_000));
+    assert_eq!(l.remaining(), 0);
+    assert_eq!(wait(l.try_acquire()), Duration::from_millis(6_000));
+
+    // Far back (to the clock's epoch) and the largest jump back the word can tell
+    // from a forward one: still nothing.
+    clock.set(Duration::ZERO);
+    assert_eq!(l.remaining(), 0);
+    assert!(l.try_acquire().is_denied());
+
+    // Forward again: refills exactly as if the backward readings never happened.
+    clock.set(Duration::from_millis(12_000));
+    assert_eq!(l.remaining(), 2);
+    assert_eq!(l.try_acquire_n(2), Ok(Decision::Allowed { remaining: 0 }));
+    clock.set(Duration::from_millis(12_999));
+    assert_eq!(wait(l.try_acquire()), Duration::from_millis(1));
+}
+
+#[test]
+fn backwards_reading_spends_only_tokens_already_there() {
+    let (l, clock) = limiter(3, 1, Duration::from_millis(1_000));
+    clock.set(Duration::from_millis(10_000));
+    let _ = l.try_acquire().is_allowed(); // 2 left, last refill 10 000 ms
+    clock.set(Duration::from_millis(9_000));
+    assert_eq!(l.try_acquire(), Decision::Allowed { remaining: 1 });
+    assert_eq!(l.try_acquire(), Decision::Allowed { remaining: 0 });
+    assert!(l.try_acquire().is_denied());
+    clock.set(Duration::from_millis(11_000));
+    assert_eq!(l.remaining(), 1, "the grid stayed at 10 000 ms");
+}
+
+#[test]
+fn clock_extremes_never_panic() {
+    let (l, clock) = limiter(u32::MAX, u32::MAX, Duration::from_micros(1 << 20));
+    for t in [0, 1, u64::MAX / 2, u64::MAX - 1, u64::MAX, 0, u64::MAX] {
+        clock.set_nanos(t);
+        let _ = l.try_acquire_n(u32::MAX);
+        let _ = l.try_acquire();
+        let _ = l.remaining();
+    }
+    let (l, clock) = limiter(3, 1, Duration::from_secs(3_600));
+    let _ = l.try_acquire_n(3);
+    for t in [u64::MAX, 0, u64::MAX / 3, 7] {
+        clock.set_nanos(t);
+        let d = l.try_acquire();
+        if let Some(r) = d.retry_after() {
+            assert!(r.as_nanos() > 0);
+        }
+    }
+}
+
+/// Capacity 2^20 - 1 takes 20 token bits: 44 bits of time in 16 µs units, so the
+/// time field wraps every 2^48 µs (~8.9 years), inside a u64 of nanoseconds.
+const WIDE: u32 = (1 << 20) - 1;
+const UNIT: Duration = Duration::from_micros(16);
+const WRAP_NS: u64 = (1 << 48) * 1_000;
+const HALF_NS: u64 = WRAP_NS / 2;
+
+#[test]
+fn decisions_across_the_wrap_match_unbounded_time() {
+    let quota = Quota::new(WIDE, 1_000, UNIT * 64).unwrap();
+    assert_eq!(quota.time_unit(), UNIT);
+    for wraps in [1u64, 2, 50] {
+        let clock = ManualClock::new();
+        let l = RateLimiter::with_clock(quota, clock.clone());
+        let mut model = Model::seed(quota);
+        let mut t = wraps * WRAP_NS - 2 * quota.fill_time().as_nanos() as u64;
+        clock.set_nanos(t);
+        for step in 0..20_000u64 {
+            let n = [WIDE, 1, 999, 5_000, 300_000][(step % 5) as usize];
+            assert_eq!(
+                l.try_acquire_n(n).unwrap(),
+                model.acquire(t, n),
+                "at {t} ns, n {n}"
+            );
+            assert_eq!(l.remaining(), model.remaining(t));
+            t += 213_731 + step * 17;
+            clock.set_nanos(t);
+        }
+        assert!(
+            t > wraps * WRAP_NS + quota.fill_time().as_nanos() as u64,
+            "crossed the wrap"
+        );
+    }
+}
+
+#[test]
+fn a_fresh_bucket_is_immune_to_wrap() {
+    let quota = Quota::new(WIDE, 1, UNIT).unwrap();
+    for now in [
+        HALF_NS - 1,
+        HALF_NS,
+        HALF_NS + 1,
+        WRAP_NS - 1,
+        WRAP_NS,
+        WRAP_NS + 1,
+        3 * WRAP_NS + 7,
+    ] {
+        let clock = ManualClock::new();
+        clock.set_nanos(now);
+        let l = RateLimiter::with_clock(quota, clock.clone());
+        assert_eq!(l.remaining(), WIDE, "at {now} ns");
+        assert_eq!(
+            l.try_acquire(),
+            Decision::Allowed {
+                remaining: WIDE - 1
+            }
+        );
+    }
+}
+
+#[test]
+fn a_non_full_bucket_idle_past_half_the_span_is_under_credited_never_over() {
+    let period = UNIT * 64; // 1.024 ms
+    let quota = Quota::new(WIDE, 1, period).unwrap();
+    // Idle for half the span or more: the wrapped reading looks behind, so the
+    // bucket refills nothing (it should be full).
+    for idle in [HALF_NS, HALF_NS + 1, WRAP_NS - 1_000_000] {
+        let clock = ManualClock::new();
+        let l = RateLimiter::with_clock(quota, clock.clone());
+        let _ = l.try_acquire_n(WIDE - 10).unwrap();
+        clock.advance(Duration::from_nanos(idle));
+        assert_eq!(
+            l.remaining(),
+            10,
+            "idle {idle} ns: under-credited, not over"
+        );
+        assert!(l.try_acquire_n(11).unwrap().is_denied());
+        // Once the clock comes round to the forward half it refills as usual.
+        clock.advance(Duration::from_nanos(WRAP_NS - idle));
+        assert_eq!(
+            l.remaining(),
+            10,
+            "a whole span later reads as no time at all"
+        );
+        clock.advance(quota.fill_time());
+        assert_eq!(l.remaining(), WIDE);
+    }
+    // Idle for a whole span and a bit: the wrapped elapsed time is the bit.
+    let clock = ManualClock::new();
+    let l = RateLimiter::with_clock(quota, clock.clone());
+    let _ = l.try_acquire_n(WIDE - 10).unwrap();
+    clock.advance(Duration::from_nanos(WRAP_NS) + period * 5); // 5 periods past a wrap
+    assert_eq!(l.remaining(), 15, "5 periods, not a full bucket");
+    // And one fill time of further use brings it back to the truth.
+    clock.advance(quota.fill_time());
+    assert_eq!(l.remaining(), WIDE);
+    // Below half the span nothing is lost: a long idle reads exactly.
+    let clock = ManualClock::new();
+    let l = RateLimiter::with_clock(quota, clock.clone());
+    let _ = l.try_acquire_n(WIDE).unwrap();
+    clock.advance(Duration::from_nanos(HALF_NS - 1_000_000));
+    assert_eq!(l.remaining(), WIDE);
+}
+
+#[test]
+fn a_limiter_on_the_coarse_clock_refills() {
+    let clock = turnstile::CoarseClock::new().unwrap();
+    let l = RateLimiter::with_clock(
+        Quota::new(1, 1, Duration::from_millis(10)).unwrap(),
+        clock.clone(),
+    );
+    assert!(l.try_acquire().is_allowed());
+    let denied = l.try_acquire();
+    assert!(denied.is_denied());
+    let start = clock.now();
+    std::thread::sleep(wait(denied) + Duration::from_millis(20));
+    assert!(clock.now() > start);
+    assert!(l.try_acquire().is_allowed());
+}
