@@ -1,0 +1,125 @@
+//! The direct (unkeyed) limiter against governor's, in the same groups so that
+//! every figure is a ratio from one run.
+//!
+//! `cargo bench --bench direct`
+//!
+//! - `direct_allow`: every check is admitted (a bucket too big to run dry).
+//! - `direct_deny`: every check is denied (a bucket emptied first, refilling once
+//!   an hour).
+//!
+//! Each with the precise clock (quanta's TSC for both) and the coarse clock
+//! (turnstile's `CoarseClock`, governor's `QuantaUpkeepClock`, both 1 ms).
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use governor::clock::QuantaUpkeepClock;
+
+const ALLOW_RATE: u32 = 1_000_000_000;
+const COARSE: Duration = Duration::from_millis(1);
+
+fn nonzero(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("nonzero")
+}
+
+fn direct_allow(c: &mut Criterion) {
+    let mut group = c.benchmark_group("direct_allow");
+
+    let ours = turnstile::RateLimiter::new(turnstile::Quota::per_second(ALLOW_RATE).unwrap());
+    group.bench_function("turnstile/precise", |b| {
+        b.iter(|| black_box(ours.try_acquire()))
+    });
+    assert!(
+        ours.try_acquire().is_allowed(),
+        "the allow bench must allow"
+    );
+
+    let theirs = governor::RateLimiter::direct(governor::Quota::per_second(nonzero(ALLOW_RATE)));
+    group.bench_function("governor/precise", |b| b.iter(|| black_box(theirs.check())));
+    assert!(theirs.check().is_ok(), "the allow bench must allow");
+
+    let coarse = turnstile::CoarseClock::with_resolution(COARSE).unwrap();
+    let ours = turnstile::RateLimiter::with_clock(
+        turnstile::Quota::per_second(ALLOW_RATE).unwrap(),
+        coarse,
+    );
+    group.bench_function("turnstile/coarse", |b| {
+        b.iter(|| black_box(ours.try_acquire()))
+    });
+    assert!(
+        ours.try_acquire().is_allowed(),
+        "the allow bench must allow"
+    );
+
+    let upkeep = QuantaUpkeepClock::from_interval(COARSE).unwrap();
+    let theirs = governor::RateLimiter::direct_with_clock(
+        governor::Quota::per_second(nonzero(ALLOW_RATE)),
+        upkeep,
+    );
+    group.bench_function("governor/coarse", |b| b.iter(|| black_box(theirs.check())));
+    assert!(theirs.check().is_ok(), "the allow bench must allow");
+
+    group.finish();
+}
+
+fn direct_deny(c: &mut Criterion) {
+    let mut group = c.benchmark_group("direct_deny");
+
+    let ours = turnstile::RateLimiter::new(turnstile::Quota::per_hour(1).unwrap());
+    assert!(ours.try_acquire().is_allowed());
+    group.bench_function("turnstile/precise", |b| {
+        b.iter(|| black_box(ours.try_acquire()))
+    });
+    assert!(ours.try_acquire().is_denied(), "the deny bench must deny");
+
+    let theirs = governor::RateLimiter::direct(governor::Quota::per_hour(nonzero(1)));
+    assert!(theirs.check().is_ok());
+    group.bench_function("governor/precise", |b| b.iter(|| black_box(theirs.check())));
+    assert!(theirs.check().is_err(), "the deny bench must deny");
+
+    let coarse = turnstile::CoarseClock::with_resolution(COARSE).unwrap();
+    let ours = turnstile::RateLimiter::with_clock(turnstile::Quota::per_hour(1).unwrap(), coarse);
+    assert!(ours.try_acquire().is_allowed());
+    group.bench_function("turnstile/coarse", |b| {
+        b.iter(|| black_box(ours.try_acquire()))
+    });
+    assert!(ours.try_acquire().is_denied(), "the deny bench must deny");
+
+    // quanta allows one upkeep thread per process; `direct_allow`'s stopped when
+    // its clock was dropped, so this one can start.
+    let theirs = governor::RateLimiter::direct_with_clock(
+        governor::Quota::per_hour(nonzero(1)),
+        QuantaUpkeepClock::from_interval(COARSE).unwrap(),
+    );
+    assert!(theirs.check().is_ok());
+    group.bench_function("governor/coarse", |b| b.iter(|| black_box(theirs.check())));
+    assert!(theirs.check().is_err(), "the deny bench must deny");
+
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = direct_allow, direct_deny, clocks
+}
+criterion_main!(benches);
+
+fn clocks(c: &mut Criterion) {
+    use turnstile::Clock;
+    let mut group = c.benchmark_group("clock_read");
+    let real = turnstile::RealClock::new();
+    group.bench_function("turnstile/real", |b| b.iter(|| black_box(real.now())));
+    let q = quanta::Clock::new();
+    group.bench_function("quanta/raw", |b| b.iter(|| black_box(q.raw())));
+    let coarse = turnstile::CoarseClock::new().unwrap();
+    group.bench_function("turnstile/coarse", |b| b.iter(|| black_box(coarse.now())));
+    group.bench_function("std/instant", |b| {
+        b.iter(|| black_box(std::time::Instant::now()))
+    });
+    group.finish();
+}
