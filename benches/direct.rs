@@ -5,7 +5,8 @@
 //!
 //! - `direct_allow`: every check is admitted (a bucket too big to run dry).
 //! - `direct_deny`: every check is denied (a bucket emptied first, refilling once
-//!   an hour).
+//!   an hour). turnstile's denial includes the exact wait; governor's defers it,
+//!   so `governor/precise+wait` adds the call a 429's `Retry-After` needs.
 //!
 //! Each with the precise clock (quanta's TSC for both) and the coarse clock
 //! (turnstile's `CoarseClock`, governor's `QuantaUpkeepClock`, both 1 ms).
@@ -15,7 +16,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use governor::clock::QuantaUpkeepClock;
+use governor::clock::{Clock as _, QuantaUpkeepClock};
 
 const ALLOW_RATE: u32 = 1_000_000_000;
 const COARSE: Duration = Duration::from_millis(1);
@@ -78,6 +79,12 @@ fn direct_deny(c: &mut Criterion) {
     assert!(theirs.check().is_ok());
     group.bench_function("governor/precise", |b| b.iter(|| black_box(theirs.check())));
     assert!(theirs.check().is_err(), "the deny bench must deny");
+    // governor's denial defers the wait; a 429 needs it, which takes a second
+    // clock reading. turnstile's denial carries the exact wait already.
+    let clock = governor::clock::DefaultClock::default();
+    group.bench_function("governor/precise+wait", |b| {
+        b.iter(|| black_box(theirs.check().map_err(|n| n.wait_time_from(clock.now()))))
+    });
 
     let coarse = turnstile::CoarseClock::with_resolution(COARSE).unwrap();
     let ours = turnstile::RateLimiter::with_clock(turnstile::Quota::per_hour(1).unwrap(), coarse);

@@ -99,6 +99,13 @@ impl Layout {
         (tokens << self.time_bits) | self.wrap(time)
     }
 
+    /// `word` with `n` fewer tokens and the same time; `n` must not exceed its
+    /// tokens.
+    #[inline(always)]
+    const fn spend(self, word: u64, n: u64) -> u64 {
+        word - (n << self.time_bits)
+    }
+
     #[inline(always)]
     const fn tokens(self, word: u64) -> u64 {
         word >> self.time_bits
@@ -180,6 +187,10 @@ pub struct TokenBucket {
     fill: u64,
     /// Half the time field's range, in time units.
     half: u64,
+    /// `half - period`: an elapsed time `e` refills something exactly when
+    /// `e - period` (wrapping) is below it, which is one comparison for
+    /// `period <= e < half`.
+    refill_window: u64,
 }
 
 impl TokenBucket {
@@ -196,6 +207,8 @@ impl TokenBucket {
             period: non_zero(period),
             fill: fill_time(quota.capacity(), quota.amount(), period),
             half: layout.half_range(),
+            // `period <= fill <= half` by the quota's validation.
+            refill_window: layout.half_range() - period,
         }
     }
 
@@ -204,41 +217,51 @@ impl TokenBucket {
         self.quota
     }
 
-    /// Refill `word` to time `now` (units, wrapped): the tokens available and the
-    /// refill time that goes with them.
+    /// The bucket in `word` as of time `now` (units, wrapped).
     #[inline(always)]
-    fn refill(&self, word: u64, now: u64) -> (u64, u64) {
+    fn level(&self, word: u64, now: u64) -> Level {
         let tokens = self.layout.tokens(word);
         if tokens >= self.capacity {
             // Full: any elapsed time leaves it full, and the fraction is dropped.
-            return (self.capacity, now);
+            return Level::Refilled {
+                tokens: self.capacity,
+                base: now,
+            };
         }
         let last = self.layout.time(word);
         let elapsed = self.layout.wrap(now.wrapping_sub(last));
-        if elapsed < self.period.get() || elapsed >= self.half {
+        if elapsed.wrapping_sub(self.period.get()) >= self.refill_window {
             // Not a whole period yet, or a reading behind the stored time:
             // refill nothing, move nothing.
-            return (tokens, last);
+            return Level::AsStored { tokens, last };
         }
         if elapsed >= self.fill {
-            return (self.capacity, now);
+            return Level::Refilled {
+                tokens: self.capacity,
+                base: now,
+            };
         }
         let periods = elapsed / self.period;
         // periods * amount < ceil(capacity / amount) * amount <= capacity + amount,
         // so this cannot overflow.
         let filled = tokens + periods * self.amount.get();
         if filled >= self.capacity {
-            (self.capacity, now)
+            Level::Refilled {
+                tokens: self.capacity,
+                base: now,
+            }
         } else {
-            (filled, last + periods * self.period.get())
+            Level::Refilled {
+                tokens: filled,
+                base: last + periods * self.period.get(),
+            }
         }
     }
 
-    /// The wait, in nanoseconds, until `n` tokens exist in a bucket holding
-    /// `available < n` tokens refilled at `base`, read at `now` (units) and
-    /// `now_ns`.
+    /// A denial: nothing changes, and the wait is until `n` tokens exist in a
+    /// bucket holding `available < n` tokens refilled at `base`, read at `now_ns`.
     #[inline(always)]
-    fn wait_nanos(&self, available: u64, base: u64, now: u64, now_ns: u64, n: u64) -> u64 {
+    fn deny(&self, available: u64, base: u64, now_ns: u64, n: u64) -> (Decision, Option<u64>) {
         let missing = n - available;
         let periods = if self.amount.get() == 1 {
             missing
@@ -246,18 +269,25 @@ impl TokenBucket {
             // `missing` and `amount` are below 2^32: no overflow.
             (missing + self.amount.get() - 1) / self.amount
         };
-        let refill = periods.saturating_mul(self.period.get());
-        let since = self.layout.wrap(now.wrapping_sub(base));
-        let ahead = if since < self.half {
-            // `since < period <= refill`: the next refill is still ahead.
-            refill - since
-        } else {
-            // Behind the stored time: first wait for the clock to reach it.
-            self.layout
-                .wrap(base.wrapping_sub(now))
-                .saturating_add(refill)
-        };
-        self.layout.nanos_until(ahead, now_ns)
+        // With `n <= capacity` this is at most the fill time, at most half the
+        // span; saturating keeps larger `n` from wrapping.
+        let refill = periods.saturating_mul(self.period.get()).min(self.half);
+        // The refill lands at `base + refill`. Forwards, `now - base` is less
+        // than a period, so it is ahead; behind the stored time, it is ahead by
+        // up to half the span plus `refill`. Both fit in the span, and only a
+        // distance of exactly one span wraps to 0.
+        let now = self.layout.time_of(now_ns);
+        let ahead = self
+            .layout
+            .wrap(base.wrapping_add(refill).wrapping_sub(now));
+        let ahead = if ahead == 0 { self.half * 2 } else { ahead };
+        let wait = self.layout.nanos_until(ahead, now_ns);
+        (
+            Decision::Denied {
+                retry_after: RetryAfter::from_nanos(wait),
+            },
+            None,
+        )
     }
 }
 
@@ -276,37 +306,56 @@ impl Algorithm for TokenBucket {
     #[inline(always)]
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
         let t = self.layout.time_of(now);
-        let (available, base) = self.refill(word, t);
         let n = u64::from(n);
-        if available >= n {
-            let left = available - n;
-            (
-                Decision::Allowed {
-                    // `left <= capacity <= u32::MAX`
-                    remaining: left as u32,
-                },
-                Some(self.layout.pack(left, base)),
-            )
-        } else {
-            let wait = self.wait_nanos(available, base, t, now, n);
-            (
-                Decision::Denied {
-                    retry_after: RetryAfter::from_nanos(wait),
-                },
-                None,
-            )
+        // `remaining <= capacity <= u32::MAX` in both arms.
+        match self.level(word, t) {
+            Level::AsStored { tokens, last } => {
+                if tokens < n {
+                    return self.deny(tokens, last, now, n);
+                }
+                // The time stays, so spending is one subtraction from the word.
+                let remaining = (tokens - n) as u32;
+                let next = self.layout.spend(word, n);
+                (Decision::Allowed { remaining }, Some(next))
+            }
+            Level::Refilled { tokens, base } => {
+                if tokens < n {
+                    return self.deny(tokens, base, now, n);
+                }
+                let remaining = (tokens - n) as u32;
+                let next = self.layout.pack(tokens - n, base);
+                (Decision::Allowed { remaining }, Some(next))
+            }
         }
     }
 
     #[inline]
     fn remaining(&self, word: u64, now: u64) -> u32 {
         // `<= capacity <= u32::MAX`
-        self.refill(word, self.layout.time_of(now)).0 as u32
+        self.level(word, self.layout.time_of(now)).tokens() as u32
     }
 
     #[inline]
     fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
-        self.refill(word, self.layout.time_of(now)).0 == self.capacity
+        self.level(word, self.layout.time_of(now)).tokens() == self.capacity
+    }
+}
+
+/// A bucket's tokens at some reading, and whether the word already says so.
+#[derive(Clone, Copy, Debug)]
+enum Level {
+    /// No refill is due: the word's tokens and time stand.
+    AsStored { tokens: u64, last: u64 },
+    /// Refilled (or full): `tokens` as of the refill time `base`.
+    Refilled { tokens: u64, base: u64 },
+}
+
+impl Level {
+    #[inline(always)]
+    fn tokens(self) -> u64 {
+        match self {
+            Level::AsStored { tokens, .. } | Level::Refilled { tokens, .. } => tokens,
+        }
     }
 }
 
@@ -385,6 +434,9 @@ mod tests {
                     let word = layout.pack(tokens, time);
                     assert_eq!(layout.tokens(word), tokens, "tokens of {word:#x}");
                     assert_eq!(layout.time(word), time, "time of {word:#x}");
+                    for n in [0, 1.min(tokens), tokens / 2, tokens] {
+                        assert_eq!(layout.spend(word, n), layout.pack(tokens - n, time));
+                    }
                 }
             }
             // Time beyond the field wraps into it and never touches the tokens.
