@@ -47,3 +47,8 @@ pub use error::{AcquireError, QuotaError};
 pub use limiter::RateLimiter;
 pub use quota::Quota;
 pub use token_bucket::TokenBucket;
+
+// The README's examples are compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
