@@ -21,6 +21,8 @@ fn main() -> ExitCode {
     println!("== the seed's token bucket (capacity 3, 1 token per 1000 ms), manual clock");
     print!("{}", seed::token_bucket_trace());
     println!();
+    print!("{}", seed::per_client_trace());
+    println!();
     match hammer() {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,

@@ -10,9 +10,24 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use turnstile::{Decision, ManualClock, Quota, RateLimiter, TokenBucket};
+use turnstile::{Decision, KeyedLimiter, ManualClock, Quota, RateLimiter, TokenBucket};
 
 type Limiter = RateLimiter<TokenBucket, ManualClock>;
+type Keyed = KeyedLimiter<u64, TokenBucket, ManualClock, ahash::RandomState>;
+
+/// A keyed limiter small enough to model: one shard and a fixed hasher, so every
+/// execution hashes alike and every key meets every sweep.
+fn keyed(capacity: u32, period: Duration) -> (Arc<Keyed>, ManualClock) {
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<u64>::builder(Quota::new(capacity, 1, period).unwrap())
+        .clock(clock.clone())
+        .hasher(ahash::RandomState::with_seeds(1, 2, 3, 4))
+        .shards(1)
+        .max_keys(16)
+        .build()
+        .unwrap();
+    (Arc::new(limiter), clock)
+}
 
 fn limiter(capacity: u32, period: Duration) -> (Arc<Limiter>, ManualClock) {
     let clock = ManualClock::new();
@@ -128,5 +143,70 @@ fn a_thread_advancing_its_own_clock_races_another() {
         let admitted = first.join().unwrap() + second.join().unwrap();
         assert_eq!(admitted, 2);
         assert_eq!(limiter.remaining(), 0);
+    });
+}
+
+/// Two threads touch one new key of a capacity-1 bucket at once: both miss, both
+/// race to insert, and exactly one is admitted from the one bucket they share.
+#[test]
+fn keyed_first_touch_by_two_threads_shares_one_bucket() {
+    loom::model(|| {
+        let (limiter, _clock) = keyed(1, Duration::from_secs(1));
+        let other = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.try_acquire(&7).is_allowed() as u32)
+        };
+        let admitted = limiter.try_acquire(&7).is_allowed() as u32 + other.join().unwrap();
+        assert_eq!(admitted, 1);
+        assert_eq!(limiter.len(), 1);
+    });
+}
+
+/// A sweep runs while two acquires on the same key are in flight. The key's
+/// bucket holds one token and is fresh-equivalent (full) when they start, so the
+/// sweep may evict it; but it must never evict it after a token was spent, or the
+/// second acquire would find a fresh bucket and be admitted too.
+#[test]
+fn keyed_sweep_racing_acquires_on_one_key_admits_one_bucket_at_most() {
+    loom::model(|| {
+        let period = Duration::from_secs(1);
+        let (limiter, clock) = keyed(1, period);
+        assert!(limiter.try_acquire(&7).is_allowed());
+        clock.advance(period); // full again: fresh-equivalent
+        let sweeper = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.sweep())
+        };
+        let other = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.try_acquire(&7).is_allowed() as u32)
+        };
+        let admitted = limiter.try_acquire(&7).is_allowed() as u32 + other.join().unwrap();
+        let evicted = sweeper.join().unwrap();
+        assert_eq!(admitted, 1, "evicted {evicted}");
+        assert_eq!(limiter.remaining(&7), 0);
+    });
+}
+
+/// An insert of a new key races a sweep of its shard, which also holds a key
+/// that is fresh-equivalent: the new key's spend survives whatever the sweep
+/// removes.
+#[test]
+fn keyed_insert_racing_a_sweep_of_its_shard_loses_nothing() {
+    loom::model(|| {
+        let period = Duration::from_secs(1);
+        let (limiter, clock) = keyed(1, period);
+        assert!(limiter.try_acquire(&1).is_allowed());
+        clock.advance(period); // key 1 is fresh-equivalent
+        let sweeper = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.sweep())
+        };
+        assert!(limiter.try_acquire(&2).is_allowed());
+        let evicted = sweeper.join().unwrap();
+        assert!(evicted <= 1, "only key 1 may go");
+        assert_eq!(limiter.remaining(&2), 0, "key 2's spend is kept");
+        assert!(limiter.try_acquire(&2).is_denied());
+        assert_eq!(limiter.len(), 2 - evicted);
     });
 }

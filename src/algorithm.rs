@@ -1,5 +1,7 @@
 //! The contract between a rate-limiting algorithm and the cell that runs it.
 
+use core::time::Duration;
+
 use crate::decision::Decision;
 
 /// A rate-limiting algorithm as a pure function over one 64-bit word.
@@ -34,4 +36,10 @@ pub trait Algorithm {
     /// future decision would be the same. Such a word can be dropped and recreated
     /// later without losing anything.
     fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool;
+
+    /// The longest a word can take, with no requests, to become fresh-equivalent
+    /// (for a token bucket, the time to refill from empty). A keyed limiter that
+    /// is full tells a new key to retry after this long: by then every bucket left
+    /// idle can be swept.
+    fn fresh_after_idle(&self) -> Duration;
 }

@@ -73,6 +73,84 @@ impl Decision {
     }
 }
 
+/// The answer of a [`KeyedLimiter`](crate::KeyedLimiter): a [`Decision`], or a
+/// denial because the limiter already holds as many keys as it may.
+///
+/// A key-limit denial is not a rate denial: the key itself may be well within its
+/// quota, but the limiter will not grow its memory for it. An HTTP gate answers it
+/// with 503 Service Unavailable rather than 429.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use = "a rate limiter's decision must be checked: a denied request must not proceed"]
+pub enum KeyedDecision {
+    /// The permits were taken; `remaining` tokens are left in this key's bucket.
+    Allowed {
+        /// Tokens left after this request.
+        remaining: u32,
+    },
+    /// Not enough permits in this key's bucket now; nothing was taken.
+    Denied {
+        /// The wait until the request would be admitted.
+        retry_after: RetryAfter,
+    },
+    /// The key is new and the limiter is full (`max_keys`), even after sweeping
+    /// the key's shard; nothing was stored.
+    KeyLimit {
+        /// A hint: the time after which every bucket idle since now can be swept
+        /// (for a token bucket, its fill time).
+        retry_after: RetryAfter,
+    },
+}
+
+impl KeyedDecision {
+    /// `true` when the permits were taken.
+    #[inline]
+    pub const fn is_allowed(&self) -> bool {
+        matches!(self, KeyedDecision::Allowed { .. })
+    }
+
+    /// `true` for a denial of either kind.
+    #[inline]
+    pub const fn is_denied(&self) -> bool {
+        !self.is_allowed()
+    }
+
+    /// `true` for a key-limit denial.
+    #[inline]
+    pub const fn is_key_limit(&self) -> bool {
+        matches!(self, KeyedDecision::KeyLimit { .. })
+    }
+
+    /// Tokens left after an admitted request; `None` for a denial.
+    #[inline]
+    pub const fn remaining(&self) -> Option<u32> {
+        match self {
+            KeyedDecision::Allowed { remaining } => Some(*remaining),
+            _ => None,
+        }
+    }
+
+    /// The wait of a denial of either kind; `None` when admitted.
+    #[inline]
+    pub const fn retry_after(&self) -> Option<RetryAfter> {
+        match self {
+            KeyedDecision::Allowed { .. } => None,
+            KeyedDecision::Denied { retry_after } | KeyedDecision::KeyLimit { retry_after } => {
+                Some(*retry_after)
+            }
+        }
+    }
+}
+
+impl From<Decision> for KeyedDecision {
+    #[inline(always)]
+    fn from(decision: Decision) -> KeyedDecision {
+        match decision {
+            Decision::Allowed { remaining } => KeyedDecision::Allowed { remaining },
+            Decision::Denied { retry_after } => KeyedDecision::Denied { retry_after },
+        }
+    }
+}
+
 /// How long a denied request must wait, to the nanosecond.
 ///
 /// [`header_secs`](RetryAfter::header_secs) gives the value of an HTTP

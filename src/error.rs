@@ -119,3 +119,37 @@ impl fmt::Display for AcquireError {
 }
 
 impl std::error::Error for AcquireError {}
+
+/// Why a [`KeyedLimiter`](crate::KeyedLimiter) could not be built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyedConfigError {
+    /// The shard count must be a power of two from 1 to 65,536.
+    Shards {
+        /// The count asked for.
+        shards: usize,
+    },
+    /// `max_keys` was 0; a keyed limiter must be able to hold at least one key.
+    ZeroMaxKeys,
+    /// `sweep_every` was 0; a shard sweeps itself after at least one insert.
+    ZeroSweepEvery,
+}
+
+impl fmt::Display for KeyedConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyedConfigError::Shards { shards } => write!(
+                f,
+                "{shards} shards: the shard count must be a power of two from 1 to 65536"
+            ),
+            KeyedConfigError::ZeroMaxKeys => {
+                f.write_str("max_keys is 0; it must be at least 1 (it bounds the keys held)")
+            }
+            KeyedConfigError::ZeroSweepEvery => f.write_str(
+                "sweep_every is 0; it must be at least 1 (inserts between a shard's sweeps)",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KeyedConfigError {}

@@ -33,6 +33,7 @@ mod cell;
 mod clock;
 mod decision;
 mod error;
+mod keyed;
 mod limiter;
 mod quota;
 mod sync;
@@ -42,8 +43,11 @@ pub use algorithm::Algorithm;
 #[cfg(not(loom))]
 pub use clock::CoarseClock;
 pub use clock::{Clock, ManualClock, RealClock};
-pub use decision::{Decision, RetryAfter};
-pub use error::{AcquireError, QuotaError};
+pub use decision::{Decision, KeyedDecision, RetryAfter};
+pub use error::{AcquireError, KeyedConfigError, QuotaError};
+#[cfg(not(loom))]
+pub use keyed::Sweeper;
+pub use keyed::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, KeyedBuilder, KeyedLimiter, KeyedStats};
 pub use limiter::RateLimiter;
 pub use quota::Quota;
 pub use token_bucket::TokenBucket;

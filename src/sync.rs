@@ -7,12 +7,41 @@
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(not(loom))]
-pub(crate) use core::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
+
+/// A reader-writer lock: `parking_lot`'s, or loom's under loom. Guards are
+/// returned directly; loom's poisoning can only follow a panic inside a model,
+/// which has already failed the test.
+#[cfg(not(loom))]
+pub(crate) use parking_lot::RwLock;
+
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+
+#[cfg(loom)]
+impl<T> RwLock<T> {
+    pub(crate) fn new(value: T) -> Self {
+        RwLock(loom::sync::RwLock::new(value))
+    }
+
+    pub(crate) fn read(&self) -> loom::sync::RwLockReadGuard<'_, T> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
+        self.0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
 
 /// Exponential backoff for a compare-and-swap loop that lost a race.
 ///

@@ -5,6 +5,7 @@ use crate::decision::{Decision, RetryAfter};
 use crate::quota::{Quota, fill_time};
 
 use core::num::NonZeroU64;
+use core::time::Duration;
 
 const NANOS_PER_MICRO: u64 = 1_000;
 
@@ -339,6 +340,10 @@ impl Algorithm for TokenBucket {
     fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
         self.level(word, self.layout.time_of(now)).tokens() == self.capacity
     }
+
+    fn fresh_after_idle(&self) -> Duration {
+        self.quota.fill_time()
+    }
 }
 
 /// A bucket's tokens at some reading, and whether the word already says so.
@@ -362,7 +367,6 @@ impl Level {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use core::time::Duration;
 
     fn bucket(capacity: u32, amount: u32, period_ms: u64) -> TokenBucket {
         TokenBucket::new(Quota::new(capacity, amount, Duration::from_millis(period_ms)).unwrap())

@@ -41,3 +41,20 @@ fn token_bucket_binary_prints_the_seed_trace() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), SEED_TOKEN_BUCKET);
 }
+
+const SEED_PER_CLIENT: &str = "\
+== per-client token buckets (capacity 3, 1 token per 1000 ms)
+t=   0 alice  -> 200 OK (tokens left 2)
+t= 100 alice  -> 200 OK (tokens left 1)
+t= 200 alice  -> 200 OK (tokens left 0)
+t= 250 bob    -> 200 OK (tokens left 2)
+t= 300 alice  -> 429 Too Many Requests, Retry-After: 1
+t= 350 (none) -> 401 Unauthorized
+t= 400 bob    -> 200 OK (tokens left 1)
+t=1300 alice  -> 200 OK (tokens left 0)
+";
+
+#[test]
+fn keyed_limiter_reproduces_the_seed_per_client_trace() {
+    assert_eq!(seed::per_client_trace(), SEED_PER_CLIENT);
+}

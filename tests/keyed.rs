@@ -1,0 +1,392 @@
+//! The keyed limiter: per-key buckets, lossless sweeping, the key bound, and
+//! concurrency on the real clock.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use turnstile::{
+    AcquireError, Clock, Decision, KeyedConfigError, KeyedDecision, KeyedLimiter, KeyedStats,
+    ManualClock, Quota, RateLimiter, RealClock, TokenBucket,
+};
+
+type Manual<K> = KeyedLimiter<K, TokenBucket, ManualClock>;
+
+fn quota(capacity: u32, period: Duration) -> Quota {
+    Quota::new(capacity, 1, period).unwrap()
+}
+
+fn manual<K: std::hash::Hash + Eq>(q: Quota, max_keys: usize) -> (Manual<K>, ManualClock) {
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<K>::builder(q)
+        .clock(clock.clone())
+        .max_keys(max_keys)
+        .build()
+        .unwrap();
+    (limiter, clock)
+}
+
+#[test]
+fn one_clients_burst_does_not_spend_anothers_tokens() {
+    let (l, _) = manual::<String>(quota(2, Duration::from_secs(1)), 100);
+    assert!(l.try_acquire("alice").is_allowed());
+    assert!(l.try_acquire("alice").is_allowed());
+    assert!(l.try_acquire("alice").is_denied());
+    assert_eq!(
+        l.try_acquire("bob"),
+        KeyedDecision::Allowed { remaining: 1 }
+    );
+}
+
+#[test]
+fn string_keys_by_str_and_ip_addresses() {
+    let (l, _) = manual::<String>(quota(3, Duration::from_secs(1)), 100);
+    let owned = String::from("key-123");
+    assert!(l.try_acquire(owned.as_str()).is_allowed());
+    assert_eq!(l.remaining("key-123"), 2);
+    assert_eq!(l.len(), 1);
+
+    let (l, _) = manual::<IpAddr>(quota(1, Duration::from_secs(1)), 100);
+    let v4 = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7));
+    let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+    assert!(l.try_acquire(&v4).is_allowed());
+    assert!(l.try_acquire(&v4).is_denied());
+    assert!(l.try_acquire(&v6).is_allowed());
+}
+
+#[test]
+fn remaining_peeks_without_storing_the_key() {
+    let (l, _) = manual::<u64>(quota(4, Duration::from_secs(1)), 100);
+    assert_eq!(l.remaining(&7), 4);
+    assert!(l.is_empty());
+    assert_eq!(
+        l.try_acquire_n(&7, 3),
+        Ok(KeyedDecision::Allowed { remaining: 1 })
+    );
+    assert_eq!(l.remaining(&7), 1);
+    assert_eq!(l.len(), 1);
+}
+
+#[test]
+fn bad_permit_counts_are_errors_and_touch_nothing() {
+    let (l, _) = manual::<u64>(quota(4, Duration::from_secs(1)), 100);
+    assert_eq!(l.try_acquire_n(&1, 0), Err(AcquireError::ZeroPermits));
+    assert_eq!(
+        l.try_acquire_n(&1, 5),
+        Err(AcquireError::InsufficientCapacity {
+            requested: 5,
+            capacity: 4
+        })
+    );
+    assert!(l.is_empty());
+}
+
+#[test]
+fn bad_configurations_are_refused() {
+    let q = quota(1, Duration::from_secs(1));
+    for shards in [0, 3, 6, 1_000, (1 << 16) + 1, 1 << 17] {
+        let err = KeyedLimiter::<u64>::builder(q)
+            .shards(shards)
+            .build()
+            .unwrap_err();
+        assert_eq!(err, KeyedConfigError::Shards { shards });
+        assert!(
+            err.to_string().contains("power of two from 1 to 65536"),
+            "{err}"
+        );
+    }
+    for shards in [1, 2, 64, 1 << 16] {
+        let l = KeyedLimiter::<u64>::builder(q)
+            .shards(shards)
+            .build()
+            .unwrap();
+        assert_eq!(l.shard_count(), shards);
+    }
+    let err = KeyedLimiter::<u64>::builder(q)
+        .max_keys(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err, KeyedConfigError::ZeroMaxKeys);
+    let err = KeyedLimiter::<u64>::builder(q)
+        .sweep_every(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err, KeyedConfigError::ZeroSweepEvery);
+
+    let l = KeyedLimiter::<u64>::new(q);
+    assert!(l.shard_count().is_power_of_two());
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert!(l.shard_count() >= 4 * cores);
+    assert_eq!(l.max_keys(), turnstile::DEFAULT_MAX_KEYS);
+}
+
+#[test]
+fn sweeping_evicts_only_buckets_indistinguishable_from_fresh() {
+    let period = Duration::from_millis(100);
+    let (l, clock) = manual::<u64>(quota(3, period), 100);
+    let _ = l.try_acquire_n(&1, 3).unwrap(); // empty
+    let _ = l.try_acquire(&2); // 2 left
+    assert_eq!(l.sweep(), 0, "neither would be full yet");
+    clock.advance(period); // key 2 full again, key 1 has 1 of 3
+    assert_eq!(l.sweep(), 1);
+    assert_eq!(l.len(), 1);
+    assert_eq!(l.remaining(&1), 1, "key 1 kept its exact state");
+    assert_eq!(l.remaining(&2), 3, "key 2 comes back as it would have been");
+    clock.advance(period * 2);
+    assert_eq!(l.sweep(), 1);
+    assert!(l.is_empty());
+    let stats = l.stats();
+    assert_eq!((stats.keys, stats.evicted, stats.admitted), (0, 2, 2));
+}
+
+#[test]
+fn a_denial_on_a_fresh_bucket_stores_nothing_and_denials_are_counted() {
+    let (l, _) = manual::<u64>(quota(1, Duration::from_secs(1)), 100);
+    let _ = l.try_acquire(&9);
+    assert!(l.try_acquire(&9).is_denied());
+    assert!(l.try_acquire(&9).is_denied());
+    assert_eq!(
+        l.stats(),
+        KeyedStats {
+            keys: 1,
+            admitted: 1,
+            denied: 2,
+            denied_key_limit: 0,
+            evicted: 0
+        }
+    );
+}
+
+#[test]
+fn a_shard_sweeps_itself_after_enough_inserts() {
+    let period = Duration::from_millis(10);
+    let clock = ManualClock::new();
+    let l = KeyedLimiter::<u64>::builder(quota(1, period))
+        .clock(clock.clone())
+        .shards(1)
+        .sweep_every(100)
+        .build()
+        .unwrap();
+    for k in 0..100 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    assert_eq!(l.len(), 100);
+    clock.advance(period); // all 100 are full again
+    assert!(l.try_acquire(&1_000).is_allowed()); // the 101st insert sweeps first
+    assert_eq!(l.len(), 1);
+    assert_eq!(l.stats().evicted, 100);
+}
+
+#[test]
+fn at_the_bound_a_new_key_is_refused_with_its_own_reason() {
+    let fill = Duration::from_secs(2);
+    // One shard, so the sweep a new key triggers sees every key.
+    let clock = ManualClock::new();
+    let l = KeyedLimiter::<u64>::builder(quota(2, Duration::from_secs(1)))
+        .clock(clock.clone())
+        .shards(1)
+        .max_keys(3)
+        .build()
+        .unwrap();
+    for k in 0..3 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    let refused = l.try_acquire(&3);
+    assert_eq!(
+        refused,
+        KeyedDecision::KeyLimit {
+            retry_after: turnstile::RetryAfter::from_nanos(2_000_000_000)
+        }
+    );
+    assert!(refused.is_key_limit() && refused.is_denied());
+    assert_eq!(refused.retry_after().unwrap().duration(), fill);
+    // Known keys are unaffected.
+    assert_eq!(l.try_acquire(&0), KeyedDecision::Allowed { remaining: 0 });
+    assert_eq!(l.len(), 3);
+    assert_eq!(l.stats().denied_key_limit, 1);
+    // Once a bucket would be full again, the shard's sweep makes room.
+    clock.advance(Duration::from_secs(1)); // keys 1 and 2 refill to full
+    assert!(l.try_acquire(&3).is_allowed());
+    assert!(l.len() <= 3);
+    assert_eq!(l.remaining(&0), 1, "key 0 kept its state through the sweep");
+}
+
+/// A flood of a million unique keys against a bound of 10,000: the map never
+/// holds more than the bound, and resident keys decide exactly as their own
+/// direct limiters do, with the clock frozen and with it moving.
+#[test]
+fn a_key_flood_stays_within_the_bound_and_residents_keep_exact_allowances() {
+    const BOUND: usize = 10_000;
+    const FLOOD: u64 = 1_000_000;
+    const RESIDENTS: u64 = 100;
+    let period = Duration::from_millis(10);
+    let q = quota(5, period);
+    let (l, clock) = manual::<u64>(q, BOUND);
+    let reference: HashMap<u64, RateLimiter<TokenBucket, ManualClock>> = (0..RESIDENTS)
+        .map(|k| (k, RateLimiter::with_clock(q, clock.clone())))
+        .collect();
+    let check_resident = |l: &Manual<u64>, k: u64| {
+        let ours = l.try_acquire(&k);
+        let theirs: KeyedDecision = reference[&k].try_acquire().into();
+        assert_eq!(ours, theirs, "resident {k} at {:?}", clock.elapsed());
+    };
+    for k in 0..RESIDENTS {
+        check_resident(&l, k);
+    }
+
+    // Phase 1, time frozen: no bucket can become fresh again, so once the map is
+    // full every new key is refused.
+    let mut refused = 0;
+    for i in 0..FLOOD {
+        let d = l.try_acquire(&(1 << 40 | i));
+        assert!(
+            !matches!(d, KeyedDecision::Denied { .. }),
+            "a new key's bucket is full"
+        );
+        refused += u64::from(d.is_key_limit());
+        if i % 10 == 0 {
+            check_resident(&l, i / 10 % RESIDENTS);
+        }
+        if i % 4_096 == 0 {
+            assert!(l.len() <= BOUND);
+        }
+    }
+    assert_eq!(l.len(), BOUND);
+    assert_eq!(refused, FLOOD - (BOUND as u64 - RESIDENTS));
+
+    // Phase 2, a microsecond per request: flood buckets refill and are swept, new
+    // flood keys take their places, residents (asked every 10 requests, so never
+    // full) keep their exact allowances.
+    let before = l.stats();
+    for i in 0..FLOOD {
+        clock.advance(Duration::from_micros(1));
+        let _ = l.try_acquire(&(2 << 40 | i));
+        if i % 10 == 0 {
+            check_resident(&l, i / 10 % RESIDENTS);
+        }
+        if i % 4_096 == 0 {
+            assert!(l.len() <= BOUND);
+        }
+    }
+    let after = l.stats();
+    eprintln!("flood: {before:?} -> {after:?}");
+    assert!(after.keys <= BOUND);
+    assert!(
+        after.evicted > before.evicted + 100_000,
+        "{before:?} -> {after:?}"
+    );
+    assert!(
+        after.admitted > before.admitted + 100_000,
+        "{before:?} -> {after:?}"
+    );
+}
+
+#[test]
+fn two_first_requests_for_one_key_share_one_bucket() {
+    for _ in 0..200 {
+        let (l, _) = manual::<u64>(quota(1, Duration::from_secs(1)), 100);
+        let l = Arc::new(l);
+        let start = Arc::new(Barrier::new(2));
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let (l, start) = (Arc::clone(&l), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    l.try_acquire(&42).is_allowed()
+                })
+            })
+            .collect();
+        let admitted: u32 = threads.into_iter().map(|t| t.join().unwrap() as u32).sum();
+        assert_eq!(admitted, 1);
+        assert_eq!(l.len(), 1);
+    }
+}
+
+#[test]
+fn the_background_sweeper_sweeps_and_stops_on_drop() {
+    let period = Duration::from_millis(1);
+    let l = Arc::new(
+        KeyedLimiter::<u64>::builder(quota(1, period))
+            .clock(RealClock::new())
+            .build()
+            .unwrap(),
+    );
+    for k in 0..50 {
+        let _ = l.try_acquire(&k);
+    }
+    assert_eq!(l.len(), 50);
+    let sweeper = l.start_sweeper(Duration::from_millis(5)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !l.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sweeper never emptied it"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(sweeper); // joins the thread
+    for k in 0..50 {
+        let _ = l.try_acquire(&k);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(l.len(), 50, "a stopped sweeper sweeps nothing");
+    let err = l.start_sweeper(Duration::ZERO).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+}
+
+/// Both cores, many keys, the real clock: no key is ever admitted more than
+/// `capacity + refill(elapsed)`.
+#[test]
+fn concurrent_keys_on_the_real_clock_stay_within_their_bounds() {
+    const KEYS: u64 = 64;
+    let period = Duration::from_micros(100);
+    let q = Quota::new(10, 1, period).unwrap();
+    let clock = RealClock::new();
+    let l = Arc::new(
+        KeyedLimiter::<u64>::builder(q)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .max(2);
+    let start = Arc::new(Barrier::new(threads + 1));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (l, start) = (Arc::clone(&l), Arc::clone(&start));
+            std::thread::spawn(move || {
+                let mut admitted = vec![0u64; KEYS as usize];
+                start.wait();
+                for i in 0..400_000u64 {
+                    let k = (i * 7 + t as u64) % KEYS;
+                    admitted[k as usize] += u64::from(l.try_acquire(&k).is_allowed());
+                }
+                admitted
+            })
+        })
+        .collect();
+    let t0 = clock.now();
+    start.wait();
+    let per_thread: Vec<Vec<u64>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let t1 = clock.now();
+    let elapsed_units = t1 / 1_000 - t0 / 1_000; // 1 µs units for capacity 10
+    let bound = 10 + elapsed_units / 100;
+    let mut total = 0;
+    for k in 0..KEYS as usize {
+        let admitted: u64 = per_thread.iter().map(|a| a[k]).sum();
+        assert!(admitted <= bound, "key {k}: {admitted} > {bound}");
+        total += admitted;
+    }
+    let stats = l.stats();
+    assert_eq!(stats.admitted, total);
+    assert_eq!(stats.admitted + stats.denied, threads as u64 * 400_000);
+}
+
+#[test]
+fn decisions_convert_from_direct_ones() {
+    let d: KeyedDecision = Decision::Allowed { remaining: 3 }.into();
+    assert_eq!(d.remaining(), Some(3));
+    assert!(!d.is_key_limit());
+}
