@@ -16,7 +16,7 @@ use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::{AcquireError, KeyedConfigError};
 use crate::limiter::check_permits;
 use crate::quota::Quota;
-use crate::sync::{AtomicU64, AtomicUsize, Ordering, RwLock};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering, ShardLock, thread_slot};
 use crate::token_bucket::TokenBucket;
 
 /// The default bound on keys held.
@@ -27,6 +27,9 @@ const MAX_SHARDS: usize = 1 << 16;
 /// hashbrown takes the top 7 bits of a hash for its control bytes and the low
 /// bits for the bucket index; the shard comes from the bits just below the top 7.
 const SHARD_HASH_TOP: u32 = 57;
+/// Admitted and denied requests are counted in this many cache-padded slots, one
+/// chosen per thread.
+const COUNTER_SLOTS: usize = 16;
 /// A shard at the key bound sweeps again at most this often (clock time), so a
 /// flood of new keys cannot make every request pay for a sweep.
 const BOUND_SWEEP_COOLDOWN_NS: u64 = 1_000_000;
@@ -95,13 +98,19 @@ pub struct KeyedLimiter<K, A = TokenBucket, C = RealClock, S = ahash::RandomStat
     /// Keys held, across shards. Written only by inserts and sweeps, which hold a
     /// shard's exclusive lock anyway; decisions on known keys never touch it.
     len: CachePadded<AtomicUsize>,
+    /// Admitted and denied counts, by thread slot: a decision writes only its own
+    /// thread's line, never one another core is writing.
+    counters: Box<[CachePadded<Counters>]>,
 }
 
-/// One shard: its table behind a lock, and the counters decisions update under
-/// the shared lock. Both sit in one cache-padded block, so counting writes a line
-/// the lock has already brought in.
+/// One shard: its table behind a lock whose readers write only their own
+/// thread's cache line.
 struct Shard<K> {
-    table: RwLock<Table<K>>,
+    table: ShardLock<Table<K>>,
+}
+
+#[derive(Default)]
+struct Counters {
     admitted: AtomicU64,
     denied: AtomicU64,
 }
@@ -266,7 +275,7 @@ impl<K, A, C, S> KeyedBuilder<K, A, C, S> {
         let shard_array = (0..shards)
             .map(|_| {
                 CachePadded::new(Shard {
-                    table: RwLock::new(Table {
+                    table: ShardLock::new(Table {
                         entries: HashTable::new(),
                         inserts_since_sweep: 0,
                         sweep_threshold: self.sweep_every,
@@ -274,8 +283,6 @@ impl<K, A, C, S> KeyedBuilder<K, A, C, S> {
                         denied_key_limit: 0,
                         evicted: 0,
                     }),
-                    admitted: AtomicU64::new(0),
-                    denied: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -289,6 +296,7 @@ impl<K, A, C, S> KeyedBuilder<K, A, C, S> {
             max_keys: self.max_keys,
             sweep_every: self.sweep_every,
             len: CachePadded::new(AtomicUsize::new(0)),
+            counters: (0..COUNTER_SLOTS).map(|_| CachePadded::default()).collect(),
         }
     }
 }
@@ -374,7 +382,7 @@ where
             let table = shard.table.read();
             if let Some((_, cell)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
                 let decision = cell.apply(&self.algorithm, now, n);
-                shard.count(decision);
+                self.count(decision);
                 return decision.into();
             }
         }
@@ -400,13 +408,13 @@ where
         let mut table = shard.table.write();
         if let Some((_, cell)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
             let decision = cell.apply(&self.algorithm, now, n);
-            shard.count(decision);
+            self.count(decision);
             return decision.into();
         }
         let (decision, next) = self.algorithm.decide(self.algorithm.fresh(), now, n);
         let Some(next) = next else {
             // The word would stay fresh: nothing to remember.
-            shard.count(decision);
+            self.count(decision);
             return decision.into();
         };
         if table.inserts_since_sweep >= table.sweep_threshold {
@@ -434,7 +442,7 @@ where
                 self.hasher.hash_one(k)
             });
         table.inserts_since_sweep += 1;
-        shard.count(decision);
+        self.count(decision);
         decision.into()
     }
 
@@ -507,22 +515,36 @@ where
         self.len() == 0
     }
 
-    /// Counters summed over the shards (each shard read in turn, not at one
-    /// instant).
+    /// Counters summed over the shards and thread slots (each read in turn, not
+    /// at one instant).
     pub fn stats(&self) -> KeyedStats {
         let mut stats = KeyedStats {
             keys: self.len(),
             ..KeyedStats::default()
         };
-        for shard in self.shards.iter() {
+        for counters in self.counters.iter() {
             // Relaxed: counters, read for reporting.
-            stats.admitted += shard.admitted.load(Ordering::Relaxed);
-            stats.denied += shard.denied.load(Ordering::Relaxed);
+            stats.admitted += counters.admitted.load(Ordering::Relaxed);
+            stats.denied += counters.denied.load(Ordering::Relaxed);
+        }
+        for shard in self.shards.iter() {
             let table = shard.table.read();
             stats.denied_key_limit += table.denied_key_limit;
             stats.evicted += table.evicted;
         }
         stats
+    }
+
+    #[inline(always)]
+    fn count(&self, decision: Decision) {
+        let counters = &self.counters[thread_slot() % COUNTER_SLOTS];
+        let counter = if decision.is_allowed() {
+            &counters.admitted
+        } else {
+            &counters.denied
+        };
+        // Relaxed: counters publish nothing; `stats` reads totals.
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     #[inline(always)]
@@ -550,19 +572,6 @@ impl<K, A, C, S> KeyedLimiter<K, A, C, S> {
     /// The clock this limiter reads.
     pub fn clock(&self) -> &C {
         &self.clock
-    }
-}
-
-impl<K> Shard<K> {
-    #[inline(always)]
-    fn count(&self, decision: Decision) {
-        // Relaxed: counters publish nothing; `stats` reads totals.
-        let counter = if decision.is_allowed() {
-            &self.admitted
-        } else {
-            &self.denied
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
     }
 }
 

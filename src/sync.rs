@@ -14,33 +14,75 @@ pub(crate) use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
 
-/// A reader-writer lock: `parking_lot`'s, or loom's under loom. Guards are
-/// returned directly; loom's poisoning can only follow a panic inside a model,
-/// which has already failed the test.
-#[cfg(not(loom))]
-pub(crate) use parking_lot::RwLock;
-
-#[cfg(loom)]
+/// The reader-writer lock of a keyed limiter's shard.
+///
+/// Outside loom this is `crossbeam_utils::sync::ShardedLock`: a read takes one of
+/// several cache-padded sub-locks, chosen by the current thread, so readers on
+/// different threads write different cache lines; a write takes them all. Under
+/// loom it is loom's `RwLock`. Guards are returned directly: a poisoned lock can
+/// only follow a panic while it was held, and the tables it guards are left
+/// consistent by every operation that can panic (allocation failure aborts).
 #[derive(Debug)]
-pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+pub(crate) struct ShardLock<T> {
+    #[cfg(not(loom))]
+    inner: crossbeam_utils::sync::ShardedLock<T>,
+    #[cfg(loom)]
+    inner: loom::sync::RwLock<T>,
+}
 
+#[cfg(not(loom))]
+pub(crate) type ReadGuard<'a, T> = crossbeam_utils::sync::ShardedLockReadGuard<'a, T>;
+#[cfg(not(loom))]
+pub(crate) type WriteGuard<'a, T> = crossbeam_utils::sync::ShardedLockWriteGuard<'a, T>;
 #[cfg(loom)]
-impl<T> RwLock<T> {
+pub(crate) type ReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
+#[cfg(loom)]
+pub(crate) type WriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
+
+impl<T> ShardLock<T> {
     pub(crate) fn new(value: T) -> Self {
-        RwLock(loom::sync::RwLock::new(value))
+        ShardLock {
+            #[cfg(not(loom))]
+            inner: crossbeam_utils::sync::ShardedLock::new(value),
+            #[cfg(loom)]
+            inner: loom::sync::RwLock::new(value),
+        }
     }
 
-    pub(crate) fn read(&self) -> loom::sync::RwLockReadGuard<'_, T> {
-        self.0
+    #[inline]
+    pub(crate) fn read(&self) -> ReadGuard<'_, T> {
+        self.inner
             .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
-        self.0
+    #[inline]
+    pub(crate) fn write(&self) -> WriteGuard<'_, T> {
+        self.inner
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// A small per-thread index, for spreading per-thread counters over a few
+/// cache lines: threads take consecutive values as they first ask.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn thread_slot() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    std::thread_local! {
+        // Relaxed: the value only needs to be some number; nothing is published.
+        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    SLOT.try_with(|slot| *slot).unwrap_or(0)
+}
+
+/// Under loom every thread counts in slot 0: the counters are not part of any
+/// model, and loom's thread-locals would only grow the state space.
+#[cfg(loom)]
+#[inline]
+pub(crate) fn thread_slot() -> usize {
+    0
 }
 
 /// Exponential backoff for a compare-and-swap loop that lost a race.
