@@ -14,7 +14,9 @@
 //! `decision_cost paired` instead times turnstile and governor in alternating
 //! blocks of 200,000 decisions, 101 blocks each, and prints the median block of
 //! each and their ratio: on a machine whose speed drifts, alternating keeps both
-//! sides under the same conditions.
+//! sides under the same conditions. `decision_cost paired-keyed` does the same
+//! for the keyed limiters: one hot key, and 1,000,000 keys visited in a shuffled
+//! order (blocks of 100,000 decisions, 41 blocks each).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -109,11 +111,179 @@ fn run_paired() {
     }
 }
 
+/// A fixed permutation of `0..n`, the same as `benches/keyed.rs` uses.
+fn shuffled(n: u64) -> Vec<u64> {
+    let mut keys: Vec<u64> = (0..n).collect();
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    for i in (1..keys.len()).rev() {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        keys.swap(i, (state >> 33) as usize % (i + 1));
+    }
+    keys
+}
+
+fn run_paired_keyed() {
+    const MANY: u64 = 1_000_000;
+    const BLOCK: usize = 100_000;
+    let nz = |n| NonZeroU32::new(n).expect("nonzero");
+    let quota = turnstile::Quota::per_hour(1_000).expect("a valid quota");
+    let ours = |clock| {
+        turnstile::KeyedLimiter::<u64>::builder(quota)
+            .max_keys(2 * MANY as usize)
+            .clock(clock)
+            .build()
+            .expect("a valid configuration")
+    };
+    let precise = ours(turnstile::RealClock::new());
+    let coarse = turnstile::KeyedLimiter::<u64>::builder(quota)
+        .max_keys(2 * MANY as usize)
+        .clock(turnstile::CoarseClock::new().expect("upkeep thread"))
+        .build()
+        .expect("a valid configuration");
+    let theirs = governor::RateLimiter::<u64, _, _>::dashmap(governor::Quota::per_hour(nz(1_000)));
+    for k in 0..MANY {
+        let _ = (
+            precise.try_acquire(&k),
+            coarse.try_acquire(&k),
+            theirs.check_key(&k),
+        );
+    }
+    let hot = turnstile::KeyedLimiter::<u64>::new(
+        turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota"),
+    );
+    let theirs_hot =
+        governor::RateLimiter::<u64, _, _>::dashmap(governor::Quota::per_second(nz(ALLOW_RATE)));
+    let order = shuffled(MANY);
+    let mut times = [const { Vec::new() }; 5];
+    let mut at = 0;
+    for _ in 0..41 {
+        let keys = &order[at..at + BLOCK];
+        at = (at + BLOCK) % MANY as usize;
+        let mut time = |slot: usize, f: &mut dyn FnMut()| {
+            let start = std::time::Instant::now();
+            f();
+            times[slot].push(start.elapsed().as_nanos() as f64 / BLOCK as f64);
+        };
+        time(0, &mut || {
+            keys.iter().for_each(|k| {
+                let _ = black_box(precise.try_acquire(k));
+            })
+        });
+        time(1, &mut || {
+            keys.iter().for_each(|k| {
+                let _ = black_box(coarse.try_acquire(k));
+            })
+        });
+        time(2, &mut || {
+            keys.iter().for_each(|k| {
+                let _ = black_box(theirs.check_key(k));
+            })
+        });
+        time(3, &mut || {
+            (0..BLOCK).for_each(|_| {
+                let _ = black_box(hot.try_acquire(&42));
+            })
+        });
+        time(4, &mut || {
+            (0..BLOCK).for_each(|_| {
+                let _ = black_box(theirs_hot.check_key(&42));
+            })
+        });
+    }
+    let m: Vec<f64> = times
+        .iter_mut()
+        .map(|v| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        })
+        .collect();
+    println!(
+        "1M keys, precise  turnstile {:6.1} ns  governor {:6.1} ns  ratio {:.2}",
+        m[0],
+        m[2],
+        m[0] / m[2]
+    );
+    println!(
+        "1M keys, coarse   turnstile {:6.1} ns  governor {:6.1} ns (precise)  ratio {:.2}",
+        m[1],
+        m[2],
+        m[1] / m[2]
+    );
+    println!(
+        "hot key, precise  turnstile {:6.1} ns  governor {:6.1} ns  ratio {:.2}",
+        m[3],
+        m[4],
+        m[3] / m[4]
+    );
+
+    // Scaling on disjoint keys: one thread, then two, alternating; each thread
+    // checks its own 1,024 keys.
+    let scale = |check: &(dyn Fn(u64) + Sync)| {
+        let run = |threads: u64| {
+            let start = std::time::Instant::now();
+            std::thread::scope(|s| {
+                for t in 0..threads {
+                    s.spawn(move || {
+                        for i in 0..BLOCK as u64 {
+                            check(t * 1_000_000 + (i & 1_023));
+                        }
+                    });
+                }
+            });
+            start.elapsed().as_nanos() as f64
+        };
+        let (mut one, mut two) = (Vec::new(), Vec::new());
+        for _ in 0..41 {
+            one.push(run(1));
+            two.push(run(2));
+        }
+        one.sort_by(f64::total_cmp);
+        two.sort_by(f64::total_cmp);
+        2.0 * one[20] / two[20]
+    };
+    let ours = turnstile::KeyedLimiter::<u64>::new(
+        turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota"),
+    );
+    let theirs =
+        governor::RateLimiter::<u64, _, _>::dashmap(governor::Quota::per_second(nz(ALLOW_RATE)));
+    let ours_scaling = scale(&|k| {
+        let _ = black_box(ours.try_acquire(&k));
+    });
+    let theirs_scaling = scale(&|k| {
+        let _ = black_box(theirs.check_key(&k));
+    });
+    // The same with a limiter per thread: nothing shared at all.
+    let own = [
+        turnstile::KeyedLimiter::<u64>::new(
+            turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota"),
+        ),
+        turnstile::KeyedLimiter::<u64>::new(
+            turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota"),
+        ),
+    ];
+    let unshared_scaling = scale(&|k| {
+        let _ = black_box(own[(k / 1_000_000) as usize].try_acquire(&k));
+    });
+    println!(
+        "two threads on disjoint keys, throughput vs one thread: turnstile {ours_scaling:.2}x  \
+         governor {theirs_scaling:.2}x  (a turnstile limiter per thread: {unshared_scaling:.2}x)"
+    );
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("paired") {
-        run_paired();
-        return ExitCode::SUCCESS;
+    match args.first().map(String::as_str) {
+        Some("paired") => {
+            run_paired();
+            return ExitCode::SUCCESS;
+        }
+        Some("paired-keyed") => {
+            run_paired_keyed();
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
     }
     let [path, who, clock, n] = args.as_slice() else {
         eprintln!(
