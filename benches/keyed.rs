@@ -109,10 +109,12 @@ fn shuffled(n: u64) -> Vec<u64> {
 
 fn million_keys(c: &mut Criterion) {
     let mut group = c.benchmark_group("keyed_1m_keys");
-    // Buckets that stay short of full for an hour, so none is swept while the
-    // million keys are inserted, and every visit is admitted.
-    let q = turnstile::Quota::per_hour(1_000).expect("a valid quota");
-    let gq = governor::Quota::per_hour(nonzero(1_000));
+    // 1,000 tokens, one back per hour: after its first check no bucket is full
+    // (sweepable) again for an hour, and every visit is admitted.
+    let q = turnstile::Quota::new(1_000, 1, Duration::from_secs(3_600)).expect("a valid quota");
+    let gq = governor::Quota::with_period(Duration::from_secs(3_600))
+        .expect("a nonzero period")
+        .allow_burst(nonzero(1_000));
     let order = shuffled(MANY);
 
     fn visit<F: FnMut(u64)>(order: &[u64], next: &mut usize, mut check: F) {

@@ -17,6 +17,10 @@
 //! sides under the same conditions. `decision_cost paired-keyed` does the same
 //! for the keyed limiters: one hot key, and 1,000,000 keys visited in a shuffled
 //! order (blocks of 100,000 decisions, 41 blocks each).
+//!
+//! `decision_cost keyed-1m turnstile|governor N` fills a keyed limiter with
+//! 1,000,000 keys, then makes `N` checks in a shuffled order inside the measured
+//! loop; under callgrind with `--cache-sim=yes` it counts cache misses per check.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -128,7 +132,8 @@ fn run_paired_keyed() {
     const MANY: u64 = 1_000_000;
     const BLOCK: usize = 100_000;
     let nz = |n| NonZeroU32::new(n).expect("nonzero");
-    let quota = turnstile::Quota::per_hour(1_000).expect("a valid quota");
+    // As in `benches/keyed.rs`: 1,000 tokens, one back per hour.
+    let quota = turnstile::Quota::new(1_000, 1, Duration::from_secs(3_600)).expect("a valid quota");
     let ours = |clock| {
         turnstile::KeyedLimiter::<u64>::builder(quota)
             .max_keys(2 * MANY as usize)
@@ -142,7 +147,11 @@ fn run_paired_keyed() {
         .clock(turnstile::CoarseClock::new().expect("upkeep thread"))
         .build()
         .expect("a valid configuration");
-    let theirs = governor::RateLimiter::<u64, _, _>::dashmap(governor::Quota::per_hour(nz(1_000)));
+    let theirs = governor::RateLimiter::<u64, _, _>::dashmap(
+        governor::Quota::with_period(Duration::from_secs(3_600))
+            .expect("a nonzero period")
+            .allow_burst(nz(1_000)),
+    );
     for k in 0..MANY {
         let _ = (
             precise.try_acquire(&k),
@@ -272,8 +281,57 @@ fn run_paired_keyed() {
     );
 }
 
+/// `keyed-1m turnstile|governor N`: a keyed limiter holding 1,000,000 keys, then
+/// `N` checks in the shuffled order, inside `measured`. With callgrind's
+/// `--cache-sim=yes` this counts cache misses per check.
+fn run_keyed_million(who: &str, n: u64) -> ExitCode {
+    const MANY: u64 = 1_000_000;
+    let order = shuffled(MANY);
+    let mut next = order.iter().cycle();
+    match who {
+        "turnstile" => {
+            // 1,000 tokens, one back per hour: no bucket is full (sweepable) again
+            // for an hour, however slowly this runs under callgrind.
+            let quota =
+                turnstile::Quota::new(1_000, 1, Duration::from_secs(3_600)).expect("a valid quota");
+            let l = turnstile::KeyedLimiter::<u64>::builder(quota)
+                .max_keys(2 * MANY as usize)
+                .build()
+                .expect("a valid configuration");
+            (0..MANY).for_each(|k| {
+                let _ = l.try_acquire(&k);
+            });
+            measured(n, || l.try_acquire(next.next().unwrap_or(&0)));
+        }
+        "governor" => {
+            let quota = governor::Quota::with_period(Duration::from_secs(3_600))
+                .expect("a nonzero period")
+                .allow_burst(NonZeroU32::new(1_000).expect("nonzero"));
+            let l = governor::RateLimiter::<u64, _, _>::dashmap(quota);
+            (0..MANY).for_each(|k| {
+                let _ = l.check_key(&k);
+            });
+            measured(n, || l.check_key(next.next().unwrap_or(&0)).is_ok());
+        }
+        other => {
+            eprintln!("unknown limiter {other:?}: turnstile|governor");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [mode, who, n] = args.as_slice()
+        && mode == "keyed-1m"
+    {
+        let Ok(n) = n.parse::<u64>() else {
+            eprintln!("N must be a number, not {n:?}");
+            return ExitCode::FAILURE;
+        };
+        return run_keyed_million(who, n);
+    }
     match args.first().map(String::as_str) {
         Some("paired") => {
             run_paired();
