@@ -15,6 +15,10 @@
 //! Precise clocks are quanta's TSC for both crates; coarse clocks are
 //! turnstile's `CoarseClock` and governor's `QuantaUpkeepClock`, both 1 ms.
 
+#[path = "../examples/shared/keys.rs"]
+mod keys;
+use keys::shuffled;
+
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Barrier};
@@ -91,20 +95,6 @@ fn hot_key(c: &mut Criterion) {
     });
     assert!(g.check_key(&42).is_ok());
     group.finish();
-}
-
-/// A fixed permutation of `0..n` (a linear congruential walk), so both crates
-/// visit the same keys in the same order.
-fn shuffled(n: u64) -> Vec<u64> {
-    let mut keys: Vec<u64> = (0..n).collect();
-    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
-    for i in (1..keys.len()).rev() {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        keys.swap(i, (state >> 33) as usize % (i + 1));
-    }
-    keys
 }
 
 fn million_keys(c: &mut Criterion) {

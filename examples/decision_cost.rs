@@ -22,6 +22,10 @@
 //! 1,000,000 keys, then makes `N` checks in a shuffled order inside the measured
 //! loop; under callgrind with `--cache-sim=yes` it counts cache misses per check.
 
+#[path = "shared/keys.rs"]
+mod keys;
+use keys::shuffled;
+
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::process::ExitCode;
@@ -113,19 +117,6 @@ fn run_paired() {
             ),
         );
     }
-}
-
-/// A fixed permutation of `0..n`, the same as `benches/keyed.rs` uses.
-fn shuffled(n: u64) -> Vec<u64> {
-    let mut keys: Vec<u64> = (0..n).collect();
-    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
-    for i in (1..keys.len()).rev() {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        keys.swap(i, (state >> 33) as usize % (i + 1));
-    }
-    keys
 }
 
 fn run_paired_keyed() {
