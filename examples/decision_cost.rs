@@ -125,19 +125,18 @@ fn run_paired_keyed() {
     let nz = |n| NonZeroU32::new(n).expect("nonzero");
     // As in `benches/keyed.rs`: 1,000 tokens, one back per hour.
     let quota = turnstile::Quota::new(1_000, 1, Duration::from_secs(3_600)).expect("a valid quota");
-    let ours = |clock| {
+    fn ours<C: turnstile::Clock>(
+        quota: turnstile::Quota,
+        clock: C,
+    ) -> turnstile::KeyedLimiter<u64, turnstile::TokenBucket, C> {
         turnstile::KeyedLimiter::<u64>::builder(quota)
             .max_keys(2 * MANY as usize)
             .clock(clock)
             .build()
             .expect("a valid configuration")
-    };
-    let precise = ours(turnstile::RealClock::new());
-    let coarse = turnstile::KeyedLimiter::<u64>::builder(quota)
-        .max_keys(2 * MANY as usize)
-        .clock(turnstile::CoarseClock::new().expect("upkeep thread"))
-        .build()
-        .expect("a valid configuration");
+    }
+    let precise = ours(quota, turnstile::RealClock::new());
+    let coarse = ours(quota, turnstile::CoarseClock::new().expect("upkeep thread"));
     let theirs = governor::RateLimiter::<u64, _, _>::dashmap(
         governor::Quota::with_period(Duration::from_secs(3_600))
             .expect("a nonzero period")

@@ -289,7 +289,8 @@ impl fmt::Debug for ManualClock {
     }
 }
 
-fn saturating_nanos(d: Duration) -> u64 {
+/// `d` in nanoseconds, saturating at `u64::MAX` (584 years).
+pub(crate) fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 

@@ -11,7 +11,7 @@ use hashbrown::HashTable;
 
 use crate::algorithm::Algorithm;
 use crate::cell::Cell;
-use crate::clock::{Clock, RealClock};
+use crate::clock::{Clock, RealClock, saturating_nanos};
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::{AcquireError, KeyedConfigError};
 use crate::limiter::check_permits;
@@ -127,7 +127,7 @@ struct Table<K> {
     evicted: u64,
 }
 
-/// Counters of a [`KeyedLimiter`], summed over its shards.
+/// Counters of a [`KeyedLimiter`], summed over its shards and thread slots.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeyedStats {
     /// Keys held now.
@@ -381,9 +381,7 @@ where
         {
             let table = shard.table.read();
             if let Some((_, cell)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
-                let decision = cell.apply(&self.algorithm, now, n);
-                self.count(decision);
-                return decision.into();
+                return self.decide_on(cell, now, n);
             }
         }
         self.insert_and_decide(key, hash, shard, now, n)
@@ -407,9 +405,7 @@ where
     {
         let mut table = shard.table.write();
         if let Some((_, cell)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
-            let decision = cell.apply(&self.algorithm, now, n);
-            self.count(decision);
-            return decision.into();
+            return self.decide_on(cell, now, n);
         }
         let (decision, next) = self.algorithm.decide(self.algorithm.fresh(), now, n);
         let Some(next) = next else {
@@ -429,10 +425,9 @@ where
             if !self.reserve_key() {
                 table.denied_key_limit += 1;
                 return KeyedDecision::KeyLimit {
-                    retry_after: RetryAfter::from_nanos(
-                        u64::try_from(self.algorithm.fresh_after_idle().as_nanos())
-                            .unwrap_or(u64::MAX),
-                    ),
+                    retry_after: RetryAfter::from_nanos(saturating_nanos(
+                        self.algorithm.fresh_after_idle(),
+                    )),
                 };
             }
         }
@@ -533,6 +528,14 @@ where
             stats.evicted += table.evicted;
         }
         stats
+    }
+
+    /// Decide on a key's word, which the caller's shard guard keeps in place.
+    #[inline(always)]
+    fn decide_on(&self, cell: &Cell, now: u64, n: u32) -> KeyedDecision {
+        let decision = cell.apply(&self.algorithm, now, n);
+        self.count(decision);
+        decision.into()
     }
 
     #[inline(always)]
