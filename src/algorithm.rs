@@ -32,6 +32,17 @@ pub trait Algorithm {
     /// The permits a request could get at `now`, without taking any.
     fn remaining(&self, word: u64, now: u64) -> u32;
 
+    /// Give back `n` permits that an earlier admission took: the inverse of its
+    /// spend, as one more transition on the word. A [chain](crate::chain) calls
+    /// it when a later stage denies.
+    ///
+    /// `written` is the word that admission wrote and `now` the reading it was
+    /// decided at; `word` is the current word, which other decisions may have
+    /// changed since. Returns the next word, or `None` when nothing is owed any
+    /// more (the permits were counted in a window that has passed). The result
+    /// must never admit more than if the admission had not happened.
+    fn refund(&self, word: u64, written: u64, now: u64, n: u32) -> Option<u64>;
+
     /// Whether `word` now behaves exactly like [`fresh`](Algorithm::fresh): every
     /// future decision would be the same. Such a word can be dropped and recreated
     /// later without losing anything.

@@ -40,12 +40,24 @@ impl Cell {
     /// `1 <= n <= algorithm.capacity()` is the caller's to check.
     #[inline(always)]
     pub(crate) fn apply<A: Algorithm>(&self, algorithm: &A, now: u64, n: u32) -> Decision {
+        self.take(algorithm, now, n).0
+    }
+
+    /// As [`apply`](Self::apply), also returning the word an admission wrote
+    /// (what [`refund`](Self::refund) needs to give the permits back).
+    #[inline(always)]
+    pub(crate) fn take<A: Algorithm>(
+        &self,
+        algorithm: &A,
+        now: u64,
+        n: u32,
+    ) -> (Decision, Option<u64>) {
         // Relaxed: see the type's documentation.
         let current = self.word.load(Ordering::Relaxed);
         let (decision, next) = algorithm.decide(current, now, n);
         let Some(next) = next else {
             // A denial changes nothing, so it writes nothing.
-            return decision;
+            return (decision, None);
         };
         // Relaxed on success and failure: the word publishes nothing else; the
         // failure value is only the input to the next attempt.
@@ -53,8 +65,31 @@ impl Cell {
             .word
             .compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed)
         {
-            Ok(_) => decision,
+            Ok(_) => (decision, Some(next)),
             Err(actual) => self.apply_contended(algorithm, now, n, actual),
+        }
+    }
+
+    /// Give back `n` permits taken by an admission that wrote `written` at the
+    /// reading `now`: the algorithm's refund, in the same compare-and-swap loop.
+    pub(crate) fn refund<A: Algorithm>(&self, algorithm: &A, written: u64, now: u64, n: u32) {
+        // Relaxed: see the type's documentation; a refund is one more transition
+        // of the same word.
+        let mut current = self.word.load(Ordering::Relaxed);
+        let backoff = Backoff::new();
+        while let Some(next) = algorithm.refund(current, written, now, n) {
+            match self.word.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => {
+                    current = actual;
+                    backoff.spin();
+                }
+            }
         }
     }
 
@@ -72,12 +107,12 @@ impl Cell {
         now: u64,
         n: u32,
         mut current: u64,
-    ) -> Decision {
+    ) -> (Decision, Option<u64>) {
         let backoff = Backoff::new();
         loop {
             let (decision, next) = algorithm.decide(current, now, n);
             let Some(next) = next else {
-                return decision;
+                return (decision, None);
             };
             // Relaxed: as in `apply`.
             match self.word.compare_exchange_weak(
@@ -86,7 +121,7 @@ impl Cell {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return decision,
+                Ok(_) => return (decision, Some(next)),
                 Err(actual) => {
                     current = actual;
                     backoff.spin();

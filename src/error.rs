@@ -37,6 +37,31 @@ pub enum QuotaError {
         /// The longest fill time this capacity allows.
         max: Duration,
     },
+    /// A window algorithm's limit (or a concurrency limit) was 0.
+    ZeroLimit,
+    /// A window was zero long.
+    ZeroWindow,
+    /// The window is too short for the limit: the word keeps the count(s) in as
+    /// many bits as the limit needs and the window number in the rest, and that
+    /// window number must span at least `2^48` µs (8.9 years) so that a word left
+    /// idle for up to 4.46 years is still read exactly. A larger limit leaves
+    /// fewer bits, so it needs longer windows.
+    WindowTooShort {
+        /// The limit asked for.
+        limit: u32,
+        /// The window asked for.
+        window: Duration,
+        /// The shortest window this limit allows.
+        min: Duration,
+    },
+    /// The window is longer than any window a word can hold: `2^47` µs
+    /// (4.46 years).
+    WindowTooLong {
+        /// The window asked for.
+        window: Duration,
+        /// The longest window.
+        max: Duration,
+    },
 }
 
 impl fmt::Display for QuotaError {
@@ -74,6 +99,22 @@ impl fmt::Display for QuotaError {
                 "quota takes {fill_time:?} to refill an empty bucket of {capacity} tokens; \
                  with that capacity the packed word measures at most {max:?}: \
                  raise the amount per period, shorten the period, or lower the capacity"
+            ),
+            QuotaError::ZeroLimit => {
+                f.write_str("limit is 0; it must be between 1 and 4294967295 permits")
+            }
+            QuotaError::ZeroWindow => {
+                f.write_str("window is zero; it must be at least 1 nanosecond")
+            }
+            QuotaError::WindowTooShort { limit, window, min } => write!(
+                f,
+                "a window of {window:?} is too short for a limit of {limit}: the packed \
+                 word needs windows of at least {min:?} for that limit; lengthen the \
+                 window or lower the limit"
+            ),
+            QuotaError::WindowTooLong { window, max } => write!(
+                f,
+                "a window of {window:?} is longer than the longest window, {max:?}"
             ),
         }
     }

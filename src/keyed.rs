@@ -359,14 +359,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
         let now = self.clock.now();
-        let table = self.shard(hash).table.read();
-        let word = table
-            .entries
-            .find(hash, |(k, _)| k.borrow() == key)
-            .map_or_else(|| self.algorithm.fresh(), |(_, cell)| cell.load());
-        self.algorithm.remaining(word, now)
+        self.algorithm.remaining(self.word_of(key), now)
     }
 
     #[inline(always)]
@@ -375,9 +369,18 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.take(key, self.clock.now(), n).0
+    }
+
+    /// Decide for `key` at `now`, also returning the word an admission wrote.
+    #[inline(always)]
+    pub(crate) fn take<Q>(&self, key: &Q, now: u64, n: u32) -> (KeyedDecision, Option<u64>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
-        let now = self.clock.now();
         {
             let table = shard.table.read();
             if let Some((_, cell)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
@@ -398,7 +401,7 @@ where
         shard: &Shard<K>,
         now: u64,
         n: u32,
-    ) -> KeyedDecision
+    ) -> (KeyedDecision, Option<u64>)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -411,7 +414,7 @@ where
         let Some(next) = next else {
             // The word would stay fresh: nothing to remember.
             self.count(decision);
-            return decision.into();
+            return (decision.into(), None);
         };
         if table.inserts_since_sweep >= table.sweep_threshold {
             self.sweep_table(&mut table, now);
@@ -424,11 +427,9 @@ where
             }
             if !self.reserve_key() {
                 table.denied_key_limit += 1;
-                return KeyedDecision::KeyLimit {
-                    retry_after: RetryAfter::from_nanos(saturating_nanos(
-                        self.algorithm.fresh_after_idle(),
-                    )),
-                };
+                let retry_after =
+                    RetryAfter::from_nanos(saturating_nanos(self.algorithm.fresh_after_idle()));
+                return (KeyedDecision::KeyLimit { retry_after }, None);
             }
         }
         table
@@ -438,7 +439,7 @@ where
             });
         table.inserts_since_sweep += 1;
         self.count(decision);
-        decision.into()
+        (decision.into(), Some(next))
     }
 
     /// Take one key slot under the bound.
@@ -532,10 +533,49 @@ where
 
     /// Decide on a key's word, which the caller's shard guard keeps in place.
     #[inline(always)]
-    fn decide_on(&self, cell: &Cell, now: u64, n: u32) -> KeyedDecision {
-        let decision = cell.apply(&self.algorithm, now, n);
+    fn decide_on(&self, cell: &Cell, now: u64, n: u32) -> (KeyedDecision, Option<u64>) {
+        let (decision, written) = cell.take(&self.algorithm, now, n);
         self.count(decision);
-        decision.into()
+        (decision.into(), written)
+    }
+
+    /// The decision `key` would get for `n` permits at `now`, taking nothing and
+    /// storing nothing.
+    pub(crate) fn peek<Q>(&self, key: &Q, now: u64, n: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.algorithm.decide(self.word_of(key), now, n).0
+    }
+
+    /// Give back `n` permits an admission for `key` took (see
+    /// [`Algorithm::refund`]). A key swept since holds a fresh word, which owes
+    /// nothing.
+    pub(crate) fn refund<Q>(&self, key: &Q, written: u64, now: u64, n: u32)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let table = self.shard(hash).table.read();
+        if let Some((_, cell)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
+            cell.refund(&self.algorithm, written, now, n);
+        }
+    }
+
+    /// The word of `key`, or a fresh one for a key not held.
+    fn word_of<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let table = self.shard(hash).table.read();
+        table
+            .entries
+            .find(hash, |(k, _)| k.borrow() == key)
+            .map_or_else(|| self.algorithm.fresh(), |(_, cell)| cell.load())
     }
 
     #[inline(always)]

@@ -30,26 +30,36 @@
 
 mod algorithm;
 mod cell;
+pub mod chain;
 mod clock;
+mod concurrency;
 mod decision;
 mod error;
+mod fixed_window;
+mod gcra;
 mod keyed;
 mod limiter;
 mod quota;
+mod sliding_window;
 mod sync;
 mod token_bucket;
+mod window;
 
 pub use algorithm::Algorithm;
 #[cfg(not(loom))]
 pub use clock::CoarseClock;
 pub use clock::{Clock, ManualClock, RealClock};
+pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::{Decision, KeyedDecision, RetryAfter};
 pub use error::{AcquireError, KeyedConfigError, QuotaError};
+pub use fixed_window::FixedWindow;
+pub use gcra::Gcra;
 #[cfg(not(loom))]
 pub use keyed::Sweeper;
 pub use keyed::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, KeyedBuilder, KeyedLimiter, KeyedStats};
 pub use limiter::RateLimiter;
 pub use quota::Quota;
+pub use sliding_window::SlidingWindow;
 pub use token_bucket::TokenBucket;
 
 // The README's examples are compiled and run as doc tests.

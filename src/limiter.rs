@@ -112,6 +112,10 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     pub fn clock(&self) -> &C {
         &self.clock
     }
+
+    pub(crate) fn cell(&self) -> &Cell {
+        &self.cell
+    }
 }
 
 /// Refuse requests that no rate decision can answer.

@@ -337,6 +337,19 @@ impl Algorithm for TokenBucket {
     }
 
     #[inline]
+    fn refund(&self, word: u64, _written: u64, now: u64, n: u32) -> Option<u64> {
+        // The level at the admission's own reading: when later decisions have
+        // moved the word past it, that reads as stored, and the tokens go back
+        // on top of whatever is there now. Never beyond capacity.
+        let (tokens, time) = match self.level(word, self.layout.time_of(now)) {
+            Level::AsStored { tokens, last } => (tokens, last),
+            Level::Refilled { tokens, base } => (tokens, base),
+        };
+        let tokens = (tokens + u64::from(n)).min(self.capacity);
+        Some(self.layout.pack(tokens, time))
+    }
+
+    #[inline]
     fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
         self.level(word, self.layout.time_of(now)).tokens() == self.capacity
     }

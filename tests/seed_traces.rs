@@ -19,27 +19,33 @@ fn token_bucket_example_prints_the_seed_trace() {
     assert_eq!(seed::token_bucket_trace(), SEED_TOKEN_BUCKET);
 }
 
-/// The example binary's own stdout, when `cargo test` has built the examples
-/// (it does, unless asked for a single test target).
-#[test]
-fn token_bucket_binary_prints_the_seed_trace() {
+/// An example binary's own stdout, when `cargo test` has built the examples (it
+/// does, unless asked for a single test target); `None` when it is not built.
+fn example_stdout(name: &str) -> Option<String> {
     let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/seed_traces-… → target/<profile>/examples/token_bucket
+    // target/<profile>/deps/seed_traces-… → target/<profile>/examples/<name>
     let Some(profile_dir) = exe.parent().and_then(|deps| deps.parent()) else {
         panic!("unexpected test binary location {exe:?}");
     };
     let example = profile_dir
         .join("examples")
-        .join(format!("token_bucket{}", std::env::consts::EXE_SUFFIX));
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     if !example.exists() {
         eprintln!("{example:?} not built (single-target test run); the function test covers it");
-        return;
+        return None;
     }
     let out = std::process::Command::new(&example)
         .output()
         .expect("run the example");
     assert!(out.status.success(), "{out:?}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), SEED_TOKEN_BUCKET);
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn token_bucket_binary_prints_the_seed_trace() {
+    if let Some(stdout) = example_stdout("token_bucket") {
+        assert_eq!(stdout, SEED_TOKEN_BUCKET);
+    }
 }
 
 const SEED_PER_CLIENT: &str = "\
@@ -57,4 +63,26 @@ t=1300 alice  -> 200 OK (tokens left 0)
 #[test]
 fn keyed_limiter_reproduces_the_seed_per_client_trace() {
     assert_eq!(seed::per_client_trace(), SEED_PER_CLIENT);
+}
+
+const SEED_WINDOW_VS_BUCKET: &str = "\
+== limit 2 per second: fixed window vs token bucket
+t= 900  fixed window: allowed          token bucket: allowed
+t= 950  fixed window: allowed          token bucket: allowed
+t=1000  fixed window: allowed          token bucket: rejected 400 ms
+t=1050  fixed window: allowed          token bucket: rejected 350 ms
+t=1400  fixed window: rejected 600 ms  token bucket: allowed
+admitted from 900 to 1050 ms: fixed window 4, token bucket 2
+";
+
+#[test]
+fn fixed_window_and_token_bucket_reproduce_the_seed_comparison() {
+    assert_eq!(seed::window_vs_bucket_trace(), SEED_WINDOW_VS_BUCKET);
+}
+
+#[test]
+fn window_vs_bucket_binary_prints_the_seed_comparison() {
+    if let Some(stdout) = example_stdout("window_vs_bucket") {
+        assert_eq!(stdout, SEED_WINDOW_VS_BUCKET);
+    }
 }

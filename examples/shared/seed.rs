@@ -76,3 +76,45 @@ pub fn per_client_trace() -> String {
     }
     out
 }
+
+/// The seed's comparison of a fixed window and a token bucket with the same
+/// nominal limit of two per second, on one flow across the 1000 ms boundary.
+pub fn window_vs_bucket_trace() -> String {
+    use turnstile::FixedWindow;
+
+    let clock = ManualClock::new();
+    let fixed_window = RateLimiter::from_parts(
+        FixedWindow::new(2, Duration::from_millis(1000)).expect("a valid window"),
+        clock.clone(),
+    );
+    let quota = Quota::new(2, 1, Duration::from_millis(500)).expect("a valid quota");
+    let bucket = RateLimiter::with_clock(quota, clock.clone());
+    let show = |d: Decision| match d {
+        Decision::Allowed { .. } => "allowed".to_string(),
+        Decision::Denied { retry_after } => format!("rejected {} ms", retry_after.millis_ceil()),
+    };
+    let (mut fixed_in_span, mut bucket_in_span) = (0, 0);
+    let mut out = String::from("== limit 2 per second: fixed window vs token bucket\n");
+    for at in [900, 950, 1000, 1050, 1400] {
+        clock.set(Duration::from_millis(at));
+        let f = fixed_window.try_acquire();
+        let b = bucket.try_acquire();
+        if at <= 1050 && f.is_allowed() {
+            fixed_in_span += 1;
+        }
+        if at <= 1050 && b.is_allowed() {
+            bucket_in_span += 1;
+        }
+        let _ = writeln!(
+            out,
+            "t={at:4}  fixed window: {:<16} token bucket: {}",
+            show(f),
+            show(b)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "admitted from 900 to 1050 ms: fixed window {fixed_in_span}, token bucket {bucket_in_span}"
+    );
+    out
+}

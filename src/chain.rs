@@ -1,0 +1,285 @@
+//! Several limiters deciding as one: a request is admitted only if every stage
+//! admits it, and a denial anywhere leaves no permit taken anywhere.
+//!
+//! ```
+//! use std::time::Duration;
+//! use turnstile::{chain, KeyedLimiter, ManualClock, Quota, RateLimiter};
+//!
+//! let clock = ManualClock::new();
+//! // Each key: 2 at once, one more every second. All keys together: 3 at once.
+//! let per_key = KeyedLimiter::<String>::builder(Quota::new(2, 1, Duration::from_secs(1))?)
+//!     .clock(clock.clone())
+//!     .build()?;
+//! let global = RateLimiter::with_clock(Quota::new(3, 1, Duration::from_secs(2))?, clock.clone());
+//!
+//! let alice = chain::try_acquire(&[&per_key.stage("alice"), &global]);
+//! assert!(alice.is_allowed());
+//! assert!(chain::try_acquire(&[&per_key.stage("alice"), &global]).is_allowed());
+//! assert!(chain::try_acquire(&[&per_key.stage("bob"), &global]).is_allowed());
+//!
+//! // Bob's own bucket admits, the global one is empty: bob's token goes back.
+//! let denied = chain::try_acquire(&[&per_key.stage("bob"), &global]);
+//! assert_eq!(denied.denied_by(), Some(1));
+//! assert_eq!(denied.decision().retry_after().unwrap().duration(), Duration::from_secs(2));
+//! assert_eq!(per_key.remaining("bob"), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # What is atomic and what is not
+//!
+//! Each stage's decision is one compare-and-swap on its own word, atomic as
+//! always. The chain as a whole is **not** one atomic transaction: stages are
+//! asked in order, and when stage `i` denies, the permits stages `0..i` took are
+//! given back, each by one more compare-and-swap (the algorithm's
+//! [`refund`](crate::Algorithm::refund), the inverse of its spend). So:
+//!
+//! - **Never over-admission, never double counting.** A chain that is denied
+//!   leaves every stage as if it had not been asked (up to the refill the
+//!   algorithms would have done anyway); one that is admitted is counted once
+//!   in each. .NET's `ChainedRateLimiter` keeps what the earlier limiters
+//!   granted when a later one refuses, so a refused request still uses up the
+//!   caller's own allowance; this chain does not.
+//! - **Transient under-admission.** Between a stage's take and its refund
+//!   (nanoseconds, no lock held), a concurrent request may see that stage's
+//!   permits as spent and be denied. Order stages from the most to the least
+//!   likely to deny (usually the per-key stage first) to keep refunds rare.
+//! - A refund for a window that has already passed owes nothing: those
+//!   permits no longer count.
+//!
+//! The retry-after of a denial is the **longest** of every denying stage's: the
+//! stage that denied, and each later stage asked without taking anything, so a
+//! client that waits that long is not refused by a stage it never reached.
+
+use core::borrow::Borrow;
+use core::fmt;
+use core::hash::{BuildHasher, Hash};
+
+use crate::algorithm::Algorithm;
+use crate::clock::Clock;
+use crate::decision::KeyedDecision;
+use crate::error::AcquireError;
+use crate::keyed::KeyedLimiter;
+use crate::limiter::{RateLimiter, check_permits};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Proof of an admission by one stage: what it needs to give the permits back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    /// The word the admission wrote.
+    written: u64,
+    /// The clock reading it was decided at.
+    now: u64,
+    n: u32,
+}
+
+/// One stage of a chain: a [`RateLimiter`], or one key of a [`KeyedLimiter`]
+/// ([`KeyedLimiter::stage`]). Sealed: the chain's guarantees rest on every
+/// stage's refund being the exact inverse of its spend.
+pub trait Stage: sealed::Sealed {
+    /// The most permits one request can get from this stage.
+    fn capacity(&self) -> u32;
+
+    /// Ask for `n` permits (`1 <= n <= capacity()`), returning the decision and,
+    /// when admitted, the receipt to give them back.
+    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>);
+
+    /// The decision `n` permits would get now, taking nothing.
+    fn peek(&self, n: u32) -> KeyedDecision;
+
+    /// Give back what an admission took.
+    fn give_back(&self, receipt: Receipt);
+}
+
+impl<A: Algorithm, C: Clock> sealed::Sealed for RateLimiter<A, C> {}
+
+impl<A: Algorithm, C: Clock> Stage for RateLimiter<A, C> {
+    fn capacity(&self) -> u32 {
+        RateLimiter::capacity(self)
+    }
+
+    #[inline]
+    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        let now = self.clock().now();
+        let (decision, written) = self.cell().take(self.algorithm(), now, n);
+        (
+            decision.into(),
+            written.map(|written| Receipt { written, now, n }),
+        )
+    }
+
+    fn peek(&self, n: u32) -> KeyedDecision {
+        let now = self.clock().now();
+        self.algorithm().decide(self.cell().load(), now, n).0.into()
+    }
+
+    fn give_back(&self, receipt: Receipt) {
+        self.cell()
+            .refund(self.algorithm(), receipt.written, receipt.now, receipt.n);
+    }
+}
+
+/// One key of a [`KeyedLimiter`] as a chain stage ([`KeyedLimiter::stage`]).
+pub struct KeyedStage<'a, K, Q: ?Sized, A, C, S> {
+    limiter: &'a KeyedLimiter<K, A, C, S>,
+    key: &'a Q,
+}
+
+impl<'a, K, A, C, S> KeyedLimiter<K, A, C, S> {
+    /// `key`'s limit as a stage of a [chain](crate::chain).
+    pub fn stage<Q>(&'a self, key: &'a Q) -> KeyedStage<'a, K, Q, A, C, S>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        KeyedStage { limiter: self, key }
+    }
+}
+
+impl<K, Q, A, C, S> sealed::Sealed for KeyedStage<'_, K, Q, A, C, S> where Q: ?Sized {}
+
+impl<K, Q, A, C, S> Stage for KeyedStage<'_, K, Q, A, C, S>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    fn capacity(&self) -> u32 {
+        self.limiter.algorithm().capacity()
+    }
+
+    #[inline]
+    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        let now = self.limiter.clock().now();
+        let (decision, written) = self.limiter.take(self.key, now, n);
+        (decision, written.map(|written| Receipt { written, now, n }))
+    }
+
+    fn peek(&self, n: u32) -> KeyedDecision {
+        let now = self.limiter.clock().now();
+        self.limiter.peek(self.key, now, n).into()
+    }
+
+    fn give_back(&self, receipt: Receipt) {
+        self.limiter
+            .refund(self.key, receipt.written, receipt.now, receipt.n);
+    }
+}
+
+impl<K, Q: fmt::Debug + ?Sized, A, C, S> fmt::Debug for KeyedStage<'_, K, Q, A, C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedStage")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a chain answered, and which stage denied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use = "a rate limiter's decision must be checked: a denied request must not proceed"]
+pub struct Chained {
+    decision: KeyedDecision,
+    denied_by: Option<usize>,
+}
+
+impl Chained {
+    /// The chain's decision: admitted with the fewest permits left in any stage,
+    /// or denied (by a key bound, if the first denying stage hit one) with the
+    /// longest retry-after of the denying stages.
+    pub const fn decision(&self) -> KeyedDecision {
+        self.decision
+    }
+
+    /// The index of the first stage that denied; `None` when admitted.
+    pub const fn denied_by(&self) -> Option<usize> {
+        self.denied_by
+    }
+
+    /// `true` when every stage admitted.
+    pub const fn is_allowed(&self) -> bool {
+        self.decision.is_allowed()
+    }
+}
+
+/// Ask every stage for one permit; admitted only if all admit.
+///
+/// An empty chain admits, with `u32::MAX` left.
+pub fn try_acquire(stages: &[&dyn Stage]) -> Chained {
+    decide(stages, 1)
+}
+
+/// Ask every stage for `n` permits, all or nothing.
+///
+/// # Errors
+///
+/// [`AcquireError::ZeroPermits`] for `n = 0`, and
+/// [`AcquireError::InsufficientCapacity`] when `n` is above the smallest
+/// stage's capacity (that stage could never admit it). Neither touches a stage.
+pub fn try_acquire_n(stages: &[&dyn Stage], n: u32) -> Result<Chained, AcquireError> {
+    let capacity = stages
+        .iter()
+        .map(|s| s.capacity())
+        .min()
+        .unwrap_or(u32::MAX);
+    check_permits(n, capacity)?;
+    Ok(decide(stages, n))
+}
+
+fn decide(stages: &[&dyn Stage], n: u32) -> Chained {
+    let Some((first, rest)) = stages.split_first() else {
+        return Chained {
+            decision: KeyedDecision::Allowed {
+                remaining: u32::MAX,
+            },
+            denied_by: None,
+        };
+    };
+    let (decision, receipt) = first.take(n);
+    let KeyedDecision::Allowed { remaining } = decision else {
+        return Chained {
+            decision: longest_wait(decision, rest, n),
+            denied_by: Some(0),
+        };
+    };
+    // The rest of the chain, recursively: receipts live on the stack, one frame
+    // per stage, and are given back in reverse order of taking.
+    let rest = decide(rest, n);
+    match (rest.decision, rest.denied_by) {
+        (KeyedDecision::Allowed { remaining: left }, _) => Chained {
+            decision: KeyedDecision::Allowed {
+                remaining: remaining.min(left),
+            },
+            denied_by: None,
+        },
+        (denied, by) => {
+            if let Some(receipt) = receipt {
+                first.give_back(receipt);
+            }
+            Chained {
+                decision: denied,
+                denied_by: by.map(|i| i + 1),
+            }
+        }
+    }
+}
+
+/// `denied`, with the longest retry-after among it and every later stage that
+/// would deny too.
+fn longest_wait(denied: KeyedDecision, later: &[&dyn Stage], n: u32) -> KeyedDecision {
+    let longest = later
+        .iter()
+        .filter_map(|stage| stage.peek(n).retry_after())
+        .chain(denied.retry_after())
+        .max();
+    match (denied, longest) {
+        (KeyedDecision::Denied { .. }, Some(retry_after)) => KeyedDecision::Denied { retry_after },
+        (KeyedDecision::KeyLimit { .. }, Some(retry_after)) => {
+            KeyedDecision::KeyLimit { retry_after }
+        }
+        (other, _) => other,
+    }
+}

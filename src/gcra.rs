@@ -1,0 +1,166 @@
+//! The generic cell rate algorithm (the leaky bucket as a meter) as a pure
+//! function on one word.
+
+use core::num::NonZeroU64;
+use core::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::decision::{Decision, RetryAfter};
+use crate::quota::Quota;
+
+/// The leaky bucket as pacing: the generic cell rate algorithm (GCRA, ITU-T
+/// I.371), the algorithm of governor and of Redis' `redis-cell`.
+///
+/// Permits drain at a constant rate, one every *emission interval*
+/// `T = period / amount`; a *tolerance* `τ = (capacity - 1) * T` lets a burst of
+/// `capacity` through at once. The word holds one number, the *theoretical
+/// arrival time* (TAT): when the meter would be empty again if nothing else
+/// arrived. A request for `n` at `now` conforms when
+///
+/// ```text
+/// max(TAT, now) + n * T <= now + τ + T
+/// ```
+///
+/// and then moves the TAT there; a denial writes nothing and waits exactly until
+/// the request would conform.
+///
+/// Against [`TokenBucket`](crate::TokenBucket) with the same [`Quota`]: the same
+/// burst and long-run rate, but permits come back one at a time, every `T`,
+/// instead of `amount` at the end of each `period`. It keeps arrivals evenly
+/// spaced in front of a backend that wants steady traffic (the seed's "leaky
+/// bucket"), and with `capacity = 1` it is a pure pacer: one request every `T`.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Gcra, ManualClock, Quota, RateLimiter};
+///
+/// let clock = ManualClock::new();
+/// // 2 per second, burst 2: one permit comes back every 500 ms.
+/// let quota = Quota::new(2, 1, Duration::from_millis(500))?;
+/// let limiter = RateLimiter::from_parts(Gcra::new(quota), clock.clone());
+///
+/// assert!(limiter.try_acquire_n(2)?.is_allowed());
+/// clock.advance(Duration::from_millis(200));
+/// let denied = limiter.try_acquire();
+/// assert_eq!(denied.retry_after().unwrap().duration(), Duration::from_millis(300));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # The word
+///
+/// The TAT in nanoseconds of the clock, the whole 64 bits: exact for 584 years
+/// of a clock's readings, and past that every request is denied (never
+/// admitted). A reading behind the TAT (a clock that went back, a thread that
+/// read it before another wrote) can only find the meter fuller: it never admits
+/// more than a later reading would. A word is fresh again once the TAT is not
+/// after the reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gcra {
+    quota: Quota,
+    /// `T` in nanoseconds.
+    interval: NonZeroU64,
+    /// `τ + T = capacity * T`: how far ahead of a reading the TAT may be after
+    /// an admission.
+    horizon: u64,
+}
+
+impl Gcra {
+    /// The meter for `quota`: burst `capacity`, one permit every
+    /// `period / amount`, rounded up to whole nanoseconds (never faster than the
+    /// quota).
+    pub const fn new(quota: Quota) -> Gcra {
+        let period = quota.period().as_nanos();
+        let amount = quota.amount() as u128;
+        // A valid quota has `amount >= 1` and a period of at least 1 µs, within
+        // `2^47` µs, so the interval is between 1 and 2^57 ns.
+        let interval = period.div_ceil(if amount == 0 { 1 } else { amount }) as u64;
+        let interval = match NonZeroU64::new(interval) {
+            Some(interval) => interval,
+            None => NonZeroU64::MIN,
+        };
+        Gcra {
+            quota,
+            interval,
+            horizon: interval.get().saturating_mul(quota.capacity() as u64),
+        }
+    }
+
+    /// The quota this meter enforces.
+    pub const fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// `T`: the time between two permits at the sustained rate.
+    pub const fn emission_interval(&self) -> Duration {
+        Duration::from_nanos(self.interval.get())
+    }
+
+    /// `τ = (capacity - 1) * T`: how far ahead of the sustained rate a burst may
+    /// run.
+    pub const fn tolerance(&self) -> Duration {
+        Duration::from_nanos(self.horizon - self.interval.get())
+    }
+}
+
+impl Algorithm for Gcra {
+    #[inline]
+    fn fresh(&self) -> u64 {
+        // A TAT at the epoch: every reading finds the meter empty.
+        0
+    }
+
+    #[inline]
+    fn capacity(&self) -> u32 {
+        self.quota.capacity()
+    }
+
+    #[inline]
+    fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
+        let tat = word.max(now);
+        // `n <= capacity`, so at most `horizon`; saturating for other `n`.
+        let cost = self.interval.get().saturating_mul(u64::from(n));
+        let ahead = (tat - now).saturating_add(cost);
+        let wait = match tat.checked_add(cost) {
+            Some(next) if ahead <= self.horizon => {
+                // `<= capacity`
+                let remaining = ((self.horizon - ahead) / self.interval) as u32;
+                return (Decision::Allowed { remaining }, Some(next));
+            }
+            // Conforms once `now` has moved up by the excess.
+            Some(_) => ahead - self.horizon,
+            // Past the end of the clock's range: never.
+            None => u64::MAX,
+        };
+        (
+            Decision::Denied {
+                retry_after: RetryAfter::from_nanos(wait),
+            },
+            None,
+        )
+    }
+
+    #[inline]
+    fn remaining(&self, word: u64, now: u64) -> u32 {
+        let ahead = word.max(now) - now;
+        // `<= capacity`
+        (self.horizon.saturating_sub(ahead) / self.interval) as u32
+    }
+
+    #[inline]
+    fn refund(&self, word: u64, _written: u64, _now: u64, n: u32) -> Option<u64> {
+        // The admission moved the TAT by `n * T`; moving it back is exact, whatever
+        // came in between. A TAT before the reading reads as an empty meter, so
+        // going below `now` gives nothing extra.
+        let cost = self.interval.get().saturating_mul(u64::from(n));
+        Some(word.saturating_sub(cost))
+    }
+
+    #[inline]
+    fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
+        word <= now
+    }
+
+    fn fresh_after_idle(&self) -> Duration {
+        Duration::from_nanos(self.horizon)
+    }
+}

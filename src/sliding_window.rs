@@ -1,0 +1,272 @@
+//! The sliding window counter as a pure function on one word.
+
+use core::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::decision::{Decision, RetryAfter};
+use crate::error::QuotaError;
+use crate::window::{Position, Windows};
+
+/// The sliding window counter: at most `limit` permits in the window that ends
+/// now, estimated from two fixed windows.
+///
+/// Windows sit at fixed boundaries from the clock's epoch, as for
+/// [`FixedWindow`](crate::FixedWindow), and the word keeps the count of the
+/// current window `c` and of the previous one `p`. A reading `e` into the current
+/// window (of length `w`) estimates the permits of the last `w` as
+///
+/// ```text
+/// c + p * (w - e) / w
+/// ```
+///
+/// the previous window's count weighted by how much of it the sliding window
+/// still covers, and admits `n` when the estimate plus `n` is at most `limit`
+/// (computed exactly, in integers, to the nanosecond).
+///
+/// # Error bound
+///
+/// The estimate is exact when the previous window's permits were spread evenly
+/// over it. When they were not, the limiter can admit more than `limit` in some
+/// interval of one window, but never much more across a boundary: **any interval
+/// of length `s <= w` admits at most `limit * (1 + s / w)`**, and any interval
+/// that is one whole fixed window admits at most `limit`. The worst case is
+/// `p = limit` permits at the very end of one window: the next window then
+/// admits permits only as fast as the previous one's weight fades. Compare
+/// [`FixedWindow`](crate::FixedWindow), which admits `2 * limit` in an interval
+/// as short as two requests across a boundary.
+///
+/// A denial waits until the estimate has fallen enough (within the window, or
+/// in the next one), to the nanosecond.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{ManualClock, RateLimiter, SlidingWindow};
+///
+/// let clock = ManualClock::new();
+/// let limiter = RateLimiter::from_parts(SlidingWindow::new(2, Duration::from_secs(1))?, clock.clone());
+///
+/// clock.set(Duration::from_millis(900));
+/// assert!(limiter.try_acquire_n(2)?.is_allowed());
+/// clock.set(Duration::from_millis(1000)); // a new window, but the last 1 s holds 2
+/// let denied = limiter.try_acquire();
+/// // At 1500 ms the previous window weighs 2 * 0.5 = 1: room for one more.
+/// assert_eq!(denied.retry_after().unwrap().duration(), Duration::from_millis(500));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # The packed word
+///
+/// | bits | field |
+/// |---|---|
+/// | `63 ..= 64-w` | `c`, the current window's count (`w` = bits of `limit`) |
+/// | `63-w ..= 64-2w` | `p`, the previous window's count |
+/// | `63-2w ..= 0` | the current window's number, modulo `2^(64-2w)` |
+///
+/// Two counts leave fewer bits for the window number than a fixed window has, so
+/// the shortest window grows faster with the limit: any window for limits up to
+/// 255, 16 µs at 1,023, 4.1 ms at 16,383, 65.5 ms at 65,535
+/// ([`QuotaError::WindowTooShort`] names it). A reading behind the stored window
+/// is decided at the stored window's start, where the estimate is largest: it
+/// never admits more than a reading in that window would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlidingWindow {
+    windows: Windows,
+    limit: u64,
+    /// `2^count_bits - 1`.
+    count_mask: u64,
+}
+
+/// The counts that apply to a reading, and where.
+#[derive(Clone, Copy, Debug)]
+struct State {
+    previous: u64,
+    current: u64,
+    /// The window the counts belong to (wrapped), where a write goes.
+    window: u64,
+    /// How many windows ahead of the reading's own that window is.
+    ahead: u64,
+    /// Nanoseconds into that window at which to evaluate: the reading's own, or
+    /// 0 for a reading behind.
+    into: u64,
+    /// Nanoseconds into its own window of the reading itself: waits count from it.
+    reading_into: u64,
+}
+
+impl SlidingWindow {
+    /// At most `limit` permits in any sliding window of length `window` (within
+    /// the error bound above).
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::ZeroLimit`], [`QuotaError::ZeroWindow`],
+    /// [`QuotaError::WindowTooLong`] above `2^47` µs, and
+    /// [`QuotaError::WindowTooShort`] when the two counts leave too few bits for
+    /// the window number (limits of 256 and more, with short windows).
+    pub fn new(limit: u32, window: Duration) -> Result<SlidingWindow, QuotaError> {
+        let windows = Windows::new(limit, window, 2)?;
+        Ok(SlidingWindow {
+            windows,
+            limit: u64::from(limit),
+            count_mask: u64::MAX >> (64 - windows.count_bits()),
+        })
+    }
+
+    /// The most permits in one window.
+    pub const fn limit(&self) -> u32 {
+        // Built from a u32.
+        self.limit as u32
+    }
+
+    /// The window.
+    pub const fn window(&self) -> Duration {
+        self.windows.duration()
+    }
+
+    #[inline(always)]
+    const fn current(&self, word: u64) -> u64 {
+        word >> (self.windows.index_bits() + self.windows.count_bits())
+    }
+
+    #[inline(always)]
+    const fn previous(&self, word: u64) -> u64 {
+        (word >> self.windows.index_bits()) & self.count_mask
+    }
+
+    #[inline(always)]
+    const fn pack(&self, previous: u64, current: u64, window: u64) -> u64 {
+        let shift = self.windows.index_bits();
+        (current << (shift + self.windows.count_bits())) | (previous << shift) | window
+    }
+
+    #[inline(always)]
+    fn state(&self, word: u64, now: u64) -> State {
+        let (index, into) = self.windows.locate(now);
+        let (previous, current) = (self.previous(word), self.current(word));
+        let fresh = State {
+            previous: 0,
+            current: 0,
+            window: index,
+            ahead: 0,
+            into,
+            reading_into: into,
+        };
+        if previous | current == 0 {
+            // Nothing counted: the same as a fresh word, in any window.
+            return fresh;
+        }
+        let stored = self.windows.stored(word);
+        match self.windows.position(stored, index) {
+            Position::Same => State {
+                previous,
+                current,
+                ..fresh
+            },
+            Position::Later(1) => State {
+                previous: current,
+                ..fresh
+            },
+            Position::Later(_) => fresh,
+            Position::Behind(k) => State {
+                previous,
+                current,
+                window: stored,
+                ahead: k,
+                into: 0,
+                ..fresh
+            },
+        }
+    }
+
+    /// `c * w + p * (w - e)`: the estimate, scaled by `w`.
+    #[inline(always)]
+    fn used(&self, s: &State) -> u128 {
+        let w = u128::from(self.windows.nanos());
+        u128::from(s.current) * w + u128::from(s.previous) * (w - u128::from(s.into))
+    }
+}
+
+impl Algorithm for SlidingWindow {
+    #[inline]
+    fn fresh(&self) -> u64 {
+        0
+    }
+
+    #[inline]
+    fn capacity(&self) -> u32 {
+        self.limit()
+    }
+
+    #[inline]
+    fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
+        let s = self.state(word, now);
+        let w = u128::from(self.windows.nanos());
+        let limit = u128::from(self.limit);
+        let n = u64::from(n);
+        let used = self.used(&s) + u128::from(n) * w;
+        if used <= limit * w {
+            // `used / w` rounded up is the estimate with this request, at most
+            // `limit`.
+            let remaining = (limit - used.div_ceil(w)) as u32;
+            return (
+                Decision::Allowed { remaining },
+                Some(self.pack(s.previous, s.current + n, s.window)),
+            );
+        }
+        // The offset, in the counted window or the one after it, from which the
+        // request fits.
+        let (ahead, offset) = if s.current + n <= self.limit {
+            // Within this window, once `p * (w - e) <= (limit - c - n) * w`; the
+            // estimate is over the limit, so `p > 0`.
+            let room = u128::from(self.limit - s.current - n) * w;
+            let fits = room / u128::from(s.previous.max(1));
+            (s.ahead, w.saturating_sub(fits))
+        } else {
+            // In the next window, where `c` becomes the previous count (`c > 0`):
+            // once `c * (w - e) <= (limit - n) * w`.
+            let room = u128::from(self.limit.saturating_sub(n)) * w;
+            let fits = room / u128::from(s.current.max(1));
+            (s.ahead + 1, w.saturating_sub(fits))
+        };
+        let wait = self.windows.wait(ahead, s.reading_into, offset);
+        (
+            Decision::Denied {
+                retry_after: RetryAfter::from_nanos(wait),
+            },
+            None,
+        )
+    }
+
+    #[inline]
+    fn remaining(&self, word: u64, now: u64) -> u32 {
+        let s = self.state(word, now);
+        let w = u128::from(self.windows.nanos());
+        let room = (u128::from(self.limit) * w).saturating_sub(self.used(&s));
+        // `<= limit`
+        (room / w) as u32
+    }
+
+    #[inline]
+    fn refund(&self, word: u64, written: u64, _now: u64, n: u32) -> Option<u64> {
+        let n = u64::from(n);
+        let (previous, current) = (self.previous(word), self.current(word));
+        let stored = self.windows.stored(word);
+        // Where the window the permits were counted in sits now: still current,
+        // or already the previous one.
+        match self.windows.position(self.windows.stored(written), stored) {
+            Position::Same => Some(self.pack(previous, current.saturating_sub(n), stored)),
+            Position::Later(1) => Some(self.pack(previous.saturating_sub(n), current, stored)),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
+        let s = self.state(word, now);
+        s.previous | s.current == 0
+    }
+
+    fn fresh_after_idle(&self) -> Duration {
+        // Counts in window k weigh nothing from the start of window k + 2.
+        self.window().saturating_mul(2)
+    }
+}
