@@ -9,8 +9,13 @@
 use std::time::Duration;
 
 use loom::sync::Arc;
+use loom::sync::atomic::AtomicUsize;
+use loom::sync::atomic::Ordering::SeqCst;
 use loom::thread;
-use turnstile::{Decision, KeyedLimiter, ManualClock, Quota, RateLimiter, TokenBucket};
+use turnstile::{
+    Algorithm, ConcurrencyLimiter, Decision, FixedWindow, Gcra, KeyedLimiter, ManualClock, Quota,
+    RateLimiter, SlidingWindow, TokenBucket, chain,
+};
 
 type Limiter = RateLimiter<TokenBucket, ManualClock>;
 type Keyed = KeyedLimiter<u64, TokenBucket, ManualClock, ahash::RandomState>;
@@ -38,12 +43,17 @@ fn limiter(capacity: u32, period: Duration) -> (Arc<Limiter>, ManualClock) {
     )
 }
 
-/// `k` threads acquire one permit each at the same instant from a bucket of
-/// capacity `c`: exactly `min(k, c)` are admitted, and the bucket holds what is
-/// left.
-fn k_threads_on_capacity_c(k: u32, c: u32) {
+/// `k` threads acquire one permit each at the same instant from a limiter of
+/// capacity `c`: exactly `min(k, c)` are admitted, and the limiter holds what is
+/// left. The one argument for every algorithm: the cell's compare-and-swap.
+fn k_threads_on_capacity_c<A>(k: u32, algorithm: impl Fn() -> A + Sync + Send + 'static)
+where
+    A: Algorithm + Send + Sync + 'static,
+{
     loom::model(move || {
-        let (limiter, _clock) = limiter(c, Duration::from_secs(1));
+        let a = algorithm();
+        let c = a.capacity();
+        let limiter = Arc::new(RateLimiter::from_parts(a, ManualClock::new()));
         let threads: Vec<_> = (0..k)
             .map(|_| {
                 let limiter = limiter.clone();
@@ -54,8 +64,8 @@ fn k_threads_on_capacity_c(k: u32, c: u32) {
         let admitted = decisions.iter().filter(|d| d.is_allowed()).count() as u32;
         assert_eq!(admitted, k.min(c), "{decisions:?}");
         assert_eq!(limiter.remaining(), c - admitted);
-        // Every admitted decision reports a distinct number of tokens left: no two
-        // threads spent the same token.
+        // Every admitted decision reports a distinct number of permits left: no
+        // two threads spent the same one.
         let mut left: Vec<u32> = decisions.iter().filter_map(|d| d.remaining()).collect();
         left.sort_unstable();
         left.dedup();
@@ -63,24 +73,147 @@ fn k_threads_on_capacity_c(k: u32, c: u32) {
     });
 }
 
+fn bucket(c: u32) -> impl Fn() -> TokenBucket + Sync + Send + 'static {
+    move || TokenBucket::new(Quota::new(c, 1, Duration::from_secs(1)).unwrap())
+}
+
+fn fixed(c: u32) -> impl Fn() -> FixedWindow + Sync + Send + 'static {
+    move || FixedWindow::new(c, Duration::from_secs(1)).unwrap()
+}
+
+fn sliding(c: u32) -> impl Fn() -> SlidingWindow + Sync + Send + 'static {
+    move || SlidingWindow::new(c, Duration::from_secs(1)).unwrap()
+}
+
+fn gcra(c: u32) -> impl Fn() -> Gcra + Sync + Send + 'static {
+    move || Gcra::new(Quota::new(c, 1, Duration::from_secs(1)).unwrap())
+}
+
 #[test]
 fn two_threads_capacity_one() {
-    k_threads_on_capacity_c(2, 1);
+    k_threads_on_capacity_c(2, bucket(1));
 }
 
 #[test]
 fn two_threads_capacity_two() {
-    k_threads_on_capacity_c(2, 2);
+    k_threads_on_capacity_c(2, bucket(2));
 }
 
 #[test]
 fn three_threads_capacity_two() {
-    k_threads_on_capacity_c(3, 2);
+    k_threads_on_capacity_c(3, bucket(2));
 }
 
 #[test]
 fn three_threads_capacity_one() {
-    k_threads_on_capacity_c(3, 1);
+    k_threads_on_capacity_c(3, bucket(1));
+}
+
+#[test]
+fn fixed_window_two_threads_limit_one() {
+    k_threads_on_capacity_c(2, fixed(1));
+}
+
+#[test]
+fn fixed_window_three_threads_limit_two() {
+    k_threads_on_capacity_c(3, fixed(2));
+}
+
+#[test]
+fn sliding_window_two_threads_limit_one() {
+    k_threads_on_capacity_c(2, sliding(1));
+}
+
+#[test]
+fn sliding_window_three_threads_limit_two() {
+    k_threads_on_capacity_c(3, sliding(2));
+}
+
+#[test]
+fn gcra_two_threads_burst_one() {
+    k_threads_on_capacity_c(2, gcra(1));
+}
+
+#[test]
+fn gcra_three_threads_burst_two() {
+    k_threads_on_capacity_c(3, gcra(2));
+}
+
+/// Two threads run a chain of a per-caller stage (capacity 2) and a global
+/// stage (capacity 1). Exactly one is admitted; the other's refund of the first
+/// stage races the winner's spend, and the first stage ends holding exactly one
+/// permit taken, for each algorithm of the first stage.
+fn chain_refund_races_a_spend<A>(first: impl Fn() -> A + Sync + Send + 'static)
+where
+    A: Algorithm + Send + Sync + 'static,
+{
+    loom::model(move || {
+        let clock = ManualClock::new();
+        let a = first();
+        let c = a.capacity();
+        let first = Arc::new(RateLimiter::from_parts(a, clock.clone()));
+        let global = Arc::new(RateLimiter::from_parts(bucket(1)(), clock.clone()));
+        let other = {
+            let (first, global) = (first.clone(), global.clone());
+            thread::spawn(move || chain::try_acquire(&[&*first, &*global]).is_allowed() as u32)
+        };
+        let admitted =
+            chain::try_acquire(&[&*first, &*global]).is_allowed() as u32 + other.join().unwrap();
+        assert_eq!(admitted, 1);
+        assert_eq!(global.remaining(), 0);
+        assert_eq!(first.remaining(), c - 1, "a refund was lost or doubled");
+    });
+}
+
+#[test]
+fn chain_refund_token_bucket() {
+    chain_refund_races_a_spend(bucket(2));
+}
+
+#[test]
+fn chain_refund_fixed_window() {
+    chain_refund_races_a_spend(fixed(2));
+}
+
+#[test]
+fn chain_refund_sliding_window() {
+    chain_refund_races_a_spend(sliding(2));
+}
+
+#[test]
+fn chain_refund_gcra() {
+    chain_refund_races_a_spend(gcra(2));
+}
+
+/// Three threads each try to run a call behind a bulkhead of 2, and release
+/// when done; a fourth counter tracks holders. Never more than 2 hold at once,
+/// at least 2 calls run (the first two to try cannot both fail), and every
+/// permit comes back.
+#[test]
+fn concurrency_limiter_bounds_holders_and_loses_no_permit() {
+    loom::model(|| {
+        // std's `Arc`: owned permits hold one (loom's counter inside is modelled).
+        let bulkhead = std::sync::Arc::new(ConcurrencyLimiter::new(2).unwrap());
+        let holders = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let (bulkhead, holders) = (bulkhead.clone(), holders.clone());
+                thread::spawn(move || {
+                    let Some(permit) = bulkhead.try_acquire_owned() else {
+                        return 0;
+                    };
+                    let held = holders.fetch_add(1, SeqCst) + 1;
+                    assert!(held <= 2, "{held} holders");
+                    holders.fetch_sub(1, SeqCst);
+                    drop(permit);
+                    1
+                })
+            })
+            .collect();
+        let ran: u32 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(ran >= 2, "{ran} ran");
+        assert_eq!(bulkhead.in_flight(), 0);
+    });
 }
 
 /// Two threads acquire while a third moves the clock forward by one period, then

@@ -6,7 +6,10 @@ use crossbeam_utils::CachePadded;
 
 use crate::error::{AcquireError, QuotaError};
 use crate::limiter::check_permits;
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
+// std's `Arc` even under loom: loom's cannot be a method receiver, and the
+// counter inside is what the model checks.
+use std::sync::Arc;
 
 /// At most `limit` permits held at once, whatever the rate: a bulkhead in front
 /// of a resource that is bounded by concurrency (connections, CPU, memory)
@@ -61,7 +64,9 @@ impl ConcurrencyLimiter {
     /// One permit, if fewer than `limit` are held.
     #[inline]
     pub fn try_acquire(&self) -> Option<Permit<'_>> {
-        self.reserve(1).then_some(Permit {
+        // `then`, not `then_some`: a permit built eagerly would be dropped, and
+        // released, when the reservation fails.
+        self.reserve(1).then(|| Permit {
             limiter: self,
             n: 1,
         })
@@ -77,7 +82,7 @@ impl ConcurrencyLimiter {
     #[inline]
     pub fn try_acquire_n(&self, n: u32) -> Result<Option<Permit<'_>>, AcquireError> {
         check_permits(n, self.limit)?;
-        Ok(self.reserve(n).then_some(Permit { limiter: self, n }))
+        Ok(self.reserve(n).then(|| Permit { limiter: self, n }))
     }
 
     /// One permit that owns a handle to the limiter, to move into a task or

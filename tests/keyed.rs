@@ -390,3 +390,58 @@ fn decisions_convert_from_direct_ones() {
     assert_eq!(d.remaining(), Some(3));
     assert!(!d.is_key_limit());
 }
+
+/// Every algorithm works per key: keys are independent, each key agrees with a
+/// direct limiter of its own, a sweep keeps every key that still owes something
+/// and drops it once it is fresh-equivalent, and a refused new key at the bound
+/// is told to come back after the algorithm's idle time.
+#[test]
+fn every_algorithm_works_per_key_and_sweeps_by_its_own_criterion() {
+    use turnstile::{Algorithm, FixedWindow, Gcra, KeyedBuilder, SlidingWindow};
+
+    fn check<A: Algorithm + Clone + std::fmt::Debug>(algorithm: A, owes_for: Duration) {
+        let clock = ManualClock::new();
+        clock.set(Duration::from_millis(100));
+        let keyed: KeyedLimiter<u32, A, ManualClock> = KeyedBuilder::new(algorithm.clone())
+            .clock(clock.clone())
+            .max_keys(2)
+            .build()
+            .unwrap();
+        let direct = RateLimiter::from_parts(algorithm.clone(), clock.clone());
+        let capacity = algorithm.capacity();
+        for _ in 0..capacity + 2 {
+            let decision = keyed.try_acquire(&1);
+            assert_eq!(decision, direct.try_acquire().into(), "{algorithm:?}");
+        }
+        assert_eq!(keyed.remaining(&2), capacity, "key 2 untouched");
+        assert!(keyed.try_acquire_n(&2, capacity).unwrap().is_allowed());
+        // At the bound: a third key is refused with the idle time as its wait.
+        match keyed.try_acquire(&3) {
+            KeyedDecision::KeyLimit { retry_after } => {
+                assert_eq!(retry_after.duration(), algorithm.fresh_after_idle());
+            }
+            other => panic!("{algorithm:?}: {other:?}"),
+        }
+        // Still owed just before the documented time: nothing swept.
+        clock.advance(owes_for - Duration::from_nanos(1));
+        assert_eq!(keyed.sweep(), 0, "{algorithm:?}");
+        clock.advance(Duration::from_nanos(1));
+        assert_eq!(keyed.sweep(), 2, "{algorithm:?}");
+        assert!(keyed.is_empty());
+        assert!(keyed.try_acquire(&3).is_allowed());
+    }
+    let second = Duration::from_secs(1);
+    let quota = Quota::new(3, 1, second).unwrap();
+    // Both keys drained at 100 ms: the fixed window owes until 1 s, the sliding
+    // window until 2 s, GCRA and the bucket until refilled, 3 s later.
+    check(
+        FixedWindow::new(3, second).unwrap(),
+        Duration::from_millis(900),
+    );
+    check(
+        SlidingWindow::new(3, second).unwrap(),
+        Duration::from_millis(1_900),
+    );
+    check(Gcra::new(quota), Duration::from_secs(3));
+    check(TokenBucket::new(quota), Duration::from_secs(3));
+}

@@ -1,0 +1,202 @@
+//! Chains: admitted only if every stage admits; a denial gives back what earlier
+//! stages took, with the longest retry-after.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use turnstile::chain::{self, Stage};
+use turnstile::{
+    AcquireError, Algorithm, FixedWindow, Gcra, KeyedBuilder, KeyedDecision, KeyedLimiter,
+    ManualClock, Quota, RateLimiter, SlidingWindow, TokenBucket,
+};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn keyed<A: Algorithm>(algorithm: A, clock: &ManualClock) -> KeyedLimiter<String, A, ManualClock> {
+    KeyedBuilder::new(algorithm)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// A per-key stage of each algorithm, then a global bucket that is empty: every
+/// per-key permit taken is given back, for every algorithm.
+#[test]
+fn a_later_denial_refunds_every_algorithm() {
+    fn check<A: Algorithm + std::fmt::Debug>(algorithm: A) {
+        let clock = ManualClock::new();
+        clock.set(Duration::from_millis(250));
+        let capacity = algorithm.capacity();
+        let per_key = keyed(algorithm, &clock);
+        let global = RateLimiter::with_clock(Quota::new(2, 2, SECOND).unwrap(), clock.clone());
+        assert!(global.try_acquire_n(2).unwrap().is_allowed());
+
+        for _ in 0..3 {
+            let denied = chain::try_acquire_n(&[&per_key.stage("k"), &global], 2).unwrap();
+            assert_eq!(denied.denied_by(), Some(1));
+            assert!(denied.decision().is_denied());
+            assert_eq!(
+                per_key.remaining("k"),
+                capacity,
+                "{:?}",
+                per_key.algorithm()
+            );
+        }
+        // Once the global bucket refills, the chain admits and both are charged.
+        clock.advance(SECOND);
+        let admitted = chain::try_acquire_n(&[&per_key.stage("k"), &global], 2).unwrap();
+        assert_eq!(admitted.decision(), KeyedDecision::Allowed { remaining: 0 });
+        assert_eq!(per_key.remaining("k"), capacity - 2);
+        assert_eq!(global.remaining(), 0);
+    }
+    check(TokenBucket::new(Quota::new(4, 1, SECOND).unwrap()));
+    check(FixedWindow::new(4, SECOND).unwrap());
+    check(SlidingWindow::new(4, SECOND).unwrap());
+    check(Gcra::new(Quota::new(4, 1, SECOND).unwrap()));
+}
+
+#[test]
+fn direct_stages_refund_too_and_the_first_denial_is_reported() {
+    let clock = ManualClock::new();
+    let a = RateLimiter::from_parts(FixedWindow::new(3, SECOND).unwrap(), clock.clone());
+    let b = RateLimiter::from_parts(SlidingWindow::new(3, SECOND).unwrap(), clock.clone());
+    let c = RateLimiter::from_parts(Gcra::new(Quota::new(1, 1, SECOND).unwrap()), clock.clone());
+    assert!(c.try_acquire().is_allowed());
+    let denied = chain::try_acquire(&[&a, &b, &c]);
+    assert_eq!(denied.denied_by(), Some(2));
+    assert_eq!((a.remaining(), b.remaining()), (3, 3));
+    assert!(!denied.is_allowed());
+}
+
+#[test]
+fn the_retry_after_is_the_longest_of_the_denying_stages() {
+    let clock = ManualClock::new();
+    let short = RateLimiter::with_clock(Quota::new(1, 1, SECOND).unwrap(), clock.clone());
+    let long = RateLimiter::with_clock(Quota::new(1, 1, 5 * SECOND).unwrap(), clock.clone());
+    let open = RateLimiter::with_clock(Quota::new(9, 1, SECOND).unwrap(), clock.clone());
+    assert!(short.try_acquire().is_allowed() && long.try_acquire().is_allowed());
+
+    for stages in [
+        [&short as &dyn Stage, &long, &open],
+        [&long, &short, &open],
+        [&open, &short, &long],
+    ] {
+        let denied = chain::try_acquire(&stages);
+        assert_eq!(
+            denied.decision().retry_after().unwrap().duration(),
+            5 * SECOND
+        );
+        assert_eq!(
+            open.remaining(),
+            9,
+            "the open stage was refunded or never charged"
+        );
+    }
+    // A stage after the denying one is only looked at: nothing is taken from it.
+    let denied = chain::try_acquire(&[&short, &open]);
+    assert_eq!(denied.denied_by(), Some(0));
+    assert_eq!(open.remaining(), 9);
+}
+
+#[test]
+fn an_admitted_chain_reports_the_fewest_left() {
+    let clock = ManualClock::new();
+    let big = RateLimiter::with_clock(Quota::new(10, 1, SECOND).unwrap(), clock.clone());
+    let small = RateLimiter::from_parts(FixedWindow::new(3, SECOND).unwrap(), clock.clone());
+    let admitted = chain::try_acquire_n(&[&big, &small], 2).unwrap();
+    assert_eq!(admitted.decision(), KeyedDecision::Allowed { remaining: 1 });
+    assert_eq!(admitted.denied_by(), None);
+    assert_eq!((big.remaining(), small.remaining()), (8, 1));
+}
+
+#[test]
+fn bad_requests_are_refused_before_any_stage_is_touched() {
+    let clock = ManualClock::new();
+    let big = RateLimiter::with_clock(Quota::new(10, 1, SECOND).unwrap(), clock.clone());
+    let small = RateLimiter::from_parts(FixedWindow::new(3, SECOND).unwrap(), clock.clone());
+    assert_eq!(
+        chain::try_acquire_n(&[&big, &small], 0),
+        Err(AcquireError::ZeroPermits)
+    );
+    assert_eq!(
+        chain::try_acquire_n(&[&big, &small], 4),
+        Err(AcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        })
+    );
+    assert_eq!((big.remaining(), small.remaining()), (10, 3));
+    // An empty chain admits.
+    let empty = chain::try_acquire(&[]);
+    assert_eq!(
+        empty.decision(),
+        KeyedDecision::Allowed {
+            remaining: u32::MAX
+        }
+    );
+}
+
+#[test]
+fn a_key_bound_denial_is_reported_as_such_and_refunds() {
+    let clock = ManualClock::new();
+    let global = RateLimiter::with_clock(Quota::new(5, 1, SECOND).unwrap(), clock.clone());
+    let per_key = KeyedLimiter::<String>::builder(Quota::new(2, 1, SECOND).unwrap())
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    assert!(chain::try_acquire(&[&global, &per_key.stage("a")]).is_allowed());
+    let bounded = chain::try_acquire(&[&global, &per_key.stage("b")]);
+    assert!(bounded.decision().is_key_limit(), "{bounded:?}");
+    assert_eq!(bounded.denied_by(), Some(1));
+    assert_eq!(global.remaining(), 4, "the global permit went back");
+}
+
+/// Two threads hammer a chain of per-key and global stages on a frozen clock.
+/// Refunds must be exact: at the end every stage holds exactly its capacity
+/// minus what the chain admitted from it, and nothing was over-admitted.
+#[test]
+fn concurrent_chains_never_over_admit_and_refund_exactly() {
+    let clock = ManualClock::new();
+    let per_key = Arc::new(keyed(FixedWindow::new(40, SECOND).unwrap(), &clock));
+    let global = Arc::new(RateLimiter::with_clock(
+        Quota::new(50, 1, SECOND).unwrap(),
+        clock.clone(),
+    ));
+    let keys = ["a", "b", "c"];
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let (per_key, global) = (per_key.clone(), global.clone());
+            std::thread::spawn(move || {
+                let mut admitted = [0u32; 3];
+                for i in 0..20_000 {
+                    let k = (i + t) % 3;
+                    if chain::try_acquire(&[&per_key.stage(keys[k]), &*global]).is_allowed() {
+                        admitted[k] += 1;
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = [0u32; 3];
+    for t in threads {
+        for (k, n) in t.join().unwrap().into_iter().enumerate() {
+            admitted[k] += n;
+        }
+    }
+    let total: u32 = admitted.iter().sum();
+    assert!(total <= 50, "{admitted:?}");
+    assert_eq!(global.remaining(), 50 - total);
+    for (k, key) in keys.iter().enumerate() {
+        assert!(admitted[k] <= 40);
+        assert_eq!(
+            per_key.remaining(*key),
+            40 - admitted[k],
+            "{key}: {admitted:?}"
+        );
+    }
+    // The chain stops only when the global bucket is empty (a per-key bucket of
+    // 40 cannot run out first with three keys sharing 50).
+    assert_eq!(total, 50);
+}
