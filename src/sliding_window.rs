@@ -176,12 +176,16 @@ impl SlidingWindow {
             },
         }
     }
+}
 
-    /// `c * w + p * (w - e)`: the estimate, scaled by `w`.
-    #[inline(always)]
-    fn used(&self, s: &State) -> u128 {
-        let w = u128::from(self.windows.nanos());
-        u128::from(s.current) * w + u128::from(s.previous) * (w - u128::from(s.into))
+/// `floor(a * b / d)` for `d > 0`: in 64 bits when the product fits (a count
+/// times a window in nanoseconds, so whenever `limit * window < 2^64` ns), in 128
+/// otherwise; a 128-bit division is a library call, several times slower.
+#[inline(always)]
+fn mul_div(a: u64, b: u64, d: u64) -> u128 {
+    match a.checked_mul(b) {
+        Some(product) => u128::from(product / d),
+        None => u128::from(a) * u128::from(b) / u128::from(d),
     }
 }
 
@@ -199,33 +203,34 @@ impl Algorithm for SlidingWindow {
     #[inline]
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
         let s = self.state(word, now);
-        let w = u128::from(self.windows.nanos());
-        let limit = u128::from(self.limit);
+        let w = self.windows.nanos();
         let n = u64::from(n);
-        let used = self.used(&s) + u128::from(n) * w;
-        if used <= limit * w {
-            // `used / w` rounded up is the estimate with this request, at most
-            // `limit`.
-            let remaining = (limit - used.div_ceil(w)) as u32;
-            return (
-                Decision::Allowed { remaining },
-                Some(self.pack(s.previous, s.current + n, s.window)),
-            );
-        }
         // The offset, in the counted window or the one after it, from which the
         // request fits.
         let (ahead, offset) = if s.current + n <= self.limit {
-            // Within this window, once `p * (w - e) <= (limit - c - n) * w`; the
-            // estimate is over the limit, so `p > 0`.
-            let room = u128::from(self.limit - s.current - n) * w;
-            let fits = room / u128::from(s.previous.max(1));
-            (s.ahead, w.saturating_sub(fits))
+            // Admitted when `c + n + p * (w - e) / w <= limit`, that is when the
+            // previous window's weight `p * (w - e)` is at most `room * w`.
+            let room = self.limit - s.current - n;
+            let weight = u128::from(s.previous) * u128::from(w - s.into);
+            if weight <= u128::from(room) * u128::from(w) {
+                // `ceil(p * (w - e) / w) = p - floor(p * e / w)`, at most `room`.
+                let faded = mul_div(s.previous, s.into, w) as u64;
+                // `<= limit`
+                let remaining = (room + faded - s.previous) as u32;
+                return (
+                    Decision::Allowed { remaining },
+                    Some(self.pack(s.previous, s.current + n, s.window)),
+                );
+            }
+            // Within this window, once `p * (w - e') <= room * w`; the weight is
+            // over, so `p > 0`.
+            let fits = mul_div(room, w, s.previous.max(1));
+            (s.ahead, u128::from(w).saturating_sub(fits))
         } else {
             // In the next window, where `c` becomes the previous count (`c > 0`):
-            // once `c * (w - e) <= (limit - n) * w`.
-            let room = u128::from(self.limit.saturating_sub(n)) * w;
-            let fits = room / u128::from(s.current.max(1));
-            (s.ahead + 1, w.saturating_sub(fits))
+            // once `c * (w - e') <= (limit - n) * w`.
+            let fits = mul_div(self.limit.saturating_sub(n), w, s.current.max(1));
+            (s.ahead + 1, u128::from(w).saturating_sub(fits))
         };
         let wait = self.windows.wait(ahead, s.reading_into, offset);
         (
@@ -239,10 +244,10 @@ impl Algorithm for SlidingWindow {
     #[inline]
     fn remaining(&self, word: u64, now: u64) -> u32 {
         let s = self.state(word, now);
-        let w = u128::from(self.windows.nanos());
-        let room = (u128::from(self.limit) * w).saturating_sub(self.used(&s));
+        // `floor(limit - c - p * (w - e) / w)`, at least 0: as in `decide`.
+        let faded = mul_div(s.previous, s.into, self.windows.nanos()) as u64;
         // `<= limit`
-        (room / w) as u32
+        (self.limit.saturating_sub(s.current) + faded).saturating_sub(s.previous) as u32
     }
 
     #[inline]
