@@ -1,6 +1,7 @@
 //! Bytes per key: the resident memory a keyed limiter adds for 1,000,000 u64 keys,
-//! turnstile against governor's keyed limiter (DashMap), each measured in a fresh
-//! process so neither inherits the other's heap.
+//! turnstile (token bucket, and each other algorithm) against governor's keyed
+//! limiter (DashMap), each measured in a fresh process so none inherits
+//! another's heap.
 //!
 //! `cargo bench --bench memory` (Linux: reads `VmRSS` from `/proc/self/status`).
 
@@ -17,6 +18,25 @@ fn rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+const HOUR: std::time::Duration = std::time::Duration::from_secs(3_600);
+
+fn per_hour() -> turnstile::Quota {
+    turnstile::Quota::per_hour(1_000).expect("a valid quota")
+}
+
+/// `KEYS` keys in a keyed limiter running `algorithm`: the resident set after.
+fn ours<A: turnstile::Algorithm>(algorithm: A) -> Option<u64> {
+    let l = turnstile::KeyedBuilder::<u64, A>::new(algorithm)
+        .max_keys(2 * KEYS as usize)
+        .build()
+        .expect("a valid configuration");
+    (0..KEYS).for_each(|k| assert!(l.try_acquire(&k).is_allowed()));
+    assert_eq!(l.len(), KEYS as usize);
+    let after = rss_bytes();
+    drop(l);
+    after
+}
+
 /// Insert `KEYS` keys into one limiter and print the resident memory it added.
 fn child(which: &str) -> ExitCode {
     let Some(before) = rss_bytes() else {
@@ -24,18 +44,12 @@ fn child(which: &str) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let after = match which {
-        "turnstile" => {
-            let quota = turnstile::Quota::per_hour(1_000).expect("a valid quota");
-            let l = turnstile::KeyedLimiter::<u64>::builder(quota)
-                .max_keys(2 * KEYS as usize)
-                .build()
-                .expect("a valid configuration");
-            (0..KEYS).for_each(|k| assert!(l.try_acquire(&k).is_allowed()));
-            assert_eq!(l.len(), KEYS as usize);
-            let after = rss_bytes();
-            drop(l);
-            after
+        "turnstile" => ours(turnstile::TokenBucket::new(per_hour())),
+        "turnstile/fixed-window" => ours(turnstile::FixedWindow::new(1_000, HOUR).expect("valid")),
+        "turnstile/sliding-window" => {
+            ours(turnstile::SlidingWindow::new(1_000, HOUR).expect("valid"))
         }
+        "turnstile/gcra" => ours(turnstile::Gcra::new(per_hour())),
         "governor" => {
             let quota = governor::Quota::per_hour(NonZeroU32::new(1_000).expect("nonzero"));
             let l = governor::RateLimiter::<u64, _, _>::dashmap(quota);
@@ -68,7 +82,14 @@ fn main() -> ExitCode {
     };
     println!("bytes per key, {KEYS} u64 keys, resident memory added (fresh process each):");
     let mut per_key = Vec::new();
-    for which in ["turnstile", "governor"] {
+    let all = [
+        "turnstile",
+        "governor",
+        "turnstile/fixed-window",
+        "turnstile/sliding-window",
+        "turnstile/gcra",
+    ];
+    for which in all {
         let out = match Command::new(&exe).args(["--child", which]).output() {
             Ok(out) if out.status.success() => out,
             Ok(out) => {
@@ -91,7 +112,7 @@ fn main() -> ExitCode {
             }
         };
         let each = bytes as f64 / KEYS as f64;
-        println!("{which:<10} {bytes:>11} bytes  {each:6.1} bytes/key");
+        println!("{which:<24} {bytes:>11} bytes  {each:6.1} bytes/key");
         per_key.push(each);
     }
     println!("ratio turnstile / governor: {:.2}", per_key[0] / per_key[1]);
