@@ -18,6 +18,10 @@
 //! for the keyed limiters: one hot key, and 1,000,000 keys visited in a shuffled
 //! order (blocks of 100,000 decisions, 41 blocks each).
 //!
+//! `decision_cost algorithm allow|deny token-bucket|fixed-window|sliding-window|gcra|governor N`
+//! runs one algorithm's direct decision on a manual clock (governor's GCRA on
+//! its fake clock), so that callgrind counts the algorithm without a clock read.
+//!
 //! `decision_cost keyed-1m turnstile|governor N` fills a keyed limiter with
 //! 1,000,000 keys, then makes `N` checks in a shuffled order inside the measured
 //! loop; under callgrind with `--cache-sim=yes` it counts cache misses per check.
@@ -311,6 +315,51 @@ fn run_keyed_million(who: &str, n: u64) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// One algorithm's direct decision on a manual clock (governor's on its fake
+/// clock): the algorithm alone, without a clock read's cost.
+fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
+    use turnstile::{FixedWindow, Gcra, ManualClock, Quota, RateLimiter, SlidingWindow};
+    const HOUR: Duration = Duration::from_secs(3_600);
+    fn run<A: turnstile::Algorithm>(a: A, n: u64) {
+        let l = RateLimiter::from_parts(a, ManualClock::new());
+        let _ = l.try_acquire();
+        measured(n, || l.try_acquire());
+    }
+    let quota = if allow {
+        Quota::per_second(ALLOW_RATE)
+    } else {
+        Quota::per_hour(1)
+    }
+    .expect("a valid quota");
+    let limit = if allow { (1 << 24) - 1 } else { 1 };
+    match which {
+        "token-bucket" => run(turnstile::TokenBucket::new(quota), n),
+        "fixed-window" => run(FixedWindow::new(limit, HOUR).expect("valid"), n),
+        "sliding-window" => run(SlidingWindow::new(limit, 2 * HOUR).expect("valid"), n),
+        "gcra" => run(Gcra::new(quota), n),
+        "governor" => {
+            let nz = |n| NonZeroU32::new(n).expect("nonzero");
+            let quota = if allow {
+                governor::Quota::per_second(nz(ALLOW_RATE))
+            } else {
+                governor::Quota::per_hour(nz(1))
+            };
+            let clock = governor::clock::FakeRelativeClock::default();
+            let g = governor::RateLimiter::direct_with_clock(quota, clock);
+            let _ = g.check();
+            measured(n, || g.check());
+        }
+        other => {
+            eprintln!(
+                "unknown algorithm {other:?}: token-bucket, fixed-window, sliding-window, gcra \
+                 or governor"
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let [mode, who, n] = args.as_slice()
@@ -321,6 +370,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         };
         return run_keyed_million(who, n);
+    }
+    if let [mode, path, which, n] = args.as_slice()
+        && mode == "algorithm"
+    {
+        let Ok(n) = n.parse::<u64>() else {
+            eprintln!("N must be a number, not {n:?}");
+            return ExitCode::FAILURE;
+        };
+        return run_algorithm(path == "allow", which, n);
     }
     match args.first().map(String::as_str) {
         Some("paired") => {
