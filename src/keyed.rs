@@ -369,11 +369,24 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.take(key, self.clock.now(), n).0
+        let now = self.clock.now();
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        {
+            let table = shard.table.read();
+            if let Some((_, cell)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
+                // The plain decision, not `take`'s pair: returning the written word
+                // too kept the pair on the stack, and reading the decision back
+                // across two stores cost a failed store forward (3 ns a denial).
+                let decision = cell.apply(&self.algorithm, now, n);
+                self.count(decision);
+                return decision.into();
+            }
+        }
+        self.insert_and_decide(key, hash, shard, now, n).0
     }
 
     /// Decide for `key` at `now`, also returning the word an admission wrote.
-    #[inline(always)]
     pub(crate) fn take<Q>(&self, key: &Q, now: u64, n: u32) -> (KeyedDecision, Option<u64>)
     where
         K: Borrow<Q>,
