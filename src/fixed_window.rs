@@ -121,7 +121,9 @@ impl Algorithm for FixedWindow {
         self.limit()
     }
 
-    #[inline]
+    // Always: out of line, the decision comes back through memory, and reading
+    // it whole after the callee wrote it in parts fails store forwarding.
+    #[inline(always)]
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
         let (index, into) = self.windows.locate(now);
         let (count, window, ahead) = self.state(word, index);

@@ -6,6 +6,7 @@ use core::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::decision::{Decision, RetryAfter};
+use crate::divide::Divisor;
 use crate::quota::Quota;
 
 /// The leaky bucket as pacing: the generic cell rate algorithm (GCRA, ITU-T
@@ -57,8 +58,9 @@ use crate::quota::Quota;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gcra {
     quota: Quota,
-    /// `T` in nanoseconds.
-    interval: NonZeroU64,
+    /// `T` in nanoseconds, with its reciprocal: the permits left are a division
+    /// by `T` on every admission.
+    interval: Divisor,
     /// `τ + T = capacity * T`: how far ahead of a reading the TAT may be after
     /// an admission.
     horizon: u64,
@@ -80,7 +82,7 @@ impl Gcra {
         };
         Gcra {
             quota,
-            interval,
+            interval: Divisor::new(interval),
             horizon: interval.get().saturating_mul(quota.capacity() as u64),
         }
     }
@@ -114,7 +116,9 @@ impl Algorithm for Gcra {
         self.quota.capacity()
     }
 
-    #[inline]
+    // Always: out of line, the decision comes back through memory, and reading
+    // it whole after the callee wrote it in parts fails store forwarding.
+    #[inline(always)]
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
         let tat = word.max(now);
         // `n <= capacity`, so at most `horizon`; saturating for other `n`.
@@ -123,7 +127,7 @@ impl Algorithm for Gcra {
         let wait = match tat.checked_add(cost) {
             Some(next) if ahead <= self.horizon => {
                 // `<= capacity`
-                let remaining = ((self.horizon - ahead) / self.interval) as u32;
+                let remaining = self.interval.div(self.horizon - ahead) as u32;
                 return (Decision::Allowed { remaining }, Some(next));
             }
             // Conforms once `now` has moved up by the excess.
@@ -143,7 +147,7 @@ impl Algorithm for Gcra {
     fn remaining(&self, word: u64, now: u64) -> u32 {
         let ahead = word.max(now) - now;
         // `<= capacity`
-        (self.horizon.saturating_sub(ahead) / self.interval) as u32
+        self.interval.div(self.horizon.saturating_sub(ahead)) as u32
     }
 
     #[inline]

@@ -34,6 +34,7 @@ pub mod chain;
 mod clock;
 mod concurrency;
 mod decision;
+mod divide;
 mod error;
 mod fixed_window;
 mod gcra;

@@ -138,6 +138,18 @@ impl SlidingWindow {
         (current << (shift + self.windows.count_bits())) | (previous << shift) | window
     }
 
+    /// `floor(p * e / w)`: how much of the previous window's count has slid out,
+    /// divided by the window's reciprocal (a count times a window fits in 64 bits
+    /// unless `limit * window >= 2^64` ns).
+    #[inline(always)]
+    fn faded(&self, s: &State) -> u64 {
+        match s.previous.checked_mul(s.into) {
+            Some(product) => self.windows.divide(product),
+            // `< p`
+            None => mul_div(s.previous, s.into, self.windows.nanos()) as u64,
+        }
+    }
+
     #[inline(always)]
     fn state(&self, word: u64, now: u64) -> State {
         let (index, into) = self.windows.locate(now);
@@ -200,7 +212,9 @@ impl Algorithm for SlidingWindow {
         self.limit()
     }
 
-    #[inline]
+    // Always: out of line, the decision comes back through memory, and reading
+    // it whole after the callee wrote it in parts fails store forwarding.
+    #[inline(always)]
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
         let s = self.state(word, now);
         let w = self.windows.nanos();
@@ -208,13 +222,11 @@ impl Algorithm for SlidingWindow {
         // The offset, in the counted window or the one after it, from which the
         // request fits.
         let (ahead, offset) = if s.current + n <= self.limit {
-            // Admitted when `c + n + p * (w - e) / w <= limit`, that is when the
-            // previous window's weight `p * (w - e)` is at most `room * w`.
+            // Admitted when `c + n + p * (w - e) / w <= limit`, that is when
+            // `ceil(p * (w - e) / w) = p - floor(p * e / w)` is at most `room`.
             let room = self.limit - s.current - n;
-            let weight = u128::from(s.previous) * u128::from(w - s.into);
-            if weight <= u128::from(room) * u128::from(w) {
-                // `ceil(p * (w - e) / w) = p - floor(p * e / w)`, at most `room`.
-                let faded = mul_div(s.previous, s.into, w) as u64;
+            let faded = self.faded(&s);
+            if s.previous <= room + faded {
                 // `<= limit`
                 let remaining = (room + faded - s.previous) as u32;
                 return (
@@ -245,7 +257,7 @@ impl Algorithm for SlidingWindow {
     fn remaining(&self, word: u64, now: u64) -> u32 {
         let s = self.state(word, now);
         // `floor(limit - c - p * (w - e) / w)`, at least 0: as in `decide`.
-        let faded = mul_div(s.previous, s.into, self.windows.nanos()) as u64;
+        let faded = self.faded(&s);
         // `<= limit`
         (self.limit.saturating_sub(s.current) + faded).saturating_sub(s.previous) as u32
     }

@@ -5,6 +5,7 @@
 use core::num::NonZeroU64;
 use core::time::Duration;
 
+use crate::divide::Divisor;
 use crate::error::QuotaError;
 
 /// The longest window: `2^47` µs (4.46 years), the same bound as the longest
@@ -31,8 +32,8 @@ pub(crate) enum Position {
 /// fields of `count_bits` each above the window number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Windows {
-    /// The window in nanoseconds.
-    window: NonZeroU64,
+    /// The window in nanoseconds, with its reciprocal.
+    window: Divisor,
     /// Width of one count field: as many bits as the limit needs.
     count_bits: u32,
     /// Width of the window number, the low field.
@@ -77,7 +78,7 @@ impl Windows {
         // `nanos <= MAX_WINDOW_NANOS` and `nanos >= min >= 1`.
         let window = NonZeroU64::new(nanos as u64).unwrap_or(NonZeroU64::MIN);
         Ok(Windows {
-            window,
+            window: Divisor::new(window),
             count_bits,
             index_bits,
             index_mask: u64::MAX >> (64 - index_bits),
@@ -107,11 +108,16 @@ impl Windows {
         self.index_bits
     }
 
+    /// `floor(x / window)`, without a division instruction.
+    #[inline(always)]
+    pub(crate) const fn divide(&self, x: u64) -> u64 {
+        self.window.div(x)
+    }
+
     /// The wrapped window number of a reading, and the nanoseconds into it.
     #[inline(always)]
-    pub(crate) fn locate(&self, now: u64) -> (u64, u64) {
-        let index = now / self.window;
-        let into = now % self.window;
+    pub(crate) const fn locate(&self, now: u64) -> (u64, u64) {
+        let (index, into) = self.window.div_rem(now);
         (index & self.index_mask, into)
     }
 
