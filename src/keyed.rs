@@ -369,9 +369,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.clock.now();
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
+        let now = self.clock.now();
         {
             let table = shard.table.read();
             if let Some((_, cell)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
