@@ -19,12 +19,25 @@ use crate::sync::{Arc, AtomicU64, Ordering};
 pub trait Clock: Send + Sync {
     /// Nanoseconds since this clock's epoch.
     fn now(&self) -> u64;
+
+    /// For a simulated clock: move forward by `duration` and return `true`, so
+    /// that a wait ([`RateLimiter::wait`](crate::RateLimiter::wait)) skips its
+    /// sleep. A real clock returns `false` (the default) and the caller sleeps.
+    /// [`ManualClock`] skips, so tests and replays never wait.
+    fn skip(&self, duration: Duration) -> bool {
+        let _ = duration;
+        false
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for &C {
     #[inline]
     fn now(&self) -> u64 {
         (**self).now()
+    }
+
+    fn skip(&self, duration: Duration) -> bool {
+        (**self).skip(duration)
     }
 }
 
@@ -280,6 +293,13 @@ impl Clock for ManualClock {
     fn now(&self) -> u64 {
         // Relaxed: as in `set_nanos`.
         self.nanos.load(Ordering::Relaxed)
+    }
+
+    /// Advances the clock by `duration`: a wait on a manual clock takes no real
+    /// time.
+    fn skip(&self, duration: Duration) -> bool {
+        self.advance(duration);
+        true
     }
 }
 

@@ -44,6 +44,7 @@ mod quota;
 mod sliding_window;
 mod sync;
 mod token_bucket;
+mod wait;
 mod window;
 
 pub use algorithm::Algorithm;
@@ -62,6 +63,7 @@ pub use limiter::RateLimiter;
 pub use quota::Quota;
 pub use sliding_window::SlidingWindow;
 pub use token_bucket::TokenBucket;
+pub use wait::{WaitError, WaitOptions};
 
 // The README's examples are compiled and run as doc tests.
 #[doc = include_str!("../README.md")]
