@@ -37,6 +37,7 @@ mod decision;
 mod divide;
 mod error;
 mod fixed_window;
+mod gate;
 mod gcra;
 mod keyed;
 mod limiter;
@@ -55,6 +56,7 @@ pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::{Decision, KeyedDecision, RetryAfter};
 pub use error::{AcquireError, KeyedConfigError, QuotaError};
 pub use fixed_window::FixedWindow;
+pub use gate::{Gate, Outcome, PolicyError, RateLimitPolicy};
 pub use gcra::Gcra;
 #[cfg(not(loom))]
 pub use keyed::Sweeper;

@@ -86,3 +86,19 @@ fn window_vs_bucket_binary_prints_the_seed_comparison() {
         assert_eq!(stdout, SEED_WINDOW_VS_BUCKET);
     }
 }
+
+#[test]
+fn gate_binary_prints_the_seed_per_client_trace() {
+    if let Some(stdout) = example_stdout("gate") {
+        assert_eq!(stdout, SEED_PER_CLIENT);
+    }
+}
+
+#[test]
+fn extended_example_prints_the_seed_extended_output() {
+    let whole = format!("{SEED_PER_CLIENT}\n{SEED_WINDOW_VS_BUCKET}");
+    assert_eq!(seed::extended_trace(), whole);
+    if let Some(stdout) = example_stdout("extended") {
+        assert_eq!(stdout, whole);
+    }
+}

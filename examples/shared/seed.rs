@@ -37,7 +37,7 @@ pub fn token_bucket_trace() -> String {
 /// per-key buckets of capacity 3 that gain one token every 1000 ms. Without a
 /// key there is no bucket to ask: 401.
 pub fn per_client_trace() -> String {
-    use turnstile::{KeyedDecision, KeyedLimiter};
+    use turnstile::{Gate, KeyedLimiter};
 
     let clock = ManualClock::new();
     let quota = Quota::new(3, 1, Duration::from_millis(1000)).expect("a valid quota");
@@ -45,6 +45,7 @@ pub fn per_client_trace() -> String {
         .clock(clock.clone())
         .build()
         .expect("a valid configuration");
+    let gate = Gate::new(limiter);
     let trace: [(u64, Option<&str>); 8] = [
         (0, Some("alice")),
         (100, Some("alice")),
@@ -58,23 +59,16 @@ pub fn per_client_trace() -> String {
     let mut out = String::from("== per-client token buckets (capacity 3, 1 token per 1000 ms)\n");
     for (at, key) in trace {
         clock.set(Duration::from_millis(at));
-        let response = match key {
-            None => "401 Unauthorized".to_string(),
-            Some(key) => match limiter.try_acquire(key) {
-                KeyedDecision::Allowed { remaining } => format!("200 OK (tokens left {remaining})"),
-                KeyedDecision::Denied { retry_after } => format!(
-                    "429 Too Many Requests, Retry-After: {}",
-                    retry_after.header_secs()
-                ),
-                KeyedDecision::KeyLimit { retry_after } => format!(
-                    "503 Service Unavailable, Retry-After: {}",
-                    retry_after.header_secs()
-                ),
-            },
-        };
-        let _ = writeln!(out, "t={at:4} {:<6} -> {response}", key.unwrap_or("(none)"));
+        let outcome = gate.check(key);
+        let _ = writeln!(out, "t={at:4} {:<6} -> {outcome}", key.unwrap_or("(none)"));
     }
     out
+}
+
+/// The seed's whole extended output: the per-client gate, a blank line, then the
+/// fixed window against the token bucket.
+pub fn extended_trace() -> String {
+    format!("{}\n{}", per_client_trace(), window_vs_bucket_trace())
 }
 
 /// The seed's comparison of a fixed window and a token bucket with the same

@@ -1,0 +1,310 @@
+//! The HTTP gate, independent of any framework: a request's key in, a status
+//! and headers out.
+
+use core::borrow::Borrow;
+use core::fmt;
+use core::hash::{BuildHasher, Hash};
+use core::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::clock::{Clock, RealClock};
+use crate::decision::{KeyedDecision, RetryAfter};
+use crate::error::AcquireError;
+use crate::keyed::KeyedLimiter;
+use crate::token_bucket::TokenBucket;
+
+/// What the gate answers a request.
+///
+/// Its [`Display`](fmt::Display) is the rate-limiter pattern's trace format:
+/// `200 OK (tokens left 2)`, `429 Too Many Requests, Retry-After: 1`,
+/// `401 Unauthorized`, `503 Service Unavailable, Retry-After: 3`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use = "a denied request must not reach the work it would start"]
+pub enum Outcome {
+    /// 200: admitted, with `remaining` permits left for the key.
+    Admitted {
+        /// Permits left for the key.
+        remaining: u32,
+    },
+    /// 401: the request carried no key, so there is no allowance to charge it
+    /// to. (Authenticating the key is the caller's job.)
+    Unauthorized,
+    /// 429: the key is over its limit; retry after the wait, which the
+    /// `Retry-After` header gives in whole seconds, rounded up.
+    TooManyRequests {
+        /// The exact wait.
+        retry_after: RetryAfter,
+    },
+    /// 503: the limiter holds as many keys as it may
+    /// ([`KeyedDecision::KeyLimit`]); a new key can be tracked once idle ones
+    /// have been swept. Not the client's fault, so not a 429.
+    Unavailable {
+        /// When idle keys will have been swept.
+        retry_after: RetryAfter,
+    },
+}
+
+impl Outcome {
+    /// The outcome for a request with `decision`, or with no key (`None`).
+    pub const fn from_decision(decision: Option<KeyedDecision>) -> Outcome {
+        match decision {
+            None => Outcome::Unauthorized,
+            Some(KeyedDecision::Allowed { remaining }) => Outcome::Admitted { remaining },
+            Some(KeyedDecision::Denied { retry_after }) => Outcome::TooManyRequests { retry_after },
+            Some(KeyedDecision::KeyLimit { retry_after }) => Outcome::Unavailable { retry_after },
+        }
+    }
+
+    /// The HTTP status code: 200, 401, 429 or 503.
+    pub const fn status(&self) -> u16 {
+        match self {
+            Outcome::Admitted { .. } => 200,
+            Outcome::Unauthorized => 401,
+            Outcome::TooManyRequests { .. } => 429,
+            Outcome::Unavailable { .. } => 503,
+        }
+    }
+
+    /// The status's reason phrase.
+    pub const fn reason(&self) -> &'static str {
+        match self {
+            Outcome::Admitted { .. } => "OK",
+            Outcome::Unauthorized => "Unauthorized",
+            Outcome::TooManyRequests { .. } => "Too Many Requests",
+            Outcome::Unavailable { .. } => "Service Unavailable",
+        }
+    }
+
+    /// `true` for 200: let the request through.
+    pub const fn is_admitted(&self) -> bool {
+        matches!(self, Outcome::Admitted { .. })
+    }
+
+    /// The wait, for 429 and 503.
+    pub const fn retry_after(&self) -> Option<RetryAfter> {
+        match self {
+            Outcome::TooManyRequests { retry_after } | Outcome::Unavailable { retry_after } => {
+                Some(*retry_after)
+            }
+            Outcome::Admitted { .. } | Outcome::Unauthorized => None,
+        }
+    }
+
+    /// The `Retry-After` value in whole seconds, rounded up (a client told to
+    /// come back early only gets another 429), for 429 and 503.
+    pub const fn retry_after_secs(&self) -> Option<u64> {
+        match self.retry_after() {
+            Some(wait) => Some(wait.header_secs()),
+            None => None,
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.status(), self.reason())?;
+        match (self, self.retry_after_secs()) {
+            (Outcome::Admitted { remaining }, _) => write!(f, " (tokens left {remaining})"),
+            (_, Some(secs)) => write!(f, ", Retry-After: {secs}"),
+            (_, None) => Ok(()),
+        }
+    }
+}
+
+/// A policy name, quota and window for the `RateLimit-Policy` and `RateLimit`
+/// header fields of the IETF httpapi draft ("RateLimit header fields for
+/// HTTP"): `RateLimit-Policy: "name";q=100;w=60` and
+/// `RateLimit: "name";r=42` (with `;t=` the seconds to wait, on a denial).
+///
+/// The values are the operator's description of the policy (for a token
+/// bucket, `q` is usually the capacity and `w` the fill time); the gate does
+/// not derive them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateLimitPolicy {
+    name: String,
+    quota: u32,
+    window_secs: u64,
+}
+
+/// Why a [`RateLimitPolicy`] was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The name must be 1 to 64 characters from `A-Z a-z 0-9 _ - .`, so that
+    /// it is safe inside a quoted header string.
+    Name(String),
+    /// The window must be at least one second (the fields count whole seconds).
+    Window(Duration),
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PolicyError::Name(name) => write!(
+                f,
+                "policy name {name:?}: use 1 to 64 characters from A-Z, a-z, 0-9, '_', '-', '.'"
+            ),
+            PolicyError::Window(window) => {
+                write!(f, "policy window {window:?}: it must be at least 1 second")
+            }
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+impl RateLimitPolicy {
+    /// A policy called `name` of `quota` units per `window` (whole seconds,
+    /// rounded up).
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Name`] for a name that could break the header's syntax,
+    /// [`PolicyError::Window`] for a window under one second.
+    pub fn new(name: &str, quota: u32, window: Duration) -> Result<RateLimitPolicy, PolicyError> {
+        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+        if name.is_empty() || name.len() > 64 || !name.chars().all(valid) {
+            return Err(PolicyError::Name(name.chars().take(80).collect()));
+        }
+        if window < Duration::from_secs(1) {
+            return Err(PolicyError::Window(window));
+        }
+        Ok(RateLimitPolicy {
+            name: name.to_string(),
+            quota,
+            window_secs: window.as_secs() + u64::from(window.subsec_nanos() > 0),
+        })
+    }
+
+    /// The `RateLimit-Policy` field value.
+    pub fn policy_value(&self) -> String {
+        format!("\"{}\";q={};w={}", self.name, self.quota, self.window_secs)
+    }
+
+    /// The `RateLimit` field value for `outcome`: the units left, and on a
+    /// denial the seconds until the request could succeed. `None` for 401.
+    pub fn value(&self, outcome: &Outcome) -> Option<String> {
+        match outcome {
+            Outcome::Admitted { remaining } => Some(format!("\"{}\";r={remaining}", self.name)),
+            Outcome::Unauthorized => None,
+            Outcome::TooManyRequests { retry_after } | Outcome::Unavailable { retry_after } => {
+                Some(format!(
+                    "\"{}\";r=0;t={}",
+                    self.name,
+                    retry_after.header_secs()
+                ))
+            }
+        }
+    }
+}
+
+/// A per-key limiter as an HTTP gate: no key is a 401, a key over its limit a
+/// 429 with `Retry-After` in whole seconds rounded up, a new key past the key
+/// bound a 503 with `Retry-After`; `RateLimit` header fields optionally.
+///
+/// ```
+/// use turnstile::{Gate, KeyedLimiter, Outcome, Quota};
+///
+/// let gate = Gate::new(KeyedLimiter::<String>::new(Quota::per_second(2)?));
+/// assert_eq!(gate.check(Some("alice")).status(), 200);
+/// assert_eq!(gate.check(None::<&str>), Outcome::Unauthorized);
+///
+/// let outcome = gate.check(Some("alice"));
+/// let outcome = if outcome.is_admitted() { gate.check(Some("alice")) } else { outcome };
+/// assert_eq!(outcome.status(), 429);
+/// assert_eq!(gate.headers(&outcome), vec![("Retry-After", "1".to_string())]);
+/// # Ok::<(), turnstile::QuotaError>(())
+/// ```
+///
+/// **Choosing the key.** Use an authenticated key (an API key or user id
+/// checked before the gate) where there is one. The peer address is the
+/// fallback for anonymous traffic, but users behind one NAT share it. A
+/// forwarded header (`X-Forwarded-For`) is client input: trust it only from
+/// proxies you run, or any client can claim a fresh address per request and
+/// never be limited. Keys from unauthenticated input can be forged in any
+/// number, so give them a limiter with a tight `max_keys`: past it, new keys get
+/// 503 and memory stays bounded.
+#[derive(Debug)]
+pub struct Gate<K, A = TokenBucket, C = RealClock, S = ahash::RandomState> {
+    limiter: KeyedLimiter<K, A, C, S>,
+    policy: Option<RateLimitPolicy>,
+}
+
+impl<K, A, C, S> Gate<K, A, C, S> {
+    /// A gate in front of `limiter`, without `RateLimit` header fields.
+    pub fn new(limiter: KeyedLimiter<K, A, C, S>) -> Gate<K, A, C, S> {
+        Gate {
+            limiter,
+            policy: None,
+        }
+    }
+
+    /// Add `RateLimit-Policy` and `RateLimit` header fields to every answer
+    /// ([`headers`](Self::headers)).
+    pub fn with_policy(self, policy: RateLimitPolicy) -> Gate<K, A, C, S> {
+        Gate {
+            policy: Some(policy),
+            ..self
+        }
+    }
+
+    /// The limiter behind the gate.
+    pub fn limiter(&self) -> &KeyedLimiter<K, A, C, S> {
+        &self.limiter
+    }
+
+    /// The header fields to send with `outcome`: `Retry-After` (whole
+    /// seconds, rounded up) on 429 and 503, and the `RateLimit` fields when a
+    /// policy is set. Empty (and not allocated) for an admitted request without
+    /// a policy.
+    pub fn headers(&self, outcome: &Outcome) -> Vec<(&'static str, String)> {
+        let mut headers = Vec::new();
+        if let Some(secs) = outcome.retry_after_secs() {
+            headers.push(("Retry-After", secs.to_string()));
+        }
+        if let Some(policy) = &self.policy
+            && let Some(value) = policy.value(outcome)
+        {
+            headers.push(("RateLimit-Policy", policy.policy_value()));
+            headers.push(("RateLimit", value));
+        }
+        headers
+    }
+}
+
+impl<K, A, C, S> Gate<K, A, C, S>
+where
+    K: Hash + Eq,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// Decide a request by its key; `None` when it has none.
+    #[inline]
+    pub fn check<Q>(&self, key: Option<&Q>) -> Outcome
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        Outcome::from_decision(key.map(|key| self.limiter.try_acquire(key)))
+    }
+
+    /// Decide a request that costs `n` permits.
+    ///
+    /// # Errors
+    ///
+    /// As [`KeyedLimiter::try_acquire_n`]: `n = 0` or `n` above the capacity.
+    /// A request without a key is a 401 whatever `n`.
+    pub fn check_n<Q>(&self, key: Option<&Q>, n: u32) -> Result<Outcome, AcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        match key {
+            None => Ok(Outcome::Unauthorized),
+            Some(key) => Ok(Outcome::from_decision(Some(
+                self.limiter.try_acquire_n(key, n)?,
+            ))),
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! The framework-agnostic gate: statuses, Retry-After rounded up, RateLimit
+//! header fields, and typed errors.
+
+use std::time::Duration;
+
+use turnstile::{
+    AcquireError, Gate, KeyedLimiter, ManualClock, Outcome, PolicyError, Quota, RateLimitPolicy,
+    RetryAfter,
+};
+
+fn gate(
+    capacity: u32,
+    period: Duration,
+    max_keys: usize,
+) -> (
+    Gate<String, turnstile::TokenBucket, ManualClock>,
+    ManualClock,
+) {
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<String>::builder(Quota::new(capacity, 1, period).unwrap())
+        .clock(clock.clone())
+        .max_keys(max_keys)
+        .build()
+        .unwrap();
+    (Gate::new(limiter), clock)
+}
+
+#[test]
+fn statuses_and_retry_after_rounded_up() {
+    let (gate, clock) = gate(1, Duration::from_millis(1_500), 1);
+    assert_eq!(gate.check(Some("a")), Outcome::Admitted { remaining: 0 });
+    assert!(gate.headers(&Outcome::Admitted { remaining: 0 }).is_empty());
+    clock.advance(Duration::from_millis(400));
+    let denied = gate.check(Some("a"));
+    assert_eq!(denied.status(), 429);
+    // 1.1 s to wait: the header says 2, never 1.
+    assert_eq!(
+        denied.retry_after().unwrap().duration(),
+        Duration::from_millis(1_100)
+    );
+    assert_eq!(denied.retry_after_secs(), Some(2));
+    assert_eq!(
+        gate.headers(&denied),
+        vec![("Retry-After", "2".to_string())]
+    );
+    assert_eq!(denied.to_string(), "429 Too Many Requests, Retry-After: 2");
+    // No key: 401, no headers, and nothing stored.
+    let none = gate.check(None::<&str>);
+    assert_eq!(
+        (none.status(), none.to_string()),
+        (401, "401 Unauthorized".to_string())
+    );
+    assert!(gate.headers(&none).is_empty());
+    // The key bound: a new key gets 503 with Retry-After, not 429.
+    let full = gate.check(Some("b"));
+    assert_eq!(full.status(), 503);
+    assert_eq!(
+        full.retry_after_secs(),
+        Some(2),
+        "the fill time, 1.5 s, rounded up"
+    );
+    assert_eq!(full.to_string(), "503 Service Unavailable, Retry-After: 2");
+    assert_eq!(gate.limiter().len(), 1);
+}
+
+#[test]
+fn ratelimit_fields_are_off_by_default_and_exact_when_on() {
+    let policy = RateLimitPolicy::new("per-key", 3, Duration::from_secs(3)).unwrap();
+    let (gate, clock) = gate(3, Duration::from_secs(1), 10);
+    let gate = gate.with_policy(policy.clone());
+    let ok = gate.check(Some("k"));
+    assert_eq!(
+        gate.headers(&ok),
+        vec![
+            ("RateLimit-Policy", "\"per-key\";q=3;w=3".to_string()),
+            ("RateLimit", "\"per-key\";r=2".to_string()),
+        ]
+    );
+    assert!(gate.check_n(Some("k"), 2).unwrap().is_admitted());
+    clock.advance(Duration::from_millis(200));
+    let denied = gate.check(Some("k"));
+    assert_eq!(
+        gate.headers(&denied),
+        vec![
+            ("Retry-After", "1".to_string()),
+            ("RateLimit-Policy", "\"per-key\";q=3;w=3".to_string()),
+            ("RateLimit", "\"per-key\";r=0;t=1".to_string()),
+        ]
+    );
+    assert!(gate.headers(&Outcome::Unauthorized).is_empty());
+    // Windows round up to whole seconds.
+    let policy = RateLimitPolicy::new("p", 1, Duration::from_millis(1_001)).unwrap();
+    assert_eq!(policy.policy_value(), "\"p\";q=1;w=2");
+}
+
+#[test]
+fn bad_policies_and_requests_are_typed_errors() {
+    for name in ["", "has space", "quote\"", "new\nline", &"x".repeat(65)] {
+        assert!(
+            matches!(
+                RateLimitPolicy::new(name, 1, Duration::from_secs(1)),
+                Err(PolicyError::Name(_))
+            ),
+            "{name:?}"
+        );
+    }
+    assert_eq!(
+        RateLimitPolicy::new("ok", 1, Duration::from_millis(999)),
+        Err(PolicyError::Window(Duration::from_millis(999)))
+    );
+    let (gate, _) = gate(3, Duration::from_secs(1), 10);
+    assert_eq!(gate.check_n(Some("k"), 0), Err(AcquireError::ZeroPermits));
+    assert!(gate.check_n(Some("k"), 4).is_err());
+    assert_eq!(gate.check_n(None::<&str>, 0), Ok(Outcome::Unauthorized));
+    assert_eq!(gate.limiter().len(), 0);
+}
+
+#[test]
+fn outcomes_map_from_decisions() {
+    use turnstile::KeyedDecision;
+    let wait = RetryAfter::from_nanos(1);
+    assert_eq!(Outcome::from_decision(None).status(), 401);
+    assert_eq!(
+        Outcome::from_decision(Some(KeyedDecision::Allowed { remaining: 1 })).status(),
+        200
+    );
+    assert_eq!(
+        Outcome::from_decision(Some(KeyedDecision::Denied { retry_after: wait })).status(),
+        429
+    );
+    assert_eq!(
+        Outcome::from_decision(Some(KeyedDecision::KeyLimit { retry_after: wait })).status(),
+        503
+    );
+    assert_eq!(
+        Outcome::from_decision(Some(KeyedDecision::Denied { retry_after: wait }))
+            .retry_after_secs(),
+        Some(1)
+    );
+}
