@@ -45,6 +45,8 @@ mod quota;
 mod sliding_window;
 mod sync;
 mod token_bucket;
+#[cfg(feature = "tower")]
+pub mod tower;
 mod wait;
 mod window;
 

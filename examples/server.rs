@@ -1,0 +1,45 @@
+//! A small axum app behind turnstile's tower layer, on 127.0.0.1.
+//!
+//! ```text
+//! cargo run --release --example server            # port 3000
+//! cargo run --release --example server -- 8080    # another port
+//! curl -i -H 'x-api-key: k_1' http://127.0.0.1:3000/api     # 200 three times, then 429
+//! curl -i http://127.0.0.1:3000/api                         # 401: no key
+//! curl -i http://127.0.0.1:3000/public                      # per peer address
+//! ```
+
+#[path = "shared/server.rs"]
+mod server;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let port = match std::env::args().nth(1).map(|p| p.parse::<u16>()) {
+        None => 3000,
+        Some(Ok(port)) => port,
+        Some(Err(e)) => {
+            eprintln!("server: the port must be a number from 0 to 65535 ({e})");
+            return ExitCode::from(2);
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("server: cannot listen on 127.0.0.1:{port}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Ok(addr) = listener.local_addr() {
+        println!("listening on http://{addr} (/api with an x-api-key header, /public)");
+    }
+    let handled = Arc::new(server::Handled::default());
+    match server::serve(listener, server::app(handled)).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
