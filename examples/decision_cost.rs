@@ -18,6 +18,10 @@
 //! for the keyed limiters: one hot key, and 1,000,000 keys visited in a shuffled
 //! order (blocks of 100,000 decisions, 41 blocks each).
 //!
+//! `decision_cost layer bare|turnstile-admitted|turnstile-denied|tower_governor-admitted|tower_governor-denied N`
+//! sends `N` requests through an axum router, bare or behind a rate-limiting
+//! layer (callgrind: `--toggle-collect='*requests_measured*'`).
+//!
 //! `decision_cost paired-algorithms` times each algorithm's direct decision
 //! against governor's GCRA in alternating blocks, coarse clocks.
 //!
@@ -31,6 +35,8 @@
 
 #[path = "shared/keys.rs"]
 mod keys;
+#[path = "shared/layer.rs"]
+mod layer;
 use keys::shuffled;
 
 use std::hint::black_box;
@@ -411,6 +417,45 @@ fn run_paired_algorithms() {
     }
 }
 
+/// `n` requests through the router bare or behind a layer; requests are built
+/// before the measured loop.
+fn run_layer(which: &str, n: u64) -> ExitCode {
+    use tower::Service;
+    #[inline(never)]
+    fn requests_measured<S>(service: &mut S, requests: Vec<axum::http::Request<axum::body::Body>>)
+    where
+        S: Service<axum::http::Request<axum::body::Body>>,
+    {
+        for r in requests {
+            let _ = black_box(layer::poll_ready_now(service.call(r)));
+        }
+    }
+    let requests: Vec<_> = (0..n).map(|_| layer::request()).collect();
+    match which {
+        "bare" => requests_measured(&mut layer::router(), requests),
+        "turnstile-admitted" | "turnstile-denied" => {
+            let mut s = layer::turnstile_service(which == "turnstile-admitted");
+            // The first request takes the deny limiters' one permit.
+            let _ = layer::poll_ready_now(s.call(layer::request()));
+            requests_measured(&mut s, requests);
+        }
+        "tower_governor-admitted" | "tower_governor-denied" => {
+            let mut s = layer::governor_service(which == "tower_governor-admitted");
+            // The first request takes the deny limiters' one permit.
+            let _ = layer::poll_ready_now(s.call(layer::request()));
+            requests_measured(&mut s, requests);
+        }
+        other => {
+            eprintln!(
+                "unknown layer case {other:?}: bare, turnstile-admitted, turnstile-denied, \
+                 tower_governor-admitted or tower_governor-denied"
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 /// One algorithm's direct decision on a manual clock (governor's on its fake
 /// clock): the algorithm alone, without a clock read's cost.
 fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
@@ -466,6 +511,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         };
         return run_keyed_million(who, n);
+    }
+    if let [mode, which, n] = args.as_slice()
+        && mode == "layer"
+    {
+        let Ok(n) = n.parse::<u64>() else {
+            eprintln!("N must be a number, not {n:?}");
+            return ExitCode::FAILURE;
+        };
+        return run_layer(which, n);
     }
     if let [mode, path, which, n] = args.as_slice()
         && mode == "algorithm"

@@ -253,6 +253,11 @@ impl<K, A, C, S> Gate<K, A, C, S> {
         &self.limiter
     }
 
+    /// The `RateLimit` header policy, if one is set.
+    pub fn policy(&self) -> Option<&RateLimitPolicy> {
+        self.policy.as_ref()
+    }
+
     /// The header fields to send with `outcome`: `Retry-After` (whole
     /// seconds, rounded up) on 429 and 503, and the `RateLimit` fields when a
     /// policy is set. Empty (and not allocated) for an admitted request without

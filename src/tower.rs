@@ -35,6 +35,7 @@
 //! the layer panic or answer 500: keys are bounded in length, header values
 //! are built from numbers and validated policy names.
 
+use core::borrow::Borrow;
 use core::fmt;
 use core::future::Future;
 use core::hash::{BuildHasher, Hash};
@@ -42,16 +43,17 @@ use core::net::{IpAddr, SocketAddr};
 use core::pin::Pin;
 use core::str::FromStr;
 use core::task::{Context, Poll};
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use http::header::{HeaderName, HeaderValue};
+use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Extensions, HeaderMap, Method, Request, Response, StatusCode, Uri};
 pub use tower_layer::Layer;
 pub use tower_service::Service;
 
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, RealClock};
-use crate::gate::{Gate, Outcome};
+use crate::gate::{Gate, Outcome, RateLimitPolicy};
 use crate::token_bucket::TokenBucket;
 
 /// What a key extractor may look at: the request without its body.
@@ -80,21 +82,28 @@ impl<'a> RequestHead<'a> {
 }
 
 /// Picks the key a request is limited by; `None` means it has none (401).
+///
+/// A key can be borrowed from the request ([`Cow::Borrowed`]): the limiter
+/// looks it up without allocating and makes an owned copy only when it stores
+/// a new key.
 pub trait KeyExtractor: Clone + Send + Sync + 'static {
-    /// The key type.
-    type Key: Hash + Eq + Clone + Send + Sync + 'static;
+    /// The key as the limiter stores it.
+    type Key: Hash + Eq + Borrow<Self::Lookup> + Send + Sync + 'static;
+    /// The key as it is looked up (`str` for a `String` key).
+    type Lookup: Hash + Eq + ToOwned<Owned = Self::Key> + ?Sized;
 
     /// The key of `request`, or `None`.
-    fn extract(&self, request: &RequestHead<'_>) -> Option<Self::Key>;
+    fn extract<'r>(&self, request: &RequestHead<'r>) -> Option<Cow<'r, Self::Lookup>>;
 }
 
-/// The value of an API-key header, as a `String`: the key to use once the
-/// request is authenticated (put this layer after the authentication, or
-/// validate keys in `ApiKeyHeader::validate`).
+/// The value of an API-key header: the key to use once the request is
+/// authenticated (put this layer after the authentication, or validate keys
+/// with [`validate`](ApiKeyHeader::validate)).
 ///
 /// A missing header, a value that is not visible ASCII, an empty one or one
 /// longer than the maximum (128 bytes by default) has no key: 401. The bound
-/// keeps a client from making the limiter store megabyte keys.
+/// keeps a client from making the limiter store megabyte keys. The key is
+/// borrowed from the request; a `String` is made only for a new key.
 #[derive(Clone, Debug)]
 pub struct ApiKeyHeader {
     name: HeaderName,
@@ -129,8 +138,9 @@ impl ApiKeyHeader {
 
 impl KeyExtractor for ApiKeyHeader {
     type Key = String;
+    type Lookup = str;
 
-    fn extract(&self, request: &RequestHead<'_>) -> Option<String> {
+    fn extract<'r>(&self, request: &RequestHead<'r>) -> Option<Cow<'r, str>> {
         let value = request.headers.get(&self.name)?.to_str().ok()?.trim();
         if value.is_empty() || value.len() > self.max_len {
             return None;
@@ -140,7 +150,7 @@ impl KeyExtractor for ApiKeyHeader {
         {
             return None;
         }
-        Some(value.to_string())
+        Some(Cow::Borrowed(value))
     }
 }
 
@@ -212,10 +222,11 @@ impl<T> PeerIp<T> {
 
 impl<T: Send + Sync + 'static> KeyExtractor for PeerIp<T> {
     type Key = IpAddr;
+    type Lookup = IpAddr;
 
-    fn extract(&self, request: &RequestHead<'_>) -> Option<IpAddr> {
+    fn extract<'r>(&self, request: &RequestHead<'r>) -> Option<Cow<'r, IpAddr>> {
         let peer = (self.get)(request.extensions.get::<T>()?);
-        Some(self.key(peer.ip()))
+        Some(Cow::Owned(self.key(peer.ip())))
     }
 }
 
@@ -336,21 +347,22 @@ impl<T> ForwardedFor<T> {
 
 impl<T: Send + Sync + 'static> KeyExtractor for ForwardedFor<T> {
     type Key = IpAddr;
+    type Lookup = IpAddr;
 
-    fn extract(&self, request: &RequestHead<'_>) -> Option<IpAddr> {
+    fn extract<'r>(&self, request: &RequestHead<'r>) -> Option<Cow<'r, IpAddr>> {
         let peer = (self.peer.get)(request.extensions.get::<T>()?).ip();
         let mut client = peer;
         if self.is_trusted(peer) {
-            // Every X-Forwarded-For field line, in order, as one list.
-            let hops: Vec<&str> = request
+            // Every X-Forwarded-For field line, in order, is one list: walk it
+            // from the right, at most 64 hops.
+            let hops = request
                 .headers
                 .get_all("x-forwarded-for")
                 .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .take(64)
-                .collect();
-            for hop in hops.iter().rev() {
+                .rev()
+                .flat_map(|v| v.to_str().unwrap_or("?").rsplit(','))
+                .take(64);
+            for hop in hops {
                 let Ok(ip) = hop.trim().parse::<IpAddr>() else {
                     break;
                 };
@@ -360,7 +372,7 @@ impl<T: Send + Sync + 'static> KeyExtractor for ForwardedFor<T> {
                 }
             }
         }
-        Some(self.peer.key(client))
+        Some(Cow::Owned(self.peer.key(client)))
     }
 }
 
@@ -481,46 +493,65 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let key = self.extractor.extract(&RequestHead::of(&request));
-        let outcome = self.gate.check(key.as_ref());
-        let headers = self.gate.headers(&outcome);
+        let outcome = self.gate.check(key.as_deref());
+        drop(key);
         let state = if outcome.is_admitted() {
+            // Only a policy adds fields to an admitted response.
+            let fields = self.gate.policy().map(|p| policy_fields(p, &outcome));
             State::Admitted {
                 future: self.inner.call(request),
-                headers,
+                fields,
             }
         } else {
             State::Denied {
-                response: Some(denial(&outcome, &headers)),
+                response: Some(denial(&outcome, self.gate.policy())),
             }
         };
         ResponseFuture { state }
     }
 }
 
-/// The answer to a request the gate refused.
-fn denial<B: Default>(outcome: &Outcome, headers: &[(&'static str, String)]) -> Response<B> {
+/// The `RateLimit-Policy` and `RateLimit` field values for `outcome`.
+fn policy_fields(policy: &RateLimitPolicy, outcome: &Outcome) -> [Option<HeaderValue>; 2] {
+    // Validated policy names and numbers make valid values; anything else
+    // would be left out, never a panic.
+    let value = |s: Option<String>| s.and_then(|s| HeaderValue::from_str(&s).ok());
+    [
+        value(Some(policy.policy_value())),
+        value(policy.value(outcome)),
+    ]
+}
+
+fn add_policy_fields(headers: &mut HeaderMap, fields: [Option<HeaderValue>; 2]) {
+    let [policy, value] = fields;
+    if let (Some(policy), Some(value)) = (policy, value) {
+        headers.insert(RATELIMIT_POLICY, policy);
+        headers.insert(RATELIMIT, value);
+    }
+}
+
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// The answer to a request the gate refused: its status, `Retry-After` in
+/// whole seconds rounded up (429, 503), the policy fields, an empty body.
+fn denial<B: Default>(outcome: &Outcome, policy: Option<&RateLimitPolicy>) -> Response<B> {
     let mut response = Response::new(B::default());
     *response.status_mut() = match outcome.status() {
         401 => StatusCode::UNAUTHORIZED,
         429 => StatusCode::TOO_MANY_REQUESTS,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
-    add_headers(response.headers_mut(), headers);
-    response
-}
-
-fn add_headers(map: &mut HeaderMap, headers: &[(&'static str, String)]) {
-    for (name, value) in headers {
-        // Names are the gate's constants and values numbers or validated policy
-        // names; anything invalid would be left out, never a panic.
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) else {
-            continue;
-        };
-        map.append(name, value);
+    let headers = response.headers_mut();
+    if let Some(secs) = outcome.retry_after_secs() {
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
     }
+    if let Some(policy) = policy
+        && outcome.status() != 401
+    {
+        add_policy_fields(headers, policy_fields(policy, outcome));
+    }
+    response
 }
 
 pin_project_lite::pin_project! {
@@ -537,7 +568,7 @@ pin_project_lite::pin_project! {
         Admitted {
             #[pin]
             future: F,
-            headers: Vec<(&'static str, String)>,
+            fields: Option<[Option<HeaderValue>; 2]>,
         },
         Denied {
             response: Option<Response<B>>,
@@ -553,9 +584,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            StateProj::Admitted { future, headers } => match future.poll(cx) {
+            StateProj::Admitted { future, fields } => match future.poll(cx) {
                 Poll::Ready(Ok(mut response)) => {
-                    add_headers(response.headers_mut(), headers);
+                    if let Some(fields) = fields.take() {
+                        add_policy_fields(response.headers_mut(), fields);
+                    }
                     Poll::Ready(Ok(response))
                 }
                 other => other,

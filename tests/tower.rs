@@ -24,7 +24,7 @@ fn request(peer: &str, forwarded: &[&str]) -> Request<()> {
 }
 
 fn key<X: KeyExtractor>(x: &X, request: &Request<()>) -> Option<X::Key> {
-    x.extract(&RequestHead::of(request))
+    x.extract(&RequestHead::of(request)).map(|k| k.into_owned())
 }
 
 fn ip(s: &str) -> IpAddr {
