@@ -2,9 +2,9 @@
 //! reach (bounded by `LOOM_MAX_PREEMPTIONS`).
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom
+//! RUSTFLAGS="--cfg turnstile_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom
 //! ```
-#![cfg(loom)]
+#![cfg(turnstile_loom)]
 
 use std::time::Duration;
 

@@ -101,13 +101,13 @@ impl fmt::Debug for RealClock {
 /// assert!(clock.now() > a);
 /// # Ok::<(), std::io::Error>(())
 /// ```
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 #[derive(Clone)]
 pub struct CoarseClock {
     shared: Arc<coarse::Shared>,
 }
 
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 impl CoarseClock {
     /// A coarse clock refreshed every millisecond.
     ///
@@ -140,7 +140,7 @@ impl CoarseClock {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 impl Clock for CoarseClock {
     #[inline]
     fn now(&self) -> u64 {
@@ -150,7 +150,7 @@ impl Clock for CoarseClock {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 impl fmt::Debug for CoarseClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CoarseClock")
@@ -160,7 +160,7 @@ impl fmt::Debug for CoarseClock {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 mod coarse {
     use core::time::Duration;
     use std::sync::{Mutex, PoisonError, Weak};
@@ -314,7 +314,7 @@ pub(crate) fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(turnstile_loom)))]
 mod tests {
     use super::*;
 

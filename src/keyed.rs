@@ -644,10 +644,10 @@ impl<K, A: fmt::Debug, C: fmt::Debug, S> fmt::Debug for KeyedLimiter<K, A, C, S>
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 pub use sweeper::Sweeper;
 
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 mod sweeper {
     use core::fmt;
     use core::hash::{BuildHasher, Hash};

@@ -51,7 +51,7 @@ mod wait;
 mod window;
 
 pub use algorithm::Algorithm;
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 pub use clock::CoarseClock;
 pub use clock::{Clock, ManualClock, RealClock};
 pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
@@ -60,7 +60,7 @@ pub use error::{AcquireError, KeyedConfigError, QuotaError};
 pub use fixed_window::FixedWindow;
 pub use gate::{Gate, Outcome, PolicyError, RateLimitPolicy};
 pub use gcra::Gcra;
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 pub use keyed::Sweeper;
 pub use keyed::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, KeyedBuilder, KeyedLimiter, KeyedStats};
 pub use limiter::RateLimiter;

@@ -1,17 +1,20 @@
 //! The one switch between `core`'s atomics and loom's model-checked ones.
 //!
 //! Every other module takes its atomics, `Arc` and spin hints from here, so that
-//! `RUSTFLAGS="--cfg loom"` swaps the whole crate onto loom at once (the shape of
-//! crossbeam-utils' `primitive` module and tokio's `loom` module).
+//! `RUSTFLAGS="--cfg turnstile_loom"` swaps the whole crate onto loom at once (the shape of
+//! crossbeam-utils' `primitive` module and tokio's `loom` module). The cfg has
+//! the crate's own name, as crossbeam's `crossbeam_loom` does: under a plain
+//! `--cfg loom` tokio swaps itself too and drops its networking, and the
+//! dev-dependencies built with the loom tests (axum) no longer compile.
 
-#[cfg(loom)]
+#[cfg(turnstile_loom)]
 pub(crate) use loom::sync::Arc;
-#[cfg(loom)]
+#[cfg(turnstile_loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 pub(crate) use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 pub(crate) use std::sync::Arc;
 
 /// The reader-writer lock of a keyed limiter's shard.
@@ -24,27 +27,27 @@ pub(crate) use std::sync::Arc;
 /// consistent by every operation that can panic (allocation failure aborts).
 #[derive(Debug)]
 pub(crate) struct ShardLock<T> {
-    #[cfg(not(loom))]
+    #[cfg(not(turnstile_loom))]
     inner: crossbeam_utils::sync::ShardedLock<T>,
-    #[cfg(loom)]
+    #[cfg(turnstile_loom)]
     inner: loom::sync::RwLock<T>,
 }
 
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 pub(crate) type ReadGuard<'a, T> = crossbeam_utils::sync::ShardedLockReadGuard<'a, T>;
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 pub(crate) type WriteGuard<'a, T> = crossbeam_utils::sync::ShardedLockWriteGuard<'a, T>;
-#[cfg(loom)]
+#[cfg(turnstile_loom)]
 pub(crate) type ReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
-#[cfg(loom)]
+#[cfg(turnstile_loom)]
 pub(crate) type WriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
 
 impl<T> ShardLock<T> {
     pub(crate) fn new(value: T) -> Self {
         ShardLock {
-            #[cfg(not(loom))]
+            #[cfg(not(turnstile_loom))]
             inner: crossbeam_utils::sync::ShardedLock::new(value),
-            #[cfg(loom)]
+            #[cfg(turnstile_loom)]
             inner: loom::sync::RwLock::new(value),
         }
     }
@@ -66,7 +69,7 @@ impl<T> ShardLock<T> {
 
 /// A small per-thread index, for spreading per-thread counters over a few
 /// cache lines: threads take consecutive values as they first ask.
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 #[inline]
 pub(crate) fn thread_slot() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -79,7 +82,7 @@ pub(crate) fn thread_slot() -> usize {
 
 /// Under loom every thread counts in slot 0: the counters are not part of any
 /// model, and loom's thread-locals would only grow the state space.
-#[cfg(loom)]
+#[cfg(turnstile_loom)]
 #[inline]
 pub(crate) fn thread_slot() -> usize {
     0
@@ -90,14 +93,14 @@ pub(crate) fn thread_slot() -> usize {
 /// Outside loom this is `crossbeam_utils::Backoff`. Under loom a spin is a
 /// `loom::hint::spin_loop`, which yields to the model's scheduler so that a
 /// retry loop cannot starve the thread it is waiting for.
-#[cfg(not(loom))]
+#[cfg(not(turnstile_loom))]
 pub(crate) use crossbeam_utils::Backoff;
 
-#[cfg(loom)]
+#[cfg(turnstile_loom)]
 #[derive(Debug, Default)]
 pub(crate) struct Backoff;
 
-#[cfg(loom)]
+#[cfg(turnstile_loom)]
 impl Backoff {
     pub(crate) fn new() -> Self {
         Backoff
