@@ -1,5 +1,6 @@
 //! A tower [`Layer`] and [`Service`] that put a [`Gate`] in front of any
-//! service on the `http` crate's types: axum, hyper, tonic. Feature `tower`.
+//! service on the `http` crate's types whose response body has a `Default`
+//! (the empty body a denial carries): axum, hyper. Feature `tower`.
 //!
 //! ```
 //! use std::convert::Infallible;

@@ -116,3 +116,72 @@ async fn denials_carry_the_gates_status_and_headers_and_skip_the_service() {
     assert_eq!(calls.load(Ordering::Relaxed), 1);
     assert_eq!(layer.gate().limiter().len(), 1);
 }
+
+mod any_input {
+    use super::*;
+    use http::HeaderValue;
+    use proptest::prelude::*;
+    use turnstile::tower::ApiKeyHeader;
+
+    fn header_bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..300),
+            "[ -~]{0,200}".prop_map(String::into_bytes),
+            "([0-9.:a-f]{1,40}, ?){0,6}[0-9.:a-f]{0,40}".prop_map(String::into_bytes),
+        ]
+    }
+
+    proptest! {
+        /// Any header bytes the http crate accepts, for the API key and for
+        /// X-Forwarded-For from a trusted proxy: the answer is 200, 401 or 429,
+        /// never a panic or a 500.
+        #[test]
+        fn no_header_makes_the_layer_panic_or_fail(
+            key in header_bytes(),
+            forwarded in prop::collection::vec(header_bytes(), 0..4),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let ok = || service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+            let quota = Quota::new(1, 1, Duration::from_secs(60)).unwrap();
+            let by_key = ServiceBuilder::new()
+                .layer(RateLimitLayer::new(
+                    Gate::new(KeyedLimiter::<String>::builder(quota).max_keys(4).build().unwrap()),
+                    ApiKeyHeader::new(http::header::HeaderName::from_static("x-api-key")),
+                ))
+                .service(ok());
+            let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+            let by_ip = ServiceBuilder::new()
+                .layer(RateLimitLayer::new(
+                    Gate::new(KeyedLimiter::builder(quota).max_keys(4).build().unwrap()),
+                    ForwardedFor::new(PeerIp::new(), trusted),
+                ))
+                .service(ok());
+            let mut request = request("10.0.0.1:1", &[]);
+            if let Ok(value) = HeaderValue::from_bytes(&key) {
+                request.headers_mut().insert("x-api-key", value);
+            }
+            for f in &forwarded {
+                if let Ok(value) = HeaderValue::from_bytes(f) {
+                    request.headers_mut().append("x-forwarded-for", value);
+                }
+            }
+            let (parts, body) = request.into_parts();
+            for _ in 0..2 {
+                let request = Request::from_parts(parts.clone(), body);
+                let statuses = runtime.block_on(async {
+                    let a = by_key.clone().oneshot(request).await.unwrap().status();
+                    let mut again = Request::from_parts(parts.clone(), ());
+                    again.extensions_mut().insert("10.0.0.1:1".parse::<SocketAddr>().unwrap());
+                    let b = by_ip.clone().oneshot(again).await.unwrap().status();
+                    [a, b]
+                });
+                for status in statuses {
+                    prop_assert!(
+                        [StatusCode::OK, StatusCode::UNAUTHORIZED, StatusCode::TOO_MANY_REQUESTS, StatusCode::SERVICE_UNAVAILABLE].contains(&status),
+                        "{}", status
+                    );
+                }
+            }
+        }
+    }
+}
