@@ -36,12 +36,13 @@ pub trait Algorithm {
     /// spend, as one more transition on the word. A [chain](crate::chain) calls
     /// it when a later stage denies.
     ///
-    /// `written` is the word that admission wrote and `now` the reading it was
-    /// decided at; `word` is the current word, which other decisions may have
-    /// changed since. Returns the next word, or `None` when nothing is owed any
-    /// more (the permits were counted in a window that has passed). The result
-    /// must never admit more than if the admission had not happened.
-    fn refund(&self, word: u64, written: u64, now: u64, n: u32) -> Option<u64>;
+    /// `written` is the word that admission wrote and `word` the current word,
+    /// which other decisions may have changed since. Returns the next word, or `None` when nothing is owed any
+    /// more (the permits were counted in a window that has passed) or when the
+    /// algorithm cannot be sure what is owed (a refill or a drain since may
+    /// already have returned them). The result must never admit more than if
+    /// the admission had not happened: when in doubt, keep the permits spent.
+    fn refund(&self, word: u64, written: u64, n: u32) -> Option<u64>;
 
     /// Whether `word` now behaves exactly like [`fresh`](Algorithm::fresh): every
     /// future decision would be the same. Such a word can be dropped and recreated

@@ -89,14 +89,14 @@ impl Cell {
         }
     }
 
-    /// Give back `n` permits taken by an admission that wrote `written` at the
-    /// reading `now`: the algorithm's refund, in the same compare-and-swap loop.
-    pub(crate) fn refund<A: Algorithm>(&self, algorithm: &A, written: u64, now: u64, n: u32) {
+    /// Give back `n` permits taken by an admission that wrote `written`: the
+    /// algorithm's refund, in the same compare-and-swap loop.
+    pub(crate) fn refund<A: Algorithm>(&self, algorithm: &A, written: u64, n: u32) {
         // Relaxed: see the type's documentation; a refund is one more transition
         // of the same word.
         let mut current = self.word.load(Ordering::Relaxed);
         let backoff = Backoff::new();
-        while let Some(next) = algorithm.refund(current, written, now, n) {
+        while let Some(next) = algorithm.refund(current, written, n) {
             match self.word.compare_exchange_weak(
                 current,
                 next,

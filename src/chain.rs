@@ -33,18 +33,27 @@
 //! given back, each by one more compare-and-swap (the algorithm's
 //! [`refund`](crate::Algorithm::refund), the inverse of its spend). So:
 //!
-//! - **Never over-admission, never double counting.** A chain that is denied
-//!   leaves every stage as if it had not been asked (up to the refill the
-//!   algorithms would have done anyway); one that is admitted is counted once
-//!   in each. .NET's `ChainedRateLimiter` keeps what the earlier limiters
-//!   granted when a later one refuses, so a refused request still uses up the
-//!   caller's own allowance; this chain does not.
+//! - **Never over-admission.** A refund never leaves a stage admitting more
+//!   than if it had not been asked; one admitted chain is counted once in each
+//!   stage.
+//! - **No double counting where a refund can be exact**, which is when it is
+//!   known what the stage owes: always for the fixed and sliding windows (a
+//!   count goes back into the window it was counted in; nothing is owed once
+//!   that window has passed); for the token bucket when the refund fills the
+//!   bucket, or when no refill was recorded and no other admission still stands
+//!   on the word since the take (otherwise a refill may have been dropped at
+//!   capacity, or the refill grid this admission started may have been used by
+//!   later ones); for GCRA when no other decision moved the stage's word in
+//!   between (time may have drained the meter through the spend, and its one
+//!   number cannot tell). Otherwise, rare on a chain that runs in nanoseconds,
+//!   the permits stay spent.
+//!   .NET's `ChainedRateLimiter` keeps what the earlier limiters granted
+//!   whenever a later one refuses, so a refused request always uses up the
+//!   caller's own allowance.
 //! - **Transient under-admission.** Between a stage's take and its refund
 //!   (nanoseconds, no lock held), a concurrent request may see that stage's
 //!   permits as spent and be denied. Order stages from the most to the least
 //!   likely to deny (usually the per-key stage first) to keep refunds rare.
-//! - A refund for a window that has already passed owes nothing: those
-//!   permits no longer count.
 //!
 //! The retry-after of a denial is the **longest** of every denying stage's: the
 //! stage that denied, and each later stage asked without taking anything, so a
@@ -70,14 +79,12 @@ mod sealed {
 pub struct Receipt {
     /// The word the admission wrote.
     written: u64,
-    /// The clock reading it was decided at.
-    now: u64,
     n: u32,
 }
 
 /// One stage of a chain: a [`RateLimiter`], or one key of a [`KeyedLimiter`]
 /// ([`KeyedLimiter::stage`]). Sealed: the chain's guarantees rest on every
-/// stage's refund being the exact inverse of its spend.
+/// stage's refund never giving back more than its spend took.
 pub trait Stage: sealed::Sealed {
     /// The most permits one request can get from this stage.
     fn capacity(&self) -> u32;
@@ -106,7 +113,7 @@ impl<A: Algorithm, C: Clock> Stage for RateLimiter<A, C> {
         let (decision, written) = self.cell().take(self.algorithm(), now, n);
         (
             decision.into(),
-            written.map(|written| Receipt { written, now, n }),
+            written.map(|written| Receipt { written, n }),
         )
     }
 
@@ -117,7 +124,7 @@ impl<A: Algorithm, C: Clock> Stage for RateLimiter<A, C> {
 
     fn give_back(&self, receipt: Receipt) {
         self.cell()
-            .refund(self.algorithm(), receipt.written, receipt.now, receipt.n);
+            .refund(self.algorithm(), receipt.written, receipt.n);
     }
 }
 
@@ -156,7 +163,7 @@ where
     fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
         let now = self.limiter.clock().now();
         let (decision, written) = self.limiter.take(self.key, now, n);
-        (decision, written.map(|written| Receipt { written, now, n }))
+        (decision, written.map(|written| Receipt { written, n }))
     }
 
     fn peek(&self, n: u32) -> KeyedDecision {
@@ -165,8 +172,7 @@ where
     }
 
     fn give_back(&self, receipt: Receipt) {
-        self.limiter
-            .refund(self.key, receipt.written, receipt.now, receipt.n);
+        self.limiter.refund(self.key, receipt.written, receipt.n);
     }
 }
 

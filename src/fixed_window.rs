@@ -155,7 +155,7 @@ impl Algorithm for FixedWindow {
     }
 
     #[inline]
-    fn refund(&self, word: u64, written: u64, _now: u64, n: u32) -> Option<u64> {
+    fn refund(&self, word: u64, written: u64, n: u32) -> Option<u64> {
         // The permits were counted in the window `written` holds; once the word has
         // moved to another window they no longer count, and nothing is owed.
         let window = self.windows.stored(written);

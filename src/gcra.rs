@@ -151,12 +151,17 @@ impl Algorithm for Gcra {
     }
 
     #[inline]
-    fn refund(&self, word: u64, _written: u64, _now: u64, n: u32) -> Option<u64> {
-        // The admission moved the TAT by `n * T`; moving it back is exact, whatever
-        // came in between. A TAT before the reading reads as an empty meter, so
-        // going below `now` gives nothing extra.
-        let cost = self.interval.get().saturating_mul(u64::from(n));
-        Some(word.saturating_sub(cost))
+    fn refund(&self, word: u64, written: u64, n: u32) -> Option<u64> {
+        // Exact only while the word is still the one the admission wrote. Once
+        // another decision has moved the TAT, time may already have drained the
+        // meter through this admission's `n * T` (a decision reading past the
+        // TAT less that cost), and the one number cannot tell: moving the TAT
+        // back then would return permits time already returned. The admission
+        // stays spent instead (under-admission, never over).
+        if word != written {
+            return None;
+        }
+        Some(word.saturating_sub(self.interval.get().saturating_mul(u64::from(n))))
     }
 
     #[inline]

@@ -565,7 +565,7 @@ where
     /// Give back `n` permits an admission for `key` took (see
     /// [`Algorithm::refund`]). A key swept since holds a fresh word, which owes
     /// nothing.
-    pub(crate) fn refund<Q>(&self, key: &Q, written: u64, now: u64, n: u32)
+    pub(crate) fn refund<Q>(&self, key: &Q, written: u64, n: u32)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -573,7 +573,7 @@ where
         let hash = self.hasher.hash_one(key);
         let table = self.shard(hash).table.read();
         if let Some((_, cell)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
-            cell.refund(&self.algorithm, written, now, n);
+            cell.refund(&self.algorithm, written, n);
         }
     }
 

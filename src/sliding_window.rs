@@ -263,7 +263,7 @@ impl Algorithm for SlidingWindow {
     }
 
     #[inline]
-    fn refund(&self, word: u64, written: u64, _now: u64, n: u32) -> Option<u64> {
+    fn refund(&self, word: u64, written: u64, n: u32) -> Option<u64> {
         let n = u64::from(n);
         let (previous, current) = (self.previous(word), self.current(word));
         let stored = self.windows.stored(word);

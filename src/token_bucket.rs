@@ -337,16 +337,33 @@ impl Algorithm for TokenBucket {
     }
 
     #[inline]
-    fn refund(&self, word: u64, _written: u64, now: u64, n: u32) -> Option<u64> {
-        // The level at the admission's own reading: when later decisions have
-        // moved the word past it, that reads as stored, and the tokens go back
-        // on top of whatever is there now. Never beyond capacity.
-        let (tokens, time) = match self.level(word, self.layout.time_of(now)) {
-            Level::AsStored { tokens, last } => (tokens, last),
-            Level::Refilled { tokens, base } => (tokens, base),
-        };
-        let tokens = (tokens + u64::from(n)).min(self.capacity);
-        Some(self.layout.pack(tokens, time))
+    fn refund(&self, word: u64, written: u64, n: u32) -> Option<u64> {
+        // A bucket that spends keeps its refill grid; a full one starts a new
+        // grid at its next admission. So the tokens go back only when that
+        // cannot have moved a refill earlier than it would have been without
+        // the admission:
+        let time = self.layout.time(word);
+        if time != self.layout.time(written) {
+            // A refill was recorded since: the bucket may have reached
+            // capacity and dropped tokens it would otherwise have kept.
+            return None;
+        }
+        let n = u64::from(n);
+        let tokens = self.layout.tokens(word) + n;
+        if tokens >= self.capacity {
+            // Full again: the grid no longer matters.
+            return Some(self.layout.pack(self.capacity, time));
+        }
+        if self.layout.tokens(word) >= self.layout.tokens(written) {
+            // No admission since is still standing, and this one found the
+            // bucket below capacity (or it would be full again), so the grid is
+            // the one it found: exact.
+            return Some(self.layout.pack(tokens, time));
+        }
+        // Later admissions stand on a grid this one may have started; without
+        // it, the first of them would have started a later one. Keep the
+        // tokens spent (under-admission, never over).
+        None
     }
 
     #[inline]

@@ -256,3 +256,60 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(config(3_000))]
+
+    /// Refunds (what a chain gives back when a later stage denies) never break
+    /// RFC 1363's bound: counting only the admissions that were not refunded,
+    /// any interval `T` holds at most `capacity + refill(T)`, whatever
+    /// decisions come between an admission and its refund.
+    #[test]
+    fn refunds_keep_capacity_plus_refill(
+        quota in quotas(),
+        start in (any::<u64>(), 0..3u8),
+        trace in prop::collection::vec((moves(false), any::<u32>(), 0..4u8), 1..80),
+    ) {
+        use turnstile::Algorithm;
+        let bucket = TokenBucket::new(quota);
+        let start = start_for(quota, start.0, start.1);
+        let mut walk = Walk::new(quota, start);
+        let unit = quota.time_unit().as_nanos() as u64;
+        let period = quota.period().as_nanos() as u64 / unit;
+        let (capacity, amount) = (u64::from(quota.capacity()), u64::from(quota.amount()));
+        let mut word = bucket.fresh();
+        // (time in units, permits, refunded) of each admission.
+        let mut admitted: Vec<(u64, u64, bool)> = Vec::new();
+        // (due at step, admission index, written word, n)
+        let mut pending: Vec<(usize, usize, u64, u32)> = Vec::new();
+        for (i, (m, raw, refund_after)) in trace.iter().enumerate() {
+            let now = walk.step(m);
+            for &(_, at, written, n) in pending.iter().filter(|p| p.0 == i) {
+                if let Some(next) = bucket.refund(word, written, n) {
+                    word = next;
+                    admitted[at].2 = true;
+                }
+            }
+            pending.retain(|p| p.0 != i);
+            let n = permits(*raw, quota.capacity());
+            if let (decision, Some(next)) = bucket.decide(word, now, n) {
+                prop_assert!(decision.is_allowed());
+                word = next;
+                admitted.push((now / unit, u64::from(n), false));
+                if *refund_after > 0 {
+                    pending.push((i + usize::from(*refund_after), admitted.len() - 1, next, n));
+                }
+            }
+        }
+        let kept: Vec<(u64, u64)> = admitted.iter().filter(|a| !a.2).map(|a| (a.0, a.1)).collect();
+        for i in 0..kept.len() {
+            let mut sum = 0;
+            for j in i..kept.len() {
+                sum += kept[j].1;
+                let t = kept[j].0 - kept[i].0;
+                let bound = capacity + amount * (t / period) + (amount - 1);
+                prop_assert!(sum <= bound, "{} kept in {} units; bound {}", sum, t, bound);
+            }
+        }
+    }
+}
