@@ -547,9 +547,8 @@ fn denial<B: Default>(outcome: &Outcome, policy: Option<&RateLimitPolicy>) -> Re
     if let Some(secs) = outcome.retry_after_secs() {
         headers.insert(RETRY_AFTER, HeaderValue::from(secs));
     }
-    if let Some(policy) = policy
-        && outcome.status() != 401
-    {
+    // A 401 has no `RateLimit` value, so no policy fields either.
+    if let Some(policy) = policy {
         add_policy_fields(headers, policy_fields(policy, outcome));
     }
     response

@@ -208,8 +208,8 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
 
     /// One try: taken, or how long to sleep before the next; or the deadline.
     fn wait_step(&self, n: u32, start: u64, options: &WaitOptions) -> Result<Step, WaitError> {
-        let decision = self.cell().apply(self.algorithm(), self.clock().now(), n);
         let now = self.clock().now();
+        let decision = self.cell().apply(self.algorithm(), now, n);
         let waited = Duration::from_nanos(now.saturating_sub(start));
         let needed = match decision {
             Decision::Allowed { .. } => return Ok(Step::Done(waited)),
