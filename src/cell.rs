@@ -27,6 +27,14 @@ impl Cell {
         }
     }
 
+    /// Set the word of a cell that no other thread can reach yet (a keyed
+    /// entry before its index slot publishes it).
+    pub(crate) fn set(&self, word: u64) {
+        // Relaxed: the entry is published by a Release store of its index slot,
+        // after this.
+        self.word.store(word, Ordering::Relaxed);
+    }
+
     /// The current word.
     #[inline]
     pub(crate) fn load(&self) -> u64 {

@@ -161,14 +161,13 @@ where
 
     #[inline]
     fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
-        let now = self.limiter.clock().now();
-        let (decision, written) = self.limiter.take(self.key, now, n);
+        // The limiter reads the clock itself, after it has found the key's word.
+        let (decision, written) = self.limiter.take(self.key, n);
         (decision, written.map(|written| Receipt { written, n }))
     }
 
     fn peek(&self, n: u32) -> KeyedDecision {
-        let now = self.limiter.clock().now();
-        self.limiter.peek(self.key, now, n).into()
+        self.limiter.peek(self.key, n).into()
     }
 
     fn give_back(&self, receipt: Receipt) {

@@ -174,6 +174,14 @@ pub enum KeyedConfigError {
     ZeroMaxKeys,
     /// `sweep_every` was 0; a shard sweeps itself after at least one insert.
     ZeroSweepEvery,
+    /// `sweep_interval` was zero; a background sweeper needs a period of at
+    /// least 1 ns (seconds are typical).
+    ZeroSweepInterval,
+    /// The background sweeper's thread could not be started.
+    SweeperThread {
+        /// The operating system's error.
+        kind: std::io::ErrorKind,
+    },
 }
 
 impl fmt::Display for KeyedConfigError {
@@ -189,6 +197,12 @@ impl fmt::Display for KeyedConfigError {
             KeyedConfigError::ZeroSweepEvery => f.write_str(
                 "sweep_every is 0; it must be at least 1 (inserts between a shard's sweeps)",
             ),
+            KeyedConfigError::ZeroSweepInterval => f.write_str(
+                "sweep_interval is zero; it must be at least 1 ns (seconds are typical)",
+            ),
+            KeyedConfigError::SweeperThread { kind } => {
+                write!(f, "the background sweeper's thread could not start: {kind}")
+            }
         }
     }
 }

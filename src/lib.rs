@@ -20,7 +20,9 @@
 //! }
 //! # Ok::<(), turnstile::QuotaError>(())
 //! ```
-#![forbid(unsafe_code)]
+// `unsafe` lives in one module, the keyed map's lock-free table
+// (`keyed/table.rs`), where each block says why it is sound.
+#![deny(unsafe_code, unsafe_op_in_unsafe_fn)]
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -44,6 +46,7 @@ mod limiter;
 mod quota;
 mod sliding_window;
 mod sync;
+mod tally;
 mod token_bucket;
 #[cfg(feature = "tower")]
 pub mod tower;

@@ -8,84 +8,219 @@
 //! dev-dependencies built with the loom tests (axum) no longer compile.
 
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::Arc;
+pub(crate) use loom::cell::UnsafeCell;
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+#[cfg(turnstile_loom)]
+pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 
 #[cfg(not(turnstile_loom))]
-pub(crate) use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(turnstile_loom))]
-pub(crate) use std::sync::Arc;
+pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
-/// The reader-writer lock of a keyed limiter's shard.
-///
-/// Outside loom this is `crossbeam_utils::sync::ShardedLock`: a read takes one of
-/// several cache-padded sub-locks, chosen by the current thread, so readers on
-/// different threads write different cache lines; a write takes them all. Under
-/// loom it is loom's `RwLock`. Guards are returned directly: a poisoned lock can
-/// only follow a panic while it was held, and the tables it guards are left
-/// consistent by every operation that can panic (allocation failure aborts).
-#[derive(Debug)]
-pub(crate) struct ShardLock<T> {
-    #[cfg(not(turnstile_loom))]
-    inner: crossbeam_utils::sync::ShardedLock<T>,
-    #[cfg(turnstile_loom)]
-    inner: loom::sync::RwLock<T>,
+/// Lock `mutex`, ignoring poison: every structure behind the crate's mutexes
+/// is left consistent by each operation that can panic (allocation failure
+/// aborts), so a panic elsewhere while it was held leaves nothing to repair.
+#[inline]
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// `core::cell::UnsafeCell` with loom's closure-based API, so that the same code
+/// is checked for data races under loom.
 #[cfg(not(turnstile_loom))]
-pub(crate) type ReadGuard<'a, T> = crossbeam_utils::sync::ShardedLockReadGuard<'a, T>;
-#[cfg(not(turnstile_loom))]
-pub(crate) type WriteGuard<'a, T> = crossbeam_utils::sync::ShardedLockWriteGuard<'a, T>;
-#[cfg(turnstile_loom)]
-pub(crate) type ReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
-#[cfg(turnstile_loom)]
-pub(crate) type WriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
+#[derive(Debug)]
+pub(crate) struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
 
-impl<T> ShardLock<T> {
-    pub(crate) fn new(value: T) -> Self {
-        ShardLock {
-            #[cfg(not(turnstile_loom))]
-            inner: crossbeam_utils::sync::ShardedLock::new(value),
-            #[cfg(turnstile_loom)]
-            inner: loom::sync::RwLock::new(value),
+#[cfg(not(turnstile_loom))]
+impl<T> UnsafeCell<T> {
+    pub(crate) const fn new(value: T) -> UnsafeCell<T> {
+        UnsafeCell(core::cell::UnsafeCell::new(value))
+    }
+
+    #[inline(always)]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    #[inline(always)]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+/// How many threads own a counter slot of their own at once; later threads
+/// share one more slot, with a locked add.
+pub(crate) const OWNED_SLOTS: usize = 64;
+
+/// The counter slot of the current thread: below [`OWNED_SLOTS`], a slot no
+/// other live thread writes (so a plain load and store counts exactly), or
+/// `OWNED_SLOTS`, the shared slot. A thread's slot returns to the pool when the
+/// thread exits.
+#[cfg(not(turnstile_loom))]
+#[inline]
+pub(crate) fn thread_slot() -> usize {
+    struct Owner(usize);
+
+    static FREE: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+    impl Owner {
+        fn take() -> Owner {
+            if let Some(slot) = lock(&FREE).pop() {
+                return Owner(slot);
+            }
+            // Relaxed: the value only has to be unique, which the add alone ensures.
+            Owner(NEXT.fetch_add(1, Ordering::Relaxed).min(OWNED_SLOTS))
         }
     }
 
-    #[inline]
-    pub(crate) fn read(&self) -> ReadGuard<'_, T> {
-        self.inner
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            if self.0 < OWNED_SLOTS {
+                // The mutex orders this thread's last counts before the next
+                // owner's first.
+                lock(&FREE).push(self.0);
+            }
+        }
     }
 
-    #[inline]
-    pub(crate) fn write(&self) -> WriteGuard<'_, T> {
-        self.inner
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// A small per-thread index, for spreading per-thread counters over a few
-/// cache lines: threads take consecutive values as they first ask.
-#[cfg(not(turnstile_loom))]
-#[inline]
-pub(crate) fn thread_slot() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
     std::thread_local! {
-        // Relaxed: the value only needs to be some number; nothing is published.
-        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+        static OWNER: Owner = Owner::take();
     }
-    SLOT.try_with(|slot| *slot).unwrap_or(0)
+    OWNER.try_with(|owner| owner.0).unwrap_or(OWNED_SLOTS)
 }
 
-/// Under loom every thread counts in slot 0: the counters are not part of any
-/// model, and loom's thread-locals would only grow the state space.
+/// Under loom every thread counts in the shared slot: the counters are not part
+/// of any model, and loom's thread-locals would only grow the state space.
 #[cfg(turnstile_loom)]
 #[inline]
 pub(crate) fn thread_slot() -> usize {
-    0
+    OWNED_SLOTS
+}
+
+/// Memory reclamation for the keyed map's lock-free readers.
+///
+/// Outside loom this is crossbeam-epoch's global collector: a reader pins the
+/// current epoch for the length of one lookup and decision, and memory a writer
+/// unlinks is freed (a deferred function runs) only once every thread pinned
+/// at the time has unpinned.
+///
+/// Under loom it is a model with the same contract, checked by loom: a pin is a
+/// read lock on the collector, and deferred functions run only when a writer
+/// finds no reader at all (`try_write` succeeds), which is later than the epoch
+/// scheme would run them, never earlier.
+#[cfg(not(turnstile_loom))]
+pub(crate) mod reclaim {
+    use core::marker::PhantomData;
+
+    /// The collector: crossbeam-epoch's global one, shared by every limiter.
+    #[derive(Debug, Default)]
+    pub(crate) struct Collector;
+
+    /// A pinned epoch: memory reachable when it was taken stays allocated until
+    /// it is dropped.
+    pub(crate) struct Guard<'a> {
+        inner: crossbeam_epoch::Guard,
+        collector: PhantomData<&'a Collector>,
+    }
+
+    impl Collector {
+        #[inline(always)]
+        pub(crate) fn pin(&self) -> Guard<'_> {
+            Guard {
+                inner: crossbeam_epoch::pin(),
+                collector: PhantomData,
+            }
+        }
+
+        /// Run what deferred functions are due; crossbeam does this as threads
+        /// pin, so this only pushes the local bag along.
+        pub(crate) fn collect(&self) {
+            crossbeam_epoch::pin().flush();
+        }
+    }
+
+    impl Guard<'_> {
+        /// Run `f` once no thread still holds a pin taken before this call.
+        pub(crate) fn defer(&self, f: impl FnOnce() + Send + 'static) {
+            self.inner.defer(f);
+        }
+    }
+}
+
+#[cfg(turnstile_loom)]
+pub(crate) mod reclaim {
+    use super::{Mutex, lock};
+
+    type Deferred = Box<dyn FnOnce() + Send>;
+
+    /// The model collector: pins are read locks; deferred functions wait for a
+    /// moment with no reader at all.
+    pub(crate) struct Collector {
+        readers: loom::sync::RwLock<()>,
+        deferred: Mutex<Vec<Deferred>>,
+    }
+
+    pub(crate) struct Guard<'a> {
+        _read: loom::sync::RwLockReadGuard<'a, ()>,
+        collector: &'a Collector,
+    }
+
+    impl Default for Collector {
+        fn default() -> Self {
+            Collector {
+                readers: loom::sync::RwLock::new(()),
+                deferred: Mutex::new(Vec::new()),
+            }
+        }
+    }
+
+    impl core::fmt::Debug for Collector {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.write_str("Collector")
+        }
+    }
+
+    impl Collector {
+        pub(crate) fn pin(&self) -> Guard<'_> {
+            Guard {
+                _read: self
+                    .readers
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+                collector: self,
+            }
+        }
+
+        /// Run every deferred function if no reader holds a pin now: each pin
+        /// taken before the functions were deferred has then been released.
+        pub(crate) fn collect(&self) {
+            let due = {
+                let Ok(_quiet) = self.readers.try_write() else {
+                    return;
+                };
+                core::mem::take(&mut *lock(&self.deferred))
+            };
+            due.into_iter().for_each(|f| f());
+        }
+    }
+
+    impl Guard<'_> {
+        pub(crate) fn defer(&self, f: impl FnOnce() + Send + 'static) {
+            lock(&self.collector.deferred).push(Box::new(f));
+        }
+    }
+
+    impl Drop for Collector {
+        fn drop(&mut self) {
+            let due = core::mem::take(&mut *lock(&self.deferred));
+            due.into_iter().for_each(|f| f());
+        }
+    }
 }
 
 /// Exponential backoff for a compare-and-swap loop that lost a race.

@@ -1,0 +1,938 @@
+//! Per-key limiting: a sharded map from key to one word, read without locks,
+//! swept without loss, and bounded in the keys it holds.
+
+use core::borrow::Borrow;
+use core::fmt;
+use core::hash::{BuildHasher, Hash};
+use core::marker::PhantomData;
+
+use crossbeam_utils::CachePadded;
+
+use crate::algorithm::Algorithm;
+use crate::cell::Cell;
+use crate::clock::{Clock, RealClock, saturating_nanos};
+use crate::decision::{Decision, KeyedDecision, RetryAfter};
+use crate::error::{AcquireError, KeyedConfigError};
+use crate::limiter::check_permits;
+use crate::quota::Quota;
+use crate::sync::reclaim::Collector;
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
+use crate::tally::Tally;
+use crate::token_bucket::TokenBucket;
+
+#[allow(unsafe_code)]
+mod table;
+use table::{Locked, Shard};
+
+/// The default bound on keys held.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+/// The default number of inserts after which a shard sweeps itself.
+pub const DEFAULT_SWEEP_EVERY: usize = 1_024;
+const MAX_SHARDS: usize = 1 << 16;
+/// Index slots one request at the key bound examines, at most, to reclaim room
+/// (its own shard first, then the others from a rotating start).
+const RECLAIM_BUDGET: usize = 4_096;
+/// After a reclaim that found nothing, requests at the bound are refused
+/// without looking again for this long (clock time), or for the algorithm's
+/// idle-to-fresh time if that is shorter: a flood of new keys pays for one
+/// bounded look per interval, not one per request.
+const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
+
+/// A rate limiter per key (API key, user, IP address): each key has its own
+/// word, so one client's burst cannot spend another's tokens.
+///
+/// # The read path: no lock, one compare-and-swap
+///
+/// Keys live in a power-of-two number of shards. A decision on a known key
+/// hashes the key once, pins an epoch (crossbeam-epoch), probes its shard's
+/// index with plain acquire loads, reads the clock, and runs one
+/// compare-and-swap on the key's word: no lock, no allocation, no key clone, and
+/// no write to any shared cache line but the word itself (the admitted and
+/// denied counters are per thread). `String` keys are looked up by `&str`.
+/// Inserts, sweeps and index rebuilds serialize on a per-shard mutex that
+/// readers never take.
+///
+/// # Sweeping that loses nothing
+///
+/// A key is evicted only when its word is indistinguishable from a fresh one
+/// (for a token bucket: the bucket would be full by now), never by a timer
+/// alone, so a key that comes back finds exactly the allowance it would have
+/// had. The invariant that makes this hold under concurrency:
+///
+/// > **No decision runs on a fresh word with a clock reading older than the one
+/// > a sweep used to judge that key's previous word.**
+///
+/// It holds by construction:
+/// - a decision on a key it *found* reads the clock only after finding the word,
+///   and decides on that word, the key's real state, whatever a sweep does
+///   meanwhile: a sweep only unlinks an entry and parks it in limbo, where a late
+///   compare-and-swap still lands; the entry is freed only after every reader
+///   that could hold it has unpinned *and* its word is still fresh-equivalent at
+///   a reading the freeing writer takes afterwards;
+/// - a decision that does *not* find its key takes the shard's mutex and reads
+///   the clock only then, after any sweep of the shard that came before; it
+///   relinks the key's entry if it is still in limbo, and only otherwise starts
+///   from a fresh word.
+///
+/// Sweeps run on [`sweep`](Self::sweep), after every `sweep_every` inserts into
+/// a shard (amortized: at least as many as the shard held after its last sweep),
+/// and from a background thread that the limiter owns
+/// ([`with_sweeper`](Self::with_sweeper): it stops when the limiter is dropped,
+/// so it works wherever the limiter goes, behind a [`Gate`](crate::Gate) or a
+/// tower layer too) or that an `Arc` of it feeds
+/// ([`start_sweeper`](Self::start_sweeper)).
+///
+/// # A bound on keys, and memory that stays bounded
+///
+/// At most `max_keys` keys are linked at once. A new key at the bound reclaims
+/// room with bounded work: it sweeps up to 4,096 index slots, its own shard's
+/// first and then the other shards' from a rotating start, so a key that is
+/// sweepable anywhere is found by the requests that need the room. If none is
+/// found the request is denied with [`KeyedDecision::KeyLimit`], distinct from
+/// a rate denial, and nothing is stored; for the next millisecond (or the
+/// algorithm's idle-to-fresh time, if shorter) further new keys are refused
+/// without looking again, so a flood of new keys does not make every request
+/// pay for a search. The `retry_after` of a key-limit denial is the
+/// algorithm's [idle-to-fresh time](Algorithm::fresh_after_idle): by then every
+/// key left idle since is sweepable.
+///
+/// Evicted entries wait in limbo for a grace period (until every reader that
+/// could still hold them has finished, typically microseconds) before their
+/// memory is reused; at most `max_keys` entries wait at once. So memory is
+/// bounded by `2 * max_keys` entries, whatever the keys.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{KeyedDecision, KeyedLimiter, ManualClock, Quota};
+///
+/// let clock = ManualClock::new();
+/// let limiter = KeyedLimiter::<String>::builder(Quota::new(3, 1, Duration::from_secs(1))?)
+///     .clock(clock.clone())
+///     .max_keys(10_000)
+///     .build()?;
+///
+/// let alice = String::from("alice");
+/// for left in [2, 1, 0] {
+///     assert_eq!(limiter.try_acquire(alice.as_str()), KeyedDecision::Allowed { remaining: left });
+/// }
+/// assert!(limiter.try_acquire("alice").is_denied());
+/// // bob has his own bucket
+/// assert_eq!(limiter.try_acquire("bob"), KeyedDecision::Allowed { remaining: 2 });
+/// assert_eq!(limiter.len(), 2);
+///
+/// // Once both buckets would be full again, a sweep drops them without loss.
+/// clock.advance(Duration::from_secs(3));
+/// assert_eq!(limiter.sweep(), 2);
+/// assert_eq!(limiter.remaining("alice"), 3);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedLimiter<K, A = TokenBucket, C = RealClock, S = ahash::RandomState> {
+    inner: Arc<Inner<K, A, C, S>>,
+    /// The limiter's own background sweeper, stopped when it is dropped.
+    #[cfg(not(turnstile_loom))]
+    sweeper: Option<Sweeper>,
+}
+
+/// What the limiter and its background sweeper share.
+struct Inner<K, A, C, S> {
+    shards: Box<[CachePadded<Shard<K>>]>,
+    /// `shards.len() - 1`.
+    shard_mask: usize,
+    hasher: S,
+    algorithm: A,
+    clock: C,
+    max_keys: usize,
+    sweep_every: usize,
+    /// Keys linked, across shards; written only by writers, under a shard's
+    /// mutex. Decisions on known keys never touch it.
+    len: CachePadded<AtomicUsize>,
+    /// Entries waiting in limbo, across shards (at most `max_keys`).
+    limbo: AtomicUsize,
+    /// The shard where the next reclaim at the key bound starts.
+    reclaim_from: AtomicUsize,
+    /// Until this clock reading, requests at the key bound do not look for room.
+    reclaim_idle_until: AtomicU64,
+    tally: Tally,
+    collector: Collector,
+}
+
+/// Counters of a [`KeyedLimiter`], summed over its shards and thread slots.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyedStats {
+    /// Keys held now.
+    pub keys: usize,
+    /// Requests admitted.
+    pub admitted: u64,
+    /// Requests denied by a key's rate.
+    pub denied: u64,
+    /// Requests for new keys denied because the limiter was full.
+    pub denied_key_limit: u64,
+    /// Keys evicted by sweeps.
+    pub evicted: u64,
+}
+
+/// Builds a [`KeyedLimiter`]; start from [`KeyedLimiter::builder`] or
+/// [`KeyedBuilder::new`].
+///
+/// The key type is part of the builder, so it is named once, on
+/// `KeyedLimiter::<K>::builder`, or inferred from where the limiter goes.
+pub struct KeyedBuilder<K, A, C = RealClock, S = ahash::RandomState> {
+    key: PhantomData<fn() -> K>,
+    algorithm: A,
+    clock: C,
+    hasher: S,
+    shards: Option<usize>,
+    max_keys: usize,
+    sweep_every: usize,
+}
+
+impl<K> KeyedLimiter<K> {
+    /// A token-bucket limiter per key for `quota`, with the defaults: the real
+    /// clock, a random `ahash` hasher, 4 shards per available core (rounded up to
+    /// a power of two), at most [`DEFAULT_MAX_KEYS`] keys.
+    pub fn new(quota: Quota) -> KeyedLimiter<K> {
+        // The defaults are valid: skip the checks rather than unwrap them.
+        KeyedBuilder::new(TokenBucket::new(quota)).assemble(default_shards())
+    }
+
+    /// A builder for a token-bucket limiter per key, to set the clock, hasher,
+    /// shard count, key bound and sweep interval.
+    pub fn builder(quota: Quota) -> KeyedBuilder<K, TokenBucket> {
+        KeyedBuilder::new(TokenBucket::new(quota))
+    }
+}
+
+impl<K, A> KeyedBuilder<K, A> {
+    /// A builder for a limiter per key running `algorithm`, with the defaults of
+    /// [`KeyedLimiter::new`].
+    pub fn new(algorithm: A) -> KeyedBuilder<K, A> {
+        KeyedBuilder {
+            key: PhantomData,
+            algorithm,
+            clock: RealClock::new(),
+            hasher: ahash::RandomState::new(),
+            shards: None,
+            max_keys: DEFAULT_MAX_KEYS,
+            sweep_every: DEFAULT_SWEEP_EVERY,
+        }
+    }
+}
+
+impl<K, A, C, S> KeyedBuilder<K, A, C, S> {
+    /// The clock (a [`ManualClock`](crate::ManualClock) for tests, a
+    /// [`CoarseClock`](crate::CoarseClock) for speed).
+    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedBuilder<K, A, C2, S> {
+        KeyedBuilder {
+            key: PhantomData,
+            algorithm: self.algorithm,
+            clock,
+            hasher: self.hasher,
+            shards: self.shards,
+            max_keys: self.max_keys,
+            sweep_every: self.sweep_every,
+        }
+    }
+
+    /// The hasher. The default, `ahash` with random keys, resists keys chosen to
+    /// collide; a fixed hasher suits tests.
+    pub fn hasher<S2: BuildHasher>(self, hasher: S2) -> KeyedBuilder<K, A, C, S2> {
+        KeyedBuilder {
+            key: PhantomData,
+            algorithm: self.algorithm,
+            clock: self.clock,
+            hasher,
+            shards: self.shards,
+            max_keys: self.max_keys,
+            sweep_every: self.sweep_every,
+        }
+    }
+
+    /// The number of shards: a power of two from 1 to 65,536. The default is 4 per
+    /// available core, rounded up to a power of two.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The most keys held at once (default [`DEFAULT_MAX_KEYS`]).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// A shard sweeps itself on the insert after this many inserts, or after as
+    /// many inserts as it held after its last sweep if that is more, so sweeping
+    /// costs O(1) per insert amortized (default [`DEFAULT_SWEEP_EVERY`]).
+    pub fn sweep_every(mut self, inserts: usize) -> Self {
+        self.sweep_every = inserts;
+        self
+    }
+
+    /// The limiter.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedConfigError`] for a shard count that is not a power of two from 1 to
+    /// 65,536, a `max_keys` of 0 or a `sweep_every` of 0.
+    pub fn build(self) -> Result<KeyedLimiter<K, A, C, S>, KeyedConfigError>
+    where
+        A: Algorithm,
+        C: Clock,
+        S: BuildHasher,
+    {
+        let shards = self.shards.unwrap_or_else(default_shards);
+        if !shards.is_power_of_two() || shards > MAX_SHARDS {
+            return Err(KeyedConfigError::Shards { shards });
+        }
+        if self.max_keys == 0 {
+            return Err(KeyedConfigError::ZeroMaxKeys);
+        }
+        if self.sweep_every == 0 {
+            return Err(KeyedConfigError::ZeroSweepEvery);
+        }
+        Ok(self.assemble(shards))
+    }
+
+    /// The limiter for a valid configuration.
+    fn assemble(self, shards: usize) -> KeyedLimiter<K, A, C, S>
+    where
+        A: Algorithm,
+        C: Clock,
+        S: BuildHasher,
+    {
+        KeyedLimiter {
+            inner: Arc::new(Inner {
+                shards: (0..shards)
+                    .map(|_| CachePadded::new(Shard::new(self.sweep_every)))
+                    .collect(),
+                shard_mask: shards - 1,
+                hasher: self.hasher,
+                algorithm: self.algorithm,
+                clock: self.clock,
+                max_keys: self.max_keys,
+                sweep_every: self.sweep_every,
+                len: CachePadded::new(AtomicUsize::new(0)),
+                limbo: AtomicUsize::new(0),
+                reclaim_from: AtomicUsize::new(0),
+                reclaim_idle_until: AtomicU64::new(0),
+                tally: Tally::new(),
+                #[allow(clippy::default_constructed_unit_structs)]
+                collector: Collector::default(),
+            }),
+            #[cfg(not(turnstile_loom))]
+            sweeper: None,
+        }
+    }
+}
+
+impl<K, A: fmt::Debug, C: fmt::Debug, S> fmt::Debug for KeyedBuilder<K, A, C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedBuilder")
+            .field("algorithm", &self.algorithm)
+            .field("clock", &self.clock)
+            .field("shards", &self.shards)
+            .field("max_keys", &self.max_keys)
+            .field("sweep_every", &self.sweep_every)
+            .finish_non_exhaustive()
+    }
+}
+
+fn default_shards() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores * 4).next_power_of_two().min(MAX_SHARDS)
+}
+
+impl<K, A, C, S> KeyedLimiter<K, A, C, S>
+where
+    K: Hash + Eq,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// Ask for one permit for `key`.
+    #[inline]
+    pub fn try_acquire<Q>(&self, key: &Q) -> KeyedDecision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // Every algorithm's capacity is at least 1.
+        self.inner.decide(key, 1)
+    }
+
+    /// Ask for `n` permits for `key`, all or nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::try_acquire_n`](crate::RateLimiter::try_acquire_n): `n = 0`,
+    /// or `n` above the capacity. Neither touches the map.
+    #[inline]
+    pub fn try_acquire_n<Q>(&self, key: &Q, n: u32) -> Result<KeyedDecision, AcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        check_permits(n, self.inner.algorithm.capacity())?;
+        Ok(self.inner.decide(key, n))
+    }
+
+    /// The permits `key` could get now, without taking any and without storing
+    /// the key.
+    pub fn remaining<Q>(&self, key: &Q) -> u32
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let inner = &*self.inner;
+        inner.on_word(key, |word, now| inner.algorithm.remaining(word, now))
+    }
+
+    /// Sweep every shard, one at a time: evict the keys whose words are
+    /// indistinguishable from fresh ones. Returns how many were evicted.
+    pub fn sweep(&self) -> usize {
+        self.inner.sweep()
+    }
+
+    /// Keys held now.
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// `true` when no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Counters summed over the shards and thread slots (each read in turn, not
+    /// at one instant).
+    pub fn stats(&self) -> KeyedStats {
+        let inner = &*self.inner;
+        let mut stats = KeyedStats {
+            keys: inner.len(),
+            admitted: inner.tally.admitted(),
+            denied: inner.tally.denied(),
+            ..KeyedStats::default()
+        };
+        for shard in inner.shards.iter() {
+            let mut locked = shard.lock();
+            let writer = locked.writer();
+            stats.denied_key_limit += writer.denied_key_limit;
+            stats.evicted += writer.evicted;
+        }
+        stats
+    }
+
+    /// Decide for `key`, also returning the word an admission wrote (what a
+    /// refund needs). The clock is read after the key's word is found, as in
+    /// every decision.
+    pub(crate) fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.inner.take(key, n)
+    }
+
+    /// The decision `key` would get for `n` permits now, taking nothing and
+    /// storing nothing.
+    pub(crate) fn peek<Q>(&self, key: &Q, n: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let inner = &*self.inner;
+        inner.on_word(key, |word, now| inner.algorithm.decide(word, now, n).0)
+    }
+
+    /// Give back `n` permits an admission for `key` took (see
+    /// [`Algorithm::refund`]). A key evicted since holds a fresh-equivalent
+    /// word, which owes nothing.
+    pub(crate) fn refund<Q>(&self, key: &Q, written: u64, n: u32)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let inner = &*self.inner;
+        inner.on_cell(key, |cell| cell.refund(&inner.algorithm, written, n));
+    }
+}
+
+impl<K, A, C, S> Inner<K, A, C, S>
+where
+    K: Hash + Eq,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// The read path: find the word without a lock, then read the clock, then
+    /// one compare-and-swap.
+    #[inline(always)]
+    fn decide<Q>(&self, key: &Q, n: u32) -> KeyedDecision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        {
+            let guard = self.collector.pin();
+            if let Some(cell) = shard.find(hash, key, &guard) {
+                // Read after the word is found: see the type's invariant.
+                let now = self.clock.now();
+                // The plain decision, not `take`'s pair: returning the written
+                // word too kept the pair on the stack, and reading the decision
+                // back across two stores cost a failed store forward.
+                let decision = cell.apply(&self.algorithm, now, n);
+                self.tally.count(decision);
+                return decision.into();
+            }
+        }
+        self.insert_and_decide(key, hash, shard, n).0
+    }
+
+    fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        {
+            let guard = self.collector.pin();
+            if let Some(cell) = shard.find(hash, key, &guard) {
+                // Read after the word is found: see the type's invariant.
+                let now = self.clock.now();
+                return self.decide_on(cell, now, n);
+            }
+        }
+        self.insert_and_decide(key, hash, shard, n)
+    }
+
+    /// `f` on `key`'s word and a reading taken after it was found; for a key not
+    /// held, on a fresh word. Stores nothing.
+    fn on_word<Q, R>(&self, key: &Q, f: impl FnOnce(u64, u64) -> R) -> R
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        {
+            let guard = self.collector.pin();
+            if let Some(cell) = shard.find(hash, key, &guard) {
+                let word = cell.load();
+                return f(word, self.clock.now());
+            }
+        }
+        // Not linked: it may wait in limbo with a word that still counts.
+        let locked = shard.lock();
+        let now = self.clock.now();
+        let word = match locked
+            .find(hash, key)
+            .or_else(|| locked.find_in_limbo(hash, key))
+        {
+            Some(entry) => locked.cell(entry).load(),
+            None => self.algorithm.fresh(),
+        };
+        f(word, now)
+    }
+
+    /// `f` on `key`'s word cell, if the key is held (linked or in limbo).
+    fn on_cell<Q>(&self, key: &Q, f: impl FnOnce(&Cell))
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        {
+            let guard = self.collector.pin();
+            if let Some(cell) = shard.find(hash, key, &guard) {
+                return f(cell);
+            }
+        }
+        let locked = shard.lock();
+        if let Some(entry) = locked
+            .find(hash, key)
+            .or_else(|| locked.find_in_limbo(hash, key))
+        {
+            f(locked.cell(entry));
+        }
+    }
+
+    /// A key not linked in its shard: take the shard's mutex, read the clock,
+    /// and decide on the key's entry (linked meanwhile by another thread, or
+    /// waiting in limbo) or on a fresh word stored as a new entry.
+    #[inline(never)]
+    fn insert_and_decide<Q>(
+        &self,
+        key: &Q,
+        hash: u64,
+        shard: &Shard<K>,
+        n: u32,
+    ) -> (KeyedDecision, Option<u64>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut locked = shard.lock();
+        // Read under the lock: after every sweep of this shard that came before,
+        // so never older than a reading that judged this key's last word.
+        let now = self.clock.now();
+        if let Some(entry) = locked.find(hash, key) {
+            return self.decide_on(locked.cell(entry), now, n);
+        }
+        let parked = locked.find_in_limbo(hash, key);
+        if parked.is_none() {
+            let (decision, next) = self.algorithm.decide(self.algorithm.fresh(), now, n);
+            if next.is_none() {
+                // The word would stay fresh: nothing to remember.
+                self.tally.count(decision);
+                return (decision.into(), None);
+            }
+        }
+        if locked.writer().inserts_since_sweep >= locked.writer().sweep_threshold {
+            self.sweep_shard(&mut locked, now, usize::MAX);
+        }
+        if !self.reserve_key() && !self.reclaim(&mut locked, now) {
+            locked.writer().denied_key_limit += 1;
+            let retry_after =
+                RetryAfter::from_nanos(saturating_nanos(self.algorithm.fresh_after_idle()));
+            return (KeyedDecision::KeyLimit { retry_after }, None);
+        }
+        let entry = match parked {
+            Some(entry) => {
+                locked.remove_from_limbo(hash, entry);
+                // Relaxed: a count, as in `reserve_key`.
+                self.limbo.fetch_sub(1, Ordering::Relaxed);
+                entry
+            }
+            None => match locked.allocate(key.to_owned(), self.algorithm.fresh()) {
+                Some(entry) => {
+                    locked.writer().inserts_since_sweep += 1;
+                    entry
+                }
+                None => {
+                    // The shard's arena is full (4.29 billion entries).
+                    self.release_key();
+                    locked.writer().denied_key_limit += 1;
+                    let retry_after =
+                        RetryAfter::from_nanos(saturating_nanos(self.algorithm.fresh_after_idle()));
+                    return (KeyedDecision::KeyLimit { retry_after }, None);
+                }
+            },
+        };
+        locked.link(hash, entry, &self.collector, |k| self.hasher.hash_one(k));
+        self.decide_on(locked.cell(entry), now, n)
+    }
+
+    /// Room for one more key at the bound: look for sweepable keys, with
+    /// bounded work, in this shard and then the others. `true` once a key slot
+    /// is reserved.
+    #[cold]
+    fn reclaim(&self, own: &mut Locked<'_, K>, now: u64) -> bool {
+        // Relaxed: a hint about when to look again; a stale value costs one
+        // extra look or one refusal within the cooldown.
+        if now < self.reclaim_idle_until.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut budget = RECLAIM_BUDGET;
+        budget -= self.sweep_shard(own, now, budget).min(budget);
+        if self.reserve_key() {
+            return true;
+        }
+        let shards = self.shards.len();
+        // Relaxed: any starting shard will do; the counter only spreads them.
+        let start = self.reclaim_from.fetch_add(1, Ordering::Relaxed);
+        for i in 0..shards {
+            if budget == 0 {
+                break;
+            }
+            let shard = &self.shards[(start + i) & self.shard_mask];
+            // `try_lock`: this thread holds its own shard's lock, so it must not
+            // wait for another's (that thread may be waiting for ours); its own
+            // shard fails here and is skipped.
+            let Some(mut other) = shard.try_lock() else {
+                continue;
+            };
+            let now = self.clock.now();
+            budget -= self.sweep_shard(&mut other, now, budget).min(budget);
+            drop(other);
+            if self.reserve_key() {
+                return true;
+            }
+        }
+        let cooldown = saturating_nanos(self.algorithm.fresh_after_idle()).min(RECLAIM_COOLDOWN_NS);
+        // Relaxed: as above.
+        self.reclaim_idle_until
+            .store(now.saturating_add(cooldown), Ordering::Relaxed);
+        false
+    }
+
+    /// Sweep up to `budget` index slots of a locked shard at `now` (read under
+    /// its lock); returns the slots examined.
+    fn sweep_shard(&self, locked: &mut Locked<'_, K>, now: u64, budget: usize) -> usize {
+        let examined = locked.capacity().min(budget);
+        let swept = locked.sweep(
+            |word| self.algorithm.is_fresh_equivalent(word, now),
+            budget,
+            || self.reserve_limbo(),
+            &self.collector,
+            |k| self.hasher.hash_one(k),
+        );
+        if swept.unlinked > 0 {
+            // Relaxed: as in `reserve_key`.
+            self.len.fetch_sub(swept.unlinked, Ordering::Relaxed);
+        }
+        if swept.freed > 0 {
+            // Relaxed: as in `reserve_key`.
+            self.limbo.fetch_sub(swept.freed, Ordering::Relaxed);
+        }
+        let writer = locked.writer();
+        writer.evicted += swept.unlinked as u64;
+        if budget >= examined {
+            writer.inserts_since_sweep = 0;
+        }
+        let linked = locked.linked();
+        locked.writer().sweep_threshold = self.sweep_every.max(linked);
+        examined
+    }
+
+    fn sweep(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| {
+                let mut locked = shard.lock();
+                let now = self.clock.now();
+                let before = locked.writer().evicted;
+                self.sweep_shard(&mut locked, now, usize::MAX);
+                (locked.writer().evicted - before) as usize
+            })
+            .sum()
+    }
+
+    /// Take one key slot under the bound.
+    fn reserve_key(&self) -> bool {
+        reserve(&self.len, self.max_keys)
+    }
+
+    fn release_key(&self) {
+        // Relaxed: as in `reserve_key`.
+        self.len.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Take one place in limbo under its bound (`max_keys`).
+    fn reserve_limbo(&self) -> bool {
+        reserve(&self.limbo, self.max_keys)
+    }
+
+    fn len(&self) -> usize {
+        // Relaxed: a snapshot of a counter.
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Decide on a key's word, which the caller's pin or lock keeps allocated.
+    #[inline(always)]
+    fn decide_on(&self, cell: &Cell, now: u64, n: u32) -> (KeyedDecision, Option<u64>) {
+        let (decision, written) = cell.take(&self.algorithm, now, n);
+        self.tally.count(decision);
+        (decision.into(), written)
+    }
+
+    #[inline(always)]
+    fn shard(&self, hash: u64) -> &Shard<K> {
+        // The top bits: the index uses the low ones, and its tags bits 32 to 63.
+        &self.shards
+            [((hash >> 32) as usize).wrapping_mul(self.shards.len()) >> 32 & self.shard_mask]
+    }
+}
+
+/// Add one to `count` unless it is at `bound`.
+fn reserve(count: &AtomicUsize, bound: usize) -> bool {
+    // Relaxed: the count publishes nothing. Each insert or eviction is ordered
+    // with its table change by its shard's mutex; the count only has to stay
+    // within the bound, which the compare-and-swap alone ensures.
+    let mut held = count.load(Ordering::Relaxed);
+    loop {
+        if held >= bound {
+            return false;
+        }
+        match count.compare_exchange_weak(held, held + 1, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(actual) => held = actual,
+        }
+    }
+}
+
+impl<K, A, C, S> KeyedLimiter<K, A, C, S> {
+    /// The most keys held at once.
+    pub fn max_keys(&self) -> usize {
+        self.inner.max_keys
+    }
+
+    /// The number of shards.
+    pub fn shard_count(&self) -> usize {
+        self.inner.shards.len()
+    }
+
+    /// The algorithm and its parameters.
+    pub fn algorithm(&self) -> &A {
+        &self.inner.algorithm
+    }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        &self.inner.clock
+    }
+}
+
+impl<K, A: fmt::Debug, C: fmt::Debug, S> fmt::Debug for KeyedLimiter<K, A, C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimiter")
+            // Relaxed: a snapshot for display.
+            .field("keys", &self.inner.len.load(Ordering::Relaxed))
+            .field("max_keys", &self.inner.max_keys)
+            .field("shards", &self.inner.shards.len())
+            .field("algorithm", &self.inner.algorithm)
+            .field("clock", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(not(turnstile_loom))]
+pub use sweeper::Sweeper;
+
+#[cfg(not(turnstile_loom))]
+mod sweeper {
+    use core::fmt;
+    use core::hash::{BuildHasher, Hash};
+    use core::time::Duration;
+    use std::sync::{Arc, Weak};
+    use std::thread::{self, JoinHandle};
+
+    use super::{Inner, KeyedLimiter};
+    use crate::algorithm::Algorithm;
+    use crate::clock::Clock;
+    use crate::error::KeyedConfigError;
+    use crate::sync::{AtomicBool, Ordering};
+
+    /// A background thread sweeping a [`KeyedLimiter`] every interval; dropping
+    /// the handle stops it. It holds the limiter weakly, so it also stops once the
+    /// limiter is dropped.
+    pub struct Sweeper {
+        stop: Arc<AtomicBool>,
+        thread: Option<JoinHandle<()>>,
+    }
+
+    /// Start a thread sweeping `inner` every `interval` (not zero).
+    pub(super) fn spawn<K, A, C, S>(
+        inner: Weak<Inner<K, A, C, S>>,
+        interval: Duration,
+    ) -> std::io::Result<Sweeper>
+    where
+        K: Hash + Eq + Send + Sync + 'static,
+        A: Algorithm + Send + Sync + 'static,
+        C: Clock + 'static,
+        S: BuildHasher + Send + Sync + 'static,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            thread::Builder::new()
+                .name("turnstile-sweeper".into())
+                .spawn(move || {
+                    loop {
+                        thread::park_timeout(interval);
+                        // Acquire: pairs with the Release in `drop`, though the flag
+                        // publishes nothing but itself.
+                        if stop.load(Ordering::Acquire) {
+                            return;
+                        }
+                        let Some(inner) = inner.upgrade() else {
+                            return;
+                        };
+                        inner.sweep();
+                    }
+                })?
+        };
+        Ok(Sweeper {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    impl<K, A, C, S> KeyedLimiter<K, A, C, S>
+    where
+        K: Hash + Eq + Send + Sync + 'static,
+        A: Algorithm + Send + Sync + 'static,
+        C: Clock + 'static,
+        S: BuildHasher + Send + Sync + 'static,
+    {
+        /// The limiter, with a thread of its own that sweeps every shard, one at
+        /// a time, every `interval`, and stops when the limiter is dropped. Idle
+        /// keys are then reclaimed even while no request comes, wherever the
+        /// limiter is (inside a [`Gate`](crate::Gate), behind a tower layer). A
+        /// sweeper started earlier this way is replaced.
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use turnstile::{Gate, KeyedLimiter, Quota};
+        ///
+        /// let limiter = KeyedLimiter::<String>::builder(Quota::per_second(10)?)
+        ///     .max_keys(100_000)
+        ///     .build()?
+        ///     .with_sweeper(Duration::from_secs(10))?;
+        /// let gate = Gate::new(limiter);
+        /// # drop(gate);
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
+        ///
+        /// # Errors
+        ///
+        /// [`KeyedConfigError::ZeroSweepInterval`] for a zero interval, and
+        /// [`KeyedConfigError::SweeperThread`] when the thread could not start.
+        pub fn with_sweeper(mut self, interval: Duration) -> Result<Self, KeyedConfigError> {
+            if interval.is_zero() {
+                return Err(KeyedConfigError::ZeroSweepInterval);
+            }
+            let sweeper = spawn(Arc::downgrade(&self.inner), interval)
+                .map_err(|e| KeyedConfigError::SweeperThread { kind: e.kind() })?;
+            self.sweeper = Some(sweeper);
+            Ok(self)
+        }
+
+        /// Start a thread that sweeps every shard, one at a time, every `interval`,
+        /// for a limiter shared through an `Arc`; the thread stops when the handle
+        /// or the limiter is dropped.
+        ///
+        /// # Errors
+        ///
+        /// `InvalidInput` for a zero interval, or the thread could not be spawned.
+        pub fn start_sweeper(self: &Arc<Self>, interval: Duration) -> std::io::Result<Sweeper> {
+            if interval.is_zero() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "sweeper interval is zero; it must be at least 1 ns (seconds are typical)",
+                ));
+            }
+            spawn(Arc::downgrade(&self.inner), interval)
+        }
+    }
+
+    impl Drop for Sweeper {
+        fn drop(&mut self) {
+            // Release: see the thread's load.
+            self.stop.store(true, Ordering::Release);
+            if let Some(thread) = self.thread.take() {
+                thread.thread().unpark();
+                let _ = thread.join();
+            }
+        }
+    }
+
+    impl fmt::Debug for Sweeper {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("Sweeper").finish_non_exhaustive()
+        }
+    }
+}

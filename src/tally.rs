@@ -1,0 +1,84 @@
+//! Counts that every decision adds to, without a locked instruction.
+
+use core::fmt;
+
+use crossbeam_utils::CachePadded;
+
+use crate::decision::Decision;
+use crate::sync::{AtomicU64, OWNED_SLOTS, Ordering, thread_slot};
+
+/// Admitted and denied counts, one cache-padded pair per thread slot.
+///
+/// A thread that owns its slot ([`thread_slot`] below [`OWNED_SLOTS`]) is the
+/// only writer of that pair, so it counts with a plain load and store: exact,
+/// and no locked read-modify-write on the decision path. Threads beyond the
+/// owned slots share one pair and add with `fetch_add`. A reader sums the
+/// slots, each read in turn (a snapshot of each counter, not of all at one
+/// instant).
+pub(crate) struct Tally {
+    slots: Box<[CachePadded<[AtomicU64; 2]>]>,
+}
+
+const ADMITTED: usize = 0;
+const DENIED: usize = 1;
+
+impl Tally {
+    pub(crate) fn new() -> Tally {
+        Tally {
+            slots: (0..=OWNED_SLOTS)
+                .map(|_| CachePadded::new([AtomicU64::new(0), AtomicU64::new(0)]))
+                .collect(),
+        }
+    }
+
+    /// Count one decision.
+    #[inline(always)]
+    pub(crate) fn count(&self, decision: Decision) {
+        let slot = thread_slot();
+        let counter = &self.slots[slot.min(OWNED_SLOTS)][if decision.is_allowed() {
+            ADMITTED
+        } else {
+            DENIED
+        }];
+        if slot < OWNED_SLOTS {
+            // Relaxed, as a load and a store: this thread is the slot's only
+            // writer, so no other write can fall between them; the counts
+            // publish nothing.
+            counter.store(
+                counter.load(Ordering::Relaxed).wrapping_add(1),
+                Ordering::Relaxed,
+            );
+        } else {
+            // Relaxed: the shared slot has several writers, so the add must be
+            // atomic; it publishes nothing.
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Admitted decisions so far.
+    pub(crate) fn admitted(&self) -> u64 {
+        self.sum(ADMITTED)
+    }
+
+    /// Denied decisions so far.
+    pub(crate) fn denied(&self) -> u64 {
+        self.sum(DENIED)
+    }
+
+    fn sum(&self, which: usize) -> u64 {
+        self.slots
+            .iter()
+            // Relaxed: counters, read for reporting.
+            .map(|pair| pair[which].load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
+    }
+}
+
+impl fmt::Debug for Tally {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tally")
+            .field("admitted", &self.admitted())
+            .field("denied", &self.denied())
+            .finish()
+    }
+}
