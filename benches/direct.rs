@@ -10,6 +10,12 @@
 //!
 //! Each with the precise clock (quanta's TSC for both) and the coarse clock
 //! (turnstile's `CoarseClock`, governor's `QuantaUpkeepClock`, both 1 ms).
+//!
+//! These are governor's fastest direct configurations: it provides one state
+//! store for a direct limiter (one `AtomicU64`), `NoOpMiddleware` is its
+//! cheapest middleware, and its fastest clocks are the two above (its other
+//! real clocks, `MonotonicClock` and `SystemClock`, read the OS clock, slower
+//! than quanta's TSC; see `clock_read`).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;

@@ -1,12 +1,16 @@
 //! Bytes per key: the resident memory a keyed limiter adds for 1,000,000 u64 keys,
 //! turnstile (token bucket, and each other algorithm) against governor's keyed
-//! limiter (DashMap), each measured in a fresh process so none inherits
-//! another's heap.
+//! limiter (DashMap, with its default SipHash and with `ahash`), each measured in
+//! a fresh process so none inherits another's heap.
 //!
 //! `cargo bench --bench memory` (Linux: reads `VmRSS` from `/proc/self/status`).
 
+use std::hash::BuildHasher;
 use std::num::NonZeroU32;
 use std::process::{Command, ExitCode};
+
+use governor::clock::DefaultClock;
+use governor::state::keyed::DashMapStateStore;
 
 const KEYS: u64 = 1_000_000;
 
@@ -20,6 +24,7 @@ fn rss_bytes() -> Option<u64> {
 
 const HOUR: std::time::Duration = std::time::Duration::from_secs(3_600);
 
+/// 1,000 per hour.
 fn per_hour() -> turnstile::Quota {
     turnstile::Quota::per_hour(1_000).expect("a valid quota")
 }
@@ -31,6 +36,28 @@ fn ours<A: turnstile::Algorithm>(algorithm: A) -> Option<u64> {
         .build()
         .expect("a valid configuration");
     (0..KEYS).for_each(|k| assert!(l.try_acquire(&k).is_allowed()));
+    assert_eq!(l.len(), KEYS as usize);
+    let after = rss_bytes();
+    drop(l);
+    after
+}
+
+/// 1,000 per hour, as [`per_hour`].
+fn governor_quota() -> governor::Quota {
+    governor::Quota::per_hour(NonZeroU32::new(1_000).expect("nonzero"))
+}
+
+/// `KEYS` keys in governor's keyed limiter on a DashMap hashed by `S`: the
+/// resident set after.
+fn theirs<S: BuildHasher + Clone>(
+    l: governor::RateLimiter<
+        u64,
+        DashMapStateStore<u64, S>,
+        DefaultClock,
+        governor::middleware::NoOpMiddleware<<DefaultClock as governor::clock::Clock>::Instant>,
+    >,
+) -> Option<u64> {
+    (0..KEYS).for_each(|k| assert!(l.check_key(&k).is_ok()));
     assert_eq!(l.len(), KEYS as usize);
     let after = rss_bytes();
     drop(l);
@@ -50,15 +77,15 @@ fn child(which: &str) -> ExitCode {
             ours(turnstile::SlidingWindow::new(1_000, HOUR).expect("valid"))
         }
         "turnstile/gcra" => ours(turnstile::Gcra::new(per_hour())),
-        "governor" => {
-            let quota = governor::Quota::per_hour(NonZeroU32::new(1_000).expect("nonzero"));
-            let l = governor::RateLimiter::<u64, _, _>::dashmap(quota);
-            (0..KEYS).for_each(|k| assert!(l.check_key(&k).is_ok()));
-            assert_eq!(l.len(), KEYS as usize);
-            let after = rss_bytes();
-            drop(l);
-            after
-        }
+        "governor" => theirs(governor::RateLimiter::dashmap_with_clock(
+            governor_quota(),
+            DefaultClock::default(),
+        )),
+        "governor-ahash" => theirs(governor::RateLimiter::dashmap_with_clock_and_hasher(
+            governor_quota(),
+            DefaultClock::default(),
+            ahash::RandomState::new(),
+        )),
         other => {
             eprintln!("memory: unknown limiter {other:?}");
             return ExitCode::FAILURE;
@@ -85,6 +112,7 @@ fn main() -> ExitCode {
     let all = [
         "turnstile",
         "governor",
+        "governor-ahash",
         "turnstile/fixed-window",
         "turnstile/sliding-window",
         "turnstile/gcra",
@@ -115,6 +143,10 @@ fn main() -> ExitCode {
         println!("{which:<24} {bytes:>11} bytes  {each:6.1} bytes/key");
         per_key.push(each);
     }
-    println!("ratio turnstile / governor: {:.2}", per_key[0] / per_key[1]);
+    println!(
+        "ratio turnstile / governor: {:.2}, turnstile / governor-ahash: {:.2}",
+        per_key[0] / per_key[1],
+        per_key[0] / per_key[2]
+    );
     ExitCode::SUCCESS
 }

@@ -1,42 +1,60 @@
-//! Runs one kind of decision many times, for counting instructions per decision
-//! under callgrind, where timings are too noisy to compare (see BENCHMARKS.md):
+//! Measurements that criterion cannot make well: instruction counts under
+//! callgrind, where timings are too noisy to compare, and timings in alternating
+//! blocks, so that both sides of a ratio see the same machine (see
+//! BENCHMARKS.md).
+//!
+//! Run it under the bench profile, so that it is built as the benchmarks are
+//! (fat LTO, one codegen unit, every crate in the build):
 //!
 //! ```text
-//! cargo build --release --example decision_cost
+//! cargo run --profile bench --example decision_cost              # lists the modes
+//! cargo run --profile bench --example decision_cost -- paired-keyed
+//! ```
+//!
+//! The bench profile writes to `target/release/`, as `--release` does, so under
+//! callgrind build it first and run the binary there (a later `--release`
+//! build overwrites it with the release profile's):
+//!
+//! ```text
+//! cargo build --profile bench --example decision_cost
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null --toggle-collect='*measured*' \
 //!     target/release/examples/decision_cost deny turnstile precise 1000000
 //! ```
 //!
-//! Arguments: `allow|deny`, `turnstile|governor|governor+wait` (governor's check
-//! plus the wait a 429 needs; precise only), `precise|coarse`, and the number of
-//! decisions. Divide callgrind's `Collected` count by that number.
+//! Modes (with no arguments, the program prints this list):
 //!
-//! `decision_cost paired` instead times turnstile and governor in alternating
-//! blocks of 200,000 decisions, 101 blocks each, and prints the median block of
-//! each and their ratio: on a machine whose speed drifts, alternating keeps both
-//! sides under the same conditions. `decision_cost paired-keyed` does the same
-//! for the keyed limiters: one hot key, and 1,000,000 keys visited in a shuffled
-//! order (blocks of 100,000 decisions, 41 blocks each).
-//!
-//! `decision_cost layer bare|turnstile-admitted|turnstile-denied|tower_governor-admitted|tower_governor-denied N`
-//! sends `N` requests through an axum router, bare or behind a rate-limiting
-//! layer (callgrind: `--toggle-collect='*requests_measured*'`).
-//!
-//! `decision_cost paired-algorithms` times each algorithm's direct decision
-//! against governor's GCRA in alternating blocks, coarse clocks.
-//!
-//! `decision_cost algorithm allow|deny token-bucket|fixed-window|sliding-window|gcra|governor N`
-//! runs one algorithm's direct decision on a manual clock (governor's GCRA on
-//! its fake clock), so that callgrind counts the algorithm without a clock read.
-//!
-//! `decision_cost keyed-1m turnstile|governor N` fills a keyed limiter with
-//! 1,000,000 keys, then makes `N` checks in a shuffled order inside the measured
-//! loop; under callgrind with `--cache-sim=yes` it counts cache misses per check.
+//! - `allow|deny turnstile|governor|governor+wait precise|coarse N`: `N` direct
+//!   decisions inside `measured` (`governor+wait` is governor's check plus the
+//!   wait a 429 needs; precise only). Divide callgrind's `Collected` count by `N`.
+//! - `paired`: turnstile's and governor's direct limiters timed in alternating
+//!   blocks of 200,000 decisions, 101 blocks each, the median block of each and
+//!   their ratio: on a machine whose speed drifts, alternating keeps both sides
+//!   under the same conditions.
+//! - `paired-keyed`: the same for the keyed limiters (turnstile, governor,
+//!   governor with `ahash`, and the floor of `shared/floor.rs`): 1,000,000 keys
+//!   visited in a shuffled order, and one hot key, each with precise and coarse
+//!   clocks (blocks of 100,000 checks, 41 blocks each); then one thread against
+//!   two on disjoint keys.
+//! - `paired-algorithms`: each algorithm's direct decision against governor's
+//!   GCRA in alternating blocks, coarse clocks.
+//! - `algorithm allow|deny token-bucket|fixed-window|sliding-window|gcra|governor N`:
+//!   one algorithm's direct decision on a manual clock (governor's GCRA on its
+//!   fake clock), so that callgrind counts the algorithm without a clock read.
+//! - `keyed-1m turnstile|governor|governor-ahash|floor N`: fills a keyed limiter
+//!   (or the floor) with 1,000,000 keys, then makes `N` checks in a shuffled
+//!   order inside `measured`; under callgrind with `--cache-sim=yes` it counts
+//!   cache misses per check.
+//! - `layer bare|turnstile-admitted|turnstile-denied|tower_governor-admitted|tower_governor-denied N`:
+//!   sends `N` requests through an axum router, bare or behind a rate-limiting
+//!   layer (callgrind: `--toggle-collect='*requests_measured*'`).
 
+#[path = "shared/floor.rs"]
+mod floor;
 #[path = "shared/keys.rs"]
 mod keys;
 #[path = "shared/layer.rs"]
 mod layer;
+use floor::Floor;
 use keys::shuffled;
 
 use std::hint::black_box;
@@ -132,103 +150,196 @@ fn run_paired() {
     }
 }
 
-fn run_paired_keyed() {
-    const MANY: u64 = 1_000_000;
-    const BLOCK: usize = 100_000;
-    let nz = |n| NonZeroU32::new(n).expect("nonzero");
-    // As in `benches/keyed.rs`: 1,000 tokens, one back per hour.
-    let quota = turnstile::Quota::new(1_000, 1, Duration::from_secs(3_600)).expect("a valid quota");
-    fn ours<C: turnstile::Clock>(
-        quota: turnstile::Quota,
-        clock: C,
-    ) -> turnstile::KeyedLimiter<u64, turnstile::TokenBucket, C> {
-        turnstile::KeyedLimiter::<u64>::builder(quota)
-            .max_keys(2 * MANY as usize)
-            .clock(clock)
-            .build()
-            .expect("a valid configuration")
-    }
-    let precise = ours(quota, turnstile::RealClock::new());
-    let coarse = ours(quota, turnstile::CoarseClock::new().expect("upkeep thread"));
-    let theirs = governor::RateLimiter::<u64, _, _>::dashmap(
+const MANY: u64 = 1_000_000;
+const HOUR_NANOS: u64 = 3_600_000_000_000;
+
+/// turnstile's keyed limiter with room for `MANY` keys.
+fn ours_keyed<C: turnstile::Clock>(
+    quota: turnstile::Quota,
+    clock: C,
+) -> turnstile::KeyedLimiter<u64, turnstile::TokenBucket, C> {
+    turnstile::KeyedLimiter::<u64>::builder(quota)
+        .max_keys(2 * MANY as usize)
+        .clock(clock)
+        .build()
+        .expect("a valid configuration")
+}
+
+/// governor's keyed limiter on a DashMap hashed by `S`.
+type Theirs<C, S> = governor::RateLimiter<
+    u64,
+    governor::state::keyed::DashMapStateStore<u64, S>,
+    C,
+    governor::middleware::NoOpMiddleware<<C as governor::clock::Clock>::Instant>,
+>;
+
+/// governor's keyed limiter with its default hasher (std's `RandomState`).
+fn theirs_keyed<C: governor::clock::Clock>(
+    quota: governor::Quota,
+    clock: C,
+) -> Theirs<C, std::hash::RandomState> {
+    governor::RateLimiter::dashmap_with_clock(quota, clock)
+}
+
+/// governor's keyed limiter with `ahash` in place of SipHash.
+fn theirs_ahash<C: governor::clock::Clock>(
+    quota: governor::Quota,
+    clock: C,
+) -> Theirs<C, ahash::RandomState> {
+    governor::RateLimiter::dashmap_with_clock_and_hasher(quota, clock, ahash::RandomState::new())
+}
+
+/// The 1M-key quotas of `benches/keyed.rs`: 1,000 tokens, one back per hour.
+fn million_quotas() -> (turnstile::Quota, governor::Quota) {
+    (
+        turnstile::Quota::new(1_000, 1, Duration::from_secs(3_600)).expect("a valid quota"),
         governor::Quota::with_period(Duration::from_secs(3_600))
             .expect("a nonzero period")
-            .allow_burst(nz(1_000)),
-    );
+            .allow_burst(NonZeroU32::new(1_000).expect("nonzero")),
+    )
+}
+
+/// One timed block: checks for the keys it is given (or as many checks of one
+/// hot key).
+type Block = Box<dyn FnMut(&[u64])>;
+
+/// A block that checks each of its keys in turn.
+fn walk(check: impl Fn(u64) + 'static) -> Block {
+    Box::new(move |keys| keys.iter().for_each(|&k| check(k)))
+}
+
+/// A block that checks key 42 once per key it is given.
+fn hot(check: impl Fn(u64) + 'static) -> Block {
+    Box::new(move |keys| (0..keys.len()).for_each(|_| check(42)))
+}
+
+/// The contenders' blocks over `MANY` keys, each limiter filled first.
+fn million_blocks<C, G>(clock: C, upkeep: G) -> [Block; 4]
+where
+    C: turnstile::Clock + Clone + 'static,
+    G: governor::clock::Clock + Clone + 'static,
+{
+    let (q, gq) = million_quotas();
+    let l = ours_keyed(q, clock.clone());
+    let g = theirs_keyed(gq, upkeep.clone());
+    let ga = theirs_ahash(gq, upkeep);
+    let f = Floor::new(0..MANY, clock, HOUR_NANOS, 1_000);
     for k in 0..MANY {
         let _ = (
-            precise.try_acquire(&k),
-            coarse.try_acquire(&k),
-            theirs.check_key(&k),
+            l.try_acquire(&k),
+            g.check_key(&k),
+            ga.check_key(&k),
+            f.check(k),
         );
     }
-    let hot = turnstile::KeyedLimiter::<u64>::new(
-        turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota"),
+    [
+        walk(move |k| {
+            let _ = black_box(l.try_acquire(&k));
+        }),
+        walk(move |k| {
+            let _ = black_box(g.check_key(&k));
+        }),
+        walk(move |k| {
+            let _ = black_box(ga.check_key(&k));
+        }),
+        walk(move |k| {
+            let _ = black_box(f.check(k));
+        }),
+    ]
+}
+
+/// The contenders' blocks on one hot key, every check admitted.
+fn hot_blocks<C, G>(clock: C, upkeep: G) -> [Block; 4]
+where
+    C: turnstile::Clock + Clone + 'static,
+    G: governor::clock::Clock + Clone + 'static,
+{
+    let nz = |n| NonZeroU32::new(n).expect("nonzero");
+    let q = turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota");
+    let gq = governor::Quota::per_second(nz(ALLOW_RATE));
+    let l = ours_keyed(q, clock.clone());
+    let g = theirs_keyed(gq, upkeep.clone());
+    let ga = theirs_ahash(gq, upkeep);
+    let f = Floor::new([42], clock, 1, u64::from(ALLOW_RATE));
+    [
+        hot(move |k| {
+            let _ = black_box(l.try_acquire(&k));
+        }),
+        hot(move |k| {
+            let _ = black_box(g.check_key(&k));
+        }),
+        hot(move |k| {
+            let _ = black_box(ga.check_key(&k));
+        }),
+        hot(move |k| {
+            let _ = black_box(f.check(k));
+        }),
+    ]
+}
+
+fn run_paired_keyed() {
+    const BLOCK: usize = 100_000;
+    const BLOCKS: usize = 41;
+    let coarse = turnstile::CoarseClock::new().expect("upkeep thread");
+    // One quanta upkeep thread per process: every governor limiter shares it.
+    let upkeep = governor::clock::QuantaUpkeepClock::from_interval(Duration::from_millis(1))
+        .expect("upkeep thread");
+    let precise = (
+        turnstile::RealClock::new(),
+        governor::clock::DefaultClock::default(),
     );
-    let theirs_hot =
-        governor::RateLimiter::<u64, _, _>::dashmap(governor::Quota::per_second(nz(ALLOW_RATE)));
+    let mut rows = [
+        (
+            "1M keys, precise",
+            million_blocks(precise.0.clone(), precise.1.clone()),
+        ),
+        (
+            "1M keys, coarse",
+            million_blocks(coarse.clone(), upkeep.clone()),
+        ),
+        ("hot key, precise", hot_blocks(precise.0, precise.1)),
+        ("hot key, coarse", hot_blocks(coarse, upkeep)),
+    ];
     let order = shuffled(MANY);
-    let mut times = [const { Vec::new() }; 5];
+    let mut times = [const { [const { Vec::new() }; 4] }; 4];
     let mut at = 0;
-    for _ in 0..41 {
+    for _ in 0..BLOCKS {
         let keys = &order[at..at + BLOCK];
         at = (at + BLOCK) % MANY as usize;
-        let mut time = |slot: usize, f: &mut dyn FnMut()| {
-            let start = std::time::Instant::now();
-            f();
-            times[slot].push(start.elapsed().as_nanos() as f64 / BLOCK as f64);
-        };
-        time(0, &mut || {
-            keys.iter().for_each(|k| {
-                let _ = black_box(precise.try_acquire(k));
-            })
-        });
-        time(1, &mut || {
-            keys.iter().for_each(|k| {
-                let _ = black_box(coarse.try_acquire(k));
-            })
-        });
-        time(2, &mut || {
-            keys.iter().for_each(|k| {
-                let _ = black_box(theirs.check_key(k));
-            })
-        });
-        time(3, &mut || {
-            (0..BLOCK).for_each(|_| {
-                let _ = black_box(hot.try_acquire(&42));
-            })
-        });
-        time(4, &mut || {
-            (0..BLOCK).for_each(|_| {
-                let _ = black_box(theirs_hot.check_key(&42));
-            })
-        });
+        for ((_, blocks), times) in rows.iter_mut().zip(&mut times) {
+            for (block, times) in blocks.iter_mut().zip(times) {
+                let start = std::time::Instant::now();
+                block(keys);
+                times.push(start.elapsed().as_nanos() as f64 / BLOCK as f64);
+            }
+        }
     }
-    let m: Vec<f64> = times
-        .iter_mut()
-        .map(|v| {
+    println!(
+        "median ns per check, {BLOCKS} alternating blocks of {BLOCK}; \
+         ratios are turnstile's time over governor's"
+    );
+    println!(
+        "{:<18} {:>9} {:>9} {:>14} {:>9}  {:>11} {:>17}",
+        "case",
+        "turnstile",
+        "governor",
+        "governor-ahash",
+        "floor",
+        "/ governor",
+        "/ governor-ahash"
+    );
+    for ((what, _), times) in rows.iter().zip(&mut times) {
+        let [t, g, ga, f] = times.each_mut().map(|v| {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
-        })
-        .collect();
-    println!(
-        "1M keys, precise  turnstile {:6.1} ns  governor {:6.1} ns  ratio {:.2}",
-        m[0],
-        m[2],
-        m[0] / m[2]
-    );
-    println!(
-        "1M keys, coarse   turnstile {:6.1} ns  governor {:6.1} ns (precise)  ratio {:.2}",
-        m[1],
-        m[2],
-        m[1] / m[2]
-    );
-    println!(
-        "hot key, precise  turnstile {:6.1} ns  governor {:6.1} ns  ratio {:.2}",
-        m[3],
-        m[4],
-        m[3] / m[4]
-    );
+        });
+        println!(
+            "{what:<18} {t:9.1} {g:9.1} {ga:14.1} {f:9.1}  {:>11.2} {:>17.2}",
+            t / g,
+            t / ga
+        );
+    }
+    drop(rows);
 
     // Scaling on disjoint keys: one thread, then two, alternating; each thread
     // checks its own 1,024 keys.
@@ -247,77 +358,93 @@ fn run_paired_keyed() {
             start.elapsed().as_nanos() as f64
         };
         let (mut one, mut two) = (Vec::new(), Vec::new());
-        for _ in 0..41 {
+        for _ in 0..BLOCKS {
             one.push(run(1));
             two.push(run(2));
         }
         one.sort_by(f64::total_cmp);
         two.sort_by(f64::total_cmp);
-        2.0 * one[20] / two[20]
+        2.0 * one[BLOCKS / 2] / two[BLOCKS / 2]
     };
-    let ours = turnstile::KeyedLimiter::<u64>::new(
-        turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota"),
+    let q = turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota");
+    let gq = governor::Quota::per_second(NonZeroU32::new(ALLOW_RATE).expect("nonzero"));
+    let ours = ours_keyed(q, turnstile::RealClock::new());
+    let theirs = theirs_keyed(gq, governor::clock::DefaultClock::default());
+    let theirs_a = theirs_ahash(gq, governor::clock::DefaultClock::default());
+    let floor = Floor::new(
+        (0..2).flat_map(|t| (0..1_024).map(move |i| t * 1_000_000 + i)),
+        turnstile::RealClock::new(),
+        1,
+        u64::from(ALLOW_RATE),
     );
-    let theirs =
-        governor::RateLimiter::<u64, _, _>::dashmap(governor::Quota::per_second(nz(ALLOW_RATE)));
     let ours_scaling = scale(&|k| {
         let _ = black_box(ours.try_acquire(&k));
     });
     let theirs_scaling = scale(&|k| {
         let _ = black_box(theirs.check_key(&k));
     });
+    let ahash_scaling = scale(&|k| {
+        let _ = black_box(theirs_a.check_key(&k));
+    });
+    let floor_scaling = scale(&|k| {
+        let _ = black_box(floor.check(k));
+    });
     // The same with a limiter per thread: nothing shared at all.
     let own = [
-        turnstile::KeyedLimiter::<u64>::new(
-            turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota"),
-        ),
-        turnstile::KeyedLimiter::<u64>::new(
-            turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota"),
-        ),
+        ours_keyed(q, turnstile::RealClock::new()),
+        ours_keyed(q, turnstile::RealClock::new()),
     ];
     let unshared_scaling = scale(&|k| {
         let _ = black_box(own[(k / 1_000_000) as usize].try_acquire(&k));
     });
     println!(
         "two threads on disjoint keys, throughput vs one thread: turnstile {ours_scaling:.2}x  \
-         governor {theirs_scaling:.2}x  (a turnstile limiter per thread: {unshared_scaling:.2}x)"
+         governor {theirs_scaling:.2}x  governor-ahash {ahash_scaling:.2}x  \
+         floor {floor_scaling:.2}x  (a turnstile limiter per thread: {unshared_scaling:.2}x)"
     );
 }
 
-/// `keyed-1m turnstile|governor N`: a keyed limiter holding 1,000,000 keys, then
-/// `N` checks in the shuffled order, inside `measured`. With callgrind's
-/// `--cache-sim=yes` this counts cache misses per check.
+/// `keyed-1m turnstile|governor|governor-ahash|floor N`: a keyed limiter (or
+/// the floor) holding 1,000,000 keys, then `N` checks in the shuffled order,
+/// inside `measured`. With callgrind's `--cache-sim=yes` this counts cache
+/// misses per check.
 fn run_keyed_million(who: &str, n: u64) -> ExitCode {
-    const MANY: u64 = 1_000_000;
     let order = shuffled(MANY);
     let mut next = order.iter().cycle();
+    // 1,000 tokens, one back per hour: no bucket is full (sweepable) again for an
+    // hour, however slowly this runs under callgrind.
+    let (quota, governor_quota) = million_quotas();
     match who {
         "turnstile" => {
-            // 1,000 tokens, one back per hour: no bucket is full (sweepable) again
-            // for an hour, however slowly this runs under callgrind.
-            let quota =
-                turnstile::Quota::new(1_000, 1, Duration::from_secs(3_600)).expect("a valid quota");
-            let l = turnstile::KeyedLimiter::<u64>::builder(quota)
-                .max_keys(2 * MANY as usize)
-                .build()
-                .expect("a valid configuration");
+            let l = ours_keyed(quota, turnstile::RealClock::new());
             (0..MANY).for_each(|k| {
                 let _ = l.try_acquire(&k);
             });
             measured(n, || l.try_acquire(next.next().unwrap_or(&0)));
         }
         "governor" => {
-            let quota = governor::Quota::with_period(Duration::from_secs(3_600))
-                .expect("a nonzero period")
-                .allow_burst(NonZeroU32::new(1_000).expect("nonzero"));
-            let l = governor::RateLimiter::<u64, _, _>::dashmap(quota);
+            let l = theirs_keyed(governor_quota, governor::clock::DefaultClock::default());
             (0..MANY).for_each(|k| {
                 let _ = l.check_key(&k);
             });
             measured(n, || l.check_key(next.next().unwrap_or(&0)).is_ok());
         }
+        "governor-ahash" => {
+            let l = theirs_ahash(governor_quota, governor::clock::DefaultClock::default());
+            (0..MANY).for_each(|k| {
+                let _ = l.check_key(&k);
+            });
+            measured(n, || l.check_key(next.next().unwrap_or(&0)).is_ok());
+        }
+        "floor" => {
+            let f = Floor::new(0..MANY, turnstile::RealClock::new(), HOUR_NANOS, 1_000);
+            (0..MANY).for_each(|k| {
+                let _ = f.check(k);
+            });
+            measured(n, || f.check(*next.next().unwrap_or(&0)));
+        }
         other => {
-            eprintln!("unknown limiter {other:?}: turnstile|governor");
+            eprintln!("unknown limiter {other:?}: turnstile|governor|governor-ahash|floor");
             return ExitCode::FAILURE;
         }
     }
@@ -501,8 +628,24 @@ fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The modes, one line each: printed with no arguments (or `--help`), and on
+/// stderr after a malformed command line.
+const MODES: &str = "\
+usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cost -- MODE ARGS)
+  allow|deny turnstile|governor|governor+wait precise|coarse N: N direct decisions inside `measured`, for callgrind
+  paired: direct limiters, turnstile against governor, timed in alternating blocks
+  paired-keyed: keyed limiters (turnstile, governor, governor-ahash, floor) on 1M keys and a hot key, then 2-thread scaling
+  paired-algorithms: each algorithm against governor's GCRA, direct, coarse clocks, alternating blocks
+  algorithm allow|deny token-bucket|fixed-window|sliding-window|gcra|governor N: N decisions on a manual clock inside `measured`
+  keyed-1m turnstile|governor|governor-ahash|floor N: 1,000,000 keys, then N shuffled checks inside `measured`
+  layer bare|turnstile-admitted|turnstile-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.is_empty() || matches!(args.as_slice(), [a] if a == "-h" || a == "--help") {
+        println!("{MODES}");
+        return ExitCode::SUCCESS;
+    }
     if let [mode, who, n] = args.as_slice()
         && mode == "keyed-1m"
     {
@@ -546,9 +689,7 @@ fn main() -> ExitCode {
         _ => {}
     }
     let [path, who, clock, n] = args.as_slice() else {
-        eprintln!(
-            "usage: decision_cost allow|deny turnstile|governor|governor+wait precise|coarse N"
-        );
+        eprintln!("{MODES}");
         return ExitCode::FAILURE;
     };
     let Ok(n) = n.parse::<u64>() else {
