@@ -387,3 +387,118 @@ fn keyed_insert_racing_a_sweep_of_its_shard_loses_nothing() {
         assert_eq!(limiter.len(), 2 - evicted);
     });
 }
+
+/// The over-admission this map was rebuilt to rule out: a decision reads the
+/// clock, is delayed, and meanwhile time passes, a sweep unlinks its key's
+/// (now fresh-equivalent) word and a second sweep frees it. The late decision
+/// then misses the key and starts a fresh word.
+///
+/// Capacity 1, one token a second: the key spends its token at 0 s; over
+/// `[0 s, 1 s]` at most 2 permits exist. The late decision and one more at 1 s
+/// must not get 2 more between them.
+///
+/// A new key reads the clock under its shard's lock, after any sweep that freed
+/// its last word, so a fresh word is never decided at a reading older than the
+/// one that judged it. Built with `--cfg turnstile_mutant="stale_insert_reading"`
+/// (the insert path decides at the reading taken before the lookup, as the
+/// first keyed map did) this model fails: the late decision admits a fresh word
+/// at 0 s and the final one is admitted at 1 s, 3 permits in all. It fails
+/// too under the mutants of the next model (`no_recheck`, `no_grace`), which
+/// free the word while the late decision can still land in it.
+#[test]
+#[cfg_attr(
+    any(
+        turnstile_mutant = "stale_insert_reading",
+        turnstile_mutant = "no_recheck",
+        turnstile_mutant = "no_grace"
+    ),
+    should_panic
+)]
+fn keyed_decision_delayed_across_sweeps_never_starts_a_fresh_word_early() {
+    loom::model(|| {
+        let period = Duration::from_secs(1);
+        let (limiter, clock) = keyed(1, period);
+        assert!(limiter.try_acquire(&7).is_allowed()); // empty at 0 s
+        let late = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.try_acquire(&7).is_allowed() as u32)
+        };
+        clock.advance(period); // full again: fresh-equivalent
+        limiter.sweep(); // unlinks it
+        limiter.sweep(); // frees it, once no reader holds it
+        let late = late.join().unwrap();
+        let last = limiter.try_acquire(&7).is_allowed() as u32;
+        assert!(1 + late + last <= 2, "late {late}, last {last}");
+    });
+}
+
+/// A decision that found its key's word keeps deciding on it while a sweep
+/// unlinks it: its compare-and-swap lands in the entry, which waits in limbo
+/// and is freed only when no reader holds it *and* its word is fresh-equivalent
+/// again; a later decision links it back.
+///
+/// Capacity 2, one token a second: 1 spent at 0 s; over `[0 s, 1 s]` at most 3
+/// permits exist. Fails when built with `--cfg turnstile_mutant="no_recheck"`
+/// (limbo entries freed without judging their word again: the late admission is
+/// forgotten and the final two are both admitted) and with
+/// `--cfg turnstile_mutant="no_grace"` (freed while the late decision still
+/// holds the entry: its admission lands in a freed word), and with
+/// `stale_insert_reading` (once the sweeps have freed the word, the late
+/// decision starts a fresh one at 0 s, and the final two are both admitted).
+#[test]
+#[cfg_attr(
+    any(
+        turnstile_mutant = "stale_insert_reading",
+        turnstile_mutant = "no_recheck",
+        turnstile_mutant = "no_grace"
+    ),
+    should_panic
+)]
+fn keyed_decision_racing_an_unlink_is_kept_until_its_word_is_fresh_again() {
+    loom::model(|| {
+        let period = Duration::from_secs(1);
+        let (limiter, clock) = keyed(2, period);
+        assert!(limiter.try_acquire(&7).is_allowed()); // 1 left at 0 s
+        let late = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.try_acquire(&7).is_allowed() as u32)
+        };
+        clock.advance(period); // full again: fresh-equivalent
+        limiter.sweep();
+        limiter.sweep();
+        let late = late.join().unwrap();
+        let last = (0..2)
+            .map(|_| limiter.try_acquire(&7).is_allowed() as u32)
+            .sum::<u32>();
+        assert!(1 + late + last <= 3, "late {late}, last {last}");
+    });
+}
+
+/// Inserts grow the shard's index (a new index is published and the old one
+/// retired) while another thread decides twice on a key already held: both
+/// decisions land in the key's one word, whichever index they found it through.
+#[test]
+fn keyed_index_growth_racing_decisions_on_a_held_key_loses_nothing() {
+    loom::model(|| {
+        let (limiter, _clock) = keyed(2, Duration::from_secs(1));
+        // Keys 1 to 5 fill the smallest index to just below its growth point.
+        for key in 1..=5 {
+            assert!(limiter.try_acquire(&key).is_allowed());
+        }
+        let grower = {
+            let limiter = limiter.clone();
+            thread::spawn(move || {
+                assert!(limiter.try_acquire(&6).is_allowed());
+                assert!(limiter.try_acquire(&7).is_allowed()); // grows the index
+            })
+        };
+        // Key 1 has 1 permit left: exactly one of two decisions gets it.
+        let admitted = (0..2)
+            .map(|_| limiter.try_acquire(&1).is_allowed() as u32)
+            .sum::<u32>();
+        grower.join().unwrap();
+        assert_eq!(admitted, 1);
+        assert_eq!(limiter.remaining(&1), 0);
+        assert_eq!(limiter.len(), 7);
+    });
+}

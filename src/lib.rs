@@ -44,6 +44,7 @@ mod gcra;
 mod keyed;
 mod limiter;
 mod quota;
+mod reclaim;
 mod sliding_window;
 mod sync;
 mod tally;

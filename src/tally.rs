@@ -5,11 +5,13 @@ use core::fmt;
 use crossbeam_utils::CachePadded;
 
 use crate::decision::Decision;
-use crate::sync::{AtomicU64, OWNED_SLOTS, Ordering, thread_slot};
+use crate::reclaim::OWNED_SLOTS;
+use crate::sync::{AtomicU64, Ordering};
 
 /// Admitted and denied counts, one cache-padded pair per thread slot.
 ///
-/// A thread that owns its slot ([`thread_slot`] below [`OWNED_SLOTS`]) is the
+/// A thread that owns its slot (a slot below [`OWNED_SLOTS`], from
+/// [`Guard::slot`](crate::reclaim::Guard::slot)) is the
 /// only writer of that pair, so it counts with a plain load and store: exact,
 /// and no locked read-modify-write on the decision path. Threads beyond the
 /// owned slots share one pair and add with `fetch_add`. A reader sums the
@@ -31,10 +33,9 @@ impl Tally {
         }
     }
 
-    /// Count one decision.
+    /// Count one decision by the thread whose slot is `slot`.
     #[inline(always)]
-    pub(crate) fn count(&self, decision: Decision) {
-        let slot = thread_slot();
+    pub(crate) fn count(&self, decision: Decision, slot: usize) {
         let counter = &self.slots[slot.min(OWNED_SLOTS)][if decision.is_allowed() {
             ADMITTED
         } else {

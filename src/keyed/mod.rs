@@ -15,7 +15,7 @@ use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::{AcquireError, KeyedConfigError};
 use crate::limiter::check_permits;
 use crate::quota::Quota;
-use crate::sync::reclaim::Collector;
+use crate::reclaim::Collector;
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 use crate::tally::Tally;
 use crate::token_bucket::TokenBucket;
@@ -138,6 +138,8 @@ struct Inner<K, A, C, S> {
     shards: Box<[CachePadded<Shard<K>>]>,
     /// `shards.len() - 1`.
     shard_mask: usize,
+    /// `63 - log2(shards.len())`.
+    shard_shift: u32,
     hasher: S,
     algorithm: A,
     clock: C,
@@ -306,6 +308,7 @@ impl<K, A, C, S> KeyedBuilder<K, A, C, S> {
                     .map(|_| CachePadded::new(Shard::new(self.sweep_every)))
                     .collect(),
                 shard_mask: shards - 1,
+                shard_shift: 63 - shards.trailing_zeros(),
                 hasher: self.hasher,
                 algorithm: self.algorithm,
                 clock: self.clock,
@@ -474,20 +477,23 @@ where
     {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
+        // Read before the lookup, so that the clock's latency overlaps it. A
+        // reading of any age is sound here: it only ever meets the key's real
+        // word (see the type's invariant); a new key reads again under its
+        // shard's lock.
+        let now = self.clock.now();
         {
             let guard = self.collector.pin();
             if let Some(cell) = shard.find(hash, key, &guard) {
-                // Read after the word is found: see the type's invariant.
-                let now = self.clock.now();
                 // The plain decision, not `take`'s pair: returning the written
                 // word too kept the pair on the stack, and reading the decision
                 // back across two stores cost a failed store forward.
                 let decision = cell.apply(&self.algorithm, now, n);
-                self.tally.count(decision);
+                self.tally.count(decision, guard.slot());
                 return decision.into();
             }
         }
-        self.insert_and_decide(key, hash, shard, n).0
+        self.insert_and_decide(key, hash, shard, now, n).0
     }
 
     fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>)
@@ -497,15 +503,15 @@ where
     {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
+        // As in `decide`: any reading will do for a word found in the index.
+        let now = self.clock.now();
         {
             let guard = self.collector.pin();
             if let Some(cell) = shard.find(hash, key, &guard) {
-                // Read after the word is found: see the type's invariant.
-                let now = self.clock.now();
                 return self.decide_on(cell, now, n);
             }
         }
-        self.insert_and_decide(key, hash, shard, n)
+        self.insert_and_decide(key, hash, shard, now, n)
     }
 
     /// `f` on `key`'s word and a reading taken after it was found; for a key not
@@ -563,12 +569,19 @@ where
     /// A key not linked in its shard: take the shard's mutex, read the clock,
     /// and decide on the key's entry (linked meanwhile by another thread, or
     /// waiting in limbo) or on a fresh word stored as a new entry.
+    ///
+    /// `_early` is the reading the caller took before its lookup. It is not
+    /// used: a sweep may have judged the key's word at a later reading and
+    /// freed it since, and a fresh word decided at `_early` would then count
+    /// the key's last window or burst twice. (The loom mutant
+    /// `stale_insert_reading` uses it, and its model fails.)
     #[inline(never)]
     fn insert_and_decide<Q>(
         &self,
         key: &Q,
         hash: u64,
         shard: &Shard<K>,
+        _early: u64,
         n: u32,
     ) -> (KeyedDecision, Option<u64>)
     where
@@ -578,7 +591,10 @@ where
         let mut locked = shard.lock();
         // Read under the lock: after every sweep of this shard that came before,
         // so never older than a reading that judged this key's last word.
+        #[cfg(not(turnstile_mutant = "stale_insert_reading"))]
         let now = self.clock.now();
+        #[cfg(turnstile_mutant = "stale_insert_reading")]
+        let now = _early;
         if let Some(entry) = locked.find(hash, key) {
             return self.decide_on(locked.cell(entry), now, n);
         }
@@ -587,7 +603,7 @@ where
             let (decision, next) = self.algorithm.decide(self.algorithm.fresh(), now, n);
             if next.is_none() {
                 // The word would stay fresh: nothing to remember.
-                self.tally.count(decision);
+                self.tally.count(decision, self.collector.slot());
                 return (decision.into(), None);
             }
         }
@@ -735,15 +751,16 @@ where
     #[inline(always)]
     fn decide_on(&self, cell: &Cell, now: u64, n: u32) -> (KeyedDecision, Option<u64>) {
         let (decision, written) = cell.take(&self.algorithm, now, n);
-        self.tally.count(decision);
+        self.tally.count(decision, self.collector.slot());
         (decision.into(), written)
     }
 
     #[inline(always)]
     fn shard(&self, hash: u64) -> &Shard<K> {
-        // The top bits: the index uses the low ones, and its tags bits 32 to 63.
-        &self.shards
-            [((hash >> 32) as usize).wrapping_mul(self.shards.len()) >> 32 & self.shard_mask]
+        // The top bits (the index uses the low ones, and its tags bits 32 to
+        // 63): `hash >> (64 - log2(shards))`, in two shifts so that one shard
+        // (a shift of 64) needs no branch.
+        &self.shards[((hash >> 1) >> self.shard_shift) as usize]
     }
 }
 

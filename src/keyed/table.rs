@@ -47,8 +47,8 @@ use std::collections::BinaryHeap;
 use hashbrown::HashTable;
 
 use crate::cell::Cell;
-use crate::sync::reclaim::{Collector, Guard};
-use crate::sync::{Arc, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, UnsafeCell, lock};
+use crate::reclaim::{Collector, Guard, Snapshot};
+use crate::sync::{AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, UnsafeCell, lock};
 
 /// The first chunk holds `2^BASE_SHIFT` entries; each next one twice as many.
 const BASE_SHIFT: u32 = 4;
@@ -152,22 +152,22 @@ impl Index {
     }
 }
 
-/// A pointer handed to a deferred function that frees what it points to.
-struct Retired<T>(*mut T);
+/// An index unpublished by a rebuild, freed once the readers noted in its
+/// snapshot have unpinned.
+struct Retired {
+    index: *mut Index,
+    snapshot: Snapshot,
+}
 
-// SAFETY: a `Retired` is created from a `Box` that was unpublished, moved into
-// exactly one deferred function, and turned back into the box there; the
-// pointee is `Send` (only atomics), so the box may be dropped on any thread.
-unsafe impl<T: Send> Send for Retired<T> {}
-
-impl<T> Retired<T> {
+impl Retired {
     /// # Safety
     ///
-    /// - `self.0` came from `Box::into_raw` and no one else will free it;
-    /// - no reference to the pointee outlives this call.
+    /// - `self.index` came from `Box::into_raw` and is freed nowhere else;
+    /// - no reader can still hold it: it was unpublished before the snapshot
+    ///   was taken, and the snapshot has passed (or no reader exists at all).
     unsafe fn free(self) {
         // SAFETY: as the function's contract says.
-        drop(unsafe { Box::from_raw(self.0) });
+        drop(unsafe { Box::from_raw(self.index) });
     }
 }
 
@@ -191,6 +191,12 @@ pub(crate) struct Writer {
     limbo: HashTable<Limbo>,
     /// The last sweep batch.
     batch: u64,
+    /// Sweep batches whose grace period may not have passed, oldest first.
+    pending: std::collections::VecDeque<(u64, Snapshot)>,
+    /// Every batch up to this one has passed its grace period.
+    passed: u64,
+    /// Indexes unpublished by rebuilds, waiting for their readers.
+    retired: Vec<Retired>,
     /// Where the next bounded sweep of this shard starts in the index.
     cursor: usize,
     /// Inserts since the last full sweep, and how many trigger the next.
@@ -206,9 +212,6 @@ pub(crate) struct Shard<K> {
     index: AtomicPtr<Index>,
     chunks: [AtomicPtr<Entry<K>>; CHUNKS],
     writer: Mutex<Writer>,
-    /// The highest sweep batch whose grace period has passed, raised by a
-    /// function deferred to the collector when the batch is unlinked.
-    grace: Arc<AtomicU64>,
 }
 
 // SAFETY: a shard owns its keys (in the arena) and shares them with readers on
@@ -240,13 +243,15 @@ impl<K> Shard<K> {
                 free: BinaryHeap::new(),
                 limbo: HashTable::new(),
                 batch: 0,
+                pending: std::collections::VecDeque::new(),
+                passed: 0,
+                retired: Vec::new(),
                 cursor: 0,
                 inserts_since_sweep: 0,
                 sweep_threshold,
                 denied_key_limit: 0,
                 evicted: 0,
             }),
-            grace: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -356,6 +361,10 @@ impl<K> Drop for Shard<K> {
             entry_of(s.load(Ordering::Relaxed))
         }));
         drop(index);
+        for retired in writer.retired.drain(..) {
+            // SAFETY: `&mut self`: no reader exists any more.
+            unsafe { retired.free() };
+        }
         for entry in allocated {
             let (chunk, offset) = locate(entry);
             // Relaxed: as above.
@@ -560,11 +569,26 @@ impl<'a, K> Locked<'a, K> {
             .swap(Box::into_raw(Box::new(new)), Ordering::Release);
         self.writer.used = self.writer.linked;
         self.writer.cursor = 0;
-        let retired = Retired(old);
-        // SAFETY (of the deferred free): the old index is unpublished, so only
-        // readers pinned before now can hold it, and the collector runs the
-        // function after they unpin; nothing else frees it.
-        collector.pin().defer(move || unsafe { retired.free() });
+        self.writer.retired.push(Retired {
+            index: old,
+            snapshot: collector.snapshot(),
+        });
+        self.free_retired(collector);
+    }
+
+    /// Free the retired indexes whose readers have all unpinned.
+    fn free_retired(&mut self, collector: &Collector) {
+        let mut i = 0;
+        while i < self.writer.retired.len() {
+            if self.writer.retired[i].snapshot.passed(collector) {
+                let retired = self.writer.retired.swap_remove(i);
+                // SAFETY: unpublished before its snapshot, which has passed;
+                // only this writer (under the lock) frees retired indexes.
+                unsafe { retired.free() };
+            } else {
+                i += 1;
+            }
+        }
     }
 
     /// Unlink the linked entries whose words `evictable` accepts into limbo,
@@ -625,14 +649,8 @@ impl<'a, K> Locked<'a, K> {
         }
         if swept.unlinked > 0 {
             self.writer.batch = batch;
-            let grace = Arc::clone(&self.shard.grace);
-            // Release: pairs with the Acquire in `collect`: the readers' last
-            // accesses to the batch's entries, ordered before this function
-            // runs by the collector, happen before the entries are freed.
-            collector.pin().defer(move || {
-                grace.fetch_max(batch, Ordering::Release);
-            });
-            collector.collect();
+            let snapshot = collector.snapshot();
+            self.writer.pending.push_back((batch, snapshot));
         }
         // Give memory back once the index is mostly empty or mostly tombstones.
         let capacity = self.index().capacity();
@@ -651,12 +669,19 @@ impl<'a, K> Locked<'a, K> {
     /// Free the entries in limbo whose grace period has passed and whose words
     /// `evictable` accepts now; returns how many.
     fn collect(&mut self, evictable: &impl Fn(u64) -> bool, collector: &Collector) -> usize {
+        self.free_retired(collector);
+        while let Some((batch, snapshot)) = self.writer.pending.front_mut() {
+            // The loom mutant `no_grace` frees without waiting for readers.
+            if !(snapshot.passed(collector) || cfg!(turnstile_mutant = "no_grace")) {
+                break;
+            }
+            self.writer.passed = *batch;
+            self.writer.pending.pop_front();
+        }
         if self.writer.limbo.is_empty() {
             return 0;
         }
-        collector.collect();
-        // Acquire: pairs with the Release of the deferred function that raised it.
-        let past = self.shard.grace.load(Ordering::Acquire);
+        let past = self.writer.passed;
         let shard = self.shard;
         let Writer { limbo, free, .. } = &mut *self.writer;
         let before = limbo.len();
@@ -665,7 +690,8 @@ impl<'a, K> Locked<'a, K> {
                 return true;
             }
             let entry = shard.entry(l.entry);
-            if !evictable(entry.cell.load()) {
+            // The loom mutant `no_recheck` frees without judging the word again.
+            if !(evictable(entry.cell.load()) || cfg!(turnstile_mutant = "no_recheck")) {
                 // A decision ran on it after the unlink: it stays, and a
                 // decision for its key links it again.
                 return true;
