@@ -445,3 +445,148 @@ fn every_algorithm_works_per_key_and_sweeps_by_its_own_criterion() {
     check(Gcra::new(quota), Duration::from_secs(3));
     check(TokenBucket::new(quota), Duration::from_secs(3));
 }
+
+/// A full bound whose keys have all gone idle: every new key is admitted, the
+/// room found in whichever shards hold the idle keys (not only the new key's).
+#[test]
+fn a_full_bound_of_idle_keys_admits_every_new_key() {
+    for shards in [1, 8, 64] {
+        let clock = ManualClock::new();
+        let l = KeyedLimiter::<u64>::builder(quota(2, Duration::from_millis(100)))
+            .clock(clock.clone())
+            .shards(shards)
+            .max_keys(100)
+            .build()
+            .unwrap();
+        for k in 0..100 {
+            assert!(l.try_acquire(&k).is_allowed());
+        }
+        clock.advance(Duration::from_secs(3_600));
+        for k in 100..200 {
+            assert!(
+                l.try_acquire(&k).is_allowed(),
+                "{shards} shards: key {k} refused while idle keys were held"
+            );
+        }
+        assert_eq!(l.len(), 100);
+        let stats = l.stats();
+        assert_eq!((stats.denied_key_limit, stats.evicted), (0, 100));
+    }
+}
+
+/// `KeyLimit`'s `retry_after` is an upper bound: a key refused at the bound is
+/// admitted once it has waited that long, as long as the keys held meanwhile
+/// went idle.
+#[test]
+fn a_key_refused_at_the_bound_is_admitted_after_its_retry_after() {
+    let clock = ManualClock::new();
+    let l = KeyedLimiter::<u64>::builder(quota(3, Duration::from_millis(250)))
+        .clock(clock.clone())
+        .max_keys(10)
+        .build()
+        .unwrap();
+    for k in 0..10 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    clock.advance(Duration::from_secs(3_600));
+    let mut refused = 0;
+    for k in 10..110 {
+        match l.try_acquire(&k) {
+            KeyedDecision::Allowed { .. } => {}
+            KeyedDecision::KeyLimit { retry_after } => {
+                refused += 1;
+                assert_eq!(retry_after.duration(), Duration::from_millis(750));
+                clock.advance(retry_after.duration());
+                assert!(
+                    l.try_acquire(&k).is_allowed(),
+                    "key {k} refused again after waiting {retry_after:?}"
+                );
+            }
+            denied => panic!("a new key is never rate-limited: {denied:?}"),
+        }
+        assert!(l.len() <= 10);
+    }
+    // Each wait lets the next 10 keys in.
+    assert_eq!(refused, 9);
+}
+
+/// A limiter that owns its sweeper reclaims idle keys with no request coming,
+/// inside a gate, and stops the thread when dropped.
+#[test]
+fn a_limiter_with_its_own_sweeper_reclaims_idle_keys_behind_a_gate() {
+    let limiter = KeyedLimiter::<String>::builder(quota(1, Duration::from_millis(2)))
+        .max_keys(10_000)
+        .build()
+        .unwrap()
+        .with_sweeper(Duration::from_millis(5))
+        .unwrap();
+    let gate = turnstile::Gate::new(limiter);
+    for k in 0..1_000 {
+        assert!(gate.check(Some(&format!("key-{k}"))).is_admitted());
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !gate.limiter().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "never swept");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(gate.limiter().stats().evicted, 1_000);
+    let err = KeyedLimiter::<u64>::new(quota(1, Duration::from_secs(1)))
+        .with_sweeper(Duration::ZERO)
+        .unwrap_err();
+    assert_eq!(err, KeyedConfigError::ZeroSweepInterval);
+    assert!(err.to_string().contains("sweep_interval is zero"));
+}
+
+/// Both cores hammer one key in bursts with pauses long enough for its bucket
+/// to refill, while a third thread sweeps without pause: the sweeps keep
+/// unlinking the key between bursts, and decisions keep racing them. Over the
+/// whole run the key is never admitted more than `capacity + floor(T / period)`.
+#[test]
+fn sweeps_racing_decisions_on_the_real_clock_never_over_admit() {
+    let (capacity, period) = (4u64, Duration::from_millis(1));
+    let l = Arc::new(
+        KeyedLimiter::<u64>::builder(quota(capacity as u32, period))
+            .clock(RealClock::new())
+            .build()
+            .unwrap(),
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let start = l.clock().now();
+    let sweeper = {
+        let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut evicted = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                evicted += l.sweep();
+            }
+            evicted
+        })
+    };
+    let workers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let l = Arc::clone(&l);
+            std::thread::spawn(move || {
+                let mut admitted = 0u64;
+                let until = std::time::Instant::now() + Duration::from_millis(600);
+                let mut i = t;
+                while std::time::Instant::now() < until {
+                    for _ in 0..8 {
+                        admitted += l.try_acquire(&7).is_allowed() as u64;
+                    }
+                    i = i
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    std::thread::sleep(Duration::from_micros(3_000 + (i >> 33) % 4_000));
+                }
+                admitted
+            })
+        })
+        .collect();
+    let admitted: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    let end = l.clock().now();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let evicted = sweeper.join().unwrap();
+    let bound = capacity + (end - start) / period.as_nanos() as u64;
+    assert!(admitted <= bound, "admitted {admitted}, bound {bound}");
+    assert!(evicted > 0, "the sweeps never met the key idle");
+}

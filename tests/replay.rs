@@ -207,3 +207,29 @@ proptest! {
         prop_assert_eq!(answered, expected, "{:?}\n{}\n{}", input, out, err);
     }
 }
+
+/// With a bound of one key, a new key finds room once the key held has gone
+/// idle, whichever shards the two land in (the hasher is random: run it
+/// several times).
+#[test]
+fn a_new_key_at_the_bound_takes_the_room_of_an_idle_key() {
+    let input = b"0,a,1\n5000,b,1\n100000,b,1\n1000000,b,1\n";
+    let args = [
+        "--algorithm",
+        "token-bucket",
+        "--capacity",
+        "2",
+        "--period-ms",
+        "100",
+        "--max-keys",
+        "1",
+    ];
+    for _ in 0..20 {
+        let (out, _) = run(&args, input).unwrap();
+        assert_eq!(
+            out,
+            "0 a allowed 1\n5000 b allowed 1\n100000 b allowed 1\n1000000 b allowed 1\n\n\
+             a allowed 1 denied 0\nb allowed 3 denied 0\n"
+        );
+    }
+}

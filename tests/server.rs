@@ -138,3 +138,36 @@ async fn futures_join(addr: SocketAddr, n: usize) -> Vec<u16> {
     }
     statuses
 }
+
+/// A flood of distinct API keys fills the `/api` limiter; with the server idle
+/// afterwards, its own sweeper reclaims every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_flood_is_reclaimed_while_the_server_is_idle() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let handled = Arc::new(server::Handled::default());
+    let settings = server::Settings {
+        api: turnstile::Quota::new(2, 1, std::time::Duration::from_millis(20)).unwrap(),
+        sweep_every: std::time::Duration::from_millis(10),
+        ..server::Settings::default()
+    };
+    let (app, gates) = server::app_with(handled.clone(), settings);
+    tokio::spawn(async move { server::serve(listener, app).await });
+    for i in 0..300 {
+        let reply = get(addr, "/api", &format!("x-api-key: flood-{i}\r\n")).await;
+        assert_eq!(reply.status, 200);
+    }
+    assert_eq!(handled.api.load(Ordering::Relaxed), 300);
+    let limiter = gates.api.limiter();
+    assert!(limiter.stats().admitted >= 300);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !limiter.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} keys still held",
+            limiter.len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(limiter.stats().evicted >= 300);
+}
