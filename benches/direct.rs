@@ -5,8 +5,10 @@
 //!
 //! - `direct_allow`: every check is admitted (a bucket too big to run dry).
 //! - `direct_deny`: every check is denied (a bucket emptied first, refilling once
-//!   an hour). turnstile's denial includes the exact wait; governor's defers it,
-//!   so `governor/precise+wait` adds the call a 429's `Retry-After` needs.
+//!   an hour). turnstile's `try_acquire` denial includes the exact wait;
+//!   governor's check defers it, so `governor/precise+wait` adds the call a
+//!   429's `Retry-After` needs, and `turnstile-check` is turnstile's `check`,
+//!   which defers the wait too (`NotYet::retry_after` computes it when asked).
 //!
 //! Each with the precise clock (quanta's TSC for both) and the coarse clock
 //! (turnstile's `CoarseClock`, governor's `QuantaUpkeepClock`, both 1 ms).
@@ -80,6 +82,10 @@ fn direct_deny(c: &mut Criterion) {
         b.iter(|| black_box(ours.try_acquire()))
     });
     assert!(ours.try_acquire().is_denied(), "the deny bench must deny");
+    // `check` defers the wait, as governor's check does.
+    group.bench_function("turnstile-check/precise", |b| {
+        b.iter(|| black_box(ours.check().is_ok()))
+    });
 
     let theirs = governor::RateLimiter::direct(governor::Quota::per_hour(nonzero(1)));
     assert!(theirs.check().is_ok());
@@ -99,6 +105,9 @@ fn direct_deny(c: &mut Criterion) {
         b.iter(|| black_box(ours.try_acquire()))
     });
     assert!(ours.try_acquire().is_denied(), "the deny bench must deny");
+    group.bench_function("turnstile-check/coarse", |b| {
+        b.iter(|| black_box(ours.check().is_ok()))
+    });
 
     // quanta allows one upkeep thread per process; `direct_allow`'s stopped when
     // its clock was dropped, so this one can start.

@@ -23,8 +23,9 @@
 //!
 //! Modes (with no arguments, the program prints this list):
 //!
-//! - `allow|deny turnstile|governor|governor+wait precise|coarse N`: `N` direct
-//!   decisions inside `measured` (`governor+wait` is governor's check plus the
+//! - `allow|deny turnstile|turnstile-check|governor|governor+wait precise|coarse N`:
+//!   `N` direct decisions inside `measured` (`turnstile-check` is `check`, whose
+//!   denial defers the wait; `governor+wait` is governor's check plus the
 //!   wait a 429 needs; precise only). Divide callgrind's `Collected` count by `N`.
 //! - `paired`: turnstile's and governor's direct limiters timed in alternating
 //!   blocks of 200,000 decisions, 101 blocks each, the median block of each and
@@ -632,7 +633,7 @@ fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
 /// stderr after a malformed command line.
 const MODES: &str = "\
 usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cost -- MODE ARGS)
-  allow|deny turnstile|governor|governor+wait precise|coarse N: N direct decisions inside `measured`, for callgrind
+  allow|deny turnstile|turnstile-check|governor|governor+wait precise|coarse N: N direct decisions inside `measured`, for callgrind
   paired: direct limiters, turnstile against governor, timed in alternating blocks
   paired-keyed: keyed limiters (turnstile, governor, governor-ahash, floor) on 1M keys and a hot key, then 2-thread scaling
   paired-algorithms: each algorithm against governor's GCRA, direct, coarse clocks, alternating blocks
@@ -728,6 +729,17 @@ fn main() -> ExitCode {
             let _ = l.try_acquire();
             measured(n, || l.try_acquire());
         }
+        ("turnstile-check", "precise") => {
+            let l = turnstile::RateLimiter::new(ours_quota);
+            let _ = l.check();
+            measured(n, || l.check().is_ok());
+        }
+        ("turnstile-check", "coarse") => {
+            let coarse = turnstile::CoarseClock::new().expect("upkeep thread");
+            let l = turnstile::RateLimiter::with_clock(ours_quota, coarse);
+            let _ = l.check();
+            measured(n, || l.check().is_ok());
+        }
         ("governor", "precise") => {
             let l = governor::RateLimiter::direct(theirs_quota);
             let _ = l.check();
@@ -751,7 +763,8 @@ fn main() -> ExitCode {
         }
         other => {
             eprintln!(
-                "unknown limiter {other:?}: turnstile|governor|governor+wait, precise|coarse"
+                "unknown limiter {other:?}: turnstile|turnstile-check|governor|governor+wait, \
+                 precise|coarse"
             );
             return ExitCode::FAILURE;
         }

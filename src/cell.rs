@@ -97,6 +97,34 @@ impl Cell {
         }
     }
 
+    /// As [`apply`](Self::apply), but a denial returns the word it was decided
+    /// on instead of the wait: the caller computes the wait only if it needs
+    /// it (the algorithm's wait arithmetic is inlined here and, unused, dropped).
+    #[inline(always)]
+    pub(crate) fn admit<A: Algorithm>(&self, algorithm: &A, now: u64, n: u32) -> Result<u32, u64> {
+        // Relaxed: see the type's documentation.
+        let mut current = self.word.load(Ordering::Relaxed);
+        loop {
+            let (decision, next) = algorithm.decide(current, now, n);
+            let (Decision::Allowed { remaining }, Some(next)) = (decision, next) else {
+                return match decision {
+                    Decision::Allowed { remaining } => Ok(remaining),
+                    Decision::Denied { .. } => Err(current),
+                };
+            };
+            // Relaxed on success and failure: as in `apply`.
+            match self.word.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(remaining),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
     /// Give back `n` permits taken by an admission that wrote `written`: the
     /// algorithm's refund, in the same compare-and-swap loop.
     pub(crate) fn refund<A: Algorithm>(&self, algorithm: &A, written: u64, n: u32) {

@@ -59,7 +59,7 @@ pub use algorithm::Algorithm;
 pub use clock::CoarseClock;
 pub use clock::{Clock, ManualClock, RealClock};
 pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
-pub use decision::{Decision, KeyedDecision, RetryAfter};
+pub use decision::{Decision, KeyedDecision, NotYet, RetryAfter};
 pub use error::{AcquireError, KeyedConfigError, QuotaError};
 pub use fixed_window::FixedWindow;
 pub use gate::{Gate, Outcome, PolicyError, RateLimitPolicy};

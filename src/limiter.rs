@@ -6,6 +6,7 @@ use crate::algorithm::Algorithm;
 use crate::cell::Cell;
 use crate::clock::{Clock, RealClock};
 use crate::decision::Decision;
+use crate::decision::NotYet;
 use crate::error::AcquireError;
 use crate::quota::Quota;
 use crate::token_bucket::TokenBucket;
@@ -77,6 +78,31 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         // Every algorithm's capacity is at least 1, so one permit is always a
         // valid request.
         self.cell.apply(&self.algorithm, self.clock.now(), 1)
+    }
+
+    /// Ask for one permit, and leave a denial's wait to be worked out only if
+    /// asked for ([`NotYet::retry_after`]): `Ok` with the permits left, or
+    /// `Err`. The same decision as [`try_acquire`](Self::try_acquire), with a
+    /// cheaper denial.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{ManualClock, Quota, RateLimiter};
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = RateLimiter::with_clock(Quota::new(1, 1, Duration::from_secs(1))?, clock.clone());
+    /// assert_eq!(limiter.check().ok(), Some(0));
+    /// clock.advance(Duration::from_millis(400));
+    /// let not_yet = limiter.check().unwrap_err();
+    /// assert_eq!(not_yet.retry_after().duration(), Duration::from_millis(600));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline(always)]
+    pub fn check(&self) -> Result<u32, NotYet<'_, A>> {
+        let now = self.clock.now();
+        self.cell
+            .admit(&self.algorithm, now, 1)
+            .map_err(|word| NotYet::rate(&self.algorithm, word, now, 1))
     }
 
     /// Ask for `n` permits, all or nothing.

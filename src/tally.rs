@@ -36,11 +36,15 @@ impl Tally {
     /// Count one decision by the thread whose slot is `slot`.
     #[inline(always)]
     pub(crate) fn count(&self, decision: Decision, slot: usize) {
-        let counter = &self.slots[slot.min(OWNED_SLOTS)][if decision.is_allowed() {
-            ADMITTED
-        } else {
-            DENIED
-        }];
+        self.count_outcome(decision.is_allowed(), slot);
+    }
+
+    /// Count one admission (`true`) or denial by the thread whose slot is `slot`.
+    #[inline(always)]
+    pub(crate) fn count_outcome(&self, allowed: bool, slot: usize) {
+        // `slot <= OWNED_SLOTS`: a guard's slot, or the shared one.
+        let pair = &self.slots[slot];
+        let counter = &pair[usize::from(!allowed)];
         if slot < OWNED_SLOTS {
             // Relaxed, as a load and a store: this thread is the slot's only
             // writer, so no other write can fall between them; the counts

@@ -590,3 +590,17 @@ fn sweeps_racing_decisions_on_the_real_clock_never_over_admit() {
     assert!(admitted <= bound, "admitted {admitted}, bound {bound}");
     assert!(evicted > 0, "the sweeps never met the key idle");
 }
+
+#[test]
+fn check_at_the_bound_is_a_key_limit_with_the_idle_to_fresh_wait() {
+    let (l, _) = manual::<u64>(quota(2, Duration::from_secs(1)), 1);
+    assert_eq!(l.check(&1).ok(), Some(1));
+    let refused = l.check(&2).unwrap_err();
+    assert!(refused.is_key_limit());
+    assert_eq!(refused.retry_after().duration(), Duration::from_secs(2));
+    assert_eq!(l.check(&1).ok(), Some(0));
+    let denied = l.check(&1).unwrap_err();
+    assert!(!denied.is_key_limit());
+    assert_eq!(denied.retry_after().duration(), Duration::from_secs(1));
+    assert_eq!(l.stats().denied_key_limit, 1);
+}

@@ -296,3 +296,79 @@ fn a_limiter_on_the_coarse_clock_refills() {
     assert!(clock.now() > start);
     assert!(l.try_acquire().is_allowed());
 }
+
+/// `check` decides exactly as `try_acquire` does, and a denial's deferred wait
+/// is exactly the wait `try_acquire` reports, for every algorithm, direct and
+/// keyed, along one pseudo-random schedule of requests and clock steps.
+#[test]
+fn check_agrees_with_try_acquire_and_defers_the_exact_wait() {
+    use turnstile::{Algorithm, FixedWindow, Gcra, KeyedBuilder, ManualClock, SlidingWindow};
+
+    fn compare<A: Algorithm + Clone + std::fmt::Debug + Send + Sync + 'static>(algorithm: A) {
+        let (a_clock, b_clock) = (ManualClock::new(), ManualClock::new());
+        let a = turnstile::RateLimiter::from_parts(algorithm.clone(), a_clock.clone());
+        let b = turnstile::RateLimiter::from_parts(algorithm.clone(), b_clock.clone());
+        let ka = KeyedBuilder::<u64, A>::new(algorithm.clone())
+            .clock(a_clock.clone())
+            .build()
+            .unwrap();
+        let kb = KeyedBuilder::<u64, A>::new(algorithm.clone())
+            .clock(b_clock.clone())
+            .build()
+            .unwrap();
+        let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut denials = 0;
+        for step in 0..5_000 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let step_ns = (state >> 33) % 40_000_000;
+            a_clock.advance(std::time::Duration::from_nanos(step_ns));
+            b_clock.advance(std::time::Duration::from_nanos(step_ns));
+            let key = (state >> 60) % 3;
+            let expected = a.try_acquire();
+            match (expected, b.check()) {
+                (turnstile::Decision::Allowed { remaining }, Ok(left)) => {
+                    assert_eq!(remaining, left)
+                }
+                (turnstile::Decision::Denied { retry_after }, Err(not_yet)) => {
+                    denials += 1;
+                    assert_eq!(
+                        not_yet.retry_after(),
+                        retry_after,
+                        "{algorithm:?} step {step}"
+                    );
+                    assert!(!not_yet.is_key_limit());
+                }
+                (expected, got) => panic!("{algorithm:?} step {step}: {expected:?} vs {got:?}"),
+            }
+            match (ka.try_acquire(&key), kb.check(&key)) {
+                (turnstile::KeyedDecision::Allowed { remaining }, Ok(left)) => {
+                    assert_eq!(remaining, left)
+                }
+                (turnstile::KeyedDecision::Denied { retry_after }, Err(not_yet)) => {
+                    assert_eq!(
+                        not_yet.retry_after(),
+                        retry_after,
+                        "{algorithm:?} step {step}"
+                    );
+                }
+                (expected, got) => {
+                    panic!("{algorithm:?} keyed step {step}: {expected:?} vs {got:?}")
+                }
+            }
+        }
+        assert!(
+            denials > 100,
+            "{algorithm:?}: the schedule must deny often ({denials})"
+        );
+        assert_eq!(ka.stats().admitted, kb.stats().admitted);
+        assert_eq!(ka.stats().denied, kb.stats().denied);
+    }
+
+    let quota = turnstile::Quota::new(5, 2, std::time::Duration::from_millis(300)).unwrap();
+    compare(turnstile::TokenBucket::new(quota));
+    compare(Gcra::new(quota));
+    compare(FixedWindow::new(5, std::time::Duration::from_millis(700)).unwrap());
+    compare(SlidingWindow::new(5, std::time::Duration::from_millis(700)).unwrap());
+}

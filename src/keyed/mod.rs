@@ -11,7 +11,7 @@ use crossbeam_utils::CachePadded;
 use crate::algorithm::Algorithm;
 use crate::cell::Cell;
 use crate::clock::{Clock, RealClock, saturating_nanos};
-use crate::decision::{Decision, KeyedDecision, RetryAfter};
+use crate::decision::{Decision, KeyedDecision, NotYet, RetryAfter};
 use crate::error::{AcquireError, KeyedConfigError};
 use crate::limiter::check_permits;
 use crate::quota::Quota;
@@ -377,6 +377,57 @@ where
     {
         check_permits(n, self.inner.algorithm.capacity())?;
         Ok(self.inner.decide(key, n))
+    }
+
+    /// Ask for one permit for `key`, and leave a denial's wait to be worked
+    /// out only if asked for ([`NotYet::retry_after`]): `Ok` with the permits
+    /// left, or `Err` (a rate denial, or a new key refused at the bound:
+    /// [`NotYet::is_key_limit`]). The same decision as
+    /// [`try_acquire`](Self::try_acquire), with a cheaper denial.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{KeyedLimiter, ManualClock, Quota};
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = KeyedLimiter::<u64>::builder(Quota::new(1, 1, Duration::from_secs(1))?)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// assert_eq!(limiter.check(&7).ok(), Some(0));
+    /// clock.advance(Duration::from_millis(250));
+    /// let not_yet = limiter.check(&7).unwrap_err();
+    /// assert!(!not_yet.is_key_limit());
+    /// assert_eq!(not_yet.retry_after().duration(), Duration::from_millis(750));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn check<Q>(&self, key: &Q) -> Result<u32, NotYet<'_, A>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let inner = &*self.inner;
+        let hash = inner.hasher.hash_one(key);
+        let shard = inner.shard(hash);
+        // As in `Inner::decide`.
+        let now = inner.clock.now();
+        {
+            let guard = inner.collector.pin();
+            if let Some(cell) = shard.find(hash, key, &guard) {
+                let admitted = cell.admit(&inner.algorithm, now, 1);
+                inner.tally.count_outcome(admitted.is_ok(), guard.slot());
+                return admitted.map_err(|word| NotYet::rate(&inner.algorithm, word, now, 1));
+            }
+        }
+        match inner.insert_and_decide(key, hash, shard, now, 1).0 {
+            KeyedDecision::Allowed { remaining } => Ok(remaining),
+            KeyedDecision::Denied { retry_after } => {
+                Err(NotYet::known(&inner.algorithm, retry_after, false))
+            }
+            KeyedDecision::KeyLimit { retry_after } => {
+                Err(NotYet::known(&inner.algorithm, retry_after, true))
+            }
+        }
     }
 
     /// The permits `key` could get now, without taking any and without storing
