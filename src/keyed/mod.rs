@@ -44,13 +44,14 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// # The read path: no lock, one compare-and-swap
 ///
 /// Keys live in a power-of-two number of shards. A decision on a known key
-/// hashes the key once, pins an epoch (crossbeam-epoch), probes its shard's
-/// index with plain acquire loads, reads the clock, and runs one
-/// compare-and-swap on the key's word: no lock, no allocation, no key clone, and
-/// no write to any shared cache line but the word itself (the admitted and
-/// denied counters are per thread). `String` keys are looked up by `&str`.
-/// Inserts, sweeps and index rebuilds serialize on a per-shard mutex that
-/// readers never take.
+/// hashes the key once, reads the clock, pins its thread's reclamation record
+/// (one store to a line only that thread writes; see the crate's design notes
+/// on grace periods), probes its shard's index with plain acquire loads, and
+/// runs one compare-and-swap on the key's word: no lock, no allocation, no key
+/// clone, and no write to any shared cache line but the word itself (the
+/// admitted and denied counters are per thread). `String` keys are looked up by
+/// `&str`. Inserts, sweeps and index rebuilds serialize on a per-shard mutex
+/// that readers never take.
 ///
 /// # Sweeping that loses nothing
 ///
@@ -63,12 +64,14 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// > a sweep used to judge that key's previous word.**
 ///
 /// It holds by construction:
-/// - a decision on a key it *found* reads the clock only after finding the word,
-///   and decides on that word, the key's real state, whatever a sweep does
-///   meanwhile: a sweep only unlinks an entry and parks it in limbo, where a late
-///   compare-and-swap still lands; the entry is freed only after every reader
-///   that could hold it has unpinned *and* its word is still fresh-equivalent at
-///   a reading the freeing writer takes afterwards;
+/// - a decision on a key it *finds* decides on that word, the key's real state,
+///   whatever a sweep does meanwhile: a sweep only unlinks an entry and parks it
+///   in limbo, where a late compare-and-swap still lands; the entry is freed
+///   only after every reader that could hold it has unpinned *and* its word is
+///   still fresh-equivalent at a reading the freeing writer takes afterwards.
+///   So its clock reading may be of any age (an old reading meets a word that
+///   has seen later ones, and refills nothing), and it is taken before the
+///   lookup, where its latency overlaps the lookup's;
 /// - a decision that does *not* find its key takes the shard's mutex and reads
 ///   the clock only then, after any sweep of the shard that came before; it
 ///   relinks the key's entry if it is still in limbo, and only otherwise starts

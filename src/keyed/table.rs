@@ -12,7 +12,8 @@
 //!   `EMPTY`, `DELETED` or the top 32 bits of the key's hash with the entry's
 //!   number. Readers probe it with acquire loads; the writer changes slots in
 //!   place (insert, unlink) or publishes a whole new index (grow, shrink,
-//!   dropping tombstones) and retires the old one to the collector.
+//!   dropping tombstones) and retires the old one, freeing it after a grace
+//!   period (`crate::reclaim`).
 //! - **Writers** (insert, sweep, rebuild, reclaim) serialize on the shard's
 //!   mutex. Readers never take it.
 //!
@@ -23,8 +24,8 @@
 //! A decision that found the entry before the unlink may still be running on
 //! its word, and its compare-and-swap lands in the entry, which still exists.
 //! The entry is freed only when both hold:
-//! 1. every reader pinned at the unlink has unpinned (a grace period of the
-//!    collector), so no decision can still reach the entry; and
+//! 1. every reader pinned at the unlink has unpinned (a grace period,
+//!    `crate::reclaim`), so no decision can still reach the entry; and
 //! 2. its word is fresh-equivalent at a clock reading taken by the writer after
 //!    (1), under the shard's lock.
 //!
@@ -214,10 +215,13 @@ pub(crate) struct Shard<K> {
     writer: Mutex<Writer>,
 }
 
-// SAFETY: a shard owns its keys (in the arena) and shares them with readers on
-// other threads as `&K`: sending a shard sends the keys (`K: Send`), and sharing
-// it shares `&K` across threads (`K: Sync`). Every other field is an atomic or
-// behind the mutex.
+// SAFETY:
+// - a shard owns its keys (in the arena) and shares them with readers on other
+//   threads as `&K`: sending a shard sends the keys (`K: Send`), and sharing it
+//   shares `&K` across threads (`K: Sync`);
+// - its raw pointers (the published index, the chunks, retired indexes) point
+//   to memory it owns, made only of atomics and keys;
+// - every other field is an atomic or behind the mutex.
 unsafe impl<K: Send> Send for Shard<K> {}
 // SAFETY: as above.
 unsafe impl<K: Send + Sync> Sync for Shard<K> {}
@@ -291,9 +295,9 @@ impl<K> Shard<K> {
         // Acquire: pairs with the Release that published this index, after its
         // slots were written.
         let index = self.index.load(Ordering::Acquire);
-        // SAFETY: the published index is retired only through the collector,
-        // after every pin taken while it was published (such as `_guard`) is
-        // released, so it is alive for `'g`.
+        // SAFETY: a writer frees an index only after unpublishing it and then
+        // seeing every pin taken before (such as `_guard`) released, so it is
+        // alive for `'g`.
         let index = unsafe { &*index };
         let tag = hash & TAG;
         let mut pos = hash as usize & index.mask;
