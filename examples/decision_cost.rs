@@ -94,6 +94,62 @@ fn paired(mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
     (median(&mut ta), median(&mut tb))
 }
 
+/// One direct limiter's size beside governor's, then the time per decision of
+/// two threads each on its own of two limiters side by side in a `Vec` (what
+/// the limiter's alignment is for), and of two threads on one limiter: five
+/// runs of 20 M decisions per thread, coarse clock, every decision admitted.
+fn run_neighbours() {
+    use std::sync::{Arc, Barrier};
+    type Ours = turnstile::RateLimiter<turnstile::TokenBucket, turnstile::CoarseClock>;
+    fn run(limiters: &Arc<Vec<Ours>>, own: bool) -> f64 {
+        const N: u64 = 20_000_000;
+        let start = Arc::new(Barrier::new(3));
+        let workers: Vec<_> = (0..2)
+            .map(|t| {
+                let (limiters, start) = (Arc::clone(limiters), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    let l = &limiters[if own { t } else { 0 }];
+                    start.wait();
+                    for _ in 0..N {
+                        let _ = black_box(l.try_acquire());
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        let began = std::time::Instant::now();
+        workers
+            .into_iter()
+            .for_each(|w| w.join().expect("a worker"));
+        began.elapsed().as_nanos() as f64 / N as f64
+    }
+    let clock = turnstile::CoarseClock::new().expect("upkeep thread");
+    let quota = turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota");
+    let limiters = Arc::new(
+        (0..2)
+            .map(|_| turnstile::RateLimiter::with_clock(quota, clock.clone()))
+            .collect::<Vec<Ours>>(),
+    );
+    println!(
+        "size: turnstile RateLimiter<TokenBucket, CoarseClock> {} bytes (align {}), \
+         governor direct limiter {} bytes",
+        std::mem::size_of::<Ours>(),
+        std::mem::align_of::<Ours>(),
+        std::mem::size_of::<
+            governor::RateLimiter<
+                governor::state::NotKeyed,
+                governor::state::InMemoryState,
+                governor::clock::QuantaUpkeepClock,
+            >,
+        >()
+    );
+    for _ in 0..5 {
+        let own = run(&limiters, true);
+        let one = run(&limiters, false);
+        println!("two threads, own adjacent limiters {own:.2} ns, one shared limiter {one:.2} ns");
+    }
+}
+
 fn run_paired() {
     let nz = |n| NonZeroU32::new(n).expect("nonzero");
     let report = |what: &str, (ours, theirs): (f64, f64)| {
@@ -635,6 +691,7 @@ const MODES: &str = "\
 usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cost -- MODE ARGS)
   allow|deny turnstile|turnstile-check|governor|governor+wait precise|coarse N: N direct decisions inside `measured`, for callgrind
   paired: direct limiters, turnstile against governor, timed in alternating blocks
+  neighbours: one direct limiter's size, and two threads on two adjacent limiters, then on one
   paired-keyed: keyed limiters (turnstile, governor, governor-ahash, floor) on 1M keys and a hot key, then 2-thread scaling
   paired-algorithms: each algorithm against governor's GCRA, direct, coarse clocks, alternating blocks
   algorithm allow|deny token-bucket|fixed-window|sliding-window|gcra|governor N: N decisions on a manual clock inside `measured`
@@ -677,6 +734,10 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("paired") => {
             run_paired();
+            return ExitCode::SUCCESS;
+        }
+        Some("neighbours") => {
+            run_neighbours();
             return ExitCode::SUCCESS;
         }
         Some("paired-keyed") => {

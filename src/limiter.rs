@@ -1,7 +1,5 @@
 //! A direct (unkeyed) limiter: one cell, one algorithm, one clock.
 
-use crossbeam_utils::CachePadded;
-
 use crate::algorithm::Algorithm;
 use crate::cell::Cell;
 use crate::clock::{Clock, RealClock};
@@ -38,10 +36,33 @@ use crate::token_bucket::TokenBucket;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
+// Aligned (and so sized) to the width crossbeam's `CachePadded` uses, 128 bytes
+// on x86-64: two limiters side by side (in a `Vec`, a struct) never share a
+// line, or a pair of lines the prefetcher fetches together. Two threads each
+// on their own of two adjacent limiters ran 1.8x slower per decision without
+// it (BENCHMARKS.md, "One direct limiter's size"). The word shares its line
+// with the algorithm's parameters and the clock: every decision reads those
+// anyway, and padding the word alone (256 bytes in all) was no faster.
+#[cfg_attr(
+    any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "powerpc64",
+        target_arch = "arm64ec"
+    ),
+    repr(align(128))
+)]
+#[cfg_attr(
+    not(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "powerpc64",
+        target_arch = "arm64ec"
+    )),
+    repr(align(64))
+)]
 pub struct RateLimiter<A = TokenBucket, C = RealClock> {
-    // Padded: every core writes this line; the algorithm's parameters and the
-    // clock beside it are read on every decision and must not share it.
-    cell: CachePadded<Cell>,
+    cell: Cell,
     algorithm: A,
     clock: C,
 }
@@ -66,7 +87,7 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// A limiter running `algorithm` on `clock`, starting fresh.
     pub fn from_parts(algorithm: A, clock: C) -> RateLimiter<A, C> {
         RateLimiter {
-            cell: CachePadded::new(Cell::new(algorithm.fresh())),
+            cell: Cell::new(algorithm.fresh()),
             algorithm,
             clock,
         }

@@ -104,7 +104,9 @@ const fn chunk_len(chunk: usize) -> usize {
     1 << (chunk as u32 + BASE_SHIFT)
 }
 
-/// One entry of the arena.
+/// One entry of the arena. Aligned to 16 bytes so that a 16-byte entry (a
+/// `u64` key) never straddles two cache lines.
+#[repr(align(16))]
 struct Entry<K> {
     cell: Cell,
     /// Initialized from the entry's allocation until it is freed; read by
