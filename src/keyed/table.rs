@@ -301,31 +301,58 @@ impl<K> Shard<K> {
         // seeing every pin taken before (such as `_guard`) released, so it is
         // alive for `'g`.
         let index = unsafe { &*index };
+        // The entries it names live as long: an entry is freed only after a
+        // grace period that waits for `_guard`.
+        self.probe(index, hash, key).map(|(_, entry)| &entry.cell)
+    }
+
+    /// `key`'s entry in `index`, and its number. The caller keeps the index and
+    /// the entries it names allocated: it holds a pin taken before it loaded
+    /// the index, or the writer lock.
+    #[inline(always)]
+    fn probe<'i, Q>(&'i self, index: &Index, hash: u64, key: &Q) -> Option<(u32, &'i Entry<K>)>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
         let tag = hash & TAG;
         let mut pos = hash as usize & index.mask;
         loop {
             // Acquire: pairs with the writer's Release store of the slot, made
-            // after it wrote the entry's key and word.
+            // after it wrote the entry's key and word. (The writer probing its
+            // own slots needs no ordering; an acquire load costs it nothing
+            // extra on x86-64, and one probe serves both.)
             let slot = index.slots[pos].load(Ordering::Acquire);
             if slot == EMPTY {
                 return None;
             }
             if slot & TAG == tag
-                && let Some(entry) = entry_of(slot)
+                && let Some(number) = entry_of(slot)
             {
-                let entry = self.entry(entry);
-                // SAFETY: the key was written before the slot was published
-                // (acquire above) and is dropped only after a grace period that
-                // waits for `_guard`.
-                let same = entry
-                    .key
-                    .with(|k| unsafe { (*k).assume_init_ref() }.borrow() == key);
-                if same {
-                    return Some(&entry.cell);
+                let entry = self.entry(number);
+                if self.key_is(entry, key) {
+                    return Some((number, entry));
                 }
             }
             pos = (pos + 1) & index.mask;
         }
+    }
+
+    /// Whether `entry`, which holds a key (it is linked or in limbo, and the
+    /// caller holds a pin or the writer lock), holds `key`.
+    #[inline(always)]
+    fn key_is<Q>(&self, entry: &Entry<K>, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        // SAFETY: the key was written before the entry's slot was published
+        // (the caller's acquire load, or its lock), and it is dropped only by a
+        // writer holding the lock, after a grace period that waits for every
+        // pin taken while the entry could be found.
+        entry
+            .key
+            .with(|k| unsafe { (*k).assume_init_ref() }.borrow() == key)
     }
 
     /// Take the shard's writer lock.
@@ -433,34 +460,9 @@ impl<'a, K> Locked<'a, K> {
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        let index = self.index();
-        let tag = hash & TAG;
-        let mut pos = hash as usize & index.mask;
-        loop {
-            // Relaxed: the writer's own slots.
-            let slot = index.slots[pos].load(Ordering::Relaxed);
-            if slot == EMPTY {
-                return None;
-            }
-            if let Some(entry) = entry_of(slot).filter(|_| slot & TAG == tag)
-                && self.key_is(entry, key)
-            {
-                return Some(entry);
-            }
-            pos = (pos + 1) & index.mask;
-        }
-    }
-
-    fn key_is<Q>(&self, entry: u32, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Eq + ?Sized,
-    {
-        // SAFETY: an entry the writer holds (linked or in limbo) has its key.
         self.shard
-            .entry(entry)
-            .key
-            .with(|k| unsafe { (*k).assume_init_ref() }.borrow() == key)
+            .probe(self.index(), hash, key)
+            .map(|(number, _)| number)
     }
 
     /// `key`'s entry, if it waits in limbo.
@@ -472,7 +474,9 @@ impl<'a, K> Locked<'a, K> {
         let hash = limbo_hash(hash);
         self.writer
             .limbo
-            .find(hash, |l| l.hash == hash && self.key_is(l.entry, key))
+            .find(hash, |l| {
+                l.hash == hash && self.shard.key_is(self.shard.entry(l.entry), key)
+            })
             .map(|l| l.entry)
     }
 
