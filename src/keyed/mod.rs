@@ -742,7 +742,8 @@ where
     /// Sweep up to `budget` index slots of a locked shard at `now` (read under
     /// its lock); returns the slots examined.
     fn sweep_shard(&self, locked: &mut Locked<'_, K>, now: u64, budget: usize) -> usize {
-        let examined = locked.capacity().min(budget);
+        let capacity = locked.capacity();
+        let examined = capacity.min(budget);
         let swept = locked.sweep(
             |word| self.algorithm.is_fresh_equivalent(word, now),
             budget,
@@ -758,13 +759,14 @@ where
             // Relaxed: as in `reserve_key`.
             self.limbo.fetch_sub(swept.freed, Ordering::Relaxed);
         }
-        let writer = locked.writer();
-        writer.evicted += swept.unlinked as u64;
-        if budget >= examined {
+        locked.writer().evicted += swept.unlinked as u64;
+        if budget >= capacity {
+            // A whole sweep: the amortized schedule starts again.
+            let linked = locked.linked();
+            let writer = locked.writer();
             writer.inserts_since_sweep = 0;
+            writer.sweep_threshold = self.sweep_every.max(linked);
         }
-        let linked = locked.linked();
-        locked.writer().sweep_threshold = self.sweep_every.max(linked);
         examined
     }
 
