@@ -101,8 +101,11 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 ///
 /// Evicted entries wait in limbo for a grace period (until every reader that
 /// could still hold them has finished, typically microseconds) before their
-/// memory is reused; at most `max_keys` entries wait at once. So memory is
-/// bounded by `2 * max_keys` entries, whatever the keys.
+/// memory is reused; at most `max_keys` entries wait at once. So at most
+/// `2 * max_keys` entries are held at once, whatever the keys. Each shard's
+/// arena keeps the room its busiest moment needed (it is reused, not
+/// returned); a key's own heap data (a `String`'s bytes) is freed with the
+/// entry.
 ///
 /// ```
 /// use std::time::Duration;
