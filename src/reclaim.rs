@@ -61,7 +61,9 @@ mod real {
         /// Odd while the thread is pinned; each unpin moves to the next even
         /// number, so a snapshot can tell a later pin from the one it saw.
         pin: CachePadded<AtomicU64>,
-        /// Its place in the registry, also the owner's counter slot.
+        /// The owner's counter slot: its place in the registry, or
+        /// `OWNED_SLOTS` (the shared slot) for records beyond the first
+        /// `OWNED_SLOTS`.
         slot: usize,
     }
 
@@ -186,7 +188,7 @@ mod real {
                 None => {
                     let record: &'static Record = Box::leak(Box::new(Record {
                         pin: CachePadded::new(AtomicU64::new(0)),
-                        slot: registry.records.len(),
+                        slot: registry.records.len().min(super::OWNED_SLOTS),
                     }));
                     registry.records.push(record);
                     record

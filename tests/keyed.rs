@@ -604,3 +604,30 @@ fn check_at_the_bound_is_a_key_limit_with_the_idle_to_fresh_wait() {
     assert_eq!(denied.retry_after().duration(), Duration::from_secs(1));
     assert_eq!(l.stats().denied_key_limit, 1);
 }
+
+/// More threads alive at once than there are counter slots of their own: the
+/// threads beyond share one slot, and every decision is still counted once.
+#[test]
+fn many_threads_at_once_are_all_counted() {
+    let l = Arc::new(KeyedLimiter::<u64>::new(quota(
+        1_000_000,
+        Duration::from_secs(1),
+    )));
+    let threads = 100;
+    let start = Arc::new(Barrier::new(threads));
+    let workers: Vec<_> = (0..threads as u64)
+        .map(|t| {
+            let (l, start) = (Arc::clone(&l), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait(); // all alive at once
+                (0..1_000)
+                    .filter(|i| l.try_acquire(&(t * 10 + i % 10)).is_allowed())
+                    .count()
+            })
+        })
+        .collect();
+    let admitted: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert_eq!(admitted, threads * 1_000);
+    let stats = l.stats();
+    assert_eq!((stats.admitted, stats.denied), (admitted as u64, 0));
+}
