@@ -1,12 +1,13 @@
-//! The tour: the seed's trace on a manual clock, then one limiter hammered from
-//! every core on the real clock, checked against the token bucket's bound.
+//! The tour: the rate-limiter pattern's trace on a manual clock, then one limiter
+//! hammered from every core on the real clock, checked against the token bucket's
+//! bound.
 //!
 //! ```text
 //! cargo run --release --example demo
 //! ```
 
-#[path = "shared/seed.rs"]
-mod seed;
+#[path = "shared/pattern.rs"]
+mod pattern;
 
 use std::process::ExitCode;
 use std::sync::Barrier;
@@ -18,10 +19,12 @@ use turnstile::{Clock, Quota, RateLimiter, RealClock};
 const RUN_FOR: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
-    println!("== the seed's token bucket (capacity 3, 1 token per 1000 ms), manual clock");
-    print!("{}", seed::token_bucket_trace());
+    println!(
+        "== the rate-limiter pattern's token bucket (capacity 3, 1 token per 1000 ms), manual clock"
+    );
+    print!("{}", pattern::token_bucket_trace());
     println!();
-    print!("{}", seed::per_client_trace());
+    print!("{}", pattern::per_client_trace());
     println!();
     match hammer() {
         Ok(true) => ExitCode::SUCCESS,

@@ -1,14 +1,14 @@
-//! The seed's whole extended example: the per-client gate, then a fixed window
-//! and a token bucket with the same nominal limit on one flow across a window
-//! boundary.
+//! The rate-limiter pattern's whole extended example: the per-client gate, then a
+//! fixed window and a token bucket with the same nominal limit on one flow across
+//! a window boundary.
 //!
 //! ```text
 //! cargo run --example extended
 //! ```
 
-#[path = "shared/seed.rs"]
-mod seed;
+#[path = "shared/pattern.rs"]
+mod pattern;
 
 fn main() {
-    print!("{}", seed::extended_trace());
+    print!("{}", pattern::extended_trace());
 }

@@ -222,8 +222,8 @@ mod coarse {
     }
 }
 
-/// A clock set by hand: the seed's `FakeClock`, for tests, examples and replaying
-/// recorded traffic.
+/// A clock set by hand: the rate-limiter pattern's `FakeClock`, for tests,
+/// examples and replaying recorded traffic.
 ///
 /// Clones share one time, so a test keeps a clone and moves time under the
 /// limiter that owns the other.

@@ -1,4 +1,4 @@
-//! A bound on calls in flight: the seed's bulkhead.
+//! A bound on calls in flight: the rate-limiter pattern's bulkhead.
 
 use core::fmt;
 

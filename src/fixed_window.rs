@@ -7,9 +7,9 @@ use crate::decision::{Decision, RetryAfter};
 use crate::error::QuotaError;
 use crate::window::{Position, Windows};
 
-/// The seed's `FixedWindowLimiter`: at most `limit` permits per window, windows
-/// at fixed boundaries from the clock's epoch (0, `window`, `2 * window`, …), the
-/// count reset when a request lands in a new window.
+/// The rate-limiter pattern's `FixedWindowLimiter`: at most `limit` permits per
+/// window, windows at fixed boundaries from the clock's epoch (0, `window`,
+/// `2 * window`, …), the count reset when a request lands in a new window.
 ///
 /// Simple and cheap, but it admits a burst of `limit` just before a boundary and
 /// another just after: up to **twice the limit** in a short interval across a

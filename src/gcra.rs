@@ -25,11 +25,12 @@ use crate::quota::Quota;
 /// and then moves the TAT there; a denial writes nothing and waits exactly until
 /// the request would conform.
 ///
-/// Against [`TokenBucket`](crate::TokenBucket) with the same [`Quota`]: the same
-/// burst and long-run rate, but permits come back one at a time, every `T`,
-/// instead of `amount` at the end of each `period`. It keeps arrivals evenly
-/// spaced in front of a backend that wants steady traffic (the seed's "leaky
-/// bucket"), and with `capacity = 1` it is a pure pacer: one request every `T`.
+/// Against [`TokenBucket`](crate::TokenBucket) with the same [`Quota`]: the
+/// same burst and long-run rate, but permits come back one at a time, every
+/// `T`, instead of `amount` at the end of each `period`. It keeps arrivals
+/// evenly spaced in front of a backend that wants steady traffic (the
+/// rate-limiter pattern's "leaky bucket"), and with `capacity = 1` it is a pure
+/// pacer: one request every `T`.
 ///
 /// ```
 /// use std::time::Duration;

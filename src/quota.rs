@@ -24,9 +24,9 @@ const PRECISION: u128 = 1_000;
 /// assert_eq!(api.capacity(), 20);
 /// assert_eq!(api.period(), Duration::from_millis(10));
 ///
-/// // The seed's bucket: capacity 3, one token every 1000 ms.
-/// let seed = Quota::new(3, 1, Duration::from_millis(1000))?;
-/// assert_eq!(seed.fill_time(), Duration::from_secs(3));
+/// // The rate-limiter pattern's bucket: capacity 3, one token every 1000 ms.
+/// let pattern = Quota::new(3, 1, Duration::from_millis(1000))?;
+/// assert_eq!(pattern.fill_time(), Duration::from_secs(3));
 ///
 /// assert!(Quota::new(0, 1, Duration::from_secs(1)).is_err());
 /// # Ok::<(), turnstile::QuotaError>(())
@@ -50,11 +50,11 @@ pub struct Quota {
 impl Quota {
     /// A bucket of `capacity` tokens that gains `amount` tokens every `period`.
     ///
-    /// `amount` tokens arrive together at the end of each whole period (the seed's
-    /// and .NET's token bucket). With `amount = 1` the bucket admits at most
-    /// `capacity + floor(T / period)` requests in any interval `T` (RFC 1363's
-    /// `B + R·T`); with a larger amount, a batch arriving just after a burst can add
-    /// up to `amount - 1` more.
+    /// `amount` tokens arrive together at the end of each whole period (the
+    /// rate-limiter pattern's and .NET's token bucket). With `amount = 1` the
+    /// bucket admits at most `capacity + floor(T / period)` requests in any
+    /// interval `T` (RFC 1363's `B + R·T`); with a larger amount, a batch
+    /// arriving just after a burst can add up to `amount - 1` more.
     ///
     /// # Errors
     ///

@@ -118,9 +118,9 @@ impl Layout {
     }
 }
 
-/// The token bucket of the seed's `TokenBucketLimiter`, as a pure function on a
-/// word: no atomics, no clock. [`RateLimiter`](crate::RateLimiter) runs it in a
-/// compare-and-swap cell.
+/// The token bucket of the rate-limiter pattern's `TokenBucketLimiter`, as a
+/// pure function on a word: no atomics, no clock.
+/// [`RateLimiter`](crate::RateLimiter) runs it in a compare-and-swap cell.
 ///
 /// # Semantics
 ///

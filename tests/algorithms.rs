@@ -29,9 +29,9 @@ fn denied(wait: u128) -> Decision {
     }
 }
 
-/// The seed's `FixedWindowLimiter` in nanoseconds, with the crate's rules for a
-/// reading in a window before the stored one (it counts against the stored
-/// window) and for a count of zero (fresh in any window).
+/// The rate-limiter pattern's `FixedWindowLimiter` in nanoseconds, with the
+/// crate's rules for a reading in a window before the stored one (it counts
+/// against the stored window) and for a count of zero (fresh in any window).
 struct FixedModel {
     limit: u128,
     window: u128,
@@ -346,7 +346,7 @@ proptest! {
     #![proptest_config(config(4_000))]
 
     #[test]
-    fn fixed_window_agrees_with_the_seed_model(
+    fn fixed_window_agrees_with_the_pattern_model(
         (limit, window) in limits_and_windows(),
         start in 0..MAX_READING,
         backwards in any::<bool>(),
@@ -604,9 +604,9 @@ fn fresh_equivalence<A: Algorithm>(
     Ok(())
 }
 
-/// The seed's flow across the 1000 ms boundary, two per second each way: the
-/// fixed window admits twice its limit in 150 ms; the sliding window and the
-/// token bucket stay at the limit.
+/// The rate-limiter pattern's flow across the 1000 ms boundary, two per second
+/// each way: the fixed window admits twice its limit in 150 ms; the sliding
+/// window and the token bucket stay at the limit.
 #[test]
 fn boundary_burst_fixed_window_doubles_the_others_hold() {
     fn admitted_in_span<A: Algorithm>(algorithm: A) -> u32 {

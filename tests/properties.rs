@@ -189,15 +189,16 @@ fn run_against_model(
 proptest! {
     #![proptest_config(config(10_000))]
 
-    /// Time only moves forward: every decision, wait and peek equals the seed's
-    /// algorithm on unbounded time, including traces that cross the word's wrap.
+    /// Time only moves forward: every decision, wait and peek equals the
+    /// rate-limiter pattern's algorithm on unbounded time, including traces that
+    /// cross the word's wrap.
     #[test]
-    fn agrees_with_the_seed_model(
+    fn agrees_with_the_pattern_model(
         quota in quotas(),
         start in (any::<u64>(), 0..3u8),
         trace in prop::collection::vec((moves(false), any::<u32>()), 1..60),
     ) {
-        run_against_model(Model::seed(quota), quota, start_for(quota, start.0, start.1), &trace)?;
+        run_against_model(Model::pattern(quota), quota, start_for(quota, start.0, start.1), &trace)?;
     }
 }
 

@@ -21,10 +21,11 @@ fn run(args: &[&str], input: &[u8]) -> Result<(String, String), std::io::Error> 
     ))
 }
 
-/// The seed's per-client flow, with a batch request and the gate's 401.
+/// The rate-limiter pattern's per-client flow, with a batch request and the
+/// gate's 401.
 #[test]
 fn token_bucket_replay_prints_every_decision_and_a_summary() {
-    let input = b"# the seed's per-client flow\n\
+    let input = b"# the rate-limiter pattern's per-client flow\n\
         0,alice\n100,alice\n200,alice\n250,bob\n300,alice\n350,\n400,bob,2\n1300,alice\n";
     let (out, err) = run(&["--capacity", "3", "--period-ms", "1000"], input).unwrap();
     assert_eq!(
@@ -37,7 +38,8 @@ fn token_bucket_replay_prints_every_decision_and_a_summary() {
     assert_eq!(err, "");
 }
 
-/// The seed's comparison flow, under each algorithm with two per second.
+/// The rate-limiter pattern's comparison flow, under each algorithm with two per
+/// second.
 #[test]
 fn every_algorithm_replays() {
     let input = b"900,k\n950,k\n1000,k\n1050,k\n1400,k\n";

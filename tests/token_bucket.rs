@@ -191,7 +191,7 @@ fn decisions_across_the_wrap_match_unbounded_time() {
     for wraps in [1u64, 2, 50] {
         let clock = ManualClock::new();
         let l = RateLimiter::with_clock(quota, clock.clone());
-        let mut model = Model::seed(quota);
+        let mut model = Model::pattern(quota);
         let mut t = wraps * WRAP_NS - 2 * quota.fill_time().as_nanos() as u64;
         clock.set_nanos(t);
         for step in 0..20_000u64 {

@@ -1,13 +1,14 @@
-//! A plain, obviously correct model of the seed's `TokenBucketLimiter`, written for
-//! clarity and not speed: unbounded integer time, no packing, no atomics.
+//! A plain, obviously correct model of the rate-limiter pattern's
+//! `TokenBucketLimiter`, written for clarity and not speed: unbounded integer
+//! time, no packing, no atomics.
 //!
 //! Generalized as the crate documents it: `amount` tokens per period, `n` permits
 //! all or nothing, time in whole units (`Quota::time_unit`) of a nanosecond
 //! clock, and a reading behind the last refill time refills nothing and moves
 //! nothing.
 //!
-//! Two flavours. [`Model::seed`] refills on every request, denied or not, as the
-//! seed's C# does. [`Model::denial_writes_nothing`] keeps a denied request's
+//! Two flavours. [`Model::pattern`] refills on every request, denied or not, as
+//! the pattern's C# does. [`Model::denial_writes_nothing`] keeps a denied request's
 //! refill out of the state, as the crate does. While time only moves forward the
 //! two cannot be told apart (a refill is idempotent); with readings that go
 //! backwards they can, and the crate follows the second.
@@ -30,8 +31,8 @@ pub struct Model {
 }
 
 impl Model {
-    /// The seed's algorithm: a denied request keeps its refill.
-    pub fn seed(quota: Quota) -> Model {
+    /// The rate-limiter pattern's algorithm: a denied request keeps its refill.
+    pub fn pattern(quota: Quota) -> Model {
         Model::new(quota, true)
     }
 
@@ -54,7 +55,7 @@ impl Model {
         }
     }
 
-    /// The seed's `Refill`.
+    /// The rate-limiter pattern's `Refill`.
     fn refill(&mut self, now: u64) {
         if self.tokens < self.capacity && now < self.last {
             // Behind the last refill: nothing.
@@ -71,7 +72,8 @@ impl Model {
         };
     }
 
-    /// The seed's `TryAcquire`, for `n` permits, at `now_ns` nanoseconds.
+    /// The rate-limiter pattern's `TryAcquire`, for `n` permits, at `now_ns`
+    /// nanoseconds.
     pub fn acquire(&mut self, now_ns: u64, n: u32) -> Decision {
         let now = now_ns / 1_000 / self.unit;
         let before = self.clone();

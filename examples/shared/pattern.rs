@@ -1,5 +1,5 @@
-//! The seed's traces, shared by the examples that print them and the tests that
-//! assert them byte for byte. Each includer uses some of them.
+//! The rate-limiter pattern's traces, shared by the examples that print them and
+//! the tests that assert them byte for byte. Each includer uses some of them.
 
 #![allow(dead_code)]
 
@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use turnstile::{Decision, ManualClock, Quota, RateLimiter};
 
-/// The seed's first example: eight requests to a bucket of capacity 3 that gains
-/// one token every 1000 ms, on a manual clock.
+/// The rate-limiter pattern's first example: eight requests to a bucket of
+/// capacity 3 that gains one token every 1000 ms, on a manual clock.
 pub fn token_bucket_trace() -> String {
     let clock = ManualClock::new();
     let quota = Quota::new(3, 1, Duration::from_millis(1000)).expect("a valid quota");
@@ -33,9 +33,9 @@ pub fn token_bucket_trace() -> String {
     out
 }
 
-/// The seed's per-client trace: alice, bob and a request with no key through
-/// per-key buckets of capacity 3 that gain one token every 1000 ms. Without a
-/// key there is no bucket to ask: 401.
+/// The rate-limiter pattern's per-client trace: alice, bob and a request with
+/// no key through per-key buckets of capacity 3 that gain one token every
+/// 1000 ms. Without a key there is no bucket to ask: 401.
 pub fn per_client_trace() -> String {
     use turnstile::{Gate, KeyedLimiter};
 
@@ -65,14 +65,15 @@ pub fn per_client_trace() -> String {
     out
 }
 
-/// The seed's whole extended output: the per-client gate, a blank line, then the
-/// fixed window against the token bucket.
+/// The rate-limiter pattern's whole extended output: the per-client gate, a blank
+/// line, then the fixed window against the token bucket.
 pub fn extended_trace() -> String {
     format!("{}\n{}", per_client_trace(), window_vs_bucket_trace())
 }
 
-/// The seed's comparison of a fixed window and a token bucket with the same
-/// nominal limit of two per second, on one flow across the 1000 ms boundary.
+/// The rate-limiter pattern's comparison of a fixed window and a token bucket
+/// with the same nominal limit of two per second, on one flow across the 1000 ms
+/// boundary.
 pub fn window_vs_bucket_trace() -> String {
     use turnstile::FixedWindow;
 

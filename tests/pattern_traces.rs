@@ -1,9 +1,9 @@
-//! The seed's printed traces, asserted byte for byte.
+//! The rate-limiter pattern's printed traces, asserted byte for byte.
 
-#[path = "../examples/shared/seed.rs"]
-mod seed;
+#[path = "../examples/shared/pattern.rs"]
+mod pattern;
 
-const SEED_TOKEN_BUCKET: &str = "\
+const PATTERN_TOKEN_BUCKET: &str = "\
 t=   0 ms allowed  tokens left 2
 t= 100 ms allowed  tokens left 1
 t= 200 ms allowed  tokens left 0
@@ -15,15 +15,15 @@ t=3500 ms allowed  tokens left 1
 ";
 
 #[test]
-fn token_bucket_example_prints_the_seed_trace() {
-    assert_eq!(seed::token_bucket_trace(), SEED_TOKEN_BUCKET);
+fn token_bucket_example_prints_the_pattern_trace() {
+    assert_eq!(pattern::token_bucket_trace(), PATTERN_TOKEN_BUCKET);
 }
 
 /// An example binary's own stdout, when `cargo test` has built the examples (it
 /// does, unless asked for a single test target); `None` when it is not built.
 fn example_stdout(name: &str) -> Option<String> {
     let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/seed_traces-… → target/<profile>/examples/<name>
+    // target/<profile>/deps/pattern_traces-… → target/<profile>/examples/<name>
     let Some(profile_dir) = exe.parent().and_then(|deps| deps.parent()) else {
         panic!("unexpected test binary location {exe:?}");
     };
@@ -42,13 +42,13 @@ fn example_stdout(name: &str) -> Option<String> {
 }
 
 #[test]
-fn token_bucket_binary_prints_the_seed_trace() {
+fn token_bucket_binary_prints_the_pattern_trace() {
     if let Some(stdout) = example_stdout("token_bucket") {
-        assert_eq!(stdout, SEED_TOKEN_BUCKET);
+        assert_eq!(stdout, PATTERN_TOKEN_BUCKET);
     }
 }
 
-const SEED_PER_CLIENT: &str = "\
+const PATTERN_PER_CLIENT: &str = "\
 == per-client token buckets (capacity 3, 1 token per 1000 ms)
 t=   0 alice  -> 200 OK (tokens left 2)
 t= 100 alice  -> 200 OK (tokens left 1)
@@ -61,11 +61,11 @@ t=1300 alice  -> 200 OK (tokens left 0)
 ";
 
 #[test]
-fn keyed_limiter_reproduces_the_seed_per_client_trace() {
-    assert_eq!(seed::per_client_trace(), SEED_PER_CLIENT);
+fn keyed_limiter_reproduces_the_pattern_per_client_trace() {
+    assert_eq!(pattern::per_client_trace(), PATTERN_PER_CLIENT);
 }
 
-const SEED_WINDOW_VS_BUCKET: &str = "\
+const PATTERN_WINDOW_VS_BUCKET: &str = "\
 == limit 2 per second: fixed window vs token bucket
 t= 900  fixed window: allowed          token bucket: allowed
 t= 950  fixed window: allowed          token bucket: allowed
@@ -76,28 +76,28 @@ admitted from 900 to 1050 ms: fixed window 4, token bucket 2
 ";
 
 #[test]
-fn fixed_window_and_token_bucket_reproduce_the_seed_comparison() {
-    assert_eq!(seed::window_vs_bucket_trace(), SEED_WINDOW_VS_BUCKET);
+fn fixed_window_and_token_bucket_reproduce_the_pattern_comparison() {
+    assert_eq!(pattern::window_vs_bucket_trace(), PATTERN_WINDOW_VS_BUCKET);
 }
 
 #[test]
-fn window_vs_bucket_binary_prints_the_seed_comparison() {
+fn window_vs_bucket_binary_prints_the_pattern_comparison() {
     if let Some(stdout) = example_stdout("window_vs_bucket") {
-        assert_eq!(stdout, SEED_WINDOW_VS_BUCKET);
+        assert_eq!(stdout, PATTERN_WINDOW_VS_BUCKET);
     }
 }
 
 #[test]
-fn gate_binary_prints_the_seed_per_client_trace() {
+fn gate_binary_prints_the_pattern_per_client_trace() {
     if let Some(stdout) = example_stdout("gate") {
-        assert_eq!(stdout, SEED_PER_CLIENT);
+        assert_eq!(stdout, PATTERN_PER_CLIENT);
     }
 }
 
 #[test]
-fn extended_example_prints_the_seed_extended_output() {
-    let whole = format!("{SEED_PER_CLIENT}\n{SEED_WINDOW_VS_BUCKET}");
-    assert_eq!(seed::extended_trace(), whole);
+fn extended_example_prints_the_pattern_extended_output() {
+    let whole = format!("{PATTERN_PER_CLIENT}\n{PATTERN_WINDOW_VS_BUCKET}");
+    assert_eq!(pattern::extended_trace(), whole);
     if let Some(stdout) = example_stdout("extended") {
         assert_eq!(stdout, whole);
     }
