@@ -314,3 +314,80 @@ proptest! {
         }
     }
 }
+
+/// One step of a keyed trace.
+#[derive(Clone, Debug)]
+enum KeyedOp {
+    Acquire { key: u64, n: u32 },
+    Advance { micros: u64 },
+    Sweep,
+    Remaining { key: u64 },
+}
+
+fn keyed_ops() -> impl Strategy<Value = Vec<KeyedOp>> {
+    let op = prop_oneof![
+        8 => (0..300u64, 1..=3u32).prop_map(|(key, n)| KeyedOp::Acquire { key, n }),
+        3 => (0..400_000u64).prop_map(|micros| KeyedOp::Advance { micros }),
+        1 => Just(KeyedOp::Sweep),
+        1 => (0..300u64).prop_map(|key| KeyedOp::Remaining { key }),
+    ];
+    proptest::collection::vec(op, 1..600)
+}
+
+proptest! {
+    #![proptest_config(config(300))]
+
+    /// The keyed map evicts without loss: on any trace of requests, clock
+    /// steps and sweeps over a few hundred keys (enough to grow, shrink and
+    /// rebuild shard indexes, fill them with tombstones and reuse arena
+    /// entries), every decision and every peek equals that of a separate
+    /// direct limiter per key that is never evicted.
+    #[test]
+    fn keyed_limiter_agrees_with_never_evicted_direct_limiters(
+        ops in keyed_ops(),
+        shards in prop_oneof![Just(1usize), Just(2), Just(8)],
+        sweep_every in 1..64usize,
+    ) {
+        let quota = Quota::new(3, 1, Duration::from_millis(100)).unwrap();
+        let clock = ManualClock::new();
+        let keyed = turnstile::KeyedLimiter::<u64>::builder(quota)
+            .clock(clock.clone())
+            .shards(shards)
+            .sweep_every(sweep_every)
+            .build()
+            .unwrap();
+        let mut model: std::collections::HashMap<u64, RateLimiter<TokenBucket, ManualClock>> =
+            std::collections::HashMap::new();
+        let mut touched = std::collections::HashSet::new();
+        for op in ops {
+            match op {
+                KeyedOp::Acquire { key, n } => {
+                    let expected = model
+                        .entry(key)
+                        .or_insert_with(|| RateLimiter::with_clock(quota, clock.clone()))
+                        .try_acquire_n(n)
+                        .unwrap();
+                    let got = keyed.try_acquire_n(&key, n).unwrap();
+                    prop_assert_eq!(turnstile::KeyedDecision::from(expected), got);
+                    touched.insert(key);
+                }
+                KeyedOp::Advance { micros } => clock.advance(Duration::from_micros(micros)),
+                KeyedOp::Sweep => {
+                    keyed.sweep();
+                }
+                KeyedOp::Remaining { key } => {
+                    let expected = model.get(&key).map_or(3, |l| l.remaining());
+                    prop_assert_eq!(keyed.remaining(&key), expected);
+                }
+            }
+            prop_assert!(keyed.len() <= touched.len());
+        }
+        // Once every bucket is full again, one sweep leaves nothing held.
+        clock.advance(Duration::from_secs(1));
+        keyed.sweep();
+        prop_assert_eq!(keyed.len(), 0);
+        for key in touched {
+            prop_assert_eq!(keyed.remaining(&key), 3);
+        }
+    }
+}

@@ -655,8 +655,7 @@ where
         if let Some(entry) = locked.find(hash, key) {
             return self.decide_on(locked.cell(entry), now, n);
         }
-        let parked = locked.find_in_limbo(hash, key);
-        if parked.is_none() {
+        if locked.find_in_limbo(hash, key).is_none() {
             let (decision, next) = self.algorithm.decide(self.algorithm.fresh(), now, n);
             if next.is_none() {
                 // The word would stay fresh: nothing to remember.
@@ -673,7 +672,10 @@ where
                 RetryAfter::from_nanos(saturating_nanos(self.algorithm.fresh_after_idle()));
             return (KeyedDecision::KeyLimit { retry_after }, None);
         }
-        let entry = match parked {
+        // Looked up again: the sweeps above may have freed the key's entry from
+        // limbo, which they do only when its word is fresh-equivalent at `now`,
+        // so a fresh word decided at `now` then loses nothing.
+        let entry = match locked.find_in_limbo(hash, key) {
             Some(entry) => {
                 locked.remove_from_limbo(hash, entry);
                 // Relaxed: a count, as in `reserve_key`.

@@ -481,10 +481,13 @@ impl<'a, K> Locked<'a, K> {
     }
 
     /// Take `entry` (found by [`find_in_limbo`](Self::find_in_limbo) for
-    /// `hash`) out of limbo, to link it again.
+    /// `hash`, under this same lock and with no sweep since) out of limbo, to
+    /// link it again.
     pub(crate) fn remove_from_limbo(&mut self, hash: u64, entry: u32) {
         let hash = limbo_hash(hash);
-        if let Ok(found) = self.writer.limbo.find_entry(hash, |l| l.entry == entry) {
+        let found = self.writer.limbo.find_entry(hash, |l| l.entry == entry);
+        debug_assert!(found.is_ok(), "entry {entry} is not in limbo");
+        if let Ok(found) = found {
             found.remove();
         }
     }
