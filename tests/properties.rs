@@ -391,3 +391,56 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(config(300))]
+
+    /// The same with a key bound small enough to be reached all the time, so
+    /// that new keys reclaim room from idle ones across shards: a request is
+    /// either refused for the bound (and then changes nothing) or decided
+    /// exactly as a never-evicted direct limiter for its key decides it; the
+    /// bound holds after every step.
+    #[test]
+    fn a_bounded_keyed_limiter_refuses_or_agrees(
+        ops in keyed_ops(),
+        shards in prop_oneof![Just(1usize), Just(2), Just(8)],
+        max_keys in 1..24usize,
+    ) {
+        let quota = Quota::new(3, 1, Duration::from_millis(100)).unwrap();
+        let clock = ManualClock::new();
+        let keyed = turnstile::KeyedLimiter::<u64>::builder(quota)
+            .clock(clock.clone())
+            .shards(shards)
+            .max_keys(max_keys)
+            .sweep_every(4)
+            .build()
+            .unwrap();
+        let mut model: std::collections::HashMap<u64, RateLimiter<TokenBucket, ManualClock>> =
+            std::collections::HashMap::new();
+        for op in ops {
+            match op {
+                KeyedOp::Acquire { key, n } => {
+                    let got = keyed.try_acquire_n(&key, n).unwrap();
+                    if got.is_key_limit() {
+                        continue;
+                    }
+                    let expected = model
+                        .entry(key)
+                        .or_insert_with(|| RateLimiter::with_clock(quota, clock.clone()))
+                        .try_acquire_n(n)
+                        .unwrap();
+                    prop_assert_eq!(turnstile::KeyedDecision::from(expected), got);
+                }
+                KeyedOp::Advance { micros } => clock.advance(Duration::from_micros(micros)),
+                KeyedOp::Sweep => {
+                    keyed.sweep();
+                }
+                KeyedOp::Remaining { key } => {
+                    let expected = model.get(&key).map_or(3, |l| l.remaining());
+                    prop_assert_eq!(keyed.remaining(&key), expected);
+                }
+            }
+            prop_assert!(keyed.len() <= max_keys);
+        }
+    }
+}
