@@ -631,3 +631,69 @@ fn many_threads_at_once_are_all_counted() {
     let stats = l.stats();
     assert_eq!((stats.admitted, stats.denied), (admitted as u64, 0));
 }
+
+/// Both cores on 64 keys against a bound of 16, with a third thread sweeping:
+/// new keys keep reclaiming room from idle ones in other shards while
+/// decisions, relinks from limbo and sweeps race. No key is ever admitted more
+/// than `capacity + floor(T / period)` over the run, and the bound holds.
+#[test]
+fn a_key_bound_under_pressure_from_two_threads_never_over_admits() {
+    let (capacity, period) = (2u64, Duration::from_millis(1));
+    let l = Arc::new(
+        KeyedLimiter::<u64>::builder(quota(capacity as u32, period))
+            .clock(RealClock::new())
+            .max_keys(16)
+            .sweep_every(8)
+            .build()
+            .unwrap(),
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let start = l.clock().now();
+    let sweeper = {
+        let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                l.sweep();
+                assert!(l.len() <= 16);
+                std::thread::yield_now();
+            }
+        })
+    };
+    let workers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let l = Arc::clone(&l);
+            std::thread::spawn(move || {
+                let mut admitted = [0u64; 64];
+                let mut state = t + 1;
+                let until = std::time::Instant::now() + Duration::from_millis(500);
+                while std::time::Instant::now() < until {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let key = (state >> 58) % 64;
+                    if l.try_acquire(&key).is_allowed() {
+                        admitted[key as usize] += 1;
+                    }
+                    assert!(l.len() <= 16);
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = [0u64; 64];
+    for w in workers {
+        for (total, n) in admitted.iter_mut().zip(w.join().unwrap()) {
+            *total += n;
+        }
+    }
+    let end = l.clock().now();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    sweeper.join().unwrap();
+    let bound = capacity + (end - start) / period.as_nanos() as u64;
+    for (key, &n) in admitted.iter().enumerate() {
+        assert!(n <= bound, "key {key}: admitted {n}, bound {bound}");
+    }
+    let stats = l.stats();
+    assert!(stats.denied_key_limit > 0, "the bound was never reached");
+    assert!(stats.evicted > 0);
+}
