@@ -20,8 +20,9 @@
 //! }
 //! # Ok::<(), turnstile::QuotaError>(())
 //! ```
-// `unsafe` lives in one module, the keyed map's lock-free table
-// (`keyed/table.rs`), where each block says why it is sound.
+// `unsafe` lives in the keyed map's lock-free table (`keyed/table.rs`) and in
+// one system call (`membarrier`, `reclaim.rs`), each block with the argument
+// for why it is sound.
 #![deny(unsafe_code, unsafe_op_in_unsafe_fn)]
 #![warn(
     missing_docs,
