@@ -4,28 +4,47 @@
 //!
 //! ```
 //! use std::convert::Infallible;
+//! use std::future::{Ready, ready};
+//! use std::pin::pin;
+//! use std::task::{Context, Poll, Waker};
+//!
 //! use http::{Request, Response, StatusCode, header::HeaderName};
-//! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use turnstile::tower::{ApiKeyHeader, RateLimitLayer};
+//! use turnstile::tower::{ApiKeyHeader, Layer, RateLimitLayer, Service};
 //! use turnstile::{Gate, KeyedLimiter, Quota};
 //!
-//! # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+//! // The service behind the layer (with axum, a `Router`).
+//! #[derive(Clone)]
+//! struct Hello;
+//! impl Service<Request<()>> for Hello {
+//!     type Response = Response<()>;
+//!     type Error = Infallible;
+//!     type Future = Ready<Result<Response<()>, Infallible>>;
+//!     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+//!         Poll::Ready(Ok(()))
+//!     }
+//!     fn call(&mut self, _: Request<()>) -> Self::Future {
+//!         ready(Ok(Response::new(())))
+//!     }
+//! }
+//!
 //! let gate = Gate::new(KeyedLimiter::<String>::new(Quota::per_minute(1)?));
 //! let layer = RateLimitLayer::new(gate, ApiKeyHeader::new(HeaderName::from_static("x-api-key")));
-//! let service = ServiceBuilder::new()
-//!     .layer(layer)
-//!     .service(service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }));
+//! let mut service = layer.layer(Hello);
 //!
+//! // Every future here is ready at once; a server's runtime would poll it.
+//! let mut send = |request: Request<()>| {
+//!     match pin!(service.call(request)).poll(&mut Context::from_waker(Waker::noop())) {
+//!         Poll::Ready(Ok(response)) => response,
+//!         _ => unreachable!("ready at once"),
+//!     }
+//! };
 //! let request = || Request::builder().header("x-api-key", "k_1").body(()).unwrap();
-//! assert_eq!(service.clone().oneshot(request()).await?.status(), StatusCode::OK);
-//! let denied = service.clone().oneshot(request()).await?;
+//! assert_eq!(send(request()).status(), StatusCode::OK);
+//! let denied = send(request());
 //! assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
 //! assert_eq!(denied.headers()["retry-after"], "60");
 //! // No key: 401, and the inner service never runs.
-//! let anonymous = service.oneshot(Request::new(())).await?;
-//! assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! # })?;
+//! assert_eq!(send(Request::new(())).status(), StatusCode::UNAUTHORIZED);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
