@@ -68,7 +68,7 @@ pub use gcra::Gcra;
 #[cfg(not(turnstile_loom))]
 pub use keyed::Sweeper;
 pub use keyed::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, KeyedBuilder, KeyedLimiter, KeyedStats};
-pub use limiter::RateLimiter;
+pub use limiter::{DirectStats, RateLimiter};
 pub use quota::Quota;
 pub use sliding_window::SlidingWindow;
 pub use token_bucket::TokenBucket;

@@ -7,6 +7,8 @@ use crate::decision::Decision;
 use crate::decision::NotYet;
 use crate::error::AcquireError;
 use crate::quota::Quota;
+use crate::reclaim::thread_slot;
+use crate::tally::{ADMITTED, DENIED, Tally};
 use crate::token_bucket::TokenBucket;
 
 /// A lock-free rate limiter for one stream of requests (one API, one client, one
@@ -65,6 +67,18 @@ pub struct RateLimiter<A = TokenBucket, C = RealClock> {
     cell: Cell,
     algorithm: A,
     clock: C,
+    /// Admitted and denied counts, when asked for ([`counted`](Self::counted)).
+    counts: Option<Box<Tally>>,
+}
+
+/// A direct limiter's counters ([`RateLimiter::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DirectStats {
+    /// Requests admitted.
+    pub admitted: u64,
+    /// Requests denied (a wait counts once, when its deadline refuses it).
+    pub denied: u64,
 }
 
 impl RateLimiter {
@@ -90,6 +104,51 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
             cell: Cell::new(algorithm.fresh()),
             algorithm,
             clock,
+            counts: None,
+        }
+    }
+
+    /// Count admissions and denials, for [`stats`](Self::stats).
+    ///
+    /// Off by default for a direct limiter: the counters are one cache-padded
+    /// pair per thread slot (about 8 KiB), against the limiter's 128 bytes,
+    /// and a limiter may be one of millions. Each thread adds to its own pair
+    /// with a plain load and store, so counting adds no locked instruction to
+    /// a decision. (Keyed limiters and gates always count.)
+    ///
+    /// ```
+    /// use turnstile::{DirectStats, Quota, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::new(Quota::per_minute(2)?).counted();
+    /// for _ in 0..3 {
+    ///     let _ = limiter.try_acquire();
+    /// }
+    /// let stats = limiter.stats().expect("counted");
+    /// assert_eq!((stats.admitted, stats.denied), (2, 1));
+    /// assert_eq!(RateLimiter::new(Quota::per_minute(2)?).stats(), None);
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn counted(self) -> RateLimiter<A, C> {
+        RateLimiter {
+            counts: Some(Box::new(Tally::new())),
+            ..self
+        }
+    }
+
+    /// The counters, summed over the threads that decided (each read in turn,
+    /// not at one instant); `None` unless [`counted`](Self::counted).
+    pub fn stats(&self) -> Option<DirectStats> {
+        self.counts.as_ref().map(|tally| DirectStats {
+            admitted: tally.sum(ADMITTED),
+            denied: tally.sum(DENIED),
+        })
+    }
+
+    /// Count one decision, when counting.
+    #[inline(always)]
+    pub(crate) fn count(&self, admitted: bool) {
+        if let Some(tally) = &self.counts {
+            tally.count_outcome(admitted, thread_slot());
         }
     }
 
@@ -98,7 +157,9 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     pub fn try_acquire(&self) -> Decision {
         // Every algorithm's capacity is at least 1, so one permit is always a
         // valid request.
-        self.cell.apply(&self.algorithm, self.clock.now(), 1)
+        let decision = self.cell.apply(&self.algorithm, self.clock.now(), 1);
+        self.count(decision.is_allowed());
+        decision
     }
 
     /// Ask for one permit, and leave a denial's wait to be worked out only if
@@ -121,9 +182,9 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     #[inline(always)]
     pub fn check(&self) -> Result<u32, NotYet<'_, A>> {
         let now = self.clock.now();
-        self.cell
-            .admit(&self.algorithm, now, 1)
-            .map_err(|word| NotYet::rate(&self.algorithm, word, now, 1))
+        let admitted = self.cell.admit(&self.algorithm, now, 1);
+        self.count(admitted.is_ok());
+        admitted.map_err(|word| NotYet::rate(&self.algorithm, word, now, 1))
     }
 
     /// Ask for `n` permits, all or nothing.
@@ -137,7 +198,9 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     #[inline]
     pub fn try_acquire_n(&self, n: u32) -> Result<Decision, AcquireError> {
         check_permits(n, self.algorithm.capacity())?;
-        Ok(self.cell.apply(&self.algorithm, self.clock.now(), n))
+        let decision = self.cell.apply(&self.algorithm, self.clock.now(), n);
+        self.count(decision.is_allowed());
+        Ok(decision)
     }
 
     /// The permits available now, without taking any.

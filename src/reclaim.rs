@@ -43,6 +43,13 @@ pub(crate) use real::{Collector, Guard, Snapshot};
 #[cfg(turnstile_loom)]
 pub(crate) use model::{Collector, Guard, Snapshot};
 
+/// The current thread's counter slot (see [`Tally`](crate::tally::Tally)),
+/// without pinning.
+#[inline]
+pub(crate) fn thread_slot() -> usize {
+    Collector::default().slot()
+}
+
 /// How many threads own a counter slot of their own at once; the threads
 /// beyond share one more slot, with a locked add.
 pub(crate) const OWNED_SLOTS: usize = 64;

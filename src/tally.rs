@@ -8,27 +8,29 @@ use crate::decision::Decision;
 use crate::reclaim::OWNED_SLOTS;
 use crate::sync::{AtomicU64, Ordering};
 
-/// Admitted and denied counts, one cache-padded pair per thread slot.
+/// `N` counters (the first two: admitted and denied), one cache-padded set
+/// per thread slot.
 ///
 /// A thread that owns its slot (a slot below [`OWNED_SLOTS`], from
-/// [`Guard::slot`](crate::reclaim::Guard::slot)) is the
-/// only writer of that pair, so it counts with a plain load and store: exact,
+/// [`Guard::slot`](crate::reclaim::Guard::slot) or
+/// [`Collector::slot`](crate::reclaim::Collector::slot)) is the
+/// only writer of that set, so it counts with a plain load and store: exact,
 /// and no locked read-modify-write on the decision path. Threads beyond the
-/// owned slots share one pair and add with `fetch_add`. A reader sums the
+/// owned slots share one set and add with `fetch_add`. A reader sums the
 /// slots, each read in turn (a snapshot of each counter, not of all at one
 /// instant).
-pub(crate) struct Tally {
-    slots: Box<[CachePadded<[AtomicU64; 2]>]>,
+pub(crate) struct Tally<const N: usize = 2> {
+    slots: Box<[CachePadded<[AtomicU64; N]>]>,
 }
 
-const ADMITTED: usize = 0;
-const DENIED: usize = 1;
+pub(crate) const ADMITTED: usize = 0;
+pub(crate) const DENIED: usize = 1;
 
-impl Tally {
-    pub(crate) fn new() -> Tally {
+impl<const N: usize> Tally<N> {
+    pub(crate) fn new() -> Tally<N> {
         Tally {
             slots: (0..=OWNED_SLOTS)
-                .map(|_| CachePadded::new([AtomicU64::new(0), AtomicU64::new(0)]))
+                .map(|_| CachePadded::new(core::array::from_fn(|_| AtomicU64::new(0))))
                 .collect(),
         }
     }
@@ -42,9 +44,14 @@ impl Tally {
     /// Count one admission (`true`) or denial by the thread whose slot is `slot`.
     #[inline(always)]
     pub(crate) fn count_outcome(&self, allowed: bool, slot: usize) {
+        self.add(usize::from(!allowed), slot);
+    }
+
+    /// Add one to counter `which` for the thread whose slot is `slot`.
+    #[inline(always)]
+    pub(crate) fn add(&self, which: usize, slot: usize) {
         // `slot <= OWNED_SLOTS`: a guard's slot, or the shared one.
-        let pair = &self.slots[slot];
-        let counter = &pair[usize::from(!allowed)];
+        let counter = &self.slots[slot][which];
         if slot < OWNED_SLOTS {
             // Relaxed, as a load and a store: this thread is the slot's only
             // writer, so no other write can fall between them; the counts
@@ -70,7 +77,8 @@ impl Tally {
         self.sum(DENIED)
     }
 
-    fn sum(&self, which: usize) -> u64 {
+    /// Counter `which`, summed over the slots.
+    pub(crate) fn sum(&self, which: usize) -> u64 {
         self.slots
             .iter()
             // Relaxed: counters, read for reporting.
@@ -79,7 +87,7 @@ impl Tally {
     }
 }
 
-impl fmt::Debug for Tally {
+impl<const N: usize> fmt::Debug for Tally<N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tally")
             .field("admitted", &self.admitted())

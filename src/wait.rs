@@ -212,7 +212,10 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         let decision = self.cell().apply(self.algorithm(), now, n);
         let waited = Duration::from_nanos(now.saturating_sub(start));
         let needed = match decision {
-            Decision::Allowed { .. } => return Ok(Step::Done(waited)),
+            Decision::Allowed { .. } => {
+                self.count(true);
+                return Ok(Step::Done(waited));
+            }
             Decision::Denied { retry_after } => retry_after,
         };
         let mut sleep = needed.duration();
@@ -220,6 +223,7 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         if let Some(deadline) = options.deadline {
             let left = deadline.saturating_sub(waited);
             if sleep > left {
+                self.count(false);
                 return Err(WaitError::DeadlineExceeded {
                     needed,
                     waited,
