@@ -47,7 +47,10 @@ pub(crate) use model::{Collector, Guard, Snapshot};
 /// without pinning.
 #[inline]
 pub(crate) fn thread_slot() -> usize {
-    Collector::default().slot()
+    #[cfg(not(turnstile_loom))]
+    return Collector.slot();
+    #[cfg(turnstile_loom)]
+    return OWNED_SLOTS;
 }
 
 /// How many threads own a counter slot of their own at once; the threads
