@@ -266,6 +266,17 @@ impl RateLimitPolicy {
 ///   apart lie in different windows;
 /// - [`SlidingWindow`]: `q = limit`, `w = 2 * window`: one window later the
 ///   previous window's count still weighs fully, two windows later it is gone.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{AdvertisedQuota, Quota, SlidingWindow};
+///
+/// let bucket = Quota::new(5, 2, Duration::from_secs(10))?; // full again 30 s after a burst
+/// assert_eq!(bucket.advertised_quota(), (5, Duration::from_secs(30)));
+/// let sliding = SlidingWindow::new(10, Duration::from_secs(60))?;
+/// assert_eq!(sliding.advertised_quota(), (10, Duration::from_secs(120)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait AdvertisedQuota {
     /// `(q, w)`: the permits a client may send at once, and the time after
     /// which it may do so again.

@@ -320,7 +320,13 @@ impl KeyExtractor for ApiKeyHeader {
     }
 }
 
-/// The prefix length by which [`PeerIp`] groups IPv6 peers by default.
+/// The prefix length by which [`PeerIp`] groups IPv6 peers by default; see
+/// [IPv6 grouping](PeerIp#ipv6-grouping).
+///
+/// ```
+/// // One key for each /48: 2^(48 - 48) = 1 key for a /48 holder.
+/// assert_eq!(turnstile::tower::DEFAULT_IPV6_PREFIX, 48);
+/// ```
 pub const DEFAULT_IPV6_PREFIX: u8 = 48;
 
 const MISSING_PEER: &str = "turnstile: the rate-limit layer keys requests by the peer address, but \
@@ -629,6 +635,22 @@ pub struct ForwardedFor<T = SocketAddr> {
 
 impl<T> ForwardedFor<T> {
     /// Believe `X-Forwarded-For` from peers in `trusted` only.
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use http::Request;
+    /// use turnstile::tower::{ForwardedFor, IpNet, KeyExtractor, PeerIp, RequestHead};
+    ///
+    /// let by_client = ForwardedFor::new(PeerIp::new(), ["10.0.0.0/8".parse::<IpNet>()?]);
+    /// let mut request = Request::builder()
+    ///     .header("x-forwarded-for", "6.6.6.6, 203.0.113.9:4711, 10.0.0.9")
+    ///     .body(())?;
+    /// request.extensions_mut().insert("10.0.0.1:443".parse::<SocketAddr>()?);
+    /// let key = by_client.extract(&RequestHead::of(&request)).map(|k| k.into_owned());
+    /// // The rightmost address no trusted proxy holds, without its port.
+    /// assert_eq!(key, Some("203.0.113.9".parse::<IpAddr>()?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(peer: PeerIp<T>, trusted: impl IntoIterator<Item = IpNet>) -> ForwardedFor<T> {
         ForwardedFor {
             peer,
@@ -642,6 +664,23 @@ impl<T> ForwardedFor<T> {
     /// (`for="[2001:db8::1]:4711"`), elements may carry other parameters
     /// (`for=192.0.2.60;proto=http;by=203.0.113.43`), and an element without
     /// exactly one `for=` stops the walk.
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use http::Request;
+    /// use turnstile::tower::{ForwardedFor, IpNet, KeyExtractor, PeerIp, RequestHead};
+    ///
+    /// let by_client = ForwardedFor::rfc7239(PeerIp::new(), ["10.0.0.0/8".parse::<IpNet>()?]);
+    /// let key = |forwarded: &str| -> Result<Option<IpAddr>, Box<dyn std::error::Error>> {
+    ///     let mut request = Request::builder().header("forwarded", forwarded).body(())?;
+    ///     request.extensions_mut().insert("10.0.0.1:443".parse::<SocketAddr>()?);
+    ///     Ok(by_client.extract(&RequestHead::of(&request)).map(|k| k.into_owned()))
+    /// };
+    /// assert_eq!(key("for=192.0.2.60;proto=http;by=203.0.113.43")?, Some("192.0.2.60".parse()?));
+    /// // An obfuscated client: the proxy that vouched last is the key.
+    /// assert_eq!(key("for=_hidden, for=10.0.0.7")?, Some("10.0.0.7".parse()?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn rfc7239(peer: PeerIp<T>, trusted: impl IntoIterator<Item = IpNet>) -> ForwardedFor<T> {
         ForwardedFor {
             header: ForwardHeader::Forwarded,
@@ -825,6 +864,18 @@ impl<T> fmt::Debug for ForwardedFor<T> {
 }
 
 /// Why the layer answers a request itself: what a [`DenialResponse`] is given.
+///
+/// ```
+/// use turnstile::{KeyedDecision, Outcome, RetryAfter};
+/// use turnstile::tower::Denial;
+///
+/// let limited = Denial::Refused(Outcome::from_decision(Some(KeyedDecision::Denied {
+///     retry_after: RetryAfter::from_nanos(1_200_000_000),
+/// })));
+/// assert_eq!(limited.status().as_u16(), 429);
+/// assert_eq!(limited.retry_after_secs(), Some(2));
+/// assert_eq!(Denial::Misconfigured("no peer").outcome(), None);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Denial {
@@ -876,7 +927,27 @@ impl Denial {
 
 /// Builds the response to a denied request, before the layer sets its status
 /// and header fields (see [Denial responses](self#denial-responses)). Called
-/// only for denials.
+/// only for denials. A closure is the usual way
+/// ([`RateLimitLayer::deny_with`]); a type can implement it too:
+///
+/// ```
+/// use http::Response;
+/// use turnstile::Outcome;
+/// use turnstile::tower::{Denial, DenialResponse};
+///
+/// /// A one-line text body.
+/// #[derive(Clone)]
+/// struct Text;
+///
+/// impl DenialResponse<String> for Text {
+///     fn respond(&self, denial: &Denial) -> Response<String> {
+///         Response::new(format!("{}\n", denial.status()))
+///     }
+/// }
+///
+/// let response = Text.respond(&Denial::Refused(Outcome::Unauthorized));
+/// assert_eq!(response.body(), "401 Unauthorized\n");
+/// ```
 pub trait DenialResponse<B>: Clone + Send + Sync + 'static {
     /// The response to `denial`.
     fn respond(&self, denial: &Denial) -> Response<B>;
@@ -915,8 +986,9 @@ impl<B: Default + From<&'static str>> DenialResponse<B> for PlainDenial {
     }
 }
 
-/// A [`DenialResponse`] from a function of the [`Denial`]: see
-/// [`RateLimitLayer::deny_with`]. Shared by every clone of the layer.
+/// A [`DenialResponse`] from a function of the [`Denial`], made by
+/// [`RateLimitLayer::deny_with`] (which has an example). Shared by every clone
+/// of the layer.
 pub struct DenyWith<F>(Arc<F>);
 
 impl<F> Clone for DenyWith<F> {
@@ -1010,6 +1082,30 @@ impl<X: KeyExtractor, A, C, S, R> RateLimitLayer<X, A, C, S, R> {
     /// The layer still sets the status, `Retry-After`, the `RateLimit` fields
     /// and `WWW-Authenticate` on what it returns. `respond` runs only for
     /// denials, and is shared, not copied, by every clone of the layer.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    /// use turnstile::tower::{Denial, Global, RateLimitLayer};
+    /// use turnstile::{Gate, KeyedLimiter, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let layer = RateLimitLayer::new(Gate::new(KeyedLimiter::<()>::new(Quota::per_hour(1)?)), Global)
+    ///     // A hook that even tries to change the status: the layer's wins.
+    ///     .deny_with(|d: &Denial| Response::builder().status(418).body(format!("{:?}", d.status())).unwrap());
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service(service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) }));
+    /// service.clone().oneshot(Request::new(())).await?;
+    /// let denied = service.oneshot(Request::new(())).await?;
+    /// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(denied.body(), "429");
+    /// assert_eq!(denied.headers()["retry-after"], "3600");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn deny_with<F, B>(self, respond: F) -> RateLimitLayer<X, A, C, S, DenyWith<F>>
     where
         F: Fn(&Denial) -> Response<B> + Send + Sync + 'static,
