@@ -469,6 +469,85 @@ async fn a_missing_peer_address_is_a_configuration_error_not_a_401() {
     assert_eq!(calls.load(Ordering::Relaxed), 0);
 }
 
+/// A misconfigured layer logs once (feature `tracing`), however many requests
+/// it answers 500 and however many clones serve them.
+#[test]
+fn a_misconfiguration_is_logged_once_per_layer() {
+    use tower::Service;
+
+    /// Counts error events.
+    struct Errors(Arc<AtomicU32>);
+
+    impl tracing::Subscriber for Errors {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            if *event.metadata().level() == tracing::Level::ERROR {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    let errors = Arc::new(AtomicU32::new(0));
+    let layer = RateLimitLayer::new(
+        Gate::new(KeyedLimiter::new(Quota::per_minute(5).unwrap())),
+        PeerIp::new(),
+    );
+    let other = RateLimitLayer::new(
+        Gate::new(KeyedLimiter::new(Quota::per_minute(5).unwrap())),
+        PeerIp::new(),
+    );
+    let mut statuses = Vec::new();
+    tracing::subscriber::with_default(Errors(errors.clone()), || {
+        for layer in [&layer, &layer, &other] {
+            let mut service = ServiceBuilder::new()
+                .layer(layer.clone())
+                .service(ok_service());
+            for _ in 0..3 {
+                // The layer decides in `call`; a denial's future is ready at once.
+                let future = service.call(Request::new(()));
+                let response = futures_ready(future);
+                statuses.push(response.status());
+            }
+        }
+    });
+    assert!(
+        statuses
+            .iter()
+            .all(|&s| s == StatusCode::INTERNAL_SERVER_ERROR),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        2,
+        "once for each of the two layers"
+    );
+}
+
+/// The output of a future that is ready when first polled.
+fn futures_ready<F: Future<Output = Result<Response<String>, Infallible>>>(
+    future: F,
+) -> Response<String> {
+    let mut future = std::pin::pin!(future);
+    let waker = std::task::Waker::noop();
+    match future
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(waker))
+    {
+        std::task::Poll::Ready(Ok(response)) => response,
+        std::task::Poll::Ready(Err(never)) => match never {},
+        std::task::Poll::Pending => panic!("a denial is ready at once"),
+    }
+}
+
 /// Each algorithm's derived policy is honest: `q` permits sent at once, and
 /// again each time the advertised `w` (whole seconds) has passed, are always
 /// admitted, whatever the phase against the algorithm's own boundaries; and
