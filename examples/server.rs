@@ -1,10 +1,12 @@
-//! A small axum app behind turnstile's tower layer, on 127.0.0.1.
+//! A small axum app behind turnstile's tower layer, on 127.0.0.1, served by
+//! hyper's HTTP/1 builder with a 10 s header read timeout.
 //!
 //! ```text
 //! cargo run --release --example server            # port 3000
 //! cargo run --release --example server -- 8080    # another port
-//! curl -i -H 'x-api-key: k_1' http://127.0.0.1:3000/api     # 200 three times, then 429
-//! curl -i http://127.0.0.1:3000/api                         # 401: no key
+//! curl -i -H 'x-api-key: k_1' http://127.0.0.1:3000/api     # 200 three times, then 429 (problem+json)
+//! curl -i http://127.0.0.1:3000/api                         # 401 with WWW-Authenticate: no key
+//! curl -i -X POST http://127.0.0.1:3000/api                 # 405, and no allowance spent
 //! curl -i http://127.0.0.1:3000/public                      # per peer address
 //! ```
 

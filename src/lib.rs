@@ -63,7 +63,7 @@ pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::{Decision, KeyedDecision, NotYet, RetryAfter};
 pub use error::{AcquireError, KeyedConfigError, QuotaError};
 pub use fixed_window::FixedWindow;
-pub use gate::{Gate, Outcome, PolicyError, RateLimitPolicy};
+pub use gate::{AdvertisedQuota, Gate, Outcome, PolicyError, RateLimitPolicy};
 pub use gcra::Gcra;
 #[cfg(not(turnstile_loom))]
 pub use keyed::Sweeper;

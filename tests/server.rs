@@ -1,6 +1,7 @@
 //! The example server, started in-process on an ephemeral port and driven with
 //! real HTTP/1.1 requests over TCP: statuses, headers, and that the handlers
-//! ran only for admitted requests.
+//! ran only for admitted requests; and the layer's hooks (a global key, RFC
+//! 7239 `Forwarded`, a missing peer address) on small routers served alike.
 
 #[path = "../examples/shared/server.rs"]
 mod server;
@@ -8,10 +9,15 @@ mod server;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+use axum::Router;
+use axum::routing;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use turnstile::tower::{ForwardedFor, Global, IpNet, PeerIp, RateLimitLayer};
+use turnstile::{Gate, KeyedLimiter, Quota};
 
 struct Reply {
     status: u16,
@@ -50,12 +56,28 @@ async fn get(addr: SocketAddr, path: &str, extra: &str) -> Reply {
 }
 
 async fn start() -> (SocketAddr, Arc<server::Handled>) {
+    start_with(server::Settings::default()).await
+}
+
+async fn start_with(settings: server::Settings) -> (SocketAddr, Arc<server::Handled>) {
+    let handled = Arc::new(server::Handled::default());
+    let (app, _) = server::app_with(handled.clone(), settings);
+    (serve(app).await, handled)
+}
+
+/// Serve `app` as the example does, on an ephemeral port.
+async fn serve(app: Router) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address");
-    let handled = Arc::new(server::Handled::default());
-    let app = server::app(handled.clone());
     tokio::spawn(async move { server::serve(listener, app).await });
-    (addr, handled)
+    addr
+}
+
+async fn request(addr: SocketAddr, method: &str, path: &str, extra: &str) -> Reply {
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n{extra}\r\n"
+    );
+    send(addr, request.as_bytes()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,7 +98,14 @@ async fn per_key_limits_over_real_http() {
     let secs: u64 = denied.headers["retry-after"].parse().unwrap();
     assert!((9..=10).contains(&secs), "{secs}");
     assert_eq!(denied.headers["ratelimit"], format!("\"api\";r=0;t={secs}"));
-    assert_eq!(denied.body, "");
+    // RFC 9457 problem details from the app's denial hook.
+    assert_eq!(denied.headers["content-type"], "application/problem+json");
+    assert_eq!(
+        denied.body,
+        format!(
+            "{{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"retry after {secs} s\"}}"
+        )
+    );
     // Another key has its own allowance.
     assert_eq!(get(addr, "/api", "x-api-key: k_2\r\n").await.status, 200);
     // The handler ran for the admitted requests only.
@@ -87,9 +116,22 @@ async fn per_key_limits_over_real_http() {
 async fn no_usable_key_is_401_and_never_reaches_the_handler() {
     let (addr, handled) = start().await;
     let long = format!("x-api-key: {}\r\n", "k".repeat(129));
-    for extra in ["", "x-api-key:\r\n", "x-api-key:    \r\n", long.as_str()] {
+    for extra in [
+        "",
+        "x-api-key:\r\n",
+        "x-api-key:    \r\n",
+        long.as_str(),
+        // Not well formed: the app's validator refuses it.
+        "x-api-key: k 1\r\n",
+    ] {
         let reply = get(addr, "/api", extra).await;
         assert_eq!(reply.status, 401, "{extra:?}");
+        // RFC 9110: a 401 carries a challenge.
+        assert_eq!(
+            reply.headers["www-authenticate"],
+            "ApiKey header=\"x-api-key\""
+        );
+        assert_eq!(reply.headers["content-type"], "application/problem+json");
     }
     // A header value that is not visible ASCII: no key, not a 500.
     let reply = send(
@@ -170,4 +212,215 @@ async fn a_key_flood_is_reclaimed_while_the_server_is_idle() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(limiter.stats().evicted >= 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_issued_api_keys_are_served_when_the_app_knows_them() {
+    let settings = server::Settings {
+        known_api_keys: Some(["k_issued".to_string()].into()),
+        ..server::Settings::default()
+    };
+    let (addr, handled) = start_with(settings).await;
+    let forged = get(addr, "/api", "x-api-key: k_forged\r\n").await;
+    assert_eq!(forged.status, 401);
+    assert_eq!(
+        forged.headers["www-authenticate"],
+        "ApiKey header=\"x-api-key\""
+    );
+    assert_eq!(
+        get(addr, "/api", "x-api-key: k_issued\r\n").await.status,
+        200
+    );
+    assert_eq!(handled.api.load(Ordering::Relaxed), 1);
+}
+
+/// A method the route does not serve is a 405 that spends no allowance: the
+/// limiters are route layers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn method_not_allowed_spends_no_allowance() {
+    let (addr, handled) = start().await;
+    for (path, extra) in [("/api", "x-api-key: k_1\r\n"), ("/public", "")] {
+        for method in ["POST", "DELETE", "PUT", "PATCH"] {
+            let reply = request(addr, method, path, extra).await;
+            assert_eq!(reply.status, 405, "{method} {path}");
+        }
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(get(addr, "/api", "x-api-key: k_1\r\n").await.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(get(addr, "/public", "").await.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+    assert_eq!(handled.api.load(Ordering::Relaxed), 3);
+    assert_eq!(handled.public.load(Ordering::Relaxed), 5);
+}
+
+/// A client that sends its header section a byte at a time is disconnected
+/// once the header read timeout has passed, while it is still sending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_header_section_is_cut_off_at_the_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let (app, _) = server::app_with(
+        Arc::new(server::Handled::default()),
+        server::Settings::default(),
+    );
+    let timeout = Duration::from_secs(1);
+    tokio::spawn(async move { server::serve_with(listener, app, timeout).await });
+
+    // A prompt request on the same server is served.
+    assert_eq!(get(addr, "/public", "").await.status, 200);
+
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"GET /public HTTP/1.1\r\nHost: test\r\n")
+        .await
+        .expect("write");
+    let (mut reader, mut writer) = stream.into_split();
+    // Keep dribbling header bytes for far longer than the timeout.
+    let dribble = tokio::spawn(async move {
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if writer.write_all(b"x").await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), reader.read_to_end(&mut rest)).await;
+    let elapsed = started.elapsed();
+    assert!(
+        read.is_ok(),
+        "the connection was still open after {elapsed:?}"
+    );
+    assert!(
+        elapsed >= timeout,
+        "closed after {elapsed:?}, before the timeout"
+    );
+    assert!(
+        elapsed < timeout + Duration::from_secs(2),
+        "closed only after {elapsed:?}"
+    );
+    // No request was ever handled on it: at most an error status came back.
+    let text = String::from_utf8_lossy(&rest);
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 408"),
+        "{text:?}"
+    );
+    dribble.abort();
+}
+
+/// One limit shared by every request, whatever key or client it carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_limit_over_real_http() {
+    let served = Arc::new(AtomicU64::new(0));
+    let counted = served.clone();
+    let gate = Gate::new(KeyedLimiter::<()>::new(
+        Quota::new(2, 1, Duration::from_secs(60)).unwrap(),
+    ))
+    .with_derived_policy("everyone")
+    .unwrap();
+    let app = Router::new().route(
+        "/report",
+        routing::get(move || async move {
+            counted.fetch_add(1, Ordering::Relaxed);
+            "report\n"
+        })
+        .route_layer(RateLimitLayer::new(gate, Global)),
+    );
+    let addr = serve(app).await;
+    let mut statuses = Vec::new();
+    for extra in [
+        "x-api-key: a\r\n",
+        "x-api-key: b\r\n",
+        "forwarded: for=192.0.2.1\r\n",
+        "",
+    ] {
+        let reply = get(addr, "/report", extra).await;
+        if reply.status == 200 {
+            assert_eq!(reply.headers["ratelimit-policy"], "\"everyone\";q=2;w=120");
+        }
+        statuses.push(reply.status);
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    assert_eq!(served.load(Ordering::Relaxed), 2);
+}
+
+/// Behind a trusted proxy (here the loopback peer), RFC 7239 `Forwarded`
+/// names the client: each has its own allowance, and an obfuscated node falls
+/// back to the proxy's address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rfc7239_forwarded_clients_over_real_http() {
+    let proxies: Vec<IpNet> = vec!["127.0.0.1".parse().unwrap()];
+    let limiter = KeyedLimiter::new(Quota::new(1, 1, Duration::from_secs(60)).unwrap());
+    let layer = RateLimitLayer::new(
+        Gate::new(limiter),
+        ForwardedFor::rfc7239(PeerIp::connect_info(), proxies),
+    );
+    let gate = layer.gate().clone();
+    let app = Router::new().route("/", routing::get(|| async { "ok\n" }).route_layer(layer));
+    let addr = serve(app).await;
+    let mut statuses = Vec::new();
+    for forwarded in [
+        "for=192.0.2.60;proto=http;by=203.0.113.43",
+        "for=192.0.2.60",
+        "for=\"[2001:db8:cafe::17]:4711\"",
+        "for=198.51.100.1, for=_hidden",
+        "for=unknown",
+    ] {
+        let reply = get(addr, "/", &format!("forwarded: {forwarded}\r\n")).await;
+        statuses.push(reply.status);
+    }
+    assert_eq!(statuses, [200, 429, 200, 200, 429]);
+    let limiter = gate.limiter();
+    assert_eq!(
+        limiter.len(),
+        3,
+        "192.0.2.60, 2001:db8:cafe::/48 and the proxy"
+    );
+    assert_eq!(limiter.remaining(&"127.0.0.1".parse().unwrap()), 0);
+}
+
+/// A per-IP route served without connect info: every request is a 500 that
+/// names the misconfiguration, never a silent 401, and no handler runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_peer_addresses_is_reported_as_misconfigured() {
+    let served = Arc::new(AtomicU64::new(0));
+    let counted = served.clone();
+    let limiter = KeyedLimiter::new(Quota::new(5, 1, Duration::from_secs(60)).unwrap());
+    let app = Router::new().route(
+        "/",
+        routing::get(move || async move {
+            counted.fetch_add(1, Ordering::Relaxed);
+            "ok\n"
+        })
+        .route_layer(RateLimitLayer::new(
+            Gate::new(limiter),
+            PeerIp::connect_info(),
+        )),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    // `axum::serve` without `into_make_service_with_connect_info`.
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    for _ in 0..2 {
+        let reply = get(addr, "/", "").await;
+        assert_eq!(reply.status, 500);
+        assert!(
+            reply.body.contains("no peer-address extension"),
+            "{}",
+            reply.body
+        );
+        assert!(
+            reply.body.contains("into_make_service_with_connect_info"),
+            "{}",
+            reply.body
+        );
+    }
+    assert_eq!(served.load(Ordering::Relaxed), 0);
 }

@@ -1,20 +1,34 @@
 //! The tower layer's key extractors and responses, without a server.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use std::collections::HashSet;
+
+use http::header::{HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
-use turnstile::tower::{ForwardedFor, IpNet, KeyExtractor, PeerIp, RateLimitLayer, RequestHead};
-use turnstile::{Gate, KeyedLimiter, Quota};
+use turnstile::tower::{
+    ApiKeyHeader, Denial, ForwardedFor, Global, IpNet, KeyExtractor, PeerIp, RateLimitLayer,
+    RequestHead,
+};
+use turnstile::{
+    AdvertisedQuota, FixedWindow, Gate, Gcra, KeyedLimiter, ManualClock, Quota, RateLimitPolicy,
+    RateLimiter, SlidingWindow, TokenBucket,
+};
 
 fn request(peer: &str, forwarded: &[&str]) -> Request<()> {
+    with_header(peer, "x-forwarded-for", forwarded)
+}
+
+fn with_header(peer: &str, name: &'static str, values: &[&str]) -> Request<()> {
     let mut builder = Request::builder();
-    for f in forwarded {
-        builder = builder.header("x-forwarded-for", *f);
+    for v in values {
+        builder = builder.header(name, *v);
     }
     let mut request = builder.body(()).unwrap();
     request
@@ -59,11 +73,16 @@ fn forwarded_headers_are_believed_only_from_trusted_proxies() {
 
 #[test]
 fn peer_addresses_group_ipv6_by_prefix() {
-    let x = PeerIp::new();
+    let x = PeerIp::new().ipv6_prefix(64);
     let a = request("[2001:db8:1:2:aaaa::1]:80", &[]);
     let b = request("[2001:db8:1:2:bbbb::2]:80", &[]);
     assert_eq!(key(&x, &a), Some(ip("2001:db8:1:2::")));
     assert_eq!(key(&x, &a), key(&x, &b), "one /64, one key");
+    // The default groups by /48.
+    let other_64 = request("[2001:db8:1:ffff::2]:80", &[]);
+    assert_eq!(key(&PeerIp::new(), &other_64), Some(ip("2001:db8:1::")));
+    assert_eq!(key(&PeerIp::new(), &a), key(&PeerIp::new(), &other_64));
+    assert_ne!(key(&x, &a), key(&x, &other_64));
     let each = PeerIp::new().ipv6_prefix(128);
     assert_ne!(key(&each, &a), key(&each, &b));
     let mapped = request("[::ffff:192.0.2.1]:80", &[]);
@@ -102,7 +121,7 @@ async fn denials_carry_the_gates_status_and_headers_and_skip_the_service() {
         .layer(layer.clone())
         .service(service_fn(move |_: Request<()>| {
             counted.fetch_add(1, Ordering::Relaxed);
-            async { Ok::<_, Infallible>(Response::new(())) }
+            async { Ok::<_, Infallible>(Response::new(String::new())) }
         }));
     let call = |peer: &str| service.clone().oneshot(request(peer, &[]));
     assert_eq!(call("192.0.2.1:1").await.unwrap().status(), StatusCode::OK);
@@ -117,17 +136,506 @@ async fn denials_carry_the_gates_status_and_headers_and_skip_the_service() {
     assert_eq!(layer.gate().limiter().len(), 1);
 }
 
+fn ok_service() -> impl tower::Service<
+    Request<()>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<String>, Infallible>>,
+> + Clone {
+    service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new("served".to_string())) })
+}
+
+#[test]
+fn x_forwarded_for_entries_with_ports_key_by_the_address() {
+    let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+    let x = ForwardedFor::new(PeerIp::new(), trusted);
+    for (header, client) in [
+        ("203.0.113.9:4711", "203.0.113.9"),
+        ("203.0.113.9:4711, 10.0.0.7:80", "203.0.113.9"),
+        ("[2001:db8::1]:80", "2001:db8::"),
+        ("[2001:db8::1]", "2001:db8::"),
+        ("2001:db8::1", "2001:db8::"),
+        // A port that is not one stops the walk at the proxy.
+        ("203.0.113.9:123456", "10.1.2.3"),
+        ("203.0.113.9:80:80", "10.1.2.3"),
+        ("203.0.113.9:", "10.1.2.3"),
+        ("[2001:db8::1]x", "10.1.2.3"),
+    ] {
+        let r = request("10.1.2.3:443", &[header]);
+        assert_eq!(key(&x, &r), Some(ip(client)), "{header:?}");
+    }
+}
+
+#[test]
+fn rfc7239_forwarded_for_parameters_are_walked_like_x_forwarded_for() {
+    let trusted: Vec<IpNet> = vec![
+        "10.0.0.0/8".parse().unwrap(),
+        "2001:db8:ffff::/48".parse().unwrap(),
+    ];
+    let x = ForwardedFor::rfc7239(PeerIp::new(), trusted);
+    let forwarded = |values: &[&str]| with_header("10.1.2.3:443", "forwarded", values);
+    for (values, client) in [
+        (
+            &["for=192.0.2.60;proto=http;by=203.0.113.43"][..],
+            "192.0.2.60",
+        ),
+        (&[r#"for="[2001:db8:cafe::17]:4711""#], "2001:db8:cafe::"),
+        (&[r#"For="192.0.2.43:47011""#], "192.0.2.43"),
+        // Several elements: the rightmost that is not a trusted proxy.
+        (
+            &["for=198.51.100.17, for=192.0.2.60, for=10.9.9.9"],
+            "192.0.2.60",
+        ),
+        (
+            &[r#"for=198.51.100.17, for="[2001:db8:ffff::1]""#],
+            "198.51.100.17",
+        ),
+        // Several field lines are one list, in order.
+        (
+            &["for=198.51.100.17", "for=192.0.2.61;proto=https"],
+            "192.0.2.61",
+        ),
+        // A comma inside a quoted string does not split elements.
+        (&[r#"for=192.0.2.1;ext="a,b", for=10.0.0.5"#], "192.0.2.1"),
+        // Obfuscated and unknown nodes stop the walk at the last vouched address.
+        (&["for=192.0.2.60, for=_hidden, for=10.0.0.5"], "10.0.0.5"),
+        (&["for=192.0.2.60, for=unknown"], "10.1.2.3"),
+        (&[r#"for="_gazonk""#], "10.1.2.3"),
+        // An element without exactly one `for=`, or garbage, stops it too.
+        (&["for=192.0.2.60, proto=https"], "10.1.2.3"),
+        (&["for=192.0.2.60;for=192.0.2.61"], "10.1.2.3"),
+        (&["for=\"192.0.2.60"], "10.1.2.3"),
+        (&["nonsense"], "10.1.2.3"),
+        (&[], "10.1.2.3"),
+    ] {
+        assert_eq!(key(&x, &forwarded(values)), Some(ip(client)), "{values:?}");
+    }
+    // X-Forwarded-For is not read by the RFC 7239 extractor, nor the other way.
+    assert_eq!(
+        key(&x, &request("10.1.2.3:443", &["192.0.2.99"])),
+        Some(ip("10.1.2.3"))
+    );
+    let xff = ForwardedFor::new(PeerIp::new(), vec!["10.0.0.0/8".parse().unwrap()]);
+    assert_eq!(
+        key(&xff, &forwarded(&["for=192.0.2.60"])),
+        Some(ip("10.1.2.3"))
+    );
+    // From an untrusted peer the header is ignored.
+    let r = with_header("203.0.113.1:443", "forwarded", &["for=192.0.2.60"]);
+    assert_eq!(key(&x, &r), Some(ip("203.0.113.1")));
+}
+
+#[test]
+fn forwarded_walks_are_bounded_to_64_entries() {
+    let x = ForwardedFor::rfc7239(PeerIp::new(), vec!["10.0.0.0/8".parse().unwrap()]);
+    // A client address followed by 100 trusted hops: only 64 are examined, so
+    // the walk ends on a trusted address, never reaching the client.
+    let hops = std::iter::once("for=192.0.2.1".to_string())
+        .chain((0..100).map(|i| format!("for=10.0.{}.{}", i / 250, i % 250)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let k = key(&x, &with_header("10.1.2.3:443", "forwarded", &[&hops])).unwrap();
+    assert!("10.0.0.0/8".parse::<IpNet>().unwrap().contains(k), "{k}");
+    let short = "for=192.0.2.1, for=10.0.0.1";
+    assert_eq!(
+        key(&x, &with_header("10.1.2.3:443", "forwarded", &[short])),
+        Some(ip("192.0.2.1"))
+    );
+}
+
+/// One /48 holder rotating through its 65,536 /64s presents one key by
+/// default, so a bound of 10,000 keys stays open to everyone else; grouped by
+/// /64 the same client fills it and shuts new clients out.
+#[tokio::test]
+async fn one_slash_48_cannot_exhaust_the_key_bound_by_default() {
+    async fn flood(peer: PeerIp) -> (usize, StatusCode) {
+        let quota = Quota::new(1_000_000, 1, Duration::from_secs(1)).unwrap();
+        let limiter = KeyedLimiter::builder(quota)
+            .max_keys(10_000)
+            .build()
+            .unwrap();
+        let layer = RateLimitLayer::new(Gate::new(limiter), peer);
+        let service = ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(ok_service());
+        for subnet in 0..12_000u32 {
+            let peer = format!("[2001:db8:1:{subnet:x}::1]:443");
+            service.clone().oneshot(request(&peer, &[])).await.unwrap();
+        }
+        let newcomer = service
+            .oneshot(request("[2001:db8:2::1]:443", &[]))
+            .await
+            .unwrap();
+        (layer.gate().limiter().len(), newcomer.status())
+    }
+    assert_eq!(flood(PeerIp::new()).await, (2, StatusCode::OK));
+    let (held, newcomer) = flood(PeerIp::new().ipv6_prefix(64)).await;
+    assert_eq!((held, newcomer), (10_000, StatusCode::SERVICE_UNAVAILABLE));
+}
+
+#[tokio::test]
+async fn validators_may_be_closures_over_known_keys() {
+    let issued: HashSet<String> = ["k_live_1".to_string(), "k_live_2".to_string()].into();
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = calls.clone();
+    let keys = ApiKeyHeader::new(HeaderName::from_static("x-api-key")).validate(move |key| {
+        seen.fetch_add(1, Ordering::Relaxed);
+        issued.contains(key)
+    });
+    // Clone and Debug survive the closure.
+    let copy = keys.clone();
+    assert!(format!("{copy:?}").contains("x-api-key"));
+    let with = |k: &str| Request::builder().header("x-api-key", k).body(()).unwrap();
+    assert_eq!(key(&copy, &with("k_live_2")), Some("k_live_2".to_string()));
+    assert_eq!(key(&keys, &with("k_forged")), None);
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        2,
+        "one closure, shared by the clones"
+    );
+    let service = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(
+            Gate::new(KeyedLimiter::<String>::new(Quota::per_minute(5).unwrap())),
+            keys,
+        ))
+        .service(ok_service());
+    let forged = service.oneshot(with("k_forged")).await.unwrap();
+    assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        forged.headers()["www-authenticate"],
+        "ApiKey header=\"x-api-key\""
+    );
+}
+
+#[tokio::test]
+async fn the_global_extractor_shares_one_limit_across_every_client() {
+    let layer = RateLimitLayer::new(
+        Gate::new(KeyedLimiter::<()>::new(
+            Quota::new(2, 1, Duration::from_secs(60)).unwrap(),
+        )),
+        Global,
+    );
+    let service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(ok_service());
+    let mut statuses = Vec::new();
+    for peer in ["192.0.2.1:1", "192.0.2.2:1", "198.51.100.9:1"] {
+        statuses.push(
+            service
+                .clone()
+                .oneshot(request(peer, &[]))
+                .await
+                .unwrap()
+                .status(),
+        );
+    }
+    statuses.push(service.oneshot(Request::new(())).await.unwrap().status());
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(layer.gate().limiter().len(), 1);
+}
+
+/// RFC 9457 problem details, overwriting what the layer owns to show that
+/// the layer wins.
+fn problem(denial: &Denial) -> Response<String> {
+    let status = denial.status();
+    let mut response = Response::new(format!(
+        r#"{{"type":"about:blank","status":{},"retry_after":{}}}"#,
+        status.as_u16(),
+        denial.retry_after_secs().unwrap_or(0)
+    ));
+    *response.status_mut() = StatusCode::IM_A_TEAPOT;
+    let headers = response.headers_mut();
+    headers.insert(
+        "content-type",
+        HeaderValue::from_static("application/problem+json"),
+    );
+    headers.insert("retry-after", HeaderValue::from_static("1"));
+    headers.insert("www-authenticate", HeaderValue::from_static("Basic"));
+    response
+}
+
+#[tokio::test]
+async fn a_denial_hook_sets_the_body_and_the_layer_keeps_its_fields() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let gate = Gate::new(KeyedLimiter::<String>::new(
+        Quota::new(1, 1, Duration::from_secs(90)).unwrap(),
+    ))
+    .with_derived_policy("per-key")
+    .unwrap();
+    let layer = RateLimitLayer::new(
+        gate,
+        ApiKeyHeader::new(HeaderName::from_static("x-api-key")),
+    )
+    .deny_with(move |d: &Denial| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        problem(d)
+    });
+    let service = ServiceBuilder::new().layer(layer).service(ok_service());
+    let with = |k: &str| Request::builder().header("x-api-key", k).body(()).unwrap();
+    let admitted = service.clone().oneshot(with("a")).await.unwrap();
+    assert_eq!(admitted.status(), StatusCode::OK);
+    assert_eq!(admitted.body(), "served");
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        0,
+        "the hook runs for denials only"
+    );
+    let limited = service.clone().oneshot(with("a")).await.unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        limited.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert_eq!(limited.headers()["retry-after"], "90");
+    assert_eq!(
+        limited.headers()["ratelimit-policy"],
+        "\"per-key\";q=1;w=90"
+    );
+    assert_eq!(limited.headers()["ratelimit"], "\"per-key\";r=0;t=90");
+    assert_eq!(
+        limited.body(),
+        r#"{"type":"about:blank","status":429,"retry_after":90}"#
+    );
+    let anonymous = service.oneshot(Request::new(())).await.unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        anonymous.headers()["www-authenticate"],
+        "ApiKey header=\"x-api-key\""
+    );
+    assert!(!anonymous.headers().contains_key("retry-after"));
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn the_challenge_can_be_configured_on_the_layer() {
+    let layer = RateLimitLayer::new(
+        Gate::new(KeyedLimiter::<String>::new(Quota::per_minute(5).unwrap())),
+        ApiKeyHeader::new(HeaderName::from_static("authorization")),
+    )
+    .challenge(HeaderValue::from_static("Bearer realm=\"api\""));
+    let service = ServiceBuilder::new().layer(layer).service(ok_service());
+    let anonymous = service.oneshot(Request::new(())).await.unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        anonymous.headers()["www-authenticate"],
+        "Bearer realm=\"api\""
+    );
+}
+
+#[tokio::test]
+async fn a_missing_peer_address_is_a_configuration_error_not_a_401() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let inner = service_fn(move |_: Request<()>| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        async { Ok::<_, Infallible>(Response::new(String::new())) }
+    });
+    let limiter = || KeyedLimiter::new(Quota::per_minute(5).unwrap());
+    for layer in [
+        RateLimitLayer::new(Gate::new(limiter()), PeerIp::new()),
+        RateLimitLayer::new(Gate::new(limiter()), PeerIp::new().ipv6_prefix(128)),
+    ] {
+        let service = ServiceBuilder::new().layer(layer).service(inner.clone());
+        let response = service.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            response.headers()["content-type"],
+            "text/plain; charset=utf-8"
+        );
+        assert!(
+            response.body().contains("no peer-address extension"),
+            "{}",
+            response.body()
+        );
+        assert!(!response.headers().contains_key("www-authenticate"));
+    }
+    let forwarded = RateLimitLayer::new(
+        Gate::new(limiter()),
+        ForwardedFor::rfc7239(PeerIp::connect_info(), vec!["10.0.0.0/8".parse().unwrap()]),
+    );
+    // A plain `SocketAddr` is not what this extractor reads: still misconfigured.
+    let service = ServiceBuilder::new().layer(forwarded).service(inner);
+    let response = service.oneshot(request("10.0.0.1:1", &[])).await.unwrap();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(calls.load(Ordering::Relaxed), 0);
+}
+
+/// A misconfigured layer logs once (feature `tracing`), however many requests
+/// it answers 500 and however many clones serve them.
+#[test]
+fn a_misconfiguration_is_logged_once_per_layer() {
+    use tower::Service;
+
+    /// Counts error events.
+    struct Errors(Arc<AtomicU32>);
+
+    impl tracing::Subscriber for Errors {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            if *event.metadata().level() == tracing::Level::ERROR {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    let errors = Arc::new(AtomicU32::new(0));
+    let layer = RateLimitLayer::new(
+        Gate::new(KeyedLimiter::new(Quota::per_minute(5).unwrap())),
+        PeerIp::new(),
+    );
+    let other = RateLimitLayer::new(
+        Gate::new(KeyedLimiter::new(Quota::per_minute(5).unwrap())),
+        PeerIp::new(),
+    );
+    let mut statuses = Vec::new();
+    tracing::subscriber::with_default(Errors(errors.clone()), || {
+        for layer in [&layer, &layer, &other] {
+            let mut service = ServiceBuilder::new()
+                .layer(layer.clone())
+                .service(ok_service());
+            for _ in 0..3 {
+                // The layer decides in `call`; a denial's future is ready at once.
+                let future = service.call(Request::new(()));
+                let response = futures_ready(future);
+                statuses.push(response.status());
+            }
+        }
+    });
+    assert!(
+        statuses
+            .iter()
+            .all(|&s| s == StatusCode::INTERNAL_SERVER_ERROR),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        2,
+        "once for each of the two layers"
+    );
+}
+
+/// The output of a future that is ready when first polled.
+fn futures_ready<F: Future<Output = Result<Response<String>, Infallible>>>(
+    future: F,
+) -> Response<String> {
+    let mut future = std::pin::pin!(future);
+    let waker = std::task::Waker::noop();
+    match future
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(waker))
+    {
+        std::task::Poll::Ready(Ok(response)) => response,
+        std::task::Poll::Ready(Err(never)) => match never {},
+        std::task::Poll::Pending => panic!("a denial is ready at once"),
+    }
+}
+
+/// Each algorithm's derived policy is honest: `q` permits sent at once, and
+/// again each time the advertised `w` (whole seconds) has passed, are always
+/// admitted, whatever the phase against the algorithm's own boundaries; and
+/// `q` is tight, since one more at once is refused.
+#[test]
+fn derived_policies_never_advertise_more_than_the_limiter_allows() {
+    fn check<A: turnstile::Algorithm + AdvertisedQuota + Clone>(algorithm: A, expected: &str) {
+        let policy = RateLimitPolicy::from_algorithm("p", &algorithm).unwrap();
+        let value = policy.policy_value();
+        assert_eq!(value, expected);
+        let field = |name: &str| -> u64 {
+            value
+                .split(';')
+                .find_map(|p| p.strip_prefix(name))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let (q, w) = (field("q=") as u32, Duration::from_secs(field("w=")));
+        for phase_ms in [0, 1, 333, 999, 1_500, 7_777] {
+            let clock = ManualClock::new();
+            clock.set(Duration::from_millis(phase_ms));
+            let limiter = RateLimiter::from_parts(algorithm.clone(), clock.clone());
+            for round in 0..6 {
+                for i in 0..q {
+                    let d = limiter.try_acquire();
+                    assert!(
+                        d.is_allowed(),
+                        "{expected}: phase {phase_ms} ms, round {round}, permit {i}"
+                    );
+                }
+                assert!(
+                    !limiter.try_acquire().is_allowed(),
+                    "{expected}: q is not tight"
+                );
+                clock.advance(w);
+            }
+        }
+    }
+    let secs = Duration::from_secs;
+    check(
+        TokenBucket::new(Quota::new(3, 1, secs(10)).unwrap()),
+        "\"p\";q=3;w=30",
+    );
+    check(
+        TokenBucket::new(Quota::new(5, 2, secs(10)).unwrap()),
+        "\"p\";q=5;w=30",
+    );
+    check(
+        TokenBucket::new(Quota::per_second(100).unwrap().burst(20).unwrap()),
+        "\"p\";q=20;w=1",
+    );
+    check(
+        TokenBucket::new(Quota::new(4, 1, Duration::from_millis(1_500)).unwrap()),
+        "\"p\";q=4;w=6",
+    );
+    check(
+        Gcra::new(Quota::new(3, 1, secs(10)).unwrap()),
+        "\"p\";q=3;w=30",
+    );
+    check(Gcra::new(Quota::per_second(3).unwrap()), "\"p\";q=3;w=2");
+    check(FixedWindow::new(50, secs(60)).unwrap(), "\"p\";q=50;w=60");
+    check(
+        FixedWindow::new(5, Duration::from_millis(2_500)).unwrap(),
+        "\"p\";q=5;w=3",
+    );
+    check(
+        SlidingWindow::new(10, secs(60)).unwrap(),
+        "\"p\";q=10;w=120",
+    );
+    assert_eq!(
+        Quota::new(3, 1, secs(10)).unwrap().advertised_quota(),
+        (3, secs(30))
+    );
+}
+
 mod any_input {
     use super::*;
     use http::HeaderValue;
     use proptest::prelude::*;
-    use turnstile::tower::ApiKeyHeader;
 
     fn header_bytes() -> impl Strategy<Value = Vec<u8>> {
         prop_oneof![
             prop::collection::vec(any::<u8>(), 0..300),
             "[ -~]{0,200}".prop_map(String::into_bytes),
             "([0-9.:a-f]{1,40}, ?){0,6}[0-9.:a-f]{0,40}".prop_map(String::into_bytes),
+            r#"((for|by|proto)=("?\[?[0-9.:a-f_]{0,30}\]?(:[0-9_a-z]{0,6})?"?|unknown|_x)[;, ]{0,2}){0,8}"#
+                .prop_map(String::into_bytes),
         ]
     }
 
@@ -141,7 +649,7 @@ mod any_input {
             forwarded in prop::collection::vec(header_bytes(), 0..4),
         ) {
             let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let ok = || service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+            let ok = || service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) });
             let quota = Quota::new(1, 1, Duration::from_secs(60)).unwrap();
             let by_key = ServiceBuilder::new()
                 .layer(RateLimitLayer::new(
@@ -153,7 +661,13 @@ mod any_input {
             let by_ip = ServiceBuilder::new()
                 .layer(RateLimitLayer::new(
                     Gate::new(KeyedLimiter::builder(quota).max_keys(4).build().unwrap()),
-                    ForwardedFor::new(PeerIp::new(), trusted),
+                    ForwardedFor::new(PeerIp::new(), trusted.clone()),
+                ))
+                .service(ok());
+            let by_forwarded = ServiceBuilder::new()
+                .layer(RateLimitLayer::new(
+                    Gate::new(KeyedLimiter::builder(quota).max_keys(4).build().unwrap()),
+                    ForwardedFor::rfc7239(PeerIp::new(), trusted),
                 ))
                 .service(ok());
             let mut request = request("10.0.0.1:1", &[]);
@@ -162,7 +676,8 @@ mod any_input {
             }
             for f in &forwarded {
                 if let Ok(value) = HeaderValue::from_bytes(f) {
-                    request.headers_mut().append("x-forwarded-for", value);
+                    request.headers_mut().append("x-forwarded-for", value.clone());
+                    request.headers_mut().append("forwarded", value);
                 }
             }
             let (parts, body) = request.into_parts();
@@ -172,8 +687,11 @@ mod any_input {
                     let a = by_key.clone().oneshot(request).await.unwrap().status();
                     let mut again = Request::from_parts(parts.clone(), ());
                     again.extensions_mut().insert("10.0.0.1:1".parse::<SocketAddr>().unwrap());
+                    let mut third = again.clone();
+                    third.extensions_mut().insert("10.0.0.1:1".parse::<SocketAddr>().unwrap());
                     let b = by_ip.clone().oneshot(again).await.unwrap().status();
-                    [a, b]
+                    let c = by_forwarded.clone().oneshot(third).await.unwrap().status();
+                    [a, b, c]
                 });
                 for status in statuses {
                     prop_assert!(
