@@ -58,7 +58,7 @@ mod window;
 pub use algorithm::Algorithm;
 #[cfg(not(turnstile_loom))]
 pub use clock::CoarseClock;
-pub use clock::{Clock, ManualClock, RealClock};
+pub use clock::{Clock, ClockSource, ManualClock, MonotonicClock, RealClock, TscClock};
 pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::{Decision, KeyedDecision, NotYet, RetryAfter};
 pub use error::{AcquireError, KeyedConfigError, QuotaError};
