@@ -90,9 +90,9 @@ impl<C: Clock + ?Sized> Clock for &C {
 /// On Linux a reading is `clock_gettime(CLOCK_MONOTONIC)` through the vDSO: the
 /// kernel's own clocksource, which the kernel checks (TSCs synchronized across
 /// CPUs at boot, a watchdog against a second clock after) and replaces when it
-/// finds it unreliable. It costs more than a raw TSC read (30 ns against 12 ns
-/// on the machine of `BENCHMARKS.md`) and is never wrong in a way the kernel
-/// would not also be. Choose it when readings must agree across cores whatever
+/// finds it unreliable. It costs about three TSC reads (35–40 ns against
+/// 12–13 ns on the machine of `BENCHMARKS.md`; a decision on it, 47–51 ns
+/// against 16–22 ns) and is never wrong in a way the kernel would not also be. Choose it when readings must agree across cores whatever
 /// the hardware; [`RealClock`] reads it wherever it does not trust the TSC.
 ///
 /// ```
@@ -251,10 +251,24 @@ impl ClockSource {
 /// kernel that switches away from the TSC later is not seen either: the choice
 /// stands for the process's life.
 ///
-/// The first `RealClock` in a process costs quanta's calibration (usually
-/// 10–20 ms, at most 200 ms) plus 2 to 6 ms for the check; later ones cost a
-/// lookup. A reading costs one `rdtsc` and a multiply, or one `Instant::now`,
-/// plus a predictable branch between the two (`BENCHMARKS.md`, "Clocks").
+/// The first `RealClock` in a process costs quanta's calibration (1–2 ms on
+/// the machine of `BENCHMARKS.md`; quanta stops it at 200 ms) plus 2 to 6 ms
+/// for the check; later ones cost a lookup. A reading costs one `rdtsc` and a
+/// multiply, or one `Instant::now`, plus a predictable branch between the two,
+/// which measured nothing (74 instructions per admitted decision against
+/// [`TscClock`]'s 75; `BENCHMARKS.md`, "Clocks").
+///
+/// It is the default because a decision on the OS clock costs 2.1–3× one on
+/// the TSC (47–51 ns against 16–22 ns), and where the kernel trusts the TSC,
+/// reading it directly loses nothing the OS clock would give: on Linux the
+/// OS clock reads that same TSC.
+///
+/// # When to choose another
+///
+/// [`MonotonicClock`] to follow the kernel on every platform and after any
+/// change of its mind; [`CoarseClock`] when a millisecond of resolution will do
+/// (a decision costs 5–8 ns); [`TscClock`] on hardware known to be good, where
+/// even the check's start-up milliseconds matter; [`ManualClock`] in tests.
 ///
 /// ```
 /// use turnstile::{Clock, RealClock};
