@@ -55,6 +55,13 @@ use crate::sync::{Arc, AtomicU64, Ordering};
 /// the windows count it against the stored window (the sliding window at that
 /// window's start, where its estimate is largest).
 ///
+/// In a [`KeyedLimiter`](crate::KeyedLimiter) the bounds hold for a key while
+/// it stays in the map. A sweep drops a key whose word is as good as fresh at
+/// the sweeper's reading, and that reading may be up to `s` ahead of the next
+/// decision's: the re-created key then starts from a fresh word where the old
+/// one would still have counted, so each such sweep can add what a second
+/// spread `s` would (`T + 2s` in place of `T + s`, once).
+///
 /// What the spread cannot cover is a clock whose *rate* is wrong: a TSC
 /// calibrated 1% fast grants 1% more permits for as long as it runs.
 /// [`RealClock`] checks the TSC's rate against the OS clock when it is first
@@ -748,7 +755,12 @@ mod tests {
     impl Skewed {
         fn new(num: u64, den: u64, back: u64) -> Skewed {
             Skewed {
-                os: MonotonicClock::since(Instant::now() - Duration::from_secs(1)),
+                // An epoch a second back, so that scaling shows at once.
+                os: MonotonicClock::since(
+                    Instant::now()
+                        .checked_sub(Duration::from_secs(1))
+                        .unwrap_or_else(Instant::now),
+                ),
                 num,
                 den,
                 back,
@@ -759,6 +771,7 @@ mod tests {
 
     impl Clock for Skewed {
         fn now(&self) -> u64 {
+            // Relaxed: a count of this clock's readings, read by no one else.
             let n = self.readings.fetch_add(1, Ordering::Relaxed);
             let t = self.os.now() / self.den * self.num;
             if n >= 5 {
