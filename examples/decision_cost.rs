@@ -729,10 +729,18 @@ fn run_clock(what: &str, which: &str, n: u64) -> ExitCode {
 fn run_paired_clocks() {
     use turnstile::{Clock, CoarseClock, MonotonicClock, Quota, RateLimiter, RealClock, TscClock};
     const BLOCK: u32 = 200_000;
+    // The one-time costs: quanta's calibration, then the start-up check.
+    let start = std::time::Instant::now();
+    let tsc = TscClock::new();
+    let calibrated = start.elapsed();
     let real = RealClock::new();
-    println!("RealClock reads {:?}", real.source());
-    let (tsc, os, coarse) = (
-        TscClock::new(),
+    println!(
+        "first TscClock::new (quanta's calibration): {calibrated:.2?}; then the first \
+         RealClock::new (the check): {:.2?}; RealClock reads {:?}",
+        start.elapsed() - calibrated,
+        real.source()
+    );
+    let (os, coarse) = (
         MonotonicClock::new(),
         CoarseClock::new().expect("upkeep thread"),
     );
