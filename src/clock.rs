@@ -199,6 +199,8 @@ impl fmt::Debug for TscClock {
 pub enum ClockSource {
     /// The TSC, through [`TscClock`]: the kernel keeps its own time on it and
     /// its rate agreed with the OS clock's within [`RealClock::RATE_TOLERANCE_PPM`].
+    /// (On a CPU without an invariant TSC, quanta itself reads the OS clock
+    /// behind [`TscClock`], and the rate check passes on that.)
     Tsc {
         /// The TSC's rate against the OS clock's, in parts per million
         /// (positive: the TSC ran fast).
@@ -207,7 +209,7 @@ pub enum ClockSource {
     /// The OS clock ([`MonotonicClock`]): the kernel does not keep its time on
     /// the TSC (on Linux, `current_clocksource` is not `tsc` on x86-64 or
     /// `arch_sys_counter` on AArch64), or the platform offers no verdict to
-    /// read (every OS but Linux), or CPU has no counter quanta would read.
+    /// read (every OS but Linux, and Linux on other architectures).
     OsUntrusted,
     /// The OS clock: the TSC's rate disagreed with the OS clock's by more than
     /// [`RealClock::RATE_TOLERANCE_PPM`] in each of three attempts, or went
@@ -247,9 +249,9 @@ impl ClockSource {
 ///    each TSC reading with the tightest of five OS readings around it, and
 ///    requires them to agree within [`RATE_TOLERANCE_PPM`](Self::RATE_TOLERANCE_PPM)
 ///    (up to three attempts). This catches a calibration gone wrong (a virtual
-///    machine whose TSC runs at another rate than the frequency it reports,
-///    which has skewed time 2.8x for clocks that trust the reported frequency;
-///    a calibration disturbed by preemption) and a TSC that jumped while the
+///    machine whose TSC runs at another rate than it seems to: skews of 2.8x
+///    have been reported on some KVM hosts; a calibration disturbed by
+///    preemption) and a TSC that jumped while the
 ///    thread slept and moved to another core.
 ///
 /// Neither check can catch offsets between cores that appear after the check,
