@@ -45,6 +45,10 @@
 //!   (or the floor) with 1,000,000 keys, then makes `N` checks in a shuffled
 //!   order inside `measured`; under callgrind with `--cache-sim=yes` it counts
 //!   cache misses per check.
+//! - `clock read|decide tsc|real|monotonic|coarse N`: `N` readings of one
+//!   clock, or `N` admitted token-bucket decisions on it, inside `measured`.
+//! - `paired-clocks`: each clock's reading and admitted decision, timed in
+//!   alternating blocks of 200,000 (51 blocks each), the median block of each.
 //! - `layer bare|turnstile-admitted|turnstile-denied|tower_governor-admitted|tower_governor-denied N`:
 //!   sends `N` requests through an axum router, bare or behind a rate-limiting
 //!   layer (callgrind: `--toggle-collect='*requests_measured*'`).
@@ -685,6 +689,107 @@ fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// One clock's readings (`read`) or admitted token-bucket decisions on it
+/// (`decide`), `n` of them inside `measured`.
+fn run_clock(what: &str, which: &str, n: u64) -> ExitCode {
+    use turnstile::{Clock, CoarseClock, MonotonicClock, Quota, RateLimiter, RealClock, TscClock};
+    fn run<C: Clock>(what: &str, clock: C, n: u64) -> ExitCode {
+        match what {
+            "read" => measured(n, || clock.now()),
+            "decide" => {
+                let quota = Quota::per_second(ALLOW_RATE).expect("a valid quota");
+                let l = RateLimiter::with_clock(quota, clock);
+                let _ = l.try_acquire();
+                measured(n, || l.try_acquire());
+            }
+            other => {
+                eprintln!("unknown {other:?}: read or decide");
+                return ExitCode::FAILURE;
+            }
+        }
+        ExitCode::SUCCESS
+    }
+    match which {
+        "tsc" => run(what, TscClock::new(), n),
+        "real" => {
+            let real = RealClock::new();
+            eprintln!("RealClock reads {:?}", real.source());
+            run(what, real, n)
+        }
+        "monotonic" => run(what, MonotonicClock::new(), n),
+        "coarse" => run(what, CoarseClock::new().expect("upkeep thread"), n),
+        other => {
+            eprintln!("unknown clock {other:?}: tsc, real, monotonic or coarse");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Each clock's reading and admitted decision, timed in alternating blocks.
+fn run_paired_clocks() {
+    use turnstile::{Clock, CoarseClock, MonotonicClock, Quota, RateLimiter, RealClock, TscClock};
+    const BLOCK: u32 = 200_000;
+    // The one-time costs: quanta's calibration, then the start-up check.
+    let start = std::time::Instant::now();
+    let tsc = TscClock::new();
+    let calibrated = start.elapsed();
+    let real = RealClock::new();
+    println!(
+        "first TscClock::new (quanta's calibration): {calibrated:.2?}; then the first \
+         RealClock::new (the check): {:.2?}; RealClock reads {:?}",
+        start.elapsed() - calibrated,
+        real.source()
+    );
+    let (os, coarse) = (
+        MonotonicClock::new(),
+        CoarseClock::new().expect("upkeep thread"),
+    );
+    let quota = Quota::per_second(ALLOW_RATE).expect("a valid quota");
+    let (l_tsc, l_real, l_os, l_coarse) = (
+        RateLimiter::with_clock(quota, tsc.clone()),
+        RateLimiter::with_clock(quota, real.clone()),
+        RateLimiter::with_clock(quota, os),
+        RateLimiter::with_clock(quota, coarse.clone()),
+    );
+    type Case<'a> = (&'static str, Box<dyn FnMut() + 'a>);
+    let mut cases: Vec<Case<'_>> = vec![
+        ("read tsc", Box::new(|| _ = black_box(tsc.now()))),
+        ("read real", Box::new(|| _ = black_box(real.now()))),
+        ("read monotonic", Box::new(|| _ = black_box(os.now()))),
+        ("read coarse", Box::new(|| _ = black_box(coarse.now()))),
+        (
+            "decide tsc",
+            Box::new(|| _ = black_box(l_tsc.try_acquire())),
+        ),
+        (
+            "decide real",
+            Box::new(|| _ = black_box(l_real.try_acquire())),
+        ),
+        (
+            "decide monotonic",
+            Box::new(|| _ = black_box(l_os.try_acquire())),
+        ),
+        (
+            "decide coarse",
+            Box::new(|| _ = black_box(l_coarse.try_acquire())),
+        ),
+    ];
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    for _ in 0..51 {
+        for (i, (_, f)) in cases.iter_mut().enumerate() {
+            let start = std::time::Instant::now();
+            for _ in 0..BLOCK {
+                f();
+            }
+            times[i].push(start.elapsed().as_nanos() as f64 / f64::from(BLOCK));
+        }
+    }
+    for ((name, _), t) in cases.iter().zip(&mut times) {
+        t.sort_by(f64::total_cmp);
+        println!("{name:>18}: {:6.2} ns (median block)", t[t.len() / 2]);
+    }
+}
+
 /// The modes, one line each: printed with no arguments (or `--help`), and on
 /// stderr after a malformed command line.
 const MODES: &str = "\
@@ -696,7 +801,9 @@ usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cos
   paired-algorithms: each algorithm against governor's GCRA, direct, coarse clocks, alternating blocks
   algorithm allow|deny token-bucket|fixed-window|sliding-window|gcra|governor N: N decisions on a manual clock inside `measured`
   keyed-1m turnstile|governor|governor-ahash|floor N: 1,000,000 keys, then N shuffled checks inside `measured`
-  layer bare|turnstile-admitted|turnstile-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router";
+  layer bare|turnstile-admitted|turnstile-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router
+  clock read|decide tsc|real|monotonic|coarse N: N readings of a clock, or N admitted decisions on it, inside `measured`
+  paired-clocks: each clock's reading and admitted decision, timed in alternating blocks";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -731,7 +838,20 @@ fn main() -> ExitCode {
         };
         return run_algorithm(path == "allow", which, n);
     }
+    if let [mode, what, which, n] = args.as_slice()
+        && mode == "clock"
+    {
+        let Ok(n) = n.parse::<u64>() else {
+            eprintln!("N must be a number, not {n:?}");
+            return ExitCode::FAILURE;
+        };
+        return run_clock(what, which, n);
+    }
     match args.first().map(String::as_str) {
+        Some("paired-clocks") => {
+            run_paired_clocks();
+            return ExitCode::SUCCESS;
+        }
         Some("paired") => {
             run_paired();
             return ExitCode::SUCCESS;

@@ -68,7 +68,7 @@ use crate::clock::Clock;
 use crate::decision::KeyedDecision;
 use crate::error::AcquireError;
 use crate::keyed::KeyedLimiter;
-use crate::limiter::{RateLimiter, check_permits};
+use crate::limiter::{Counter, RateLimiter, check_permits};
 
 mod sealed {
     pub trait Sealed {}
@@ -100,9 +100,9 @@ pub trait Stage: sealed::Sealed {
     fn give_back(&self, receipt: Receipt);
 }
 
-impl<A: Algorithm, C: Clock> sealed::Sealed for RateLimiter<A, C> {}
+impl<A: Algorithm, C: Clock, M: Counter> sealed::Sealed for RateLimiter<A, C, M> {}
 
-impl<A: Algorithm, C: Clock> Stage for RateLimiter<A, C> {
+impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
     fn capacity(&self) -> u32 {
         RateLimiter::capacity(self)
     }
@@ -111,6 +111,7 @@ impl<A: Algorithm, C: Clock> Stage for RateLimiter<A, C> {
     fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
         let now = self.clock().now();
         let (decision, written) = self.cell().take(self.algorithm(), now, n);
+        self.count(decision.is_allowed());
         (
             decision.into(),
             written.map(|written| Receipt { written, n }),

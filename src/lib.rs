@@ -58,7 +58,7 @@ mod window;
 pub use algorithm::Algorithm;
 #[cfg(not(turnstile_loom))]
 pub use clock::CoarseClock;
-pub use clock::{Clock, ManualClock, RealClock};
+pub use clock::{Clock, ClockSource, ManualClock, MonotonicClock, RealClock, TscClock};
 pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::{Decision, KeyedDecision, NotYet, RetryAfter};
 pub use error::{AcquireError, KeyedConfigError, QuotaError};
@@ -68,7 +68,7 @@ pub use gcra::Gcra;
 #[cfg(not(turnstile_loom))]
 pub use keyed::Sweeper;
 pub use keyed::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, KeyedBuilder, KeyedLimiter, KeyedStats};
-pub use limiter::{DirectStats, RateLimiter};
+pub use limiter::{Counted, Counter, DirectStats, RateLimiter, Uncounted};
 pub use quota::Quota;
 pub use sliding_window::SlidingWindow;
 pub use token_bucket::TokenBucket;

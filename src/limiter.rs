@@ -63,12 +63,12 @@ use crate::token_bucket::TokenBucket;
     )),
     repr(align(64))
 )]
-pub struct RateLimiter<A = TokenBucket, C = RealClock> {
+pub struct RateLimiter<A = TokenBucket, C = RealClock, M = Uncounted> {
     cell: Cell,
     algorithm: A,
     clock: C,
-    /// Admitted and denied counts, when asked for ([`counted`](Self::counted)).
-    counts: Option<Box<Tally>>,
+    /// Admitted and denied counts, if asked for ([`counted`](Self::counted)).
+    counter: M,
 }
 
 /// A direct limiter's counters ([`RateLimiter::stats`]).
@@ -79,6 +79,42 @@ pub struct DirectStats {
     pub admitted: u64,
     /// Requests denied (a wait counts once, when its deadline refuses it).
     pub denied: u64,
+}
+
+/// How a direct limiter counts its decisions: [`Uncounted`] (the default, no
+/// bytes and no instructions) or [`Counted`] (from
+/// [`RateLimiter::counted`]). Sealed: these two are the kinds.
+pub trait Counter: sealed::Sealed {
+    /// Count one decision.
+    #[doc(hidden)]
+    fn count(&self, admitted: bool);
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Uncounted {}
+    impl Sealed for super::Counted {}
+}
+
+/// A direct limiter that counts nothing (the default).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Uncounted;
+
+impl Counter for Uncounted {
+    #[inline(always)]
+    fn count(&self, _admitted: bool) {}
+}
+
+/// A direct limiter's admitted and denied counters: one cache-padded pair per
+/// thread slot, each written only by its thread.
+#[derive(Debug)]
+pub struct Counted(Box<Tally>);
+
+impl Counter for Counted {
+    #[inline(always)]
+    fn count(&self, admitted: bool) {
+        self.0.count_outcome(admitted, thread_slot());
+    }
 }
 
 impl RateLimiter {
@@ -104,52 +140,58 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
             cell: Cell::new(algorithm.fresh()),
             algorithm,
             clock,
-            counts: None,
+            counter: Uncounted,
         }
     }
 
-    /// Count admissions and denials, for [`stats`](Self::stats).
+    /// This limiter, counting admissions and denials for
+    /// [`stats`](RateLimiter::stats).
     ///
     /// Off by default for a direct limiter: the counters are one cache-padded
     /// pair per thread slot (about 8 KiB), against the limiter's 128 bytes,
-    /// and a limiter may be one of millions. Each thread adds to its own pair
-    /// with a plain load and store, so counting adds no locked instruction to
-    /// a decision. (Keyed limiters and gates always count.)
+    /// and a limiter may be one of millions. A counted limiter's type says so
+    /// (`RateLimiter<A, C, Counted>`); an uncounted one carries no counter and
+    /// runs no counting instruction. Each thread adds to its own pair with a
+    /// plain load and store, so counting adds no locked instruction to a
+    /// decision. (Keyed limiters and gates always count.)
     ///
     /// ```
-    /// use turnstile::{DirectStats, Quota, RateLimiter};
+    /// use turnstile::{Quota, RateLimiter};
     ///
     /// let limiter = RateLimiter::new(Quota::per_minute(2)?).counted();
     /// for _ in 0..3 {
     ///     let _ = limiter.try_acquire();
     /// }
-    /// let stats = limiter.stats().expect("counted");
+    /// let stats = limiter.stats();
     /// assert_eq!((stats.admitted, stats.denied), (2, 1));
-    /// assert_eq!(RateLimiter::new(Quota::per_minute(2)?).stats(), None);
     /// # Ok::<(), turnstile::QuotaError>(())
     /// ```
-    pub fn counted(self) -> RateLimiter<A, C> {
+    pub fn counted(self) -> RateLimiter<A, C, Counted> {
         RateLimiter {
-            counts: Some(Box::new(Tally::new())),
-            ..self
+            cell: self.cell,
+            algorithm: self.algorithm,
+            clock: self.clock,
+            counter: Counted(Box::new(Tally::new())),
         }
     }
+}
 
+impl<A, C> RateLimiter<A, C, Counted> {
     /// The counters, summed over the threads that decided (each read in turn,
-    /// not at one instant); `None` unless [`counted`](Self::counted).
-    pub fn stats(&self) -> Option<DirectStats> {
-        self.counts.as_ref().map(|tally| DirectStats {
-            admitted: tally.sum(ADMITTED),
-            denied: tally.sum(DENIED),
-        })
+    /// not at one instant).
+    pub fn stats(&self) -> DirectStats {
+        DirectStats {
+            admitted: self.counter.0.sum(ADMITTED),
+            denied: self.counter.0.sum(DENIED),
+        }
     }
+}
 
-    /// Count one decision, when counting.
+impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
+    /// Count one decision, if counting.
     #[inline(always)]
     pub(crate) fn count(&self, admitted: bool) {
-        if let Some(tally) = &self.counts {
-            tally.count_outcome(admitted, thread_slot());
-        }
+        self.counter.count(admitted);
     }
 
     /// Ask for one permit.

@@ -8,7 +8,7 @@ use crate::algorithm::Algorithm;
 use crate::clock::{Clock, saturating_nanos};
 use crate::decision::{Decision, RetryAfter};
 use crate::error::AcquireError;
-use crate::limiter::{RateLimiter, check_permits};
+use crate::limiter::{Counter, RateLimiter, check_permits};
 
 /// How long a wait may take, and how much random delay to add to each sleep.
 ///
@@ -116,7 +116,7 @@ enum Step {
     Sleep(Duration),
 }
 
-impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
+impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
     /// Block until one permit is taken; returns how long that took by the
     /// limiter's clock. See [`wait_n`](Self::wait_n).
     ///
