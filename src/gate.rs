@@ -12,9 +12,12 @@ use crate::decision::{KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
 use crate::fixed_window::FixedWindow;
 use crate::gcra::Gcra;
-use crate::keyed::KeyedLimiter;
+use crate::keyed::{KeyedLimiter, KeyedStats};
 use crate::quota::Quota;
+use crate::reclaim::thread_slot;
 use crate::sliding_window::SlidingWindow;
+use crate::sync::{AtomicBool, Ordering};
+use crate::tally::Tally;
 use crate::token_bucket::TokenBucket;
 
 /// What the gate answers a request.
@@ -341,10 +344,48 @@ impl AdvertisedQuota for SlidingWindow {
 /// never be limited. Keys from unauthenticated input can be forged in any
 /// number, so give them a limiter with a tight `max_keys`: past it, new keys get
 /// 503 and memory stays bounded.
+///
+/// **Counting and shadow mode.** [`stats`](Self::stats) counts what the gate
+/// answered (200, 401, 429, 503) with no locked instruction per request: the
+/// limiter's per-thread counters, plus the gate's own for 401s and for
+/// denials let through in shadow mode. In shadow mode ([`shadow`](Self::shadow),
+/// [`set_shadow`](Self::set_shadow)) every denial is decided and counted but
+/// answered 200 (with `remaining: 0`): a way to try a limit on live traffic
+/// before enforcing it.
 #[derive(Debug)]
 pub struct Gate<K, A = TokenBucket, C = RealClock, S = ahash::RandomState> {
     limiter: KeyedLimiter<K, A, C, S>,
     policy: Option<RateLimitPolicy>,
+    shadow: AtomicBool,
+    counts: Tally<3>,
+}
+
+/// The gate's own counters, beside the limiter's.
+const UNAUTHORIZED: usize = 0;
+const SHADOWED_RATE: usize = 1;
+const SHADOWED_KEY_LIMIT: usize = 2;
+
+/// What a [`Gate`] answered ([`Gate::stats`]). Each counter is read in turn,
+/// not all at one instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GateStats {
+    /// 200s: requests admitted, including denials let through in shadow mode.
+    pub admitted: u64,
+    /// 401s: requests without a key.
+    pub unauthorized: u64,
+    /// 429s: requests over their key's limit.
+    pub too_many_requests: u64,
+    /// 503s: requests for a new key while the key bound was full.
+    pub unavailable: u64,
+    /// Requests the limiter denied (429) that shadow mode admitted.
+    pub shadowed_too_many_requests: u64,
+    /// Requests the key bound refused (503) that shadow mode admitted.
+    pub shadowed_unavailable: u64,
+    /// Keys held now.
+    pub keys: usize,
+    /// Keys evicted by sweeps.
+    pub evicted: u64,
 }
 
 impl<K, A, C, S> Gate<K, A, C, S> {
@@ -353,7 +394,42 @@ impl<K, A, C, S> Gate<K, A, C, S> {
         Gate {
             limiter,
             policy: None,
+            shadow: AtomicBool::new(false),
+            counts: Tally::new(),
         }
+    }
+
+    /// This gate in shadow mode: decide and count every request, deny none.
+    ///
+    /// ```
+    /// use turnstile::{Gate, KeyedLimiter, Quota};
+    ///
+    /// let gate = Gate::new(KeyedLimiter::<String>::new(Quota::per_minute(1)?)).shadow();
+    /// assert_eq!(gate.check(Some("alice")).status(), 200);
+    /// assert_eq!(gate.check(Some("alice")).status(), 200); // would be 429
+    /// let stats = gate.stats();
+    /// assert_eq!((stats.admitted, stats.too_many_requests), (2, 0));
+    /// assert_eq!(stats.shadowed_too_many_requests, 1);
+    /// gate.set_shadow(false);
+    /// assert_eq!(gate.check(Some("alice")).status(), 429);
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn shadow(self) -> Gate<K, A, C, S> {
+        self.set_shadow(true);
+        self
+    }
+
+    /// Turn shadow mode on or off, from any thread, while serving.
+    pub fn set_shadow(&self, shadow: bool) {
+        // Relaxed: a switch read on its own; a request decided just after the
+        // change may still see the old mode.
+        self.shadow.store(shadow, Ordering::Relaxed);
+    }
+
+    /// Whether the gate is in shadow mode.
+    pub fn is_shadow(&self) -> bool {
+        // Relaxed: as in `set_shadow`.
+        self.shadow.load(Ordering::Relaxed)
     }
 
     /// Add `RateLimit-Policy` and `RateLimit` header fields to every answer
@@ -425,6 +501,44 @@ where
     C: Clock,
     S: BuildHasher,
 {
+    /// What the gate has answered so far.
+    pub fn stats(&self) -> GateStats {
+        let limiter: KeyedStats = self.limiter.stats();
+        let shadowed_rate = self.counts.sum(SHADOWED_RATE);
+        let shadowed_key_limit = self.counts.sum(SHADOWED_KEY_LIMIT);
+        GateStats {
+            admitted: limiter.admitted + shadowed_rate + shadowed_key_limit,
+            unauthorized: self.counts.sum(UNAUTHORIZED),
+            // Read one after the other, a shadowed count may run ahead of the
+            // limiter's count of the same denial for an instant.
+            too_many_requests: limiter.denied.saturating_sub(shadowed_rate),
+            unavailable: limiter.denied_key_limit.saturating_sub(shadowed_key_limit),
+            shadowed_too_many_requests: shadowed_rate,
+            shadowed_unavailable: shadowed_key_limit,
+            keys: limiter.keys,
+            evicted: limiter.evicted,
+        }
+    }
+
+    /// The outcome to answer for the limiter's `outcome`, counted.
+    #[inline]
+    fn answer(&self, outcome: Outcome) -> Outcome {
+        let which = match outcome {
+            Outcome::Admitted { .. } => return outcome,
+            Outcome::Unauthorized => {
+                self.counts.add(UNAUTHORIZED, thread_slot());
+                return outcome;
+            }
+            Outcome::TooManyRequests { .. } => SHADOWED_RATE,
+            Outcome::Unavailable { .. } => SHADOWED_KEY_LIMIT,
+        };
+        if !self.is_shadow() {
+            return outcome;
+        }
+        self.counts.add(which, thread_slot());
+        Outcome::Admitted { remaining: 0 }
+    }
+
     /// Decide a request by its key; `None` when it has none.
     #[inline]
     pub fn check<Q>(&self, key: Option<&Q>) -> Outcome
@@ -432,7 +546,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        Outcome::from_decision(key.map(|key| self.limiter.try_acquire(key)))
+        self.answer(Outcome::from_decision(
+            key.map(|key| self.limiter.try_acquire(key)),
+        ))
     }
 
     /// Decide a request that costs `n` permits.
@@ -446,11 +562,10 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        match key {
-            None => Ok(Outcome::Unauthorized),
-            Some(key) => Ok(Outcome::from_decision(Some(
-                self.limiter.try_acquire_n(key, n)?,
-            ))),
-        }
+        let outcome = match key {
+            None => Outcome::Unauthorized,
+            Some(key) => Outcome::from_decision(Some(self.limiter.try_acquire_n(key, n)?)),
+        };
+        Ok(self.answer(outcome))
     }
 }

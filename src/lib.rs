@@ -44,6 +44,8 @@ mod gate;
 mod gcra;
 mod keyed;
 mod limiter;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod quota;
 mod reclaim;
 mod sliding_window;
@@ -63,7 +65,7 @@ pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::{Decision, KeyedDecision, NotYet, RetryAfter};
 pub use error::{AcquireError, KeyedConfigError, QuotaError};
 pub use fixed_window::FixedWindow;
-pub use gate::{AdvertisedQuota, Gate, Outcome, PolicyError, RateLimitPolicy};
+pub use gate::{AdvertisedQuota, Gate, GateStats, Outcome, PolicyError, RateLimitPolicy};
 pub use gcra::Gcra;
 #[cfg(not(turnstile_loom))]
 pub use keyed::Sweeper;

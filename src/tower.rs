@@ -137,7 +137,7 @@ pub use tower_service::Service;
 
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, RealClock};
-use crate::gate::{Gate, Outcome, RateLimitPolicy};
+use crate::gate::{Gate, GateStats, Outcome, RateLimitPolicy};
 use crate::token_bucket::TokenBucket;
 
 /// What a key extractor may look at: the request without its body.
@@ -1032,17 +1032,31 @@ where
     }
 }
 
-/// Logs a misconfiguration once per layer (feature `tracing`).
+/// Counts misconfigured requests, and logs the first once per layer (feature
+/// `tracing`). Shared by the layer's clones.
 #[derive(Clone, Debug, Default)]
-struct Reported(#[cfg(feature = "tracing")] Arc<core::sync::atomic::AtomicBool>);
+struct Reported(Arc<ReportedInner>);
+
+#[derive(Debug, Default)]
+struct ReportedInner {
+    count: core::sync::atomic::AtomicU64,
+    #[cfg(feature = "tracing")]
+    logged: core::sync::atomic::AtomicBool,
+}
 
 impl Reported {
-    #[cfg_attr(not(feature = "tracing"), allow(clippy::unused_self))]
     fn report(&self, problem: &'static str) {
+        use core::sync::atomic::Ordering;
+        // Relaxed: a count for operators. A locked add, on a path that answers
+        // 500 to every request until the server is fixed, not on a decision.
+        self.0.count.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "tracing")]
         {
-            use core::sync::atomic::Ordering;
-            if !self.0.load(Ordering::Relaxed) && !self.0.swap(true, Ordering::Relaxed) {
+            // Relaxed: the flag guards only the log line; a race logs twice
+            // at worst.
+            if !self.0.logged.load(Ordering::Relaxed)
+                && !self.0.logged.swap(true, Ordering::Relaxed)
+            {
                 tracing::error!(
                     problem,
                     "rate-limit layer misconfigured: its requests are answered 500 until this is \
@@ -1053,6 +1067,22 @@ impl Reported {
         #[cfg(not(feature = "tracing"))]
         let _ = problem;
     }
+
+    fn count(&self) -> u64 {
+        // Relaxed: a count, read for reporting.
+        self.0.count.load(core::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// What a [`RateLimitLayer`] answered ([`RateLimitLayer::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LayerStats {
+    /// The gate's answers: 200, 401, 429, 503, shadowed denials, keys.
+    pub gate: GateStats,
+    /// 500s: requests answered as a configuration error (a missing peer
+    /// address), counted by this layer and its clones.
+    pub misconfigured: u64,
 }
 
 /// The layer: wraps services in [`RateLimit`], all sharing one gate.
@@ -1159,6 +1189,23 @@ impl<X: KeyExtractor, A, C, S, R> RateLimitLayer<X, A, C, S, R> {
         RateLimitLayer {
             challenge: Some(challenge),
             ..self
+        }
+    }
+}
+
+impl<X, A, C, S, R> RateLimitLayer<X, A, C, S, R>
+where
+    X: KeyExtractor,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// What this layer and its clones have answered: the gate's counts (shared
+    /// with any other user of the gate) and the configuration errors.
+    pub fn stats(&self) -> LayerStats {
+        LayerStats {
+            gate: self.gate.stats(),
+            misconfigured: self.reported.count(),
         }
     }
 }

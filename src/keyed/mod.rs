@@ -160,6 +160,10 @@ struct Inner<K, A, C, S> {
     reclaim_from: AtomicUsize,
     /// Until this clock reading, requests at the key bound do not look for room.
     reclaim_idle_until: AtomicU64,
+    /// When the key bound was last logged as reached (clock nanoseconds + 1;
+    /// 0: never). Feature `tracing`.
+    #[cfg(feature = "tracing")]
+    key_limit_logged: AtomicU64,
     tally: Tally,
     collector: Collector,
 }
@@ -324,6 +328,8 @@ impl<K, A, C, S> KeyedBuilder<K, A, C, S> {
                 limbo: AtomicUsize::new(0),
                 reclaim_from: AtomicUsize::new(0),
                 reclaim_idle_until: AtomicU64::new(0),
+                #[cfg(feature = "tracing")]
+                key_limit_logged: AtomicU64::new(0),
                 tally: Tally::new(),
                 #[allow(clippy::default_constructed_unit_structs)]
                 collector: Collector::default(),
@@ -668,6 +674,8 @@ where
         }
         if !self.reserve_key() && !self.reclaim(&mut locked, now) {
             locked.writer().denied_key_limit += 1;
+            #[cfg(feature = "tracing")]
+            self.log_key_limit(now);
             let retry_after =
                 RetryAfter::from_nanos(saturating_nanos(self.algorithm.fresh_after_idle()));
             return (KeyedDecision::KeyLimit { retry_after }, None);
@@ -776,7 +784,8 @@ where
     }
 
     fn sweep(&self) -> usize {
-        self.shards
+        let evicted = self
+            .shards
             .iter()
             .map(|shard| {
                 let mut locked = shard.lock();
@@ -785,7 +794,48 @@ where
                 self.sweep_shard(&mut locked, now, usize::MAX);
                 (locked.writer().evicted - before) as usize
             })
-            .sum()
+            .sum();
+        #[cfg(feature = "tracing")]
+        tracing::debug!(
+            evicted,
+            keys = self.len(),
+            max_keys = self.max_keys,
+            shards = self.shards.len(),
+            "turnstile keyed limiter swept"
+        );
+        evicted
+    }
+
+    /// Log that the key bound refused a new key: at most once a second per
+    /// limiter (by its clock), so a flood of new keys logs a line a second,
+    /// not a line a request.
+    #[cfg(feature = "tracing")]
+    #[cold]
+    fn log_key_limit(&self, now: u64) {
+        const EVERY: u64 = 1_000_000_000;
+        // Relaxed: the stamp guards only the log line; two threads racing
+        // for it log once between them, or twice at worst.
+        let last = self.key_limit_logged.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_add(1).saturating_sub(last) >= EVERY;
+        if due
+            && self
+                .key_limit_logged
+                .compare_exchange(
+                    last,
+                    now.saturating_add(1),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            tracing::warn!(
+                max_keys = self.max_keys,
+                keys = self.len(),
+                retry_after_ms = self.algorithm.fresh_after_idle().as_millis() as u64,
+                "turnstile keyed limiter at its key bound: new keys are refused (KeyLimit, \
+                 503) until idle keys are swept; logged at most once a second"
+            );
+        }
     }
 
     /// Take one key slot under the bound.

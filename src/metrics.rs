@@ -1,0 +1,129 @@
+//! The counters, published through the [`metrics`](https://docs.rs/metrics)
+//! crate's facade (feature `metrics`), so that any exporter serves them:
+//! Prometheus, StatsD, OpenTelemetry.
+//!
+//! turnstile keeps its counts itself, per thread, with no locked instruction
+//! on a decision; `publish` copies a snapshot into the facade as absolute
+//! values. Call it where the exporter reads (a `/metrics` handler, just
+//! before rendering) or on a timer. Every series carries a `limiter` label,
+//! the name given to `publish`.
+//!
+//! | series | kind | labels |
+//! |---|---|---|
+//! | `turnstile_decisions_total` | counter | `limiter`, `outcome` = `admitted`, `denied`, `key_limit` |
+//! | `turnstile_responses_total` | counter | `limiter`, `status` = `200`, `401`, `429`, `503`, `500` |
+//! | `turnstile_shadowed_total` | counter | `limiter`, `status` = `429`, `503` (denials shadow mode let through) |
+//! | `turnstile_evicted_total` | counter | `limiter` |
+//! | `turnstile_keys` | gauge | `limiter` |
+//!
+//! Direct limiters and keyed limiters publish decisions; gates and layers
+//! publish the responses they sent, and the keys and evictions of their
+//! limiter.
+//!
+//! ```
+//! use turnstile::{Gate, KeyedLimiter, Quota};
+//!
+//! let gate = Gate::new(KeyedLimiter::<String>::new(Quota::per_second(10)?));
+//! let _ = gate.check(Some("alice"));
+//! // With a recorder installed (an exporter's), this sets
+//! // turnstile_responses_total{limiter="api",status="200"} to 1, and so on.
+//! gate.stats().publish("api");
+//! # Ok::<(), turnstile::QuotaError>(())
+//! ```
+
+use metrics::{counter, gauge};
+
+use crate::gate::GateStats;
+use crate::keyed::KeyedStats;
+use crate::limiter::DirectStats;
+
+/// A key count as a gauge value (exact below 2^53 keys).
+#[allow(clippy::cast_precision_loss)]
+fn keys_value(keys: usize) -> f64 {
+    keys as f64
+}
+
+fn decisions(limiter: &str, outcome: &'static str, value: u64) {
+    counter!("turnstile_decisions_total", "limiter" => limiter.to_owned(), "outcome" => outcome)
+        .absolute(value);
+}
+
+fn responses(limiter: &str, status: &'static str, value: u64) {
+    counter!("turnstile_responses_total", "limiter" => limiter.to_owned(), "status" => status)
+        .absolute(value);
+}
+
+fn keys_and_evictions(limiter: &str, keys: usize, evicted: u64) {
+    counter!("turnstile_evicted_total", "limiter" => limiter.to_owned()).absolute(evicted);
+    gauge!("turnstile_keys", "limiter" => limiter.to_owned()).set(keys_value(keys));
+}
+
+/// Describe the series to the installed recorder (their help text). Once,
+/// after installing it; optional.
+pub fn describe() {
+    metrics::describe_counter!(
+        "turnstile_decisions_total",
+        "Rate-limit decisions, by outcome (admitted, denied, key_limit)."
+    );
+    metrics::describe_counter!(
+        "turnstile_responses_total",
+        "Answers of a turnstile gate or layer, by HTTP status."
+    );
+    metrics::describe_counter!(
+        "turnstile_shadowed_total",
+        "Denials a gate in shadow mode let through, by the status it would have sent."
+    );
+    metrics::describe_counter!(
+        "turnstile_evicted_total",
+        "Idle keys a keyed limiter has evicted."
+    );
+    metrics::describe_gauge!("turnstile_keys", "Keys a keyed limiter holds now.");
+}
+
+impl DirectStats {
+    /// Publish these counts as `turnstile_decisions_total` with the label
+    /// `limiter`.
+    pub fn publish(&self, limiter: &str) {
+        decisions(limiter, "admitted", self.admitted);
+        decisions(limiter, "denied", self.denied);
+    }
+}
+
+impl KeyedStats {
+    /// Publish these counts (decisions, evictions, keys) with the label
+    /// `limiter`.
+    pub fn publish(&self, limiter: &str) {
+        decisions(limiter, "admitted", self.admitted);
+        decisions(limiter, "denied", self.denied);
+        decisions(limiter, "key_limit", self.denied_key_limit);
+        keys_and_evictions(limiter, self.keys, self.evicted);
+    }
+}
+
+impl GateStats {
+    /// Publish these counts (responses by status, shadowed denials,
+    /// evictions, keys) with the label `limiter`.
+    pub fn publish(&self, limiter: &str) {
+        responses(limiter, "200", self.admitted);
+        responses(limiter, "401", self.unauthorized);
+        responses(limiter, "429", self.too_many_requests);
+        responses(limiter, "503", self.unavailable);
+        let shadowed = |status: &'static str, value: u64| {
+            counter!("turnstile_shadowed_total", "limiter" => limiter.to_owned(), "status" => status)
+                .absolute(value);
+        };
+        shadowed("429", self.shadowed_too_many_requests);
+        shadowed("503", self.shadowed_unavailable);
+        keys_and_evictions(limiter, self.keys, self.evicted);
+    }
+}
+
+#[cfg(feature = "tower")]
+impl crate::tower::LayerStats {
+    /// Publish the gate's counts and the layer's configuration errors
+    /// (`turnstile_responses_total{status="500"}`) with the label `limiter`.
+    pub fn publish(&self, limiter: &str) {
+        self.gate.publish(limiter);
+        responses(limiter, "500", self.misconfigured);
+    }
+}
