@@ -8,6 +8,7 @@
 //! curl -i http://127.0.0.1:3000/api                         # 401 with WWW-Authenticate: no key
 //! curl -i -X POST http://127.0.0.1:3000/api                 # 405, and no allowance spent
 //! curl -i http://127.0.0.1:3000/public                      # per peer address
+//! curl http://127.0.0.1:3000/metrics                        # the layers' counts, Prometheus text
 //! ```
 
 #[path = "shared/server.rs"]
@@ -34,7 +35,7 @@ async fn main() -> ExitCode {
         }
     };
     if let Ok(addr) = listener.local_addr() {
-        println!("listening on http://{addr} (/api with an x-api-key header, /public)");
+        println!("listening on http://{addr} (/api with an x-api-key header, /public, /metrics)");
     }
     let handled = Arc::new(server::Handled::default());
     match server::serve(listener, server::app(handled)).await {

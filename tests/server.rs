@@ -424,3 +424,58 @@ async fn a_server_without_peer_addresses_is_reported_as_misconfigured() {
     }
     assert_eq!(served.load(Ordering::Relaxed), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_scraped_with_the_exact_counts_of_known_traffic() {
+    let settings = server::Settings {
+        api_max_keys: 2,
+        ..server::Settings::default()
+    };
+    let (addr, handled) = start_with(settings).await;
+    // /api: k_1 five times (3 admitted, 2 denied), k_2 once, k_3 refused at
+    // the bound of 2 keys, twice without a key, once with a malformed key.
+    for _ in 0..5 {
+        get(addr, "/api", "x-api-key: k_1\r\n").await;
+    }
+    get(addr, "/api", "x-api-key: k_2\r\n").await;
+    assert_eq!(get(addr, "/api", "x-api-key: k_3\r\n").await.status, 503);
+    get(addr, "/api", "").await;
+    get(addr, "/api", "").await;
+    assert_eq!(
+        get(addr, "/api", "x-api-key: no/slashes\r\n").await.status,
+        401
+    );
+    // A 405 is not a decision and is not counted.
+    assert_eq!(
+        request(addr, "POST", "/api", "x-api-key: k_1\r\n")
+            .await
+            .status,
+        405
+    );
+    // /public: this peer, 7 times (5 admitted, 2 denied).
+    for _ in 0..7 {
+        get(addr, "/public", "").await;
+    }
+    let scrape = get(addr, "/metrics", "").await;
+    assert_eq!(scrape.status, 200);
+    assert!(scrape.headers["content-type"].starts_with("text/plain"));
+    for line in [
+        r#"turnstile_responses_total{limiter="api",status="200"} 4"#,
+        r#"turnstile_responses_total{limiter="api",status="429"} 2"#,
+        r#"turnstile_responses_total{limiter="api",status="503"} 1"#,
+        r#"turnstile_responses_total{limiter="api",status="401"} 3"#,
+        r#"turnstile_responses_total{limiter="api",status="500"} 0"#,
+        r#"turnstile_keys{limiter="api"} 2"#,
+        r#"turnstile_responses_total{limiter="public",status="200"} 5"#,
+        r#"turnstile_responses_total{limiter="public",status="429"} 2"#,
+        r#"turnstile_keys{limiter="public"} 1"#,
+    ] {
+        assert!(
+            scrape.body.lines().any(|l| l == line),
+            "missing {line:?} in:\n{}",
+            scrape.body
+        );
+    }
+    assert_eq!(handled.api.load(Ordering::Relaxed), 4);
+    assert_eq!(handled.public.load(Ordering::Relaxed), 5);
+}

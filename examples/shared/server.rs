@@ -18,6 +18,7 @@ use axum::routing::get;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use tower::ServiceExt;
 use turnstile::tower::{ApiKeyHeader, Denial, PeerIp, RateLimitLayer};
 use turnstile::{Gate, KeyedLimiter, Quota};
@@ -153,6 +154,7 @@ pub fn app_with(handled: Arc<Handled>, settings: Settings) -> (Router, Gates) {
             None => well_formed(key),
         });
     let api_layer = RateLimitLayer::shared(api_gate.clone(), keys).deny_with(problem);
+    let api_counts = api_layer.clone();
     let per_ip = KeyedLimiter::builder(settings.public)
         .max_keys(settings.public_max_keys)
         .build()
@@ -161,6 +163,26 @@ pub fn app_with(handled: Arc<Handled>, settings: Settings) -> (Router, Gates) {
         .expect("a sweeper thread");
     let public_gate = Arc::new(Gate::new(per_ip));
     let ip_layer = RateLimitLayer::shared(public_gate.clone(), PeerIp::connect_info());
+    let public_counts = ip_layer.clone();
+    // `/metrics`: the layers' counts in Prometheus's text format, published
+    // into a recorder of the app's own at each scrape (exact, and no global
+    // recorder to install). Serve it where only your scraper can reach it.
+    let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
+    metrics::with_local_recorder(&*recorder, turnstile::metrics::describe);
+    let scrape = move || {
+        let recorder: Arc<PrometheusRecorder> = recorder.clone();
+        let (api, public) = (api_counts.stats(), public_counts.stats());
+        async move {
+            metrics::with_local_recorder(&*recorder, || {
+                api.publish("api");
+                public.publish("public");
+            });
+            (
+                [(CONTENT_TYPE, "text/plain; version=0.0.4")],
+                recorder.handle().render(),
+            )
+        }
+    };
     let (api, public) = (handled.clone(), handled);
     let router = Router::new()
         .route(
@@ -178,7 +200,8 @@ pub fn app_with(handled: Arc<Handled>, settings: Settings) -> (Router, Gates) {
                 "public: served\n"
             })
             .route_layer(ip_layer),
-        );
+        )
+        .route("/metrics", get(scrape));
     (
         router,
         Gates {
