@@ -479,3 +479,41 @@ async fn metrics_are_scraped_with_the_exact_counts_of_known_traffic() {
     assert_eq!(handled.api.load(Ordering::Relaxed), 4);
     assert_eq!(handled.public.load(Ordering::Relaxed), 5);
 }
+
+/// IPv6 clients behind a trusted proxy, over real TCP: by default every
+/// address of one /48 is one key, so one holder rotating through its /64s
+/// cannot fill the key bound; grouped by /64 the same rotation fills it and the
+/// next client, from another network, is refused with 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slash_48_rotating_its_addresses_cannot_fill_the_key_bound() {
+    async fn run(peer: PeerIp<axum::extract::ConnectInfo<SocketAddr>>) -> (Vec<u16>, u16) {
+        let proxies: Vec<IpNet> = vec!["127.0.0.1".parse().unwrap()];
+        let limiter = KeyedLimiter::builder(Quota::per_minute(1_000).unwrap())
+            .max_keys(8)
+            .build()
+            .unwrap();
+        let layer = RateLimitLayer::new(Gate::new(limiter), ForwardedFor::new(peer, proxies));
+        let app = Router::new().route("/", routing::get(|| async { "ok\n" }).route_layer(layer));
+        let addr = serve(app).await;
+        let mut statuses = Vec::new();
+        // Twenty /64s of 2001:db8:1::/48.
+        for subnet in 0..20 {
+            let header = format!("x-forwarded-for: 2001:db8:1:{subnet:x}::1\r\n");
+            statuses.push(get(addr, "/", &header).await.status);
+        }
+        let newcomer = get(addr, "/", "x-forwarded-for: 2001:db8:2::1\r\n")
+            .await
+            .status;
+        (statuses, newcomer)
+    }
+    let (statuses, newcomer) = run(PeerIp::connect_info()).await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert_eq!(newcomer, 200, "by /48: one key for the whole rotation");
+    let (statuses, newcomer) = run(PeerIp::connect_info().ipv6_prefix(64)).await;
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 503).count(),
+        12,
+        "{statuses:?}"
+    );
+    assert_eq!(newcomer, 503, "by /64: the rotation filled the bound of 8");
+}
