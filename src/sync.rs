@@ -10,7 +10,7 @@
 #[cfg(turnstile_loom)]
 pub(crate) use loom::cell::UnsafeCell;
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 #[cfg(turnstile_loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 
