@@ -10,6 +10,11 @@ use crossbeam_utils::CachePadded;
 
 use crate::algorithm::Algorithm;
 use crate::cell::Cell;
+use crate::chain::{Admission, KeyedStage, admit};
+
+/// An admission by one key of a [`KeyedLimiter`], to give back with
+/// [`Admission::refund`] ([`KeyedLimiter::try_acquire_refundable`]).
+pub type KeyedAdmission<'a, K, Q, A, C, S> = Admission<KeyedStage<'a, K, Q, A, C, S>>;
 use crate::clock::{Clock, RealClock, saturating_nanos};
 use crate::decision::{Decision, KeyedDecision, NotYet, RetryAfter};
 use crate::error::{AcquireError, KeyedConfigError};
@@ -442,6 +447,63 @@ where
         }
     }
 
+    /// Ask for one permit for `key`, keeping what is needed to give it back:
+    /// `Ok` with an [`Admission`] to [`refund`](Admission::refund), or `Err`
+    /// with the denial (a rate denial, or a new key refused at the bound). The
+    /// same decision as [`try_acquire`](Self::try_acquire), counted the same.
+    ///
+    /// The admission borrows the key and refunds by looking it up again: a
+    /// key evicted since (or evicted and created again) declines the refund.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{KeyedLimiter, ManualClock, Quota};
+    ///
+    /// let clock = ManualClock::new();
+    /// // 5 failed logins per user per 15 minutes.
+    /// let failures = KeyedLimiter::<String>::builder(Quota::new(5, 5, Duration::from_secs(900))?)
+    ///     .clock(clock)
+    ///     .build()?;
+    /// let attempt = failures.try_acquire_refundable("alice").expect("under the limit");
+    /// assert!(attempt.refund()); // the password was right: the attempt does not count
+    /// assert_eq!(failures.remaining("alice"), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_acquire_refundable<'a, Q>(
+        &'a self,
+        key: &'a Q,
+    ) -> Result<KeyedAdmission<'a, K, Q, A, C, S>, KeyedDecision>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        admit(self.stage(key), 1)
+    }
+
+    /// [`try_acquire_n`](Self::try_acquire_n), keeping what is needed to give
+    /// the permits back ([`try_acquire_refundable`](Self::try_acquire_refundable)):
+    /// `Ok(Err(_))` is a denial.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n): `n = 0`, or `n` above the
+    /// capacity. Neither touches the map.
+    // The shape of `try_acquire_n`: the outer error for input that no
+    // decision can answer, the inner result for the decision.
+    #[allow(clippy::type_complexity)]
+    pub fn try_acquire_n_refundable<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u32,
+    ) -> Result<Result<KeyedAdmission<'a, K, Q, A, C, S>, KeyedDecision>, AcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        check_permits(n, self.inner.algorithm.capacity())?;
+        Ok(admit(self.stage(key), n))
+    }
+
     /// The permits `key` could get now, without taking any and without storing
     /// the key.
     pub fn remaining<Q>(&self, key: &Q) -> u32
@@ -511,15 +573,20 @@ where
     }
 
     /// Give back `n` permits an admission for `key` took (see
-    /// [`Algorithm::refund`]). A key evicted since holds a fresh-equivalent
-    /// word, which owes nothing.
-    pub(crate) fn refund<Q>(&self, key: &Q, written: u64, n: u32)
+    /// [`Algorithm::refund`]); `true` when they went back. A key evicted since
+    /// held a fresh-equivalent word, which owes nothing: not held now, the
+    /// refund declines; re-created since, its word is a later one than
+    /// `written` (a later refill time, window or theoretical arrival time),
+    /// and every algorithm declines a refund against it.
+    pub(crate) fn refund<Q>(&self, key: &Q, written: u64, n: u32) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let inner = &*self.inner;
-        inner.on_cell(key, |cell| cell.refund(&inner.algorithm, written, n));
+        inner
+            .on_cell(key, |cell| cell.refund(&inner.algorithm, written, n))
+            .unwrap_or(false)
     }
 }
 
@@ -607,7 +674,7 @@ where
     }
 
     /// `f` on `key`'s word cell, if the key is held (linked or in limbo).
-    fn on_cell<Q>(&self, key: &Q, f: impl FnOnce(&Cell))
+    fn on_cell<Q, R>(&self, key: &Q, f: impl FnOnce(&Cell) -> R) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -617,16 +684,14 @@ where
         {
             let guard = self.collector.pin();
             if let Some(cell) = shard.find(hash, key, &guard) {
-                return f(cell);
+                return Some(f(cell));
             }
         }
         let locked = shard.lock();
-        if let Some(entry) = locked
+        locked
             .find(hash, key)
             .or_else(|| locked.find_in_limbo(hash, key))
-        {
-            f(locked.cell(entry));
-        }
+            .map(|entry| f(locked.cell(entry)))
     }
 
     /// A key not linked in its shard: take the shard's mutex, read the clock,
