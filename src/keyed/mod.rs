@@ -436,7 +436,7 @@ where
                 return admitted.map_err(|word| NotYet::rate(&inner.algorithm, word, now, 1));
             }
         }
-        match inner.insert_and_decide(key, hash, shard, now, 1).0 {
+        match inner.insert_and_decide(key, hash, shard, now, 1, true).0 {
             KeyedDecision::Allowed { remaining } => Ok(remaining),
             KeyedDecision::Denied { retry_after } => {
                 Err(NotYet::known(&inner.algorithm, retry_after, false))
@@ -558,7 +558,23 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.take(key, n)
+        self.inner.take(key, n, true)
+    }
+
+    /// One try of a wait: the decision for `key`, not counted (the wait
+    /// counts its outcome once, [`count_outcome`](Self::count_outcome)).
+    pub(crate) fn try_uncounted<Q>(&self, key: &Q, n: u32) -> KeyedDecision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.inner.take(key, n, false).0
+    }
+
+    /// Count a wait's outcome: admitted, or refused by its deadline.
+    pub(crate) fn count_outcome(&self, admitted: bool) {
+        let inner = &*self.inner;
+        inner.tally.count_outcome(admitted, inner.collector.slot());
     }
 
     /// The decision `key` would get for `n` permits now, taking nothing and
@@ -623,10 +639,13 @@ where
                 return decision.into();
             }
         }
-        self.insert_and_decide(key, hash, shard, now, n).0
+        self.insert_and_decide(key, hash, shard, now, n, true).0
     }
 
-    fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>)
+    /// As [`decide`](Self::decide), also returning the word an admission
+    /// wrote; counted in the tally only when `counted` (a wait counts its
+    /// outcome once, not every try).
+    fn take<Q>(&self, key: &Q, n: u32, counted: bool) -> (KeyedDecision, Option<u64>)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -638,10 +657,10 @@ where
         {
             let guard = self.collector.pin();
             if let Some(cell) = shard.find(hash, key, &guard) {
-                return self.decide_on(cell, now, n);
+                return self.decide_on(cell, now, n, counted);
             }
         }
-        self.insert_and_decide(key, hash, shard, now, n)
+        self.insert_and_decide(key, hash, shard, now, n, counted)
     }
 
     /// `f` on `key`'s word and a reading taken after it was found; for a key not
@@ -711,6 +730,7 @@ where
         shard: &Shard<K>,
         _early: u64,
         n: u32,
+        counted: bool,
     ) -> (KeyedDecision, Option<u64>)
     where
         K: Borrow<Q>,
@@ -724,13 +744,15 @@ where
         #[cfg(turnstile_mutant = "stale_insert_reading")]
         let now = _early;
         if let Some(entry) = locked.find(hash, key) {
-            return self.decide_on(locked.cell(entry), now, n);
+            return self.decide_on(locked.cell(entry), now, n, counted);
         }
         if locked.find_in_limbo(hash, key).is_none() {
             let (decision, next) = self.algorithm.decide(self.algorithm.fresh(), now, n);
             if next.is_none() {
                 // The word would stay fresh: nothing to remember.
-                self.tally.count(decision, self.collector.slot());
+                if counted {
+                    self.tally.count(decision, self.collector.slot());
+                }
                 return (decision.into(), None);
             }
         }
@@ -771,7 +793,7 @@ where
             },
         };
         locked.link(hash, entry, &self.collector, |k| self.hasher.hash_one(k));
-        self.decide_on(locked.cell(entry), now, n)
+        self.decide_on(locked.cell(entry), now, n, counted)
     }
 
     /// Room for one more key at the bound: look for sweepable keys, with
@@ -925,9 +947,17 @@ where
 
     /// Decide on a key's word, which the caller's pin or lock keeps allocated.
     #[inline(always)]
-    fn decide_on(&self, cell: &Cell, now: u64, n: u32) -> (KeyedDecision, Option<u64>) {
+    fn decide_on(
+        &self,
+        cell: &Cell,
+        now: u64,
+        n: u32,
+        counted: bool,
+    ) -> (KeyedDecision, Option<u64>) {
         let (decision, written) = cell.take(&self.algorithm, now, n);
-        self.tally.count(decision, self.collector.slot());
+        if counted {
+            self.tally.count(decision, self.collector.slot());
+        }
         (decision.into(), written)
     }
 
