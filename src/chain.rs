@@ -365,10 +365,10 @@ impl<T: Stage> Admission<T> {
     ///   admission and either the refund fills the bucket or no later admission
     ///   still stands on the word;
     /// - **GCRA**: when no other decision changed the word since the admission;
-    /// - **one key of a keyed limiter**: as its algorithm, on the key's word;
-    ///   declines when the key is no longer held, or was evicted and created
-    ///   again (its new word is a later one, on which every algorithm
-    ///   declines).
+    /// - **one key of a keyed limiter**: as its algorithm, on the key's word.
+    ///   A key evicted since (its word fresh-equivalent, the permits spent or
+    ///   not) declines: while it is not held, and once it is created again
+    ///   (its new word is a later one, on which every algorithm declines).
     ///
     /// The limiter's admitted count is not changed: it counted the decision.
     ///

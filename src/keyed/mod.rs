@@ -589,11 +589,13 @@ where
     }
 
     /// Give back `n` permits an admission for `key` took (see
-    /// [`Algorithm::refund`]); `true` when they went back. A key evicted since
-    /// held a fresh-equivalent word, which owes nothing: not held now, the
-    /// refund declines; re-created since, its word is a later one than
-    /// `written` (a later refill time, window or theoretical arrival time),
-    /// and every algorithm declines a refund against it.
+    /// [`Algorithm::refund`]); `true` when they went back. Only a key that is
+    /// linked takes a refund. A key evicted since was fresh-equivalent with the
+    /// permits spent, so nothing it owes matters any more: while it is not
+    /// linked (waiting in limbo, or freed) the refund declines; created again,
+    /// its word is a later one than `written` (a later refill time, window or
+    /// theoretical arrival time), and every algorithm declines a refund
+    /// against it.
     pub(crate) fn refund<Q>(&self, key: &Q, written: u64, n: u32) -> bool
     where
         K: Borrow<Q>,
@@ -601,7 +603,7 @@ where
     {
         let inner = &*self.inner;
         inner
-            .on_cell(key, |cell| cell.refund(&inner.algorithm, written, n))
+            .on_linked_cell(key, |cell| cell.refund(&inner.algorithm, written, n))
             .unwrap_or(false)
     }
 }
@@ -692,25 +694,16 @@ where
         f(word, now)
     }
 
-    /// `f` on `key`'s word cell, if the key is held (linked or in limbo).
-    fn on_cell<Q, R>(&self, key: &Q, f: impl FnOnce(&Cell) -> R) -> Option<R>
+    /// `f` on `key`'s word cell, if the key is linked.
+    fn on_linked_cell<Q, R>(&self, key: &Q, f: impl FnOnce(&Cell) -> R) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
-        {
-            let guard = self.collector.pin();
-            if let Some(cell) = shard.find(hash, key, &guard) {
-                return Some(f(cell));
-            }
-        }
-        let locked = shard.lock();
-        locked
-            .find(hash, key)
-            .or_else(|| locked.find_in_limbo(hash, key))
-            .map(|entry| f(locked.cell(entry)))
+        let guard = self.collector.pin();
+        shard.find(hash, key, &guard).map(f)
     }
 
     /// A key not linked in its shard: take the shard's mutex, read the clock,
