@@ -58,6 +58,10 @@
 //! The retry-after of a denial is the **longest** of every denying stage's: the
 //! stage that denied, and each later stage asked without taking anything, so a
 //! client that waits that long is not refused by a stage it never reached.
+//!
+//! An admitted chain can be given back later, under the same rules, with
+//! [`try_acquire_refundable`] and [`ChainAdmission::refund`]; one limiter's
+//! admission with [`Admission::refund`].
 
 use core::borrow::Borrow;
 use core::fmt;
@@ -357,10 +361,11 @@ impl<T: Stage> Admission<T> {
     /// `false` when the stage declined, keeping them spent (never more than
     /// the admission took is given back). Exact:
     ///
-    /// - **fixed window**: while the window it was counted in is current
-    ///   (declines once that window has passed: the permits no longer count);
-    /// - **sliding window**: while that window is current or the previous one
-    ///   (declines once it weighs nothing);
+    /// - **fixed window**: until a decision has counted in a later window
+    ///   (the permits no longer count then, and the refund declines);
+    /// - **sliding window**: until a decision has counted two windows or more
+    ///   after the one the permits were counted in (they weigh nothing then,
+    ///   and the refund declines);
     /// - **token bucket**: when no refill was recorded on the word since the
     ///   admission and either the refund fills the bucket or no later admission
     ///   still stands on the word;

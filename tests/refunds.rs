@@ -477,3 +477,66 @@ fn a_chain_admission_refunds_every_stage() {
         }
     );
 }
+
+/// Bad requests are typed errors that touch nothing; a refund leaves the
+/// counters as they were (the decision was counted), and an admission reports
+/// what it took and left.
+#[test]
+fn refundable_requests_check_their_permits_and_refunds_keep_the_counts() {
+    use turnstile::AcquireError;
+    let clock = ManualClock::new();
+    let second = Duration::from_secs(1);
+    let direct =
+        RateLimiter::with_clock(Quota::new(3, 1, second).unwrap(), clock.clone()).counted();
+    assert_eq!(
+        direct.try_acquire_n_refundable(0).unwrap_err(),
+        AcquireError::ZeroPermits
+    );
+    assert_eq!(
+        direct.try_acquire_n_refundable(4).unwrap_err(),
+        AcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        }
+    );
+    assert_eq!(direct.remaining(), 3);
+    let two = direct.try_acquire_n_refundable(2).unwrap().unwrap();
+    assert_eq!((two.permits(), two.remaining()), (2, 1));
+    assert!(
+        direct
+            .try_acquire_n_refundable(2)
+            .unwrap()
+            .unwrap_err()
+            .is_denied()
+    );
+    assert!(two.refund());
+    assert_eq!(direct.remaining(), 3);
+    let stats = direct.stats();
+    assert_eq!((stats.admitted, stats.denied), (1, 1));
+
+    let keyed: KeyedLimiter<String, TokenBucket, ManualClock> =
+        KeyedLimiter::<String>::builder(Quota::new(3, 1, second).unwrap())
+            .clock(clock)
+            .build()
+            .unwrap();
+    assert_eq!(
+        keyed.try_acquire_n_refundable("k", 0).unwrap_err(),
+        AcquireError::ZeroPermits
+    );
+    assert_eq!(
+        keyed.try_acquire_n_refundable("k", 4).unwrap_err(),
+        AcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        }
+    );
+    assert_eq!(keyed.len(), 0, "no key stored");
+    let three = keyed.try_acquire_n_refundable("k", 3).unwrap().unwrap();
+    assert_eq!((three.permits(), three.remaining()), (3, 0));
+    let denied = keyed.try_acquire_refundable("k").unwrap_err();
+    assert_eq!(denied.retry_after().unwrap().duration(), second);
+    assert!(three.refund());
+    assert_eq!(keyed.remaining("k"), 3);
+    let stats = keyed.stats();
+    assert_eq!((stats.admitted, stats.denied), (1, 1));
+}
