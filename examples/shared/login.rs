@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use turnstile::{KeyedDecision, KeyedLimiter, ManualClock, Quota};
+use turnstile::{KeyedLimiter, ManualClock, Quota};
 
 /// Failed logins allowed per user before a lockout.
 pub const FAILURES: u32 = 5;
@@ -44,14 +44,15 @@ impl Logins {
         // cannot all slip in before the first one is counted.
         let attempt = match self.failures.try_acquire_refundable(user) {
             Ok(attempt) => attempt,
-            Err(
-                KeyedDecision::Denied { retry_after } | KeyedDecision::KeyLimit { retry_after },
-            ) => {
+            // A rate denial, or (with a million users locked out at once) the
+            // key bound: refused either way, for as long as the denial says.
+            Err(denied) => {
                 return Attempt::LockedOut {
-                    retry_after: retry_after.duration(),
+                    retry_after: denied
+                        .retry_after()
+                        .map_or(Duration::ZERO, |r| r.duration()),
                 };
             }
-            Err(KeyedDecision::Allowed { .. }) => unreachable!("an admission is Ok"),
         };
         if check_password(user, password) {
             // A success is not a failure: give the permit back. A refund that
