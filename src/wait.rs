@@ -147,6 +147,10 @@ enum Step {
 trait Waitable {
     type Clock: Clock;
 
+    /// Whether [`try_once`](Waitable::try_once) reads the clock itself
+    /// (instead of deciding at the wait's reading).
+    const READS_OWN_CLOCK: bool;
+
     fn wait_clock(&self) -> &Self::Clock;
 
     /// One decision for `n` permits. `now` is the wait's reading; a keyed
@@ -159,6 +163,7 @@ trait Waitable {
 
 impl<A: Algorithm, C: Clock, M: Counter> Waitable for RateLimiter<A, C, M> {
     type Clock = C;
+    const READS_OWN_CLOCK: bool = false;
 
     fn wait_clock(&self) -> &C {
         self.clock()
@@ -188,6 +193,7 @@ where
     S: BuildHasher,
 {
     type Clock = C;
+    const READS_OWN_CLOCK: bool = true;
 
     fn wait_clock(&self) -> &C {
         self.limiter.clock()
@@ -244,6 +250,14 @@ async fn sleep_until_admitted<W: Waitable>(
 fn step<W: Waitable>(w: &W, n: u32, start: u64, options: &WaitOptions) -> Result<Step, WaitError> {
     let now = w.wait_clock().now();
     let decision = w.try_once(now, n);
+    // A limiter that read the clock itself measured its retry-after from a
+    // reading at least this late: counting the time waited up to it never
+    // lets a sleep end past the deadline.
+    let now = if W::READS_OWN_CLOCK {
+        w.wait_clock().now().max(now)
+    } else {
+        now
+    };
     let waited = Duration::from_nanos(now.saturating_sub(start));
     let (needed, key_limit) = match decision {
         KeyedDecision::Allowed { .. } => {
