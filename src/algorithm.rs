@@ -34,7 +34,8 @@ pub trait Algorithm {
 
     /// Give back `n` permits that an earlier admission took: the inverse of its
     /// spend, as one more transition on the word. A [chain](crate::chain) calls
-    /// it when a later stage denies.
+    /// it when a later stage denies, and [`Admission::refund`](crate::Admission::refund)
+    /// when the caller gives an admission back.
     ///
     /// `written` is the word that admission wrote and `word` the current word,
     /// which other decisions may have changed since. Returns the next word, or `None` when nothing is owed any

@@ -126,8 +126,10 @@ impl Cell {
     }
 
     /// Give back `n` permits taken by an admission that wrote `written`: the
-    /// algorithm's refund, in the same compare-and-swap loop.
-    pub(crate) fn refund<A: Algorithm>(&self, algorithm: &A, written: u64, n: u32) {
+    /// algorithm's refund, in the same compare-and-swap loop. `true` when the
+    /// word took the refund; `false` when the algorithm declined it (nothing
+    /// owed any more, or not known exactly), leaving the word as it was.
+    pub(crate) fn refund<A: Algorithm>(&self, algorithm: &A, written: u64, n: u32) -> bool {
         // Relaxed: see the type's documentation; a refund is one more transition
         // of the same word.
         let mut current = self.word.load(Ordering::Relaxed);
@@ -139,13 +141,14 @@ impl Cell {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return,
+                Ok(_) => return true,
                 Err(actual) => {
                     current = actual;
                     backoff.spin();
                 }
             }
         }
+        false
     }
 
     /// The retry loop, out of line: another thread changed the word between our

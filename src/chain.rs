@@ -58,6 +58,10 @@
 //! The retry-after of a denial is the **longest** of every denying stage's: the
 //! stage that denied, and each later stage asked without taking anything, so a
 //! client that waits that long is not refused by a stage it never reached.
+//!
+//! An admitted chain can be given back later, under the same rules, with
+//! [`try_acquire_refundable`] and [`ChainAdmission::refund`]; one limiter's
+//! admission with [`Admission::refund`].
 
 use core::borrow::Borrow;
 use core::fmt;
@@ -75,7 +79,12 @@ mod sealed {
 }
 
 /// Proof of an admission by one stage: what it needs to give the permits back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Neither `Clone` nor `Copy`: a receipt is given back at most once, so an
+/// admission is never refunded twice. (Held together with its stage, it is an
+/// [`Admission`].)
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a receipt is what gives the permits back; dropping it keeps them spent"]
 pub struct Receipt {
     /// The word the admission wrote.
     written: u64,
@@ -96,8 +105,33 @@ pub trait Stage: sealed::Sealed {
     /// The decision `n` permits would get now, taking nothing.
     fn peek(&self, n: u32) -> KeyedDecision;
 
-    /// Give back what an admission took.
-    fn give_back(&self, receipt: Receipt);
+    /// Give back what an admission took: `true` when the permits went back
+    /// exactly, `false` when the stage declined (see the module's notes on
+    /// when a refund can be exact) and keeps them spent.
+    fn give_back(&self, receipt: Receipt) -> bool;
+}
+
+impl<T: Stage + ?Sized> sealed::Sealed for &T {}
+
+/// A reference to a stage is the same stage (so an [`Admission`] can borrow
+/// its limiter).
+impl<T: Stage + ?Sized> Stage for &T {
+    fn capacity(&self) -> u32 {
+        (**self).capacity()
+    }
+
+    #[inline]
+    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        (**self).take(n)
+    }
+
+    fn peek(&self, n: u32) -> KeyedDecision {
+        (**self).peek(n)
+    }
+
+    fn give_back(&self, receipt: Receipt) -> bool {
+        (**self).give_back(receipt)
+    }
 }
 
 impl<A: Algorithm, C: Clock, M: Counter> sealed::Sealed for RateLimiter<A, C, M> {}
@@ -123,9 +157,9 @@ impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
         self.algorithm().decide(self.cell().load(), now, n).0.into()
     }
 
-    fn give_back(&self, receipt: Receipt) {
+    fn give_back(&self, receipt: Receipt) -> bool {
         self.cell()
-            .refund(self.algorithm(), receipt.written, receipt.n);
+            .refund(self.algorithm(), receipt.written, receipt.n)
     }
 }
 
@@ -171,8 +205,8 @@ where
         self.limiter.peek(self.key, n).into()
     }
 
-    fn give_back(&self, receipt: Receipt) {
-        self.limiter.refund(self.key, receipt.written, receipt.n);
+    fn give_back(&self, receipt: Receipt) -> bool {
+        self.limiter.refund(self.key, receipt.written, receipt.n)
     }
 }
 
@@ -263,7 +297,8 @@ fn decide(stages: &[&dyn Stage], n: u32) -> Chained {
         },
         (denied, by) => {
             if let Some(receipt) = receipt {
-                first.give_back(receipt);
+                // Declined or not, the chain's answer is the same denial.
+                let _ = first.give_back(receipt);
             }
             Chained {
                 decision: denied,
@@ -288,4 +323,215 @@ fn longest_wait(denied: KeyedDecision, later: &[&dyn Stage], n: u32) -> KeyedDec
         }
         (other, _) => other,
     }
+}
+
+/// An admission that can be given back: the stage that admitted (a borrowed
+/// [`RateLimiter`], or one key of a [`KeyedLimiter`]) and its [`Receipt`].
+///
+/// From [`RateLimiter::try_acquire_refundable`],
+/// [`KeyedLimiter::try_acquire_refundable`] and their `_n` forms. To count
+/// only some outcomes (failed logins, say), admit every attempt and
+/// [`refund`](Admission::refund) the ones that should not count.
+///
+/// A refund is exact or declines; it never gives back more than the admission
+/// took (see [`refund`](Admission::refund)). Dropping an admission keeps its
+/// permits spent. It is neither `Clone` nor `Copy`, so it refunds at most once.
+#[must_use = "dropping an admission keeps its permits spent; call `refund` to give them back"]
+pub struct Admission<T: Stage> {
+    stage: T,
+    /// `None` when the admission wrote nothing (so took nothing).
+    receipt: Option<Receipt>,
+    n: u32,
+    remaining: u32,
+}
+
+impl<T: Stage> Admission<T> {
+    /// Permits the admission took.
+    pub fn permits(&self) -> u32 {
+        self.n
+    }
+
+    /// Permits left in the stage right after the admission.
+    pub fn remaining(&self) -> u32 {
+        self.remaining
+    }
+
+    /// Give the permits back: `true` when they went back exactly, so a request
+    /// for them now is admitted as if this admission had never happened;
+    /// `false` when the stage declined, keeping them spent (never more than
+    /// the admission took is given back). Exact:
+    ///
+    /// - **fixed window**: until a decision has counted in a later window
+    ///   (the permits no longer count then, and the refund declines);
+    /// - **sliding window**: until a decision has counted two windows or more
+    ///   after the one the permits were counted in (they weigh nothing then,
+    ///   and the refund declines);
+    /// - **token bucket**: when no refill was recorded on the word since the
+    ///   admission and either the refund fills the bucket or no later admission
+    ///   still stands on the word;
+    /// - **GCRA**: when no other decision changed the word since the admission;
+    /// - **one key of a keyed limiter**: as its algorithm, on the key's word.
+    ///   A key evicted since (its word fresh-equivalent, the permits spent or
+    ///   not) declines: while it is not held, and once it is created again
+    ///   (its new word is a later one, on which every algorithm declines).
+    ///
+    /// The limiter's admitted count is not changed: it counted the decision.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{ManualClock, Quota, RateLimiter};
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = RateLimiter::with_clock(Quota::new(1, 1, Duration::from_secs(60))?, clock);
+    /// let admission = limiter.try_acquire_refundable().expect("a full bucket admits");
+    /// assert!(limiter.try_acquire().is_denied());
+    /// assert!(admission.refund());
+    /// assert!(limiter.try_acquire().is_allowed()); // at once
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn refund(self) -> bool {
+        // An admission that wrote nothing took nothing: nothing is owed.
+        self.receipt
+            .is_none_or(|receipt| self.stage.give_back(receipt))
+    }
+}
+
+impl<T: Stage + fmt::Debug> fmt::Debug for Admission<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admission")
+            .field("stage", &self.stage)
+            .field("permits", &self.n)
+            .field("remaining", &self.remaining)
+            .finish()
+    }
+}
+
+/// `stage`'s decision for `n` permits as an [`Admission`], or the denial.
+pub(crate) fn admit<T: Stage>(stage: T, n: u32) -> Result<Admission<T>, KeyedDecision> {
+    match stage.take(n) {
+        (KeyedDecision::Allowed { remaining }, receipt) => Ok(Admission {
+            stage,
+            receipt,
+            n,
+            remaining,
+        }),
+        (denied, _) => Err(denied),
+    }
+}
+
+/// An admitted chain that can be given back: every stage's [`Receipt`].
+#[must_use = "dropping a chain admission keeps its permits spent; call `refund` to give them back"]
+pub struct ChainAdmission<'a> {
+    taken: Vec<(&'a dyn Stage, Receipt)>,
+    n: u32,
+    remaining: u32,
+}
+
+impl ChainAdmission<'_> {
+    /// Permits the chain took from each stage.
+    pub fn permits(&self) -> u32 {
+        self.n
+    }
+
+    /// The fewest permits left in any stage right after the admission.
+    pub fn remaining(&self) -> u32 {
+        self.remaining
+    }
+
+    /// Give every stage its permits back, the last stage first: `true` when
+    /// every stage's refund was exact. A stage that declines keeps its permits
+    /// spent; the others are still given back (each stage's refund is exact or
+    /// declines, as in [`Admission::refund`], never more than it took).
+    pub fn refund(self) -> bool {
+        let mut exact = true;
+        for (stage, receipt) in self.taken.into_iter().rev() {
+            exact &= stage.give_back(receipt);
+        }
+        exact
+    }
+}
+
+impl fmt::Debug for ChainAdmission<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChainAdmission")
+            .field("stages", &self.taken.len())
+            .field("permits", &self.n)
+            .field("remaining", &self.remaining)
+            .finish()
+    }
+}
+
+/// [`try_acquire`], keeping the receipts so that the admission can be given
+/// back later ([`ChainAdmission::refund`]). A denial is `Err`, with what
+/// [`try_acquire`] would have answered; nothing stays taken. Unlike
+/// [`try_acquire`], it allocates (one receipt per stage).
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{chain, KeyedLimiter, ManualClock, Quota, RateLimiter};
+///
+/// let clock = ManualClock::new();
+/// let per_key = KeyedLimiter::<String>::builder(Quota::new(2, 1, Duration::from_secs(1))?)
+///     .clock(clock.clone())
+///     .build()?;
+/// let global = RateLimiter::with_clock(Quota::new(1, 1, Duration::from_secs(1))?, clock);
+///
+/// // The admission borrows its stages: the keyed stage needs a name.
+/// let alice = per_key.stage("alice");
+/// let admitted = chain::try_acquire_refundable(&[&alice, &global]).unwrap();
+/// assert!(!chain::try_acquire(&[&per_key.stage("alice"), &global]).is_allowed());
+/// assert!(admitted.refund()); // both stages exactly
+/// assert_eq!((per_key.remaining("alice"), global.remaining()), (2, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn try_acquire_refundable<'a>(stages: &[&'a dyn Stage]) -> Result<ChainAdmission<'a>, Chained> {
+    decide_keeping(stages, 1)
+}
+
+/// [`try_acquire_n`], keeping the receipts: `Ok(Err(_))` is a denial.
+///
+/// # Errors
+///
+/// As [`try_acquire_n`].
+pub fn try_acquire_n_refundable<'a>(
+    stages: &[&'a dyn Stage],
+    n: u32,
+) -> Result<Result<ChainAdmission<'a>, Chained>, AcquireError> {
+    let capacity = stages
+        .iter()
+        .map(|s| s.capacity())
+        .min()
+        .unwrap_or(u32::MAX);
+    check_permits(n, capacity)?;
+    Ok(decide_keeping(stages, n))
+}
+
+fn decide_keeping<'a>(stages: &[&'a dyn Stage], n: u32) -> Result<ChainAdmission<'a>, Chained> {
+    let mut taken: Vec<(&'a dyn Stage, Receipt)> = Vec::with_capacity(stages.len());
+    let mut remaining = u32::MAX;
+    for (i, &stage) in stages.iter().enumerate() {
+        match stage.take(n) {
+            (KeyedDecision::Allowed { remaining: left }, receipt) => {
+                remaining = remaining.min(left);
+                if let Some(receipt) = receipt {
+                    taken.push((stage, receipt));
+                }
+            }
+            (denied, _) => {
+                for (stage, receipt) in taken.into_iter().rev() {
+                    // As in `decide`: the denial is the same either way.
+                    let _ = stage.give_back(receipt);
+                }
+                return Err(Chained {
+                    decision: longest_wait(denied, &stages[i + 1..], n),
+                    denied_by: Some(i),
+                });
+            }
+        }
+    }
+    Ok(ChainAdmission {
+        taken,
+        n,
+        remaining,
+    })
 }

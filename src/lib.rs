@@ -58,6 +58,7 @@ mod wait;
 mod window;
 
 pub use algorithm::Algorithm;
+pub use chain::{Admission, ChainAdmission};
 #[cfg(not(turnstile_loom))]
 pub use clock::CoarseClock;
 pub use clock::{Clock, ClockSource, ManualClock, MonotonicClock, RealClock, TscClock};
@@ -69,7 +70,9 @@ pub use gate::{AdvertisedQuota, Gate, GateStats, Outcome, PolicyError, RateLimit
 pub use gcra::Gcra;
 #[cfg(not(turnstile_loom))]
 pub use keyed::Sweeper;
-pub use keyed::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, KeyedBuilder, KeyedLimiter, KeyedStats};
+pub use keyed::{
+    DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, KeyedAdmission, KeyedBuilder, KeyedLimiter, KeyedStats,
+};
 pub use limiter::{Counted, Counter, DirectStats, RateLimiter, Uncounted};
 pub use quota::Quota;
 pub use sliding_window::SlidingWindow;

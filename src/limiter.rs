@@ -2,9 +2,9 @@
 
 use crate::algorithm::Algorithm;
 use crate::cell::Cell;
+use crate::chain::{Admission, admit};
 use crate::clock::{Clock, RealClock};
-use crate::decision::Decision;
-use crate::decision::NotYet;
+use crate::decision::{Decision, KeyedDecision, NotYet};
 use crate::error::AcquireError;
 use crate::quota::Quota;
 use crate::reclaim::thread_slot;
@@ -245,6 +245,50 @@ impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
         Ok(decision)
     }
 
+    /// Ask for one permit, keeping what is needed to give it back: `Ok` with
+    /// an [`Admission`] to [`refund`](Admission::refund) (or drop, keeping the
+    /// permit spent), or `Err` with the denial. The same decision as
+    /// [`try_acquire`](Self::try_acquire), counted the same.
+    ///
+    /// For counting only some outcomes: admit every attempt, and refund the
+    /// ones that should not count (a successful login, a cache hit).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{ManualClock, Quota, RateLimiter};
+    ///
+    /// let clock = ManualClock::new();
+    /// // 3 failures per minute.
+    /// let failures = RateLimiter::with_clock(Quota::new(3, 3, Duration::from_secs(60))?, clock);
+    /// for succeeded in [true, true, false, true] {
+    ///     let attempt = failures.try_acquire_refundable().expect("under the limit");
+    ///     if succeeded {
+    ///         assert!(attempt.refund()); // a success does not count
+    ///     }
+    /// }
+    /// assert_eq!(failures.remaining(), 2); // one failure counted
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn try_acquire_refundable(&self) -> Result<Admission<&Self>, Decision> {
+        admit(self, 1).map_err(direct)
+    }
+
+    /// [`try_acquire_n`](Self::try_acquire_n), keeping what is needed to give
+    /// the permits back ([`try_acquire_refundable`](Self::try_acquire_refundable)):
+    /// `Ok(Err(_))` is a denial.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n): `n = 0`, or `n` above the
+    /// capacity.
+    pub fn try_acquire_n_refundable(
+        &self,
+        n: u32,
+    ) -> Result<Result<Admission<&Self>, Decision>, AcquireError> {
+        check_permits(n, self.algorithm.capacity())?;
+        Ok(admit(self, n).map_err(direct))
+    }
+
     /// The permits available now, without taking any.
     pub fn remaining(&self) -> u32 {
         self.algorithm.remaining(self.cell.load(), self.clock.now())
@@ -267,6 +311,17 @@ impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
 
     pub(crate) fn cell(&self) -> &Cell {
         &self.cell
+    }
+}
+
+/// A direct limiter's denial, from the stage interface's keyed form (a
+/// direct limiter has no key bound).
+fn direct(denied: KeyedDecision) -> Decision {
+    match denied {
+        KeyedDecision::Allowed { remaining } => Decision::Allowed { remaining },
+        KeyedDecision::Denied { retry_after } | KeyedDecision::KeyLimit { retry_after } => {
+            Decision::Denied { retry_after }
+        }
     }
 }
 

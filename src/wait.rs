@@ -1,13 +1,16 @@
 //! Waiting for permits on the client side: sleep until admitted, with an
 //! optional deadline and jitter.
 
+use core::borrow::Borrow;
 use core::fmt;
+use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, saturating_nanos};
-use crate::decision::{Decision, RetryAfter};
+use crate::decision::{KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
+use crate::keyed::KeyedLimiter;
 use crate::limiter::{Counter, RateLimiter, check_permits};
 
 /// How long a wait may take, and how much random delay to add to each sleep.
@@ -75,6 +78,17 @@ pub enum WaitError {
     },
     /// The request can never be admitted (`n = 0`, or more than the capacity).
     Acquire(AcquireError),
+    /// The key is new and the keyed limiter is full (its key bound), and room
+    /// is not certain within the deadline. Nothing was taken or stored, and
+    /// the wait did not sleep first.
+    KeyLimit {
+        /// The key-bound refusal's retry-after, from the last try.
+        needed: RetryAfter,
+        /// The time already spent waiting.
+        waited: Duration,
+        /// The deadline.
+        deadline: Duration,
+    },
 }
 
 impl fmt::Display for WaitError {
@@ -91,6 +105,17 @@ impl fmt::Display for WaitError {
                 needed.duration()
             ),
             WaitError::Acquire(e) => e.fmt(f),
+            WaitError::KeyLimit {
+                needed,
+                waited,
+                deadline,
+            } => write!(
+                f,
+                "the rate limiter holds its most keys; room for a new one is certain only \
+                 after another {:?}, after {waited:?} of waiting, past the deadline of \
+                 {deadline:?}",
+                needed.duration()
+            ),
         }
     }
 }
@@ -99,7 +124,7 @@ impl std::error::Error for WaitError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             WaitError::Acquire(e) => Some(e),
-            WaitError::DeadlineExceeded { .. } => None,
+            WaitError::DeadlineExceeded { .. } | WaitError::KeyLimit { .. } => None,
         }
     }
 }
@@ -114,6 +139,160 @@ impl From<AcquireError> for WaitError {
 enum Step {
     Done(Duration),
     Sleep(Duration),
+}
+
+/// What a wait needs from a limiter: its clock, one try that is not counted,
+/// and counting the wait's outcome once. Direct and keyed waits share
+/// everything else.
+trait Waitable {
+    type Clock: Clock;
+
+    /// Whether [`try_once`](Waitable::try_once) reads the clock itself
+    /// (instead of deciding at the wait's reading).
+    const READS_OWN_CLOCK: bool;
+
+    fn wait_clock(&self) -> &Self::Clock;
+
+    /// One decision for `n` permits. `now` is the wait's reading; a keyed
+    /// limiter reads its clock itself, after it has found the key's word.
+    fn try_once(&self, now: u64, n: u32) -> KeyedDecision;
+
+    /// Count the outcome: admitted, or refused by the deadline.
+    fn count(&self, admitted: bool);
+}
+
+impl<A: Algorithm, C: Clock, M: Counter> Waitable for RateLimiter<A, C, M> {
+    type Clock = C;
+    const READS_OWN_CLOCK: bool = false;
+
+    fn wait_clock(&self) -> &C {
+        self.clock()
+    }
+
+    fn try_once(&self, now: u64, n: u32) -> KeyedDecision {
+        self.cell().apply(self.algorithm(), now, n).into()
+    }
+
+    fn count(&self, admitted: bool) {
+        RateLimiter::count(self, admitted);
+    }
+}
+
+/// One key of a keyed limiter, waiting.
+struct KeyedWait<'a, K, Q: ?Sized, A, C, S> {
+    limiter: &'a KeyedLimiter<K, A, C, S>,
+    key: &'a Q,
+}
+
+impl<K, Q, A, C, S> Waitable for KeyedWait<'_, K, Q, A, C, S>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    type Clock = C;
+    const READS_OWN_CLOCK: bool = true;
+
+    fn wait_clock(&self) -> &C {
+        self.limiter.clock()
+    }
+
+    fn try_once(&self, _now: u64, n: u32) -> KeyedDecision {
+        self.limiter.try_uncounted(self.key, n)
+    }
+
+    fn count(&self, admitted: bool) {
+        self.limiter.count_outcome(admitted);
+    }
+}
+
+/// A blocking wait for `n` permits (`n` already checked).
+fn block<W: Waitable>(w: &W, n: u32, options: &WaitOptions) -> Result<Duration, WaitError> {
+    let start = w.wait_clock().now();
+    loop {
+        match step(w, n, start, options)? {
+            Step::Done(waited) => return Ok(waited),
+            Step::Sleep(d) => {
+                if !w.wait_clock().skip(d) {
+                    std::thread::sleep(d);
+                }
+            }
+        }
+    }
+}
+
+/// An asynchronous wait for `n` permits (`n` already checked).
+#[cfg(feature = "tokio")]
+async fn sleep_until_admitted<W: Waitable>(
+    w: &W,
+    n: u32,
+    options: &WaitOptions,
+) -> Result<Duration, WaitError> {
+    let start = w.wait_clock().now();
+    loop {
+        match step(w, n, start, options)? {
+            Step::Done(waited) => return Ok(waited),
+            Step::Sleep(d) => {
+                if !w.wait_clock().skip(d) {
+                    tokio::time::sleep(d).await;
+                } else {
+                    // Let other tasks run between simulated sleeps.
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+    }
+}
+
+/// One try: taken, or how long to sleep before the next; or the deadline.
+fn step<W: Waitable>(w: &W, n: u32, start: u64, options: &WaitOptions) -> Result<Step, WaitError> {
+    let now = w.wait_clock().now();
+    let decision = w.try_once(now, n);
+    // A limiter that read the clock itself measured its retry-after from a
+    // reading at least this late: counting the time waited up to it never
+    // lets a sleep end past the deadline.
+    let now = if W::READS_OWN_CLOCK {
+        w.wait_clock().now().max(now)
+    } else {
+        now
+    };
+    let waited = Duration::from_nanos(now.saturating_sub(start));
+    let (needed, key_limit) = match decision {
+        KeyedDecision::Allowed { .. } => {
+            w.count(true);
+            return Ok(Step::Done(waited));
+        }
+        KeyedDecision::Denied { retry_after } => (retry_after, false),
+        KeyedDecision::KeyLimit { retry_after } => (retry_after, true),
+    };
+    let mut sleep = needed.duration();
+    let mut jitter = options.jitter;
+    if let Some(deadline) = options.deadline {
+        let left = deadline.saturating_sub(waited);
+        if sleep > left {
+            if key_limit {
+                // The key bound counted its own refusal.
+                return Err(WaitError::KeyLimit {
+                    needed,
+                    waited,
+                    deadline,
+                });
+            }
+            w.count(false);
+            return Err(WaitError::DeadlineExceeded {
+                needed,
+                waited,
+                deadline,
+            });
+        }
+        jitter = jitter.min(left - sleep);
+    }
+    if !jitter.is_zero() {
+        sleep += Duration::from_nanos(random_below(saturating_nanos(jitter) + 1));
+    }
+    Ok(Step::Sleep(sleep))
 }
 
 impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
@@ -157,17 +336,7 @@ impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
     /// `n = 0` or `n` above the capacity.
     pub fn wait_n(&self, n: u32, options: WaitOptions) -> Result<Duration, WaitError> {
         check_permits(n, self.capacity())?;
-        let start = self.clock().now();
-        loop {
-            match self.wait_step(n, start, &options)? {
-                Step::Done(waited) => return Ok(waited),
-                Step::Sleep(d) => {
-                    if !self.clock().skip(d) {
-                        std::thread::sleep(d);
-                    }
-                }
-            }
-        }
+        block(self, n, &options)
     }
 
     /// The asynchronous [`wait`](Self::wait), sleeping on tokio's timer.
@@ -190,52 +359,118 @@ impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
     #[cfg(feature = "tokio")]
     pub async fn wait_n_async(&self, n: u32, options: WaitOptions) -> Result<Duration, WaitError> {
         check_permits(n, self.capacity())?;
-        let start = self.clock().now();
-        loop {
-            match self.wait_step(n, start, &options)? {
-                Step::Done(waited) => return Ok(waited),
-                Step::Sleep(d) => {
-                    if !self.clock().skip(d) {
-                        tokio::time::sleep(d).await;
-                    } else {
-                        // Let other tasks run between simulated sleeps.
-                        tokio::task::yield_now().await;
-                    }
-                }
-            }
-        }
+        sleep_until_admitted(self, n, &options).await
+    }
+}
+
+impl<K, A, C, S> KeyedLimiter<K, A, C, S>
+where
+    K: Hash + Eq,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// Block until one permit for `key` is taken; returns how long that took
+    /// by the limiter's clock. See [`wait_n`](Self::wait_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`wait_n`](Self::wait_n).
+    pub fn wait<Q>(&self, key: &Q, options: WaitOptions) -> Result<Duration, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.wait_n(key, 1, options)
     }
 
-    /// One try: taken, or how long to sleep before the next; or the deadline.
-    fn wait_step(&self, n: u32, start: u64, options: &WaitOptions) -> Result<Step, WaitError> {
-        let now = self.clock().now();
-        let decision = self.cell().apply(self.algorithm(), now, n);
-        let waited = Duration::from_nanos(now.saturating_sub(start));
-        let needed = match decision {
-            Decision::Allowed { .. } => {
-                self.count(true);
-                return Ok(Step::Done(waited));
-            }
-            Decision::Denied { retry_after } => retry_after,
-        };
-        let mut sleep = needed.duration();
-        let mut jitter = options.jitter;
-        if let Some(deadline) = options.deadline {
-            let left = deadline.saturating_sub(waited);
-            if sleep > left {
-                self.count(false);
-                return Err(WaitError::DeadlineExceeded {
-                    needed,
-                    waited,
-                    deadline,
-                });
-            }
-            jitter = jitter.min(left - sleep);
-        }
-        if !jitter.is_zero() {
-            sleep += Duration::from_nanos(random_below(saturating_nanos(jitter) + 1));
-        }
-        Ok(Step::Sleep(sleep))
+    /// Block until `n` permits for `key` are taken: the direct limiter's
+    /// [`wait_n`](RateLimiter::wait_n), per key. Each denial's exact
+    /// retry-after is slept (plus jitter, never past the deadline), and a
+    /// deadline the permits would miss fails at once, without sleeping. On a
+    /// [`ManualClock`](crate::ManualClock) the sleeps advance the clock.
+    ///
+    /// **At the key bound.** A new key refused because the limiter is full
+    /// ([`KeyedDecision::KeyLimit`]) is waited out like a rate denial: the
+    /// refusal is temporary, and its retry-after (the algorithm's
+    /// [idle-to-fresh time](Algorithm::fresh_after_idle), by when every key
+    /// idle since can be swept) is slept, within the deadline; when it would
+    /// pass the deadline the wait fails at once with [`WaitError::KeyLimit`].
+    /// That retry-after is the time by which room is certain, often long (a
+    /// bucket's whole fill time): give such waits a deadline.
+    ///
+    /// Only the outcome is counted in [`stats`](Self::stats): one admission,
+    /// or one denial when the deadline refuses a rate denial (each refusal at
+    /// the key bound counts in `denied_key_limit`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{KeyedLimiter, ManualClock, Quota, WaitError, WaitOptions};
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = KeyedLimiter::<String>::builder(Quota::new(1, 1, Duration::from_secs(1))?)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// assert_eq!(limiter.wait("alice", WaitOptions::new())?, Duration::ZERO);
+    /// assert_eq!(limiter.wait("bob", WaitOptions::new())?, Duration::ZERO); // his own bucket
+    /// assert_eq!(limiter.wait("alice", WaitOptions::new())?, Duration::from_secs(1));
+    ///
+    /// let err = limiter.wait("alice", WaitOptions::new().deadline(Duration::from_millis(500)));
+    /// assert!(matches!(err, Err(WaitError::DeadlineExceeded { .. })));
+    /// assert_eq!(clock.elapsed(), Duration::from_secs(1)); // it did not sleep
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`WaitError::DeadlineExceeded`] when a rate denial's wait would end past
+    /// the deadline, [`WaitError::KeyLimit`] when a key-bound refusal's would
+    /// (both returned before sleeping), and [`WaitError::Acquire`] for `n = 0`
+    /// or `n` above the capacity (touching nothing).
+    pub fn wait_n<Q>(&self, key: &Q, n: u32, options: WaitOptions) -> Result<Duration, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        check_permits(n, self.algorithm().capacity())?;
+        block(&KeyedWait { limiter: self, key }, n, &options)
+    }
+
+    /// The asynchronous [`wait`](Self::wait), sleeping on tokio's timer.
+    ///
+    /// # Errors
+    ///
+    /// As [`wait_n`](Self::wait_n).
+    #[cfg(feature = "tokio")]
+    pub async fn wait_async<Q>(&self, key: &Q, options: WaitOptions) -> Result<Duration, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.wait_n_async(key, 1, options).await
+    }
+
+    /// The asynchronous [`wait_n`](Self::wait_n): the task sleeps on tokio's
+    /// timer (a [`ManualClock`](crate::ManualClock) advances instead).
+    /// Dropping the future cancels the wait; nothing is taken until the
+    /// permits are.
+    ///
+    /// # Errors
+    ///
+    /// As [`wait_n`](Self::wait_n).
+    #[cfg(feature = "tokio")]
+    pub async fn wait_n_async<Q>(
+        &self,
+        key: &Q,
+        n: u32,
+        options: WaitOptions,
+    ) -> Result<Duration, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        check_permits(n, self.algorithm().capacity())?;
+        sleep_until_admitted(&KeyedWait { limiter: self, key }, n, &options).await
     }
 }
 

@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use turnstile::{
-    AcquireError, FixedWindow, ManualClock, Quota, RateLimiter, RealClock, WaitError, WaitOptions,
+    AcquireError, FixedWindow, KeyedLimiter, ManualClock, Quota, RateLimiter, RealClock,
+    TokenBucket, WaitError, WaitOptions,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -180,4 +181,239 @@ async fn an_async_wait_on_the_real_clock_sleeps_on_the_timer() {
         "{:?}",
         start.elapsed()
     );
+}
+
+type Keyed = KeyedLimiter<String, TokenBucket, ManualClock>;
+
+fn keyed(capacity: u32, period: Duration, max_keys: usize) -> (Keyed, ManualClock) {
+    let clock = ManualClock::new();
+    let quota = Quota::new(capacity, 1, period).unwrap();
+    let limiter = KeyedLimiter::<String>::builder(quota)
+        .clock(clock.clone())
+        .shards(1)
+        .max_keys(max_keys)
+        .build()
+        .unwrap();
+    (limiter, clock)
+}
+
+#[test]
+fn a_keyed_wait_sleeps_each_keys_own_retry_after() {
+    let (limiter, clock) = keyed(2, SECOND, 100);
+    assert_eq!(
+        limiter.wait_n("alice", 2, WaitOptions::new()),
+        Ok(Duration::ZERO)
+    );
+    // Bob's bucket is his own: no wait, no sleep.
+    assert_eq!(
+        limiter.wait_n("bob", 2, WaitOptions::new()),
+        Ok(Duration::ZERO)
+    );
+    assert_eq!(clock.elapsed(), Duration::ZERO);
+    clock.advance(Duration::from_millis(300));
+    assert_eq!(
+        limiter.wait("alice", WaitOptions::new()),
+        Ok(Duration::from_millis(700))
+    );
+    assert_eq!(clock.elapsed(), SECOND);
+    // Bob refilled one token meanwhile; his second is one period after it.
+    assert_eq!(limiter.wait_n("bob", 2, WaitOptions::new()), Ok(SECOND));
+    assert_eq!(clock.elapsed(), 2 * SECOND);
+    // A wait counts its outcome once: four admissions, no denial for the
+    // tries it slept through.
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.denied), (4, 0));
+}
+
+#[test]
+fn a_keyed_deadline_fails_at_once_without_sleeping_and_counts_one_denial() {
+    let (limiter, clock) = keyed(1, SECOND, 100);
+    assert!(limiter.try_acquire("alice").is_allowed());
+    let err = limiter
+        .wait(
+            "alice",
+            WaitOptions::new().deadline(Duration::from_millis(999)),
+        )
+        .unwrap_err();
+    match err {
+        WaitError::DeadlineExceeded {
+            needed,
+            waited,
+            deadline,
+        } => {
+            assert_eq!(needed.duration(), SECOND);
+            assert_eq!(waited, Duration::ZERO);
+            assert_eq!(deadline, Duration::from_millis(999));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(clock.elapsed(), Duration::ZERO, "it did not sleep");
+    assert_eq!(limiter.stats().denied, 1);
+    // Another key is not held up by alice's deadline.
+    assert_eq!(
+        limiter.wait("bob", WaitOptions::new().deadline(Duration::ZERO)),
+        Ok(Duration::ZERO)
+    );
+    // A deadline the wait fits in succeeds, exactly at it.
+    assert_eq!(
+        limiter.wait("alice", WaitOptions::new().deadline(SECOND)),
+        Ok(SECOND)
+    );
+}
+
+#[test]
+fn keyed_jitter_stays_between_the_retry_after_and_the_deadline() {
+    let mut lengths = Vec::new();
+    for _ in 0..200 {
+        let (limiter, _clock) = keyed(1, SECOND, 100);
+        assert!(limiter.try_acquire("k").is_allowed());
+        let waited = limiter
+            .wait("k", WaitOptions::new().jitter(Duration::from_millis(100)))
+            .unwrap();
+        assert!(
+            waited >= SECOND && waited <= SECOND + Duration::from_millis(100),
+            "{waited:?}"
+        );
+        lengths.push(waited);
+        let (limiter, _clock) = keyed(1, SECOND, 100);
+        assert!(limiter.try_acquire("k").is_allowed());
+        let options = WaitOptions::new()
+            .jitter(Duration::from_secs(5))
+            .deadline(Duration::from_millis(1_010));
+        let waited = limiter.wait("k", options).unwrap();
+        assert!(
+            waited >= SECOND && waited <= Duration::from_millis(1_010),
+            "{waited:?}"
+        );
+    }
+    lengths.sort();
+    lengths.dedup();
+    assert!(lengths.len() > 100, "{} distinct", lengths.len());
+}
+
+#[test]
+fn impossible_keyed_requests_are_typed_errors_that_touch_nothing() {
+    let (limiter, clock) = keyed(3, SECOND, 100);
+    assert_eq!(
+        limiter.wait_n("k", 0, WaitOptions::new()),
+        Err(WaitError::Acquire(AcquireError::ZeroPermits))
+    );
+    assert_eq!(
+        limiter.wait_n("k", 4, WaitOptions::new().deadline(SECOND)),
+        Err(WaitError::Acquire(AcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        }))
+    );
+    assert_eq!(clock.elapsed(), Duration::ZERO);
+    assert_eq!(limiter.len(), 0, "no key stored");
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.denied), (0, 0));
+}
+
+#[test]
+fn a_full_key_bound_is_waited_out_like_a_denial_within_the_deadline() {
+    // One key at most; a bucket of 2 refills one a second, so it is full (and
+    // its key sweepable) 2 s after it was emptied: the key bound's retry-after.
+    let (limiter, clock) = keyed(2, SECOND, 1);
+    assert_eq!(
+        limiter.wait_n("alice", 2, WaitOptions::new()),
+        Ok(Duration::ZERO)
+    );
+    // Too short a deadline: a typed error at once, no sleep, nothing stored.
+    let err = limiter
+        .wait(
+            "bob",
+            WaitOptions::new().deadline(Duration::from_millis(1_999)),
+        )
+        .unwrap_err();
+    match err {
+        WaitError::KeyLimit {
+            needed,
+            waited,
+            deadline,
+        } => {
+            assert_eq!(needed.duration(), 2 * SECOND);
+            assert_eq!(waited, Duration::ZERO);
+            assert_eq!(deadline, Duration::from_millis(1_999));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(err.to_string().contains("most keys"), "{err}");
+    assert_eq!(clock.elapsed(), Duration::ZERO, "it did not sleep");
+    assert_eq!(limiter.len(), 1);
+    // Without one, the wait sleeps the retry-after, by when alice's bucket is
+    // full and sweepable, and bob gets her slot.
+    assert_eq!(limiter.wait("bob", WaitOptions::new()), Ok(2 * SECOND));
+    assert_eq!(limiter.len(), 1);
+    assert_eq!(limiter.remaining("bob"), 1);
+    assert_eq!(
+        limiter.remaining("alice"),
+        2,
+        "evicted at full, lost nothing"
+    );
+    let stats = limiter.stats();
+    assert_eq!(stats.denied_key_limit, 2, "each refusal at the bound");
+    assert_eq!((stats.admitted, stats.denied), (2, 0));
+}
+
+#[tokio::test]
+async fn an_async_keyed_wait_on_the_manual_clock() {
+    let (limiter, clock) = keyed(1, SECOND, 100);
+    assert_eq!(
+        limiter.wait_async("a", WaitOptions::new()).await,
+        Ok(Duration::ZERO)
+    );
+    assert_eq!(
+        limiter.wait_async("a", WaitOptions::new()).await,
+        Ok(SECOND)
+    );
+    let err = limiter
+        .wait_n_async(
+            "a",
+            1,
+            WaitOptions::new().deadline(Duration::from_millis(10)),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WaitError::DeadlineExceeded { .. }), "{err:?}");
+    assert_eq!(clock.elapsed(), SECOND);
+    assert_eq!(
+        limiter.wait_n_async("a", 2, WaitOptions::new()).await,
+        Err(WaitError::Acquire(AcquireError::InsufficientCapacity {
+            requested: 2,
+            capacity: 1
+        }))
+    );
+}
+
+/// Tasks on one current-thread runtime wait on their own keys at once, each
+/// sleeping on tokio's timer until its own key's permit is due (a lower bound
+/// only: sleeping longer is always allowed).
+#[tokio::test(flavor = "current_thread")]
+async fn async_keyed_waits_share_a_current_thread_runtime() {
+    let limiter = std::sync::Arc::new(
+        KeyedLimiter::<u32>::builder(Quota::new(1, 1, Duration::from_millis(30)).unwrap())
+            .clock(RealClock::new())
+            .build()
+            .unwrap(),
+    );
+    for key in 0..4 {
+        assert!(limiter.try_acquire(&key).is_allowed());
+    }
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..4)
+        .map(|key| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.wait_async(&key, WaitOptions::new()).await })
+        })
+        .collect();
+    for task in tasks {
+        let waited = task.await.unwrap().unwrap();
+        assert!(waited >= Duration::from_millis(25), "{waited:?}");
+    }
+    assert!(start.elapsed() >= Duration::from_millis(25));
+    // Four admissions before the waits, one per wait, and no denial counted.
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.denied), (8, 0));
 }

@@ -10,6 +10,11 @@ use crossbeam_utils::CachePadded;
 
 use crate::algorithm::Algorithm;
 use crate::cell::Cell;
+use crate::chain::{Admission, KeyedStage, admit};
+
+/// An admission by one key of a [`KeyedLimiter`], to give back with
+/// [`Admission::refund`] ([`KeyedLimiter::try_acquire_refundable`]).
+pub type KeyedAdmission<'a, K, Q, A, C, S> = Admission<KeyedStage<'a, K, Q, A, C, S>>;
 use crate::clock::{Clock, RealClock, saturating_nanos};
 use crate::decision::{Decision, KeyedDecision, NotYet, RetryAfter};
 use crate::error::{AcquireError, KeyedConfigError};
@@ -431,7 +436,7 @@ where
                 return admitted.map_err(|word| NotYet::rate(&inner.algorithm, word, now, 1));
             }
         }
-        match inner.insert_and_decide(key, hash, shard, now, 1).0 {
+        match inner.insert_and_decide(key, hash, shard, now, 1, true).0 {
             KeyedDecision::Allowed { remaining } => Ok(remaining),
             KeyedDecision::Denied { retry_after } => {
                 Err(NotYet::known(&inner.algorithm, retry_after, false))
@@ -440,6 +445,63 @@ where
                 Err(NotYet::known(&inner.algorithm, retry_after, true))
             }
         }
+    }
+
+    /// Ask for one permit for `key`, keeping what is needed to give it back:
+    /// `Ok` with an [`Admission`] to [`refund`](Admission::refund), or `Err`
+    /// with the denial (a rate denial, or a new key refused at the bound). The
+    /// same decision as [`try_acquire`](Self::try_acquire), counted the same.
+    ///
+    /// The admission borrows the key and refunds by looking it up again: a
+    /// key evicted since (or evicted and created again) declines the refund.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{KeyedLimiter, ManualClock, Quota};
+    ///
+    /// let clock = ManualClock::new();
+    /// // 5 failed logins per user per 15 minutes.
+    /// let failures = KeyedLimiter::<String>::builder(Quota::new(5, 5, Duration::from_secs(900))?)
+    ///     .clock(clock)
+    ///     .build()?;
+    /// let attempt = failures.try_acquire_refundable("alice").expect("under the limit");
+    /// assert!(attempt.refund()); // the password was right: the attempt does not count
+    /// assert_eq!(failures.remaining("alice"), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_acquire_refundable<'a, Q>(
+        &'a self,
+        key: &'a Q,
+    ) -> Result<KeyedAdmission<'a, K, Q, A, C, S>, KeyedDecision>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        admit(self.stage(key), 1)
+    }
+
+    /// [`try_acquire_n`](Self::try_acquire_n), keeping what is needed to give
+    /// the permits back ([`try_acquire_refundable`](Self::try_acquire_refundable)):
+    /// `Ok(Err(_))` is a denial.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n): `n = 0`, or `n` above the
+    /// capacity. Neither touches the map.
+    // The shape of `try_acquire_n`: the outer error for input that no
+    // decision can answer, the inner result for the decision.
+    #[allow(clippy::type_complexity)]
+    pub fn try_acquire_n_refundable<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u32,
+    ) -> Result<Result<KeyedAdmission<'a, K, Q, A, C, S>, KeyedDecision>, AcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        check_permits(n, self.inner.algorithm.capacity())?;
+        Ok(admit(self.stage(key), n))
     }
 
     /// The permits `key` could get now, without taking any and without storing
@@ -496,7 +558,23 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.take(key, n)
+        self.inner.take(key, n, true)
+    }
+
+    /// One try of a wait: the decision for `key`, not counted (the wait
+    /// counts its outcome once, [`count_outcome`](Self::count_outcome)).
+    pub(crate) fn try_uncounted<Q>(&self, key: &Q, n: u32) -> KeyedDecision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.inner.take(key, n, false).0
+    }
+
+    /// Count a wait's outcome: admitted, or refused by its deadline.
+    pub(crate) fn count_outcome(&self, admitted: bool) {
+        let inner = &*self.inner;
+        inner.tally.count_outcome(admitted, inner.collector.slot());
     }
 
     /// The decision `key` would get for `n` permits now, taking nothing and
@@ -511,15 +589,22 @@ where
     }
 
     /// Give back `n` permits an admission for `key` took (see
-    /// [`Algorithm::refund`]). A key evicted since holds a fresh-equivalent
-    /// word, which owes nothing.
-    pub(crate) fn refund<Q>(&self, key: &Q, written: u64, n: u32)
+    /// [`Algorithm::refund`]); `true` when they went back. Only a key that is
+    /// linked takes a refund. A key evicted since was fresh-equivalent with the
+    /// permits spent, so nothing it owes matters any more: while it is not
+    /// linked (waiting in limbo, or freed) the refund declines; created again,
+    /// its word is a later one than `written` (a later refill time, window or
+    /// theoretical arrival time), and every algorithm declines a refund
+    /// against it.
+    pub(crate) fn refund<Q>(&self, key: &Q, written: u64, n: u32) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let inner = &*self.inner;
-        inner.on_cell(key, |cell| cell.refund(&inner.algorithm, written, n));
+        inner
+            .on_linked_cell(key, |cell| cell.refund(&inner.algorithm, written, n))
+            .unwrap_or(false)
     }
 }
 
@@ -556,10 +641,13 @@ where
                 return decision.into();
             }
         }
-        self.insert_and_decide(key, hash, shard, now, n).0
+        self.insert_and_decide(key, hash, shard, now, n, true).0
     }
 
-    fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>)
+    /// As [`decide`](Self::decide), also returning the word an admission
+    /// wrote; counted in the tally only when `counted` (a wait counts its
+    /// outcome once, not every try).
+    fn take<Q>(&self, key: &Q, n: u32, counted: bool) -> (KeyedDecision, Option<u64>)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -571,10 +659,10 @@ where
         {
             let guard = self.collector.pin();
             if let Some(cell) = shard.find(hash, key, &guard) {
-                return self.decide_on(cell, now, n);
+                return self.decide_on(cell, now, n, counted);
             }
         }
-        self.insert_and_decide(key, hash, shard, now, n)
+        self.insert_and_decide(key, hash, shard, now, n, counted)
     }
 
     /// `f` on `key`'s word and a reading taken after it was found; for a key not
@@ -606,27 +694,16 @@ where
         f(word, now)
     }
 
-    /// `f` on `key`'s word cell, if the key is held (linked or in limbo).
-    fn on_cell<Q>(&self, key: &Q, f: impl FnOnce(&Cell))
+    /// `f` on `key`'s word cell, if the key is linked.
+    fn on_linked_cell<Q, R>(&self, key: &Q, f: impl FnOnce(&Cell) -> R) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
-        {
-            let guard = self.collector.pin();
-            if let Some(cell) = shard.find(hash, key, &guard) {
-                return f(cell);
-            }
-        }
-        let locked = shard.lock();
-        if let Some(entry) = locked
-            .find(hash, key)
-            .or_else(|| locked.find_in_limbo(hash, key))
-        {
-            f(locked.cell(entry));
-        }
+        let guard = self.collector.pin();
+        shard.find(hash, key, &guard).map(f)
     }
 
     /// A key not linked in its shard: take the shard's mutex, read the clock,
@@ -646,6 +723,7 @@ where
         shard: &Shard<K>,
         _early: u64,
         n: u32,
+        counted: bool,
     ) -> (KeyedDecision, Option<u64>)
     where
         K: Borrow<Q>,
@@ -659,13 +737,15 @@ where
         #[cfg(turnstile_mutant = "stale_insert_reading")]
         let now = _early;
         if let Some(entry) = locked.find(hash, key) {
-            return self.decide_on(locked.cell(entry), now, n);
+            return self.decide_on(locked.cell(entry), now, n, counted);
         }
         if locked.find_in_limbo(hash, key).is_none() {
             let (decision, next) = self.algorithm.decide(self.algorithm.fresh(), now, n);
             if next.is_none() {
                 // The word would stay fresh: nothing to remember.
-                self.tally.count(decision, self.collector.slot());
+                if counted {
+                    self.tally.count(decision, self.collector.slot());
+                }
                 return (decision.into(), None);
             }
         }
@@ -706,7 +786,7 @@ where
             },
         };
         locked.link(hash, entry, &self.collector, |k| self.hasher.hash_one(k));
-        self.decide_on(locked.cell(entry), now, n)
+        self.decide_on(locked.cell(entry), now, n, counted)
     }
 
     /// Room for one more key at the bound: look for sweepable keys, with
@@ -860,9 +940,17 @@ where
 
     /// Decide on a key's word, which the caller's pin or lock keeps allocated.
     #[inline(always)]
-    fn decide_on(&self, cell: &Cell, now: u64, n: u32) -> (KeyedDecision, Option<u64>) {
+    fn decide_on(
+        &self,
+        cell: &Cell,
+        now: u64,
+        n: u32,
+        counted: bool,
+    ) -> (KeyedDecision, Option<u64>) {
         let (decision, written) = cell.take(&self.algorithm, now, n);
-        self.tally.count(decision, self.collector.slot());
+        if counted {
+            self.tally.count(decision, self.collector.slot());
+        }
         (decision.into(), written)
     }
 
