@@ -39,6 +39,18 @@
 //! retry-after and waits again, still at the head. For strict order, send every
 //! caller through the wrapper.
 //!
+//! # Timer resolution
+//!
+//! tokio's timer ticks in milliseconds and a sleep ends at the first tick
+//! after its deadline, so the head oversleeps by up to a millisecond. A
+//! limiter whose burst is 1 has nowhere to keep the time overslept (a full
+//! bucket stops filling), and admits less than its rate: about one every
+//! 2.1 ms on a 1,000/s limit. A burst of a few permits absorbs the overshoot:
+//! 10,000 waiters on 1,000/s with a burst of 10 are admitted over 10.004 s,
+//! against an ideal 9.999 s (`examples/fair_waiters.rs`).
+//!
+//! # The queue
+//!
 //! The queue itself is a `VecDeque` behind a mutex: the waiting path takes it
 //! to join, to check whether it is the head, and to leave. Each waiter is
 //! polled when it joins and when it becomes the head, so a queue of `w`
