@@ -1,81 +1,5 @@
-//! Fair waiting: asynchronous acquires that admit waiters in arrival order,
-//! from a bounded queue, for a direct limiter, per key, and for the bulkhead.
-//!
-//! [`RateLimiter::wait_async`](crate::RateLimiter::wait_async) sleeps the exact
-//! retry-after and tries again, so under load a waiter that arrived late can
-//! wake first and take the permit an earlier one was sleeping for. A [`Fair`]
-//! wrapper queues its waiters instead:
-//!
-//! - **First come, first served.** Every acquire joins the back of a FIFO
-//!   queue (of its key, for a keyed limiter), even when the queue is empty.
-//!   Only the waiter at the head tries the limiter: it sleeps on tokio's timer
-//!   for the exact retry-after the limiter reports, and tries again; the
-//!   bulkhead's head sleeps until a permit is dropped. When admitted, the head
-//!   leaves the queue and wakes the next waiter, which becomes the head. An
-//!   arrival never tries the limiter ahead of a waiter already queued.
-//! - **Bounded.** At most `max_waiters` wait at once (over every key, for a
-//!   keyed limiter); one more is refused at once with
-//!   [`FairError::QueueFull`], without waiting and without taking anything.
-//! - **Cancellation gives the place back.** Dropping an acquire's future
-//!   removes its waiter from the queue. A dropped head wakes the next waiter,
-//!   which becomes the head, so no wake-up is lost; a dropped waiter further
-//!   back is removed and wakes nobody. A waiter is woken once, when it becomes
-//!   the head; nothing is taken from the limiter until the permits are.
-//! - **Deadlines.** With a deadline, the head gives up at once, without
-//!   sleeping, when the limiter's retry-after would end past it (counted on the
-//!   limiter's clock from the start of the acquire); a waiter still queued
-//!   behind others, whose wait cannot be predicted, gives up when the deadline
-//!   passes on tokio's timer. The bulkhead's waits are never predictable and
-//!   always end on the timer. Either way [`FairError::DeadlineExceeded`] is
-//!   returned and the waiter's place goes to the next.
-//!
-//! # What is fair and what is not
-//!
-//! Fairness holds among the wrapper's own waiters. The limiter's decision path
-//! ([`RateLimiter::try_acquire`](crate::RateLimiter::try_acquire) and the
-//! others) is unchanged, lock-free, and does not look at the queue: a caller of
-//! the plain `try_acquire` on the same limiter ([`Fair::inner`]) is not queued
-//! and may take a permit the head was about to get. The head then sees the new
-//! retry-after and waits again, still at the head. For strict order, send every
-//! caller through the wrapper.
-//!
-//! # Timer resolution
-//!
-//! tokio's timer ticks in milliseconds and a sleep ends at the first tick
-//! after its deadline, so the head oversleeps by up to a millisecond. A
-//! limiter whose burst is 1 has nowhere to keep the time overslept (a full
-//! bucket stops filling), and admits less than its rate: about one every
-//! 2.1 ms on a 1,000/s limit. A burst of a few permits absorbs the overshoot:
-//! 10,000 waiters on 1,000/s with a burst of 10 are admitted over 10.004 s,
-//! against an ideal 9.999 s (`examples/fair_waiters.rs`).
-//!
-//! # The queue
-//!
-//! The queue itself is a `VecDeque` behind a mutex: the waiting path takes it
-//! to join, to check whether it is the head, and to leave. Each waiter is
-//! polled when it joins and when it becomes the head, so a queue of `w`
-//! waiters costs `O(log w)` per poll (waiters are found by their arrival
-//! number) and `O(1)` to hand over. Per key, the queues live in one map behind
-//! the same mutex and a key's queue is removed when it empties, so memory is
-//! bounded by `max_waiters`, not by the number of keys ever seen.
-//!
-//! ```
-//! use std::time::Duration;
-//! use turnstile::{Fair, ManualClock, Quota, RateLimiter};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let clock = ManualClock::new();
-//! let limiter = RateLimiter::with_clock(Quota::new(1, 1, Duration::from_secs(1))?, clock);
-//! let fair = Fair::new(limiter, 1_000)?;
-//! assert_eq!(fair.acquire(None).await?, Duration::ZERO); // the bucket's one token
-//! // The next waits its turn: one period (a manual clock skips the sleep).
-//! assert_eq!(fair.acquire(None).await?, Duration::from_secs(1));
-//! // A deadline shorter than the wait gives up at once.
-//! assert!(fair.acquire(Some(Duration::from_millis(10))).await.is_err());
-//! # Ok(())
-//! # }
-//! ```
+//! Fair waiting: a bounded FIFO queue of asynchronous waiters in front of a
+//! limiter, a keyed limiter or a bulkhead (see [`Fair`]).
 
 use core::fmt;
 use core::future::poll_fn;
@@ -209,12 +133,88 @@ impl FairTarget for Arc<ConcurrencyLimiter> {
     type Key = ();
 }
 
-/// A limiter with a bounded FIFO queue of asynchronous waiters in front of
-/// it: see the [module documentation](self) for the guarantees.
+/// A limiter with a bounded FIFO queue of asynchronous waiters in front of it:
+/// acquires that admit waiters in arrival order, for a direct limiter
+/// ([`RateLimiter`]), per key ([`KeyedLimiter`]) and for the bulkhead
+/// ([`ConcurrencyLimiter`]). Share the wrapper by reference or in an `Arc`.
 ///
-/// The waits sleep on tokio's timer (a [`ManualClock`](crate::ManualClock)
-/// skips them instead, as [`wait_async`](crate::RateLimiter::wait_async)
-/// does). Share the wrapper by reference or in an `Arc`.
+/// [`RateLimiter::wait_async`](crate::RateLimiter::wait_async) sleeps the exact
+/// retry-after and tries again, so under load a waiter that arrived late can
+/// wake first and take the permit an earlier one was sleeping for. A [`Fair`]
+/// wrapper queues its waiters instead. The waits sleep on tokio's timer (a
+/// [`ManualClock`](crate::ManualClock) skips them instead, as `wait_async`
+/// does).
+///
+/// - **First come, first served.** Every acquire joins the back of a FIFO
+///   queue (of its key, for a keyed limiter), even when the queue is empty.
+///   Only the waiter at the head tries the limiter: it sleeps on tokio's timer
+///   for the exact retry-after the limiter reports, and tries again; the
+///   bulkhead's head sleeps until a permit is dropped. When admitted, the head
+///   leaves the queue and wakes the next waiter, which becomes the head. An
+///   arrival never tries the limiter ahead of a waiter already queued.
+/// - **Bounded.** At most `max_waiters` wait at once (over every key, for a
+///   keyed limiter); one more is refused at once with
+///   [`FairError::QueueFull`], without waiting and without taking anything.
+/// - **Cancellation gives the place back.** Dropping an acquire's future
+///   removes its waiter from the queue. A dropped head wakes the next waiter,
+///   which becomes the head, so no wake-up is lost; a dropped waiter further
+///   back is removed and wakes nobody. A waiter is woken once, when it becomes
+///   the head; nothing is taken from the limiter until the permits are.
+/// - **Deadlines.** With a deadline, the head gives up at once, without
+///   sleeping, when the limiter's retry-after would end past it (counted on the
+///   limiter's clock from the start of the acquire); a waiter still queued
+///   behind others, whose wait cannot be predicted, gives up when the deadline
+///   passes on tokio's timer. The bulkhead's waits are never predictable and
+///   always end on the timer. Either way [`FairError::DeadlineExceeded`] is
+///   returned and the waiter's place goes to the next.
+///
+/// # What is fair and what is not
+///
+/// Fairness holds among the wrapper's own waiters. The limiter's decision path
+/// ([`RateLimiter::try_acquire`](crate::RateLimiter::try_acquire) and the
+/// others) is unchanged, lock-free, and does not look at the queue: a caller of
+/// the plain `try_acquire` on the same limiter ([`inner`](Fair::inner)) is not queued
+/// and may take a permit the head was about to get. The head then sees the new
+/// retry-after and waits again, still at the head. For strict order, send every
+/// caller through the wrapper.
+///
+/// # Timer resolution
+///
+/// tokio's timer ticks in milliseconds and a sleep ends at the first tick
+/// after its deadline, so the head oversleeps by up to a millisecond. A
+/// limiter whose burst is 1 has nowhere to keep the time overslept (a full
+/// bucket stops filling), and admits less than its rate: about one every
+/// 2.1 ms on a 1,000/s limit. A burst of a few permits absorbs the overshoot:
+/// 10,000 waiters on 1,000/s with a burst of 10 are admitted over 10.004 s,
+/// against an ideal 9.999 s (`examples/fair_waiters.rs`).
+///
+/// # The queue
+///
+/// The queue itself is a `VecDeque` behind a mutex: the waiting path takes it
+/// to join, to check whether it is the head, and to leave. Each waiter is
+/// polled when it joins and when it becomes the head, so a queue of `w`
+/// waiters costs `O(log w)` per poll (waiters are found by their arrival
+/// number) and `O(1)` to hand over. Per key, the queues live in one map behind
+/// the same mutex and a key's queue is removed when it empties, so memory is
+/// bounded by `max_waiters`, not by the number of keys ever seen.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Fair, ManualClock, Quota, RateLimiter};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let clock = ManualClock::new();
+/// let limiter = RateLimiter::with_clock(Quota::new(1, 1, Duration::from_secs(1))?, clock);
+/// let fair = Fair::new(limiter, 1_000)?;
+/// assert_eq!(fair.acquire(None).await?, Duration::ZERO); // the bucket's one token
+/// // The next waits its turn: one period (a manual clock skips the sleep).
+/// assert_eq!(fair.acquire(None).await?, Duration::from_secs(1));
+/// // A deadline shorter than the wait gives up at once.
+/// assert!(fair.acquire(Some(Duration::from_millis(10))).await.is_err());
+/// # Ok(())
+/// # }
+/// ```
 pub struct Fair<L: FairTarget> {
     inner: L,
     queues: WaitQueues<L::Key>,
@@ -237,7 +237,7 @@ impl<L: FairTarget> Fair<L> {
     }
 
     /// The limiter itself. Its plain decisions (`try_acquire` and the others)
-    /// are not queued: see the [module documentation](self).
+    /// are not queued: see the [type's documentation](Fair).
     pub fn inner(&self) -> &L {
         &self.inner
     }
@@ -288,7 +288,7 @@ impl<A: Algorithm, C: Clock, M: Counter> Fair<RateLimiter<A, C, M>> {
     ///
     /// [`FairError::QueueFull`] at once when `max_waiters` are waiting,
     /// [`FairError::DeadlineExceeded`] as described in the
-    /// [module documentation](self), and [`FairError::Acquire`] for `n = 0` or
+    /// [type's documentation](Fair), and [`FairError::Acquire`] for `n = 0` or
     /// `n` above the capacity.
     pub async fn acquire_n(
         &self,
