@@ -55,6 +55,14 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Join a waiter's task, failing after 10 s (a lost wake-up) rather than
+/// hanging.
+async fn join<T>(h: JoinHandle<T>) -> Result<T, tokio::task::JoinError> {
+    tokio::time::timeout(Duration::from_secs(10), h)
+        .await
+        .expect("a waiter was never woken")
+}
+
 /// Spawn waiters `ids` one at a time, each after the one before has joined
 /// the queue, so their arrival order is `ids`' order. Each records its id
 /// when admitted.
@@ -109,7 +117,7 @@ async fn waiters_are_admitted_in_arrival_order() {
     let order = admit_one_by_one(&clock, &admitted, N).await;
     assert_eq!(order, (0..N).collect::<Vec<_>>());
     for h in handles {
-        h.await.unwrap();
+        join(h).await.unwrap();
     }
     assert_eq!(fair.waiting(), 0);
     // One admission per waiter, plus the token spent at the start; the head's
@@ -143,7 +151,7 @@ async fn a_late_arrival_does_not_overtake_the_queue() {
     }
     assert_eq!(*admitted.lock().unwrap(), [0, 1, 2]);
     for h in handles {
-        h.await.unwrap();
+        join(h).await.unwrap();
     }
 }
 
@@ -163,7 +171,7 @@ async fn a_full_queue_refuses_at_once_and_takes_nothing() {
     let order = admit_one_by_one(&clock, &admitted, 4).await;
     assert_eq!(order, [0, 1, 2, 3]);
     for h in handles {
-        h.await.unwrap();
+        join(h).await.unwrap();
     }
     let stats = fair.inner().stats();
     assert_eq!(stats.admitted, 5); // the refusal took nothing
@@ -181,7 +189,7 @@ async fn cancelling_the_head_and_a_middle_waiter_gives_their_places_back() {
     let order = admit_one_by_one(&clock, &admitted, N - 2).await;
     assert_eq!(order, [1, 2, 3, 5, 6, 7]);
     for (i, h) in handles.into_iter().enumerate() {
-        assert_eq!(h.await.is_err(), i == 0 || i == 4);
+        assert_eq!(join(h).await.is_err(), i == 0 || i == 4);
     }
     assert_eq!(fair.waiting(), 0);
     assert_eq!(fair.inner().stats().admitted, N as u64 - 2 + 1);
@@ -250,7 +258,7 @@ async fn a_queued_waiter_gives_up_when_its_deadline_passes() {
     assert!(took >= deadline && took < deadline * 5, "{took:?}");
     assert_eq!(fair.waiting(), 1);
     clock.0.advance(MS);
-    assert_eq!(head.await.unwrap(), Ok(Duration::from_millis(1)));
+    assert_eq!(join(head).await.unwrap(), Ok(Duration::from_millis(1)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -291,9 +299,9 @@ async fn each_key_queues_in_order_and_other_keys_pass() {
         until("an admission", || admitted.lock().unwrap().len() > k).await;
     }
     assert_eq!(*admitted.lock().unwrap(), (0..N).collect::<Vec<_>>());
-    assert!(b2.await.unwrap().is_ok());
+    assert!(join(b2).await.unwrap().is_ok());
     for h in handles {
-        h.await.unwrap();
+        join(h).await.unwrap();
     }
     assert_eq!((fair.waiting(), fair.waiting_for("a")), (0, 0));
 }
@@ -324,7 +332,7 @@ async fn the_bulkhead_admits_in_fifo_order_as_permits_drop() {
     assert!(fair.inner().try_acquire().is_none());
     drop(first); // wakes the head, which wakes the next, and so on
     for (i, h) in handles.into_iter().enumerate() {
-        assert_eq!(h.await.is_err(), i == 1 || i == N / 2);
+        assert_eq!(join(h).await.is_err(), i == 1 || i == N / 2);
     }
     let expected: Vec<usize> = (0..N).filter(|&i| i != 1 && i != N / 2).collect();
     assert_eq!(*order.lock().unwrap(), expected);
