@@ -529,23 +529,30 @@ impl Fair<Arc<ConcurrencyLimiter>> {
             // Declared after the ticket, so dropped before it: the head stops
             // listening for releases before it hands over.
             let _listening = Listening(signal);
-            Ok(poll_fn(|cx| {
-                if let Some(permit) = take() {
-                    return Poll::Ready(permit);
-                }
-                signal.listen(cx.waker());
-                // A permit dropped between the first try and `listen` saw no
-                // listener: try again (see `ReleaseSignal`).
-                match take() {
-                    Some(permit) => Poll::Ready(permit),
-                    None => Poll::Pending,
-                }
-            })
-            .await)
+            Ok(poll_fn(|cx| poll_permit(signal, cx, &take)).await)
         })
         .await;
         drop(ticket);
         result
+    }
+}
+
+/// One poll of the bulkhead's head: the permits, or a promise to be woken
+/// by the next release.
+fn poll_permit<P>(
+    signal: &ReleaseSignal,
+    cx: &mut Context<'_>,
+    take: &impl Fn() -> Option<P>,
+) -> Poll<P> {
+    if let Some(permit) = take() {
+        return Poll::Ready(permit);
+    }
+    signal.listen(cx.waker());
+    // A permit dropped between the first try and `listen` saw no listener:
+    // try again (see `ReleaseSignal`).
+    match take() {
+        Some(permit) => Poll::Ready(permit),
+        None => Poll::Pending,
     }
 }
 
@@ -848,6 +855,40 @@ mod tests {
         drop(a);
         assert_eq!(lock(&queues.state).queues.len(), 1);
         assert!(queues.enqueue(3).is_ok());
+    }
+
+    #[test]
+    fn a_release_before_the_head_listens_is_not_lost() {
+        let limiter = ConcurrencyLimiter::new(1).unwrap();
+        let held = std::cell::RefCell::new(limiter.try_acquire());
+        let (count, w) = waker();
+        let _listening = Listening(&limiter.released);
+        // The first try finds no permit; the holder drops it right then,
+        // before the head listens, so the release wakes nobody.
+        let take = || {
+            let permit = limiter.try_acquire();
+            if permit.is_none() {
+                held.borrow_mut().take();
+            }
+            permit
+        };
+        let polled = poll_permit(&limiter.released, &mut Context::from_waker(&w), &take);
+        assert!(
+            polled.is_ready(),
+            "the retry after listening finds the permit"
+        );
+        assert_eq!(wakes(&count), 0);
+        // A release while listening wakes the head (the first poll left it
+        // listening: that release wakes it too, spuriously).
+        drop(polled);
+        assert_eq!(wakes(&count), 1);
+        let _held = limiter.try_acquire().unwrap();
+        let polled = poll_permit(&limiter.released, &mut Context::from_waker(&w), &|| {
+            limiter.try_acquire()
+        });
+        assert!(polled.is_pending());
+        drop(_held);
+        assert_eq!(wakes(&count), 2);
     }
 
     #[test]
