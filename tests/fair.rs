@@ -128,13 +128,13 @@ async fn waiters_are_admitted_in_arrival_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_late_arrival_does_not_overtake_the_queue() {
-    // A period of 200 ms: the head, denied, sleeps 200 ms of real time
-    // before it tries again.
-    const PERIOD: Duration = Duration::from_millis(200);
+    // A period of 1 s: the head, denied, sleeps 1 s of real time before it
+    // tries again.
+    const PERIOD: Duration = Duration::from_secs(1);
     let clock = Frozen::default();
     let limiter =
-        RateLimiter::with_clock(Quota::new(1, 1, PERIOD).unwrap(), clock.clone()).counted();
-    assert!(limiter.try_acquire().is_allowed());
+        RateLimiter::with_clock(Quota::new(3, 1, PERIOD).unwrap(), clock.clone()).counted();
+    assert!(limiter.try_acquire_n(3).unwrap().is_allowed());
     let fair = Arc::new(Fair::new(limiter, 8).unwrap());
     let admitted = Arc::new(Mutex::new(Vec::new()));
     let mut handles = spawn_in_order(&fair, 0..2, &admitted).await;
@@ -145,14 +145,16 @@ async fn a_late_arrival_does_not_overtake_the_queue() {
     handles.extend(spawn_in_order(&fair, [2], &admitted).await);
     assert!(admitted.lock().unwrap().is_empty());
     assert_eq!(fair.inner().remaining(), 1);
+    // One token at a time, so that the order recorded is the admissions'.
     for k in 0..3 {
         until("an admission", || admitted.lock().unwrap().len() > k).await;
+        assert_eq!(admitted.lock().unwrap().len(), k + 1);
         clock.0.advance(PERIOD);
     }
-    assert_eq!(*admitted.lock().unwrap(), [0, 1, 2]);
     for h in handles {
         join(h).await.unwrap();
     }
+    assert_eq!(*admitted.lock().unwrap(), [0, 1, 2]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
