@@ -146,7 +146,8 @@ impl FairTarget for Arc<ConcurrencyLimiter> {
 /// does).
 ///
 /// - **First come, first served.** Every acquire joins the back of a FIFO
-///   queue (of its key, for a keyed limiter), even when the queue is empty.
+///   queue (of its key, for a keyed limiter) when its future is first polled,
+///   even when the queue is empty.
 ///   Only the waiter at the head tries the limiter: it sleeps on tokio's timer
 ///   for the exact retry-after the limiter reports, and tries again; the
 ///   bulkhead's head sleeps until a permit is dropped. When admitted, the head
@@ -185,8 +186,8 @@ impl FairTarget for Arc<ConcurrencyLimiter> {
 /// limiter whose burst is 1 has nowhere to keep the time overslept (a full
 /// bucket stops filling), and admits less than its rate: about one every
 /// 2.1 ms on a 1,000/s limit. A burst of a few permits absorbs the overshoot:
-/// 10,000 waiters on 1,000/s with a burst of 10 are admitted over 10.004 s,
-/// against an ideal 9.999 s (`examples/fair_waiters.rs`).
+/// 10,000 waiters on 1,000/s with a burst of 10 are admitted over 9.999 to
+/// 10.004 s, against an ideal 9.999 s (`examples/fair_waiters.rs`).
 ///
 /// # The queue
 ///
@@ -282,7 +283,9 @@ impl<A: Algorithm, C: Clock, M: Counter> Fair<RateLimiter<A, C, M>> {
     /// A head waiting for many permits holds up those behind it, as in any
     /// FIFO queue (.NET's `QueueLimit` with oldest-first order does the same).
     /// The limiter counts (when [counted](RateLimiter::counted)) one admission,
-    /// or one denial when the deadline refuses.
+    /// or one denial when the head's deadline check refuses; the head's
+    /// retries are not counted, nor a waiter whose deadline passes in the
+    /// queue.
     ///
     /// # Errors
     ///
