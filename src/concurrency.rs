@@ -43,6 +43,9 @@ use std::sync::Arc;
 pub struct ConcurrencyLimiter {
     in_flight: CachePadded<AtomicU64>,
     limit: u32,
+    /// Wakes the head of a [`Fair`](crate::Fair) queue when a permit is dropped.
+    #[cfg(feature = "tokio")]
+    pub(crate) released: crate::fair::ReleaseSignal,
 }
 
 impl ConcurrencyLimiter {
@@ -58,6 +61,8 @@ impl ConcurrencyLimiter {
         Ok(ConcurrencyLimiter {
             in_flight: CachePadded::new(AtomicU64::new(0)),
             limit,
+            #[cfg(feature = "tokio")]
+            released: crate::fair::ReleaseSignal::default(),
         })
     }
 
@@ -156,7 +161,17 @@ impl ConcurrencyLimiter {
     #[inline]
     fn release(&self, n: u32) {
         // Release: see the type's documentation. Every permit was reserved, so
-        // the count cannot go below zero.
+        // the count cannot go below zero. With a fair queue (feature `tokio`)
+        // SeqCst, which includes Release: the subtraction must precede the
+        // load of the queue's flag in the single order of SeqCst operations
+        // (`fair::ReleaseSignal`). The same locked instruction on x86-64 and
+        // AArch64.
+        #[cfg(feature = "tokio")]
+        {
+            self.in_flight.fetch_sub(u64::from(n), Ordering::SeqCst);
+            self.released.notify();
+        }
+        #[cfg(not(feature = "tokio"))]
         self.in_flight.fetch_sub(u64::from(n), Ordering::Release);
     }
 }

@@ -39,6 +39,8 @@ mod concurrency;
 mod decision;
 mod divide;
 mod error;
+#[cfg(feature = "tokio")]
+mod fair;
 mod fixed_window;
 mod gate;
 mod gcra;
@@ -65,6 +67,8 @@ pub use clock::{Clock, ClockSource, ManualClock, MonotonicClock, RealClock, TscC
 pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::{Decision, KeyedDecision, NotYet, RetryAfter};
 pub use error::{AcquireError, KeyedConfigError, QuotaError};
+#[cfg(feature = "tokio")]
+pub use fair::{Fair, FairError, FairTarget};
 pub use fixed_window::FixedWindow;
 pub use gate::{AdvertisedQuota, Gate, GateStats, Outcome, PolicyError, RateLimitPolicy};
 pub use gcra::Gcra;
