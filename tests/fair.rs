@@ -517,3 +517,79 @@ async fn waiters_on_the_real_clock_keep_arrival_order_and_the_rate() {
     assert!(span >= Duration::from_millis(389), "{span:?}");
     assert!(span < Duration::from_millis(1_500), "{span:?}");
 }
+
+/// tokio's clock as a limiter's clock: under a paused runtime it moves only
+/// when every task is idle, straight to the next timer, so a run is a
+/// deterministic model of the queue against the real schedule.
+#[derive(Clone, Debug)]
+struct TokioClock(tokio::time::Instant);
+
+impl Clock for TokioClock {
+    fn now(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// The model: 1,000 waiters on 100 per second (burst 1) under tokio's paused
+/// clock, every seventh dropped while queued. Everyone else is admitted in
+/// arrival order, once, exactly on the ideal schedule (one every 10 ms), and
+/// the dropped ones give their places back without taking a token.
+#[tokio::test(start_paused = true)]
+async fn a_paused_clock_model_admits_on_the_ideal_schedule_in_order() {
+    const N: usize = 1_000;
+    let start = tokio::time::Instant::now();
+    let limiter = RateLimiter::with_clock(
+        Quota::new(1, 1, Duration::from_millis(10)).unwrap(),
+        TokioClock(start),
+    )
+    .counted();
+    let fair = Arc::new(Fair::new(limiter, N).unwrap());
+    let admitted = Arc::new(Mutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    for id in 0..N {
+        let (fair, admitted) = (Arc::clone(&fair), Arc::clone(&admitted));
+        handles.push(tokio::spawn(async move {
+            fair.acquire(None).await.unwrap();
+            let at = tokio::time::Instant::now() - start;
+            admitted.lock().unwrap().push((id, at));
+        }));
+        // Let it join the queue before the next arrives.
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        fair.waiting(),
+        N - 1,
+        "all but the first, admitted at once, are queued"
+    );
+    let mut kept = Vec::new();
+    for (id, handle) in handles.into_iter().enumerate() {
+        if id % 7 == 3 {
+            handle.abort();
+            assert!(handle.await.unwrap_err().is_cancelled());
+        } else {
+            kept.push((id, handle));
+        }
+    }
+    let ids: Vec<usize> = kept.iter().map(|(id, _)| *id).collect();
+    for (id, handle) in kept {
+        // On the paused clock a lost wake-up would idle the runtime, and the
+        // timeout fires at once instead of hanging.
+        tokio::time::timeout(Duration::from_secs(60), handle)
+            .await
+            .unwrap_or_else(|_| panic!("waiter {id} was never woken"))
+            .unwrap();
+    }
+    let admitted = admitted.lock().unwrap().clone();
+    let order: Vec<usize> = admitted.iter().map(|(id, _)| *id).collect();
+    assert_eq!(order, ids, "arrival order, none lost");
+    for (k, (id, at)) in admitted.iter().enumerate() {
+        assert_eq!(
+            *at,
+            Duration::from_millis(10) * k as u32,
+            "waiter {id}, admission {k}"
+        );
+    }
+    assert_eq!(fair.waiting(), 0);
+    let stats = fair.inner().stats();
+    assert_eq!((stats.admitted, stats.denied), (ids.len() as u64, 0));
+}
