@@ -53,6 +53,7 @@ mod reclaim;
 mod sliding_window;
 mod sync;
 mod tally;
+mod tiered;
 mod token_bucket;
 #[cfg(feature = "tower")]
 pub mod tower;
@@ -80,6 +81,7 @@ pub use keyed::{
 pub use limiter::{Counted, Counter, DirectStats, RateLimiter, Uncounted};
 pub use quota::Quota;
 pub use sliding_window::SlidingWindow;
+pub use tiered::{Tiered, TieredError};
 pub use token_bucket::TokenBucket;
 pub use wait::{WaitError, WaitOptions};
 
