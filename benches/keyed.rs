@@ -143,6 +143,19 @@ fn hot_key(c: &mut Criterion) {
         let l = ours(q, ours_clock.clone());
         bench(group, &format!("turnstile/{clock}"), || l.try_acquire(&42));
         assert!(l.try_acquire(&42).is_allowed());
+        // Per-key quotas: two tiers, the key's tier from a bit of the key.
+        let t = turnstile::Tiered::new(
+            [
+                ("free", ours(q, ours_clock.clone())),
+                ("paid", ours(q, ours_clock.clone())),
+            ],
+            |key: &u64| (*key & 1) as usize,
+        )
+        .expect("two tiers");
+        bench(group, &format!("turnstile-tiered/{clock}"), || {
+            t.try_acquire(&42)
+        });
+        assert!(t.try_acquire(&42).is_allowed());
         let g = theirs(gq, theirs_clock.clone());
         bench(group, &format!("governor/{clock}"), || g.check_key(&42));
         assert!(g.check_key(&42).is_ok());

@@ -41,7 +41,9 @@
 //! - `algorithm allow|deny token-bucket|fixed-window|sliding-window|gcra|governor N`:
 //!   one algorithm's direct decision on a manual clock (governor's GCRA on its
 //!   fake clock), so that callgrind counts the algorithm without a clock read.
-//! - `keyed-1m turnstile|governor|governor-ahash|floor N`: fills a keyed limiter
+//! - `keyed-hot turnstile|turnstile-tiered N`: N decisions on one key, on a
+//!   keyed limiter or on per-key quotas (`Tiered`, two tiers), for callgrind.
+//! - `keyed-1m turnstile|turnstile-tiered|governor|governor-ahash|floor N`: fills a keyed limiter
 //!   (or the floor) with 1,000,000 keys, then makes `N` checks in a shuffled
 //!   order inside `measured`; under callgrind with `--cache-sim=yes` it counts
 //!   cache misses per check.
@@ -483,6 +485,13 @@ fn run_keyed_million(who: &str, n: u64) -> ExitCode {
             });
             measured(n, || l.try_acquire(next.next().unwrap_or(&0)));
         }
+        "turnstile-tiered" => {
+            let l = tiered(quota);
+            (0..MANY).for_each(|k| {
+                let _ = l.try_acquire(&k);
+            });
+            measured(n, || l.try_acquire(next.next().unwrap_or(&0)));
+        }
         "governor" => {
             let l = theirs_keyed(governor_quota, governor::clock::DefaultClock::default());
             (0..MANY).for_each(|k| {
@@ -505,7 +514,50 @@ fn run_keyed_million(who: &str, n: u64) -> ExitCode {
             measured(n, || f.check(*next.next().unwrap_or(&0)));
         }
         other => {
-            eprintln!("unknown limiter {other:?}: turnstile|governor|governor-ahash|floor");
+            eprintln!(
+                "unknown limiter {other:?}: turnstile|turnstile-tiered|governor|governor-ahash|floor"
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Per-key quotas as the benches measure them: two tiers of `quota`, a key's
+/// tier its lowest bit.
+fn tiered(
+    quota: turnstile::Quota,
+) -> turnstile::Tiered<
+    u64,
+    impl Fn(&u64) -> usize,
+    turnstile::TokenBucket,
+    turnstile::RealClock,
+    ahash::RandomState,
+> {
+    turnstile::Tiered::new(
+        [
+            ("free", ours_keyed(quota, turnstile::RealClock::new())),
+            ("paid", ours_keyed(quota, turnstile::RealClock::new())),
+        ],
+        |key: &u64| (*key & 1) as usize,
+    )
+    .expect("two tiers")
+}
+
+/// One key, again and again: the keyed hot path.
+fn run_keyed_hot(who: &str, n: u64) -> ExitCode {
+    let (quota, _) = million_quotas();
+    match who {
+        "turnstile" => {
+            let l = ours_keyed(quota, turnstile::RealClock::new());
+            measured(n, || l.try_acquire(&42));
+        }
+        "turnstile-tiered" => {
+            let l = tiered(quota);
+            measured(n, || l.try_acquire(&42));
+        }
+        other => {
+            eprintln!("unknown limiter {other:?}: turnstile|turnstile-tiered");
             return ExitCode::FAILURE;
         }
     }
@@ -800,7 +852,8 @@ usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cos
   paired-keyed: keyed limiters (turnstile, governor, governor-ahash, floor) on 1M keys and a hot key, then 2-thread scaling
   paired-algorithms: each algorithm against governor's GCRA, direct, coarse clocks, alternating blocks
   algorithm allow|deny token-bucket|fixed-window|sliding-window|gcra|governor N: N decisions on a manual clock inside `measured`
-  keyed-1m turnstile|governor|governor-ahash|floor N: 1,000,000 keys, then N shuffled checks inside `measured`
+  keyed-1m turnstile|turnstile-tiered|governor|governor-ahash|floor N: 1,000,000 keys, then N shuffled checks inside `measured`
+  keyed-hot turnstile|turnstile-tiered N: N decisions on one key inside `measured` (tiered: two tiers, per-key quotas)
   layer bare|turnstile-admitted|turnstile-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router
   clock read|decide tsc|real|monotonic|coarse N: N readings of a clock, or N admitted decisions on it, inside `measured`
   paired-clocks: each clock's reading and admitted decision, timed in alternating blocks";
@@ -819,6 +872,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         };
         return run_keyed_million(who, n);
+    }
+    if let [mode, who, n] = args.as_slice()
+        && mode == "keyed-hot"
+    {
+        let Ok(n) = n.parse::<u64>() else {
+            eprintln!("N must be a number, not {n:?}");
+            return ExitCode::FAILURE;
+        };
+        return run_keyed_hot(who, n);
     }
     if let [mode, which, n] = args.as_slice()
         && mode == "layer"
