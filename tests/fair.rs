@@ -341,7 +341,8 @@ async fn the_bulkhead_admits_in_fifo_order_as_permits_drop() {
     assert_eq!((fair.waiting(), fair.inner().in_flight()), (0, 0));
 }
 
-#[tokio::test]
+// On tokio's paused clock, so the timer's end is exact, not a timing.
+#[tokio::test(start_paused = true)]
 async fn the_bulkhead_deadline_ends_on_the_timer() {
     let fair = Fair::new(Arc::new(ConcurrencyLimiter::new(2).unwrap()), 4).unwrap();
     let held = fair.acquire_n(2, None).await.unwrap();
@@ -353,7 +354,7 @@ async fn the_bulkhead_deadline_ends_on_the_timer() {
     );
     let took = start.elapsed();
     assert!(
-        took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+        took >= Duration::from_millis(300) && took <= Duration::from_millis(301),
         "{took:?}"
     );
     assert_eq!(fair.waiting(), 0);
@@ -467,8 +468,8 @@ impl Clock for Recording {
 /// A shorter run of `examples/fair_waiters.rs` (10,000 waiters on 1,000/s):
 /// 400 waiters on 1,000/s with a burst of 10, on the real clock. Only heads
 /// decide, one after another, so the admitting decisions' instants must
-/// increase in arrival order; none lost, none admitted twice, and the whole
-/// takes about its ideal 0.4 s.
+/// increase in arrival order; none lost, none admitted twice, and never
+/// faster than the rate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_on_the_real_clock_keep_arrival_order_and_the_rate() {
     const N: usize = 400;
@@ -512,10 +513,11 @@ async fn waiters_on_the_real_clock_keep_arrival_order_and_the_rate() {
     }
     assert_eq!(fair.inner().stats().admitted - spent, N as u64);
     let span = Duration::from_nanos(at[N - 1] - at[0]);
-    // Ideal 399 ms; the burst of 10 lets the queue catch up after a late
-    // wake, and it can never go faster than the rate.
+    // Never faster than the rate: 400 admissions from a drained bucket of 10
+    // at one per millisecond take at least 389 ms. (How close to the ideal
+    // 399 ms the queue keeps is a timing, measured by
+    // `examples/fair_waiters.rs`, not asserted on a shared machine.)
     assert!(span >= Duration::from_millis(389), "{span:?}");
-    assert!(span < Duration::from_millis(1_500), "{span:?}");
 }
 
 /// tokio's clock as a limiter's clock: under a paused runtime it moves only

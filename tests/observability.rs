@@ -2,7 +2,6 @@
 //! counts after known traffic, from several threads.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::Duration;
 
@@ -200,70 +199,4 @@ fn published_metrics_render_the_exact_counts() {
             "missing {line:?} in:\n{text}"
         );
     }
-}
-
-/// Counts the events at each level that turnstile emits.
-#[derive(Clone, Default)]
-struct Events {
-    warn: Arc<AtomicU32>,
-    debug: Arc<AtomicU32>,
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let level = *event.metadata().level();
-        if level == tracing::Level::WARN {
-            self.warn.fetch_add(1, Ordering::Relaxed);
-        } else if level == tracing::Level::DEBUG {
-            self.debug.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-#[test]
-fn a_full_key_bound_logs_once_a_second_not_once_a_request() {
-    let clock = ManualClock::new();
-    let limiter = KeyedLimiter::<u64>::builder(Quota::per_minute(3).unwrap())
-        .clock(clock.clone())
-        .max_keys(2)
-        .build()
-        .unwrap();
-    let events = Events::default();
-    tracing::subscriber::with_default(events.clone(), || {
-        let _ = limiter.try_acquire(&1);
-        let _ = limiter.try_acquire(&2);
-        for key in 3..1_003 {
-            assert!(limiter.try_acquire(&key).is_key_limit());
-        }
-        assert_eq!(
-            events.warn.load(Ordering::Relaxed),
-            1,
-            "a thousand refusals, one line"
-        );
-        clock.advance(Duration::from_millis(999));
-        assert!(limiter.try_acquire(&5_000).is_key_limit());
-        assert_eq!(events.warn.load(Ordering::Relaxed), 1, "within the second");
-        clock.advance(Duration::from_millis(1));
-        assert!(limiter.try_acquire(&5_001).is_key_limit());
-        assert_eq!(
-            events.warn.load(Ordering::Relaxed),
-            2,
-            "a second later, one more"
-        );
-        // A full sweep logs its summary at debug level.
-        let before = events.debug.load(Ordering::Relaxed);
-        clock.advance(Duration::from_secs(60));
-        assert_eq!(limiter.sweep(), 2);
-        assert_eq!(events.debug.load(Ordering::Relaxed), before + 1);
-    });
 }
