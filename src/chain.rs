@@ -260,13 +260,19 @@ pub fn try_acquire(stages: &[&dyn Stage]) -> Chained {
 /// [`AcquireError::InsufficientCapacity`] when `n` is above the smallest
 /// stage's capacity (that stage could never admit it). Neither touches a stage.
 pub fn try_acquire_n(stages: &[&dyn Stage], n: u32) -> Result<Chained, AcquireError> {
+    check_chain(stages, n)?;
+    Ok(decide(stages, n))
+}
+
+/// Refuse `n` that no chain of `stages` can admit: zero, or above the smallest
+/// stage's capacity.
+fn check_chain(stages: &[&dyn Stage], n: u32) -> Result<(), AcquireError> {
     let capacity = stages
         .iter()
         .map(|s| s.capacity())
         .min()
         .unwrap_or(u32::MAX);
-    check_permits(n, capacity)?;
-    Ok(decide(stages, n))
+    check_permits(n, capacity)
 }
 
 fn decide(stages: &[&dyn Stage], n: u32) -> Chained {
@@ -497,12 +503,7 @@ pub fn try_acquire_n_refundable<'a>(
     stages: &[&'a dyn Stage],
     n: u32,
 ) -> Result<Result<ChainAdmission<'a>, Chained>, AcquireError> {
-    let capacity = stages
-        .iter()
-        .map(|s| s.capacity())
-        .min()
-        .unwrap_or(u32::MAX);
-    check_permits(n, capacity)?;
+    check_chain(stages, n)?;
     Ok(decide_keeping(stages, n))
 }
 

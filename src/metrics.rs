@@ -53,6 +53,11 @@ fn responses(limiter: &str, status: &'static str, value: u64) {
         .absolute(value);
 }
 
+fn shadowed(limiter: &str, status: &'static str, value: u64) {
+    counter!("turnstile_shadowed_total", "limiter" => limiter.to_owned(), "status" => status)
+        .absolute(value);
+}
+
 fn keys_and_evictions(limiter: &str, keys: usize, evicted: u64) {
     counter!("turnstile_evicted_total", "limiter" => limiter.to_owned()).absolute(evicted);
     gauge!("turnstile_keys", "limiter" => limiter.to_owned()).set(keys_value(keys));
@@ -108,12 +113,8 @@ impl GateStats {
         responses(limiter, "401", self.unauthorized);
         responses(limiter, "429", self.too_many_requests);
         responses(limiter, "503", self.unavailable);
-        let shadowed = |status: &'static str, value: u64| {
-            counter!("turnstile_shadowed_total", "limiter" => limiter.to_owned(), "status" => status)
-                .absolute(value);
-        };
-        shadowed("429", self.shadowed_too_many_requests);
-        shadowed("503", self.shadowed_unavailable);
+        shadowed(limiter, "429", self.shadowed_too_many_requests);
+        shadowed(limiter, "503", self.shadowed_unavailable);
         keys_and_evictions(limiter, self.keys, self.evicted);
     }
 }
