@@ -4,6 +4,8 @@
 //! `cargo bench --bench direct`
 //!
 //! - `direct_allow`: every check is admitted (a bucket too big to run dry).
+//! - `direct_live`: the allow path of a `LiveTokenBucket` beside a `TokenBucket` of
+//!   the same quota (what supporting live reconfiguration costs).
 //! - `direct_deny`: every check is denied (a bucket emptied first, refilling once
 //!   an hour). turnstile's `try_acquire` denial includes the exact wait;
 //!   governor's check defers it, so `governor/precise+wait` adds the call a
@@ -73,6 +75,45 @@ fn direct_allow(c: &mut Criterion) {
     group.finish();
 }
 
+/// What supporting live reconfiguration costs when no change happens: the
+/// same quota in a `TokenBucket` and in a `LiveTokenBucket`, every check
+/// admitted, governor beside them.
+fn direct_live(c: &mut Criterion) {
+    let mut group = c.benchmark_group("direct_live");
+    let quota = turnstile::Quota::per_second(ALLOW_RATE).unwrap();
+
+    let ours = turnstile::RateLimiter::new(quota);
+    group.bench_function("turnstile/precise", |b| {
+        b.iter(|| black_box(ours.try_acquire()))
+    });
+    let live = turnstile::RateLimiter::live(quota).unwrap();
+    group.bench_function("turnstile-live/precise", |b| {
+        b.iter(|| black_box(live.try_acquire()))
+    });
+    assert!(
+        live.try_acquire().is_allowed(),
+        "the allow bench must allow"
+    );
+    let theirs = governor::RateLimiter::direct(governor::Quota::per_second(nonzero(ALLOW_RATE)));
+    group.bench_function("governor/precise", |b| b.iter(|| black_box(theirs.check())));
+
+    let coarse = turnstile::CoarseClock::with_resolution(COARSE).unwrap();
+    let ours = turnstile::RateLimiter::with_clock(quota, coarse.clone());
+    group.bench_function("turnstile/coarse", |b| {
+        b.iter(|| black_box(ours.try_acquire()))
+    });
+    let live =
+        turnstile::RateLimiter::from_parts(turnstile::LiveTokenBucket::new(quota).unwrap(), coarse);
+    group.bench_function("turnstile-live/coarse", |b| {
+        b.iter(|| black_box(live.try_acquire()))
+    });
+    assert!(
+        live.try_acquire().is_allowed(),
+        "the allow bench must allow"
+    );
+    group.finish();
+}
+
 fn direct_deny(c: &mut Criterion) {
     let mut group = c.benchmark_group("direct_deny");
 
@@ -127,7 +168,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = direct_allow, direct_deny, clocks
+    targets = direct_allow, direct_live, direct_deny, clocks
 }
 criterion_main!(benches);
 

@@ -715,6 +715,10 @@ fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
     let limit = if allow { (1 << 24) - 1 } else { 1 };
     match which {
         "token-bucket" => run(turnstile::TokenBucket::new(quota), n),
+        "live-token-bucket" => run(
+            turnstile::LiveTokenBucket::new(quota).expect("a quota within the ceiling"),
+            n,
+        ),
         "fixed-window" => run(FixedWindow::new(limit, HOUR).expect("valid"), n),
         "sliding-window" => run(SlidingWindow::new(limit, 2 * HOUR).expect("valid"), n),
         "gcra" => run(Gcra::new(quota), n),
@@ -732,8 +736,8 @@ fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
         }
         other => {
             eprintln!(
-                "unknown algorithm {other:?}: token-bucket, fixed-window, sliding-window, gcra \
-                 or governor"
+                "unknown algorithm {other:?}: token-bucket, live-token-bucket, fixed-window, \
+                 sliding-window, gcra or governor"
             );
             return ExitCode::FAILURE;
         }
@@ -851,7 +855,7 @@ usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cos
   neighbours: one direct limiter's size, and two threads on two adjacent limiters, then on one
   paired-keyed: keyed limiters (turnstile, governor, governor-ahash, floor) on 1M keys and a hot key, then 2-thread scaling
   paired-algorithms: each algorithm against governor's GCRA, direct, coarse clocks, alternating blocks
-  algorithm allow|deny token-bucket|fixed-window|sliding-window|gcra|governor N: N decisions on a manual clock inside `measured`
+  algorithm allow|deny token-bucket|live-token-bucket|fixed-window|sliding-window|gcra|governor N: N decisions on a manual clock inside `measured`
   keyed-1m turnstile|turnstile-tiered|governor|governor-ahash|floor N: 1,000,000 keys, then N shuffled checks inside `measured`
   keyed-hot turnstile|turnstile-tiered N: N decisions on one key inside `measured` (tiered: two tiers, per-key quotas)
   layer bare|turnstile-admitted|turnstile-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router

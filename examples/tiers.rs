@@ -1,6 +1,7 @@
-//! Per-key quotas: free keys get 5 requests per second, paid keys 50, and a
-//! key upgraded while traffic runs gets the paid quota from then on. On a
-//! simulated clock.
+//! Per-key quotas: free keys get 5 requests per second, paid keys 50; a key
+//! upgraded while traffic runs gets the paid quota from then on, and the free
+//! tier's quota is raised to 10 per second while traffic runs. On a simulated
+//! clock.
 //!
 //! ```text
 //! cargo run --example tiers

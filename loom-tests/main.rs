@@ -13,8 +13,8 @@ use loom::sync::atomic::AtomicUsize;
 use loom::sync::atomic::Ordering::SeqCst;
 use loom::thread;
 use turnstile::{
-    Algorithm, ConcurrencyLimiter, Decision, FixedWindow, Gcra, KeyedLimiter, ManualClock, Quota,
-    RateLimiter, SlidingWindow, TokenBucket, chain,
+    Algorithm, ConcurrencyLimiter, Decision, FixedWindow, Gcra, KeyedLimiter, LiveTokenBucket,
+    ManualClock, Quota, RateLimiter, SlidingWindow, TokenBucket, chain,
 };
 
 type Limiter = RateLimiter<TokenBucket, ManualClock>;
@@ -500,5 +500,75 @@ fn keyed_index_growth_racing_decisions_on_a_held_key_loses_nothing() {
         assert_eq!(admitted, 1);
         assert_eq!(limiter.remaining(&1), 0);
         assert_eq!(limiter.len(), 7);
+    });
+}
+
+#[path = "../tests/model/mod.rs"]
+mod model;
+
+/// Two changes of a live quota race a decision that reads the clock after
+/// moving it on. Whatever the interleaving, the decision and the bucket
+/// left behind are those of *some* order of the three operations, each
+/// change reading the clock before or after the move (the model of
+/// [`turnstile::LiveTokenBucket`]'s rule, `tests/model`): a decision never
+/// mixes one quota's parameters with another's word. A decision that took the
+/// quota in force instead of the one its word names gives `(4, 8)` in some
+/// interleaving, which no order gives, and this model then fails.
+#[test]
+fn live_quota_changes_racing_a_decision_decide_as_some_order() {
+    let ms = Duration::from_millis;
+    let q0 = Quota::new(4, 1, ms(20)).unwrap();
+    let q1 = Quota::new(4, 2, ms(10)).unwrap();
+    let q2 = Quota::new(8, 4, ms(10)).unwrap();
+    // Every order: the decision before both changes, between them or after;
+    // each change at 25 ms or 35 ms, whatever its place (a change reads the
+    // clock before it converts, so it may read 25 ms and land after the
+    // decision).
+    let mut allowed = Vec::new();
+    for position in 0..=2 {
+        for (c1, c2) in [(25, 25), (25, 35), (35, 35)] {
+            let mut m = model::Model::denial_writes_nothing(q0);
+            let _ = m.acquire(0, 4);
+            let mut decision = None;
+            for step in 0..2 {
+                if step == position {
+                    decision = Some(m.acquire(35_000_000, 1));
+                }
+                if step == 0 {
+                    m.set_quota(q1, c1 * 1_000_000);
+                } else {
+                    m.set_quota(q2, c2 * 1_000_000);
+                }
+            }
+            if position == 2 {
+                decision = Some(m.acquire(35_000_000, 1));
+            }
+            allowed.push((decision.unwrap(), m.remaining(35_000_000)));
+        }
+    }
+    let allowed = std::sync::Arc::new(allowed);
+    loom::model(move || {
+        let clock = ManualClock::new();
+        let limiter = Arc::new(RateLimiter::from_parts(
+            LiveTokenBucket::new(q0).unwrap(),
+            clock.clone(),
+        ));
+        assert!(limiter.try_acquire_n(4).unwrap().is_allowed()); // empty at 0
+        clock.advance(ms(25));
+        let changer = {
+            let limiter = limiter.clone();
+            thread::spawn(move || {
+                limiter.set_quota(q1).unwrap();
+                limiter.set_quota(q2).unwrap();
+            })
+        };
+        clock.advance(ms(10));
+        let decision = limiter.try_acquire();
+        changer.join().unwrap();
+        let outcome = (decision, limiter.remaining());
+        assert!(
+            allowed.contains(&outcome),
+            "{outcome:?} is no order's outcome: {allowed:?}"
+        );
     });
 }

@@ -151,6 +151,32 @@ impl Cell {
         false
     }
 
+    /// Replace the word by `convert(word)` until it returns `None` (a change of
+    /// quota: [`LiveTokenBucket`](crate::LiveTokenBucket)).
+    pub(crate) fn convert(&self, convert: impl Fn(u64) -> Option<u64>) {
+        // Relaxed: the input to the first attempt.
+        let mut current = self.word.load(Ordering::Relaxed);
+        let backoff = Backoff::new();
+        while let Some(next) = convert(current) {
+            // Release on success: a decision that reads the converted word
+            // fences (Acquire) before it reads the parameters the word names,
+            // so it sees the ones the change stored before this. Relaxed on
+            // failure: the value is only the input to the next attempt.
+            match self.word.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => {
+                    current = actual;
+                    backoff.spin();
+                }
+            }
+        }
+    }
+
     /// The retry loop, out of line: another thread changed the word between our
     /// load and our compare-and-swap.
     ///

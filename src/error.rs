@@ -62,6 +62,15 @@ pub enum QuotaError {
         /// The longest window.
         max: Duration,
     },
+    /// A [`LiveTokenBucket`](crate::LiveTokenBucket) was given a quota whose
+    /// capacity is above the ceiling it was built with: its word's token field
+    /// is only as wide as the ceiling needs.
+    AboveCeiling {
+        /// The capacity asked for.
+        capacity: u32,
+        /// The largest capacity this bucket can take.
+        ceiling: u32,
+    },
 }
 
 impl fmt::Display for QuotaError {
@@ -115,6 +124,11 @@ impl fmt::Display for QuotaError {
             QuotaError::WindowTooLong { window, max } => write!(
                 f,
                 "a window of {window:?} is longer than the longest window, {max:?}"
+            ),
+            QuotaError::AboveCeiling { capacity, ceiling } => write!(
+                f,
+                "a capacity of {capacity} is above this live bucket's ceiling of {ceiling}; \
+                 build it with `LiveTokenBucket::with_ceiling` and a ceiling of at least {capacity}"
             ),
         }
     }

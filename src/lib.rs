@@ -46,6 +46,7 @@ mod gate;
 mod gcra;
 mod keyed;
 mod limiter;
+mod live;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 mod quota;
@@ -79,6 +80,7 @@ pub use keyed::{
     DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, KeyedAdmission, KeyedBuilder, KeyedLimiter, KeyedStats,
 };
 pub use limiter::{Counted, Counter, DirectStats, RateLimiter, Uncounted};
+pub use live::LiveTokenBucket;
 pub use quota::Quota;
 pub use sliding_window::SlidingWindow;
 pub use tiered::{Tiered, TieredError};

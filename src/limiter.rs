@@ -5,7 +5,8 @@ use crate::cell::Cell;
 use crate::chain::{Admission, admit};
 use crate::clock::{Clock, RealClock};
 use crate::decision::{Decision, KeyedDecision, NotYet};
-use crate::error::AcquireError;
+use crate::error::{AcquireError, QuotaError};
+use crate::live::LiveTokenBucket;
 use crate::quota::Quota;
 use crate::reclaim::thread_slot;
 use crate::tally::{ADMITTED, DENIED, Tally};
@@ -130,6 +131,60 @@ impl<C: Clock> RateLimiter<TokenBucket, C> {
     /// [`ManualClock`](crate::ManualClock) for tests).
     pub fn with_clock(quota: Quota, clock: C) -> RateLimiter<TokenBucket, C> {
         RateLimiter::from_parts(TokenBucket::new(quota), clock)
+    }
+}
+
+impl RateLimiter<LiveTokenBucket> {
+    /// A token-bucket limiter on the real clock whose quota can be changed
+    /// while it serves ([`set_quota`](RateLimiter::set_quota)), up to a
+    /// capacity of 65,535 (or `quota`'s, if larger; for more, build a
+    /// [`LiveTokenBucket::with_ceiling`] and use
+    /// [`from_parts`](RateLimiter::from_parts)).
+    ///
+    /// # Errors
+    ///
+    /// As [`LiveTokenBucket::new`].
+    pub fn live(quota: Quota) -> Result<RateLimiter<LiveTokenBucket>, QuotaError> {
+        Ok(RateLimiter::from_parts(
+            LiveTokenBucket::new(quota)?,
+            RealClock::new(),
+        ))
+    }
+}
+
+impl<C: Clock, M: Counter> RateLimiter<LiveTokenBucket, C, M> {
+    /// Change the quota while the limiter serves, from any thread. The bucket
+    /// keeps what it holds up to the new capacity, and the new rate refills
+    /// from this moment ([`LiveTokenBucket`] states the rule); decisions
+    /// take no lock meanwhile, and each is decided wholly by the old quota or
+    /// wholly by the new.
+    ///
+    /// ```
+    /// use turnstile::{Quota, RateLimiter};
+    ///
+    /// let limiter = RateLimiter::live(Quota::per_second(100)?)?;
+    /// assert!(limiter.try_acquire_n(50)?.is_allowed());
+    /// limiter.set_quota(Quota::per_second(20)?)?;
+    /// assert_eq!(limiter.quota(), Quota::per_second(20)?);
+    /// assert!(limiter.remaining() <= 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LiveTokenBucket::with_ceiling`]: the quota is refused, and nothing
+    /// changes, when it is above the bucket's ceiling or does not fit its
+    /// word.
+    pub fn set_quota(&self, quota: Quota) -> Result<(), QuotaError> {
+        let change = self.algorithm.begin(quota)?;
+        let now = self.clock.now();
+        self.cell.convert(|word| change.convert(word, now));
+        Ok(())
+    }
+
+    /// The quota in force.
+    pub fn quota(&self) -> Quota {
+        self.algorithm.quota()
     }
 }
 

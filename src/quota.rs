@@ -174,6 +174,15 @@ impl Quota {
         Duration::from_micros(Layout::for_capacity(self.capacity).half_range_micros())
     }
 
+    /// A quota from parts already validated (a live bucket's snapshot).
+    pub(crate) const fn from_raw(capacity: u32, amount: u32, period_micros: u64) -> Quota {
+        Quota {
+            capacity,
+            amount,
+            period_micros,
+        }
+    }
+
     pub(crate) const fn period_micros(&self) -> u64 {
         self.period_micros
     }

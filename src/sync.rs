@@ -10,12 +10,16 @@
 #[cfg(turnstile_loom)]
 pub(crate) use loom::cell::UnsafeCell;
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence,
+};
 #[cfg(turnstile_loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 
 #[cfg(not(turnstile_loom))]
-pub(crate) use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use core::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence,
+};
 #[cfg(not(turnstile_loom))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 

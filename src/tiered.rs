@@ -8,8 +8,10 @@ use core::hash::{BuildHasher, Hash};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, RealClock};
 use crate::decision::KeyedDecision;
-use crate::error::AcquireError;
+use crate::error::{AcquireError, QuotaError};
 use crate::keyed::{KeyedLimiter, KeyedStats};
+use crate::live::LiveTokenBucket;
+use crate::quota::Quota;
 use crate::token_bucket::TokenBucket;
 
 /// Different quotas for different keys: a keyed limiter per tier, and a
@@ -64,6 +66,10 @@ pub enum TieredError {
     NoTiers,
     /// Two tiers have the same name.
     DuplicateName(String),
+    /// [`set_quota`](Tiered::set_quota) named no tier.
+    UnknownTier(String),
+    /// [`set_quota`](Tiered::set_quota) was given a quota the tier cannot take.
+    Quota(QuotaError),
 }
 
 impl fmt::Display for TieredError {
@@ -71,11 +77,58 @@ impl fmt::Display for TieredError {
         match self {
             TieredError::NoTiers => f.write_str("a tiered limiter needs at least one tier"),
             TieredError::DuplicateName(name) => write!(f, "two tiers are named {name:?}"),
+            TieredError::UnknownTier(name) => write!(f, "no tier is named {name:?}"),
+            TieredError::Quota(error) => write!(f, "the tier cannot take this quota: {error}"),
         }
     }
 }
 
-impl std::error::Error for TieredError {}
+impl std::error::Error for TieredError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TieredError::Quota(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+impl<K, F, C: Clock, S> Tiered<K, F, LiveTokenBucket, C, S> {
+    /// Change tier `name`'s quota while traffic runs: every key of that tier
+    /// moves to it ([`KeyedLimiter::set_quota`]), and the other tiers are
+    /// untouched.
+    ///
+    /// ```
+    /// use turnstile::{KeyedBuilder, LiveTokenBucket, Quota, Tiered};
+    ///
+    /// let tier = |per_minute| -> Result<_, Box<dyn std::error::Error>> {
+    ///     let bucket = LiveTokenBucket::new(Quota::per_minute(per_minute)?)?;
+    ///     Ok(KeyedBuilder::<String, _>::new(bucket).build()?)
+    /// };
+    /// let per_key = Tiered::new([("free", tier(3)?), ("paid", tier(100)?)], |key: &str| {
+    ///     usize::from(key.starts_with("k_paid_"))
+    /// })?;
+    /// per_key.set_quota("free", Quota::per_minute(10)?)?;
+    /// assert_eq!(per_key.remaining("k_free_1"), 10);
+    /// assert!(per_key.set_quota("gold", Quota::per_minute(1)?).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TieredError::UnknownTier`] when no tier is named `name`, and
+    /// [`TieredError::Quota`] when the tier cannot take `quota` (nothing
+    /// changes then).
+    pub fn set_quota(&self, name: &str, quota: Quota) -> Result<(), TieredError> {
+        let index = self
+            .names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| TieredError::UnknownTier(name.to_owned()))?;
+        self.tiers[index]
+            .set_quota(quota)
+            .map_err(TieredError::Quota)
+    }
+}
 
 impl<K, F, A, C, S> Tiered<K, F, A, C, S> {
     /// Tiers in order (index 0 first), each a name and a keyed limiter, and the

@@ -2,6 +2,7 @@
 
 use crate::algorithm::Algorithm;
 use crate::decision::{Decision, RetryAfter};
+use crate::error::QuotaError;
 use crate::quota::{Quota, fill_time};
 
 use core::num::NonZeroU64;
@@ -52,6 +53,21 @@ impl Layout {
         }
     }
 
+    /// The layout of a [`LiveTokenBucket`](crate::LiveTokenBucket): tokens up
+    /// to `ceiling` and a time field one bit narrower than
+    /// [`for_capacity`](Self::for_capacity) gives, so that the word's top bit
+    /// is always 0 here and free to name the quota's generation. The unit is
+    /// the one `ceiling` has alone, so the half span is at least `2^46` µs.
+    pub(crate) const fn with_spare_bit(ceiling: u32) -> Layout {
+        let token_bits = u32::BITS - (ceiling | 1).leading_zeros();
+        let time_bits = u64::BITS - 1 - token_bits;
+        Layout {
+            time_bits,
+            time_mask: (1 << time_bits) - 1,
+            unit_shift: token_bits.saturating_sub(TOKEN_BITS_AT_MICROSECOND),
+        }
+    }
+
     /// The time unit in microseconds: 1, or a larger power of two for capacities
     /// above 65,535.
     pub(crate) const fn unit_micros(self) -> u64 {
@@ -60,7 +76,7 @@ impl Layout {
 
     /// Half the time field's range, in time units: elapsed times below it are read
     /// forwards, at or above it as a reading behind the stored time.
-    const fn half_range(self) -> u64 {
+    pub(crate) const fn half_range(self) -> u64 {
         1 << (self.time_bits - 1)
     }
 
@@ -71,7 +87,7 @@ impl Layout {
 
     /// A clock reading in nanoseconds as the word's time: whole units, wrapped.
     #[inline(always)]
-    const fn time_of(self, now: u64) -> u64 {
+    pub(crate) const fn time_of(self, now: u64) -> u64 {
         self.wrap((now / NANOS_PER_MICRO) >> self.unit_shift)
     }
 
@@ -91,12 +107,12 @@ impl Layout {
 
     /// `time` wrapped to the time field.
     #[inline(always)]
-    const fn wrap(self, time: u64) -> u64 {
+    pub(crate) const fn wrap(self, time: u64) -> u64 {
         time & self.time_mask
     }
 
     #[inline(always)]
-    const fn pack(self, tokens: u64, time: u64) -> u64 {
+    pub(crate) const fn pack(self, tokens: u64, time: u64) -> u64 {
         (tokens << self.time_bits) | self.wrap(time)
     }
 
@@ -108,12 +124,12 @@ impl Layout {
     }
 
     #[inline(always)]
-    const fn tokens(self, word: u64) -> u64 {
+    pub(crate) const fn tokens(self, word: u64) -> u64 {
         word >> self.time_bits
     }
 
     #[inline(always)]
-    const fn time(self, word: u64) -> u64 {
+    pub(crate) const fn time(self, word: u64) -> u64 {
         self.wrap(word)
     }
 }
@@ -211,6 +227,75 @@ impl TokenBucket {
             // `period <= fill <= half` by the quota's validation.
             refill_window: layout.half_range() - period,
         }
+    }
+
+    /// The bucket for `quota` in a word laid out by `layout` (whose token
+    /// field holds `quota`'s capacity): the period must be a whole number of
+    /// the layout's units, and the fill time at most half its span.
+    pub(crate) fn with_layout(quota: Quota, layout: Layout) -> Result<TokenBucket, QuotaError> {
+        let unit = layout.unit_micros();
+        if !quota.period_micros().is_multiple_of(unit) {
+            return Err(QuotaError::PeriodResolution {
+                period: quota.period(),
+                unit: Duration::from_micros(unit),
+            });
+        }
+        let max = layout.half_range_micros();
+        let fill = fill_time(quota.capacity(), quota.amount(), quota.period_micros());
+        if fill > max {
+            return Err(QuotaError::FillTimeTooLong {
+                capacity: quota.capacity(),
+                fill_time: quota.fill_time(),
+                max: Duration::from_micros(max),
+            });
+        }
+        let period = quota.period_micros() >> layout.unit_shift;
+        Ok(TokenBucket::from_raw(
+            layout,
+            quota.capacity(),
+            quota.amount(),
+            period,
+            fill_time(quota.capacity(), quota.amount(), period),
+        ))
+    }
+
+    /// A bucket from parameters already validated together: `period` and
+    /// `fill` in `layout`'s units, `period <= fill <= half span`, and
+    /// `capacity`, `amount` and `period` at least 1.
+    #[inline(always)]
+    pub(crate) const fn from_raw(
+        layout: Layout,
+        capacity: u32,
+        amount: u32,
+        period: u64,
+        fill: u64,
+    ) -> TokenBucket {
+        TokenBucket {
+            quota: Quota::from_raw(capacity, amount, period << layout.unit_shift),
+            layout,
+            capacity: capacity as u64,
+            amount: non_zero(amount as u64),
+            period: non_zero(period),
+            fill,
+            half: layout.half_range(),
+            refill_window: layout.half_range().saturating_sub(period),
+        }
+    }
+
+    /// The period in the layout's time units.
+    pub(crate) const fn period_units(&self) -> u64 {
+        self.period.get()
+    }
+
+    /// The fill time in the layout's time units.
+    pub(crate) const fn fill_units(&self) -> u64 {
+        self.fill
+    }
+
+    /// The bucket's tokens in `word` at `now` (a clock reading), refilled.
+    #[inline(always)]
+    pub(crate) fn level_at(&self, word: u64, now: u64) -> u64 {
+        self.level(word, self.layout.time_of(now)).tokens()
     }
 
     /// The quota this bucket enforces.

@@ -1,27 +1,29 @@
-//! Free and paid API keys on one service: each key's quota from its tier, and
-//! a key upgraded while traffic runs. On a simulated clock.
+//! Free and paid API keys on one service: each key's quota from its tier, a
+//! key upgraded while traffic runs, and the free tier's quota raised while
+//! traffic runs. On a simulated clock.
 
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use turnstile::{KeyedLimiter, ManualClock, Quota, Tiered, TokenBucket};
+use turnstile::{KeyedBuilder, LiveTokenBucket, ManualClock, Quota, Tiered};
 
 /// A key's tier, from the set of paid keys.
 type TierOf = Box<dyn Fn(&str) -> usize + Send + Sync>;
 
-/// The service's limiter: free keys 5 per second, paid keys 50 per second.
+/// The service's limiter: free keys 5 per second, paid keys 50 per second,
+/// each tier's quota changeable while it serves.
 pub struct Service {
     pub clock: ManualClock,
     paid: Arc<RwLock<HashSet<String>>>,
-    per_key: Tiered<String, TierOf, TokenBucket, ManualClock>,
+    per_key: Tiered<String, TierOf, LiveTokenBucket, ManualClock>,
 }
 
 impl Service {
     pub fn new() -> Service {
         let clock = ManualClock::new();
         let tier = |quota: Quota| {
-            KeyedLimiter::<String>::builder(quota)
+            KeyedBuilder::<String, _>::new(LiveTokenBucket::new(quota).expect("a valid quota"))
                 .clock(clock.clone())
                 .max_keys(10_000)
                 .build()
@@ -64,13 +66,21 @@ impl Service {
             .count() as u32
     }
 
+    /// Change tier `name`'s quota for every key in it, from now on.
+    pub fn set_quota(&self, name: &str, quota: Quota) {
+        self.per_key
+            .set_quota(name, quota)
+            .expect("a known tier and a quota within its ceiling");
+    }
+
     pub fn tier(&self, key: &str) -> &str {
         self.per_key.tier_name(key)
     }
 }
 
 /// The example's lines: one second of traffic from three keys, 100 requests
-/// each per 100 ms, with `k_alice` upgraded half way.
+/// each per 100 ms, with `k_alice` upgraded half way and the free tier raised
+/// to 10 per second at 700 ms.
 pub fn story() -> Vec<String> {
     let service = Service::new();
     service.upgrade("k_paid");
@@ -81,6 +91,10 @@ pub fn story() -> Vec<String> {
         if step == 5 {
             service.upgrade("k_alice");
             lines.push("t=500 ms: k_alice upgraded to paid".to_string());
+        }
+        if step == 7 {
+            service.set_quota("free", Quota::per_second(10).expect("a valid quota"));
+            lines.push("t=700 ms: free tier raised to 10 per second".to_string());
         }
         let admitted: Vec<u32> = keys.iter().map(|key| service.burst(key, 100)).collect();
         for (total, a) in totals.iter_mut().zip(&admitted) {

@@ -17,8 +17,9 @@ use crate::chain::{Admission, KeyedStage, admit};
 pub type KeyedAdmission<'a, K, Q, A, C, S> = Admission<KeyedStage<'a, K, Q, A, C, S>>;
 use crate::clock::{Clock, RealClock, saturating_nanos};
 use crate::decision::{Decision, KeyedDecision, NotYet, RetryAfter};
-use crate::error::{AcquireError, KeyedConfigError};
+use crate::error::{AcquireError, KeyedConfigError, QuotaError};
 use crate::limiter::check_permits;
+use crate::live::LiveTokenBucket;
 use crate::quota::Quota;
 use crate::reclaim::Collector;
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
@@ -999,6 +1000,55 @@ impl<K, A, C, S> KeyedLimiter<K, A, C, S> {
     /// The clock this limiter reads.
     pub fn clock(&self) -> &C {
         &self.inner.clock
+    }
+}
+
+impl<K, C: Clock, S> KeyedLimiter<K, LiveTokenBucket, C, S> {
+    /// Change every key's quota while the limiter serves (see
+    /// [`LiveTokenBucket`] for what a change does to a key's bucket). Keys
+    /// first seen from now on start in the new quota.
+    ///
+    /// The change converts each held key's word, one shard at a time under
+    /// that shard's writer lock (the lock inserts and sweeps take; decisions
+    /// on held keys take none and go on meanwhile, each on the quota its
+    /// key's word belongs to). It costs a walk over every key, so it is for
+    /// a changed configuration, not for every request. Changes are
+    /// serialized.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{KeyedBuilder, LiveTokenBucket, ManualClock, Quota};
+    ///
+    /// let limiter = KeyedBuilder::<String, _>::new(LiveTokenBucket::new(Quota::per_minute(10)?)?)
+    ///     .clock(ManualClock::new())
+    ///     .build()?;
+    /// assert!(limiter.try_acquire_n("alice", 8)?.is_allowed());
+    /// limiter.set_quota(Quota::per_minute(5)?)?;
+    /// assert_eq!(limiter.remaining("alice"), 2); // kept, within the new 5
+    /// assert_eq!(limiter.remaining("bob"), 5); // a new key: the new quota
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LiveTokenBucket::with_ceiling`]: the quota is refused, and nothing
+    /// changes, when it is above the bucket's ceiling or does not fit its
+    /// word.
+    pub fn set_quota(&self, quota: Quota) -> Result<(), QuotaError> {
+        let inner = &*self.inner;
+        let change = inner.algorithm.begin(quota)?;
+        for shard in inner.shards.iter() {
+            let locked = shard.lock();
+            // Read under the lock, as a sweep does.
+            let now = inner.clock.now();
+            locked.for_each_held(|cell| cell.convert(|word| change.convert(word, now)));
+        }
+        Ok(())
+    }
+
+    /// The quota in force.
+    pub fn quota(&self) -> Quota {
+        self.inner.algorithm.quota()
     }
 }
 

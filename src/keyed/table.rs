@@ -492,6 +492,21 @@ impl<'a, K> Locked<'a, K> {
         }
     }
 
+    /// Every entry whose word still counts: those linked in the index and
+    /// those waiting in limbo (which a returning key links again).
+    pub(crate) fn for_each_held(&self, mut f: impl FnMut(&Cell)) {
+        let index = self.index();
+        for slot in index.slots.iter() {
+            // Relaxed: the writer's own slots (this lock is held).
+            if let Some(entry) = entry_of(slot.load(Ordering::Relaxed)) {
+                f(&self.shard.entry(entry).cell);
+            }
+        }
+        for limbo in self.writer.limbo.iter() {
+            f(&self.shard.entry(limbo.entry).cell);
+        }
+    }
+
     /// Slots in the published index.
     pub(crate) fn capacity(&self) -> usize {
         self.index().capacity()

@@ -104,4 +104,25 @@ impl Model {
         peek.refill(now_ns / 1_000 / self.unit);
         peek.tokens as u32
     }
+
+    /// A change of quota at `now_ns`, as `LiveTokenBucket` documents it: a
+    /// bucket full at the change is full in the new quota; another holds what
+    /// the old quota had refilled it to, up to the new capacity; the new
+    /// refill grid starts at the change (or stays at the last refill time, if
+    /// the change is behind it). Both quotas must share the time unit.
+    pub fn set_quota(&mut self, quota: Quota, now_ns: u64) {
+        let now = now_ns / 1_000 / self.unit;
+        let level = u64::from(self.remaining(now_ns));
+        let full = level == self.capacity;
+        assert_eq!(quota.time_unit().as_micros() as u64, self.unit);
+        self.capacity = u64::from(quota.capacity());
+        self.amount = u64::from(quota.amount());
+        self.period = quota.period().as_micros() as u64 / self.unit;
+        self.tokens = if full {
+            self.capacity
+        } else {
+            level.min(self.capacity)
+        };
+        self.last = self.last.max(now);
+    }
 }

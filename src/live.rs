@@ -1,0 +1,520 @@
+//! A token bucket whose quota can be changed while it serves.
+
+use core::fmt;
+use core::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::decision::Decision;
+use crate::error::QuotaError;
+use crate::quota::Quota;
+use crate::sync::{AtomicU64, Backoff, Mutex, MutexGuard, Ordering, fence, lock};
+use crate::token_bucket::{Layout, TokenBucket};
+
+/// The word's top bit: the parity of the quota generation the word belongs to.
+const GENERATION: u64 = 1 << 63;
+
+/// The largest capacity whose bucket keeps time in whole microseconds; the
+/// ceiling [`LiveTokenBucket::new`] gives any smaller quota.
+const MICROSECOND_CEILING: u32 = 65_535;
+
+/// The token bucket of [`TokenBucket`], with a quota that can be changed from
+/// any thread while decisions run ([`RateLimiter::set_quota`],
+/// [`KeyedLimiter::set_quota`], [`Tiered::set_quota`]).
+///
+/// [`RateLimiter::set_quota`]: crate::RateLimiter::set_quota
+/// [`KeyedLimiter::set_quota`]: crate::KeyedLimiter::set_quota
+/// [`Tiered::set_quota`]: crate::Tiered::set_quota
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Decision, LiveTokenBucket, ManualClock, Quota, RateLimiter};
+///
+/// let clock = ManualClock::new();
+/// let bucket = LiveTokenBucket::new(Quota::new(10, 1, Duration::from_secs(1))?)?;
+/// let limiter = RateLimiter::from_parts(bucket, clock.clone());
+/// assert!(limiter.try_acquire_n(6)?.is_allowed()); // 4 left
+///
+/// // Lowered while serving: the bucket keeps what it has, up to the new capacity.
+/// clock.advance(Duration::from_millis(500));
+/// limiter.set_quota(Quota::new(3, 1, Duration::from_secs(1))?)?;
+/// assert_eq!(limiter.remaining(), 3);
+/// assert!(limiter.try_acquire().is_allowed()); // 2 left
+///
+/// // Raised: a bucket that is not full keeps its tokens, and the new rate
+/// // refills from the change.
+/// clock.advance(Duration::from_millis(100));
+/// limiter.set_quota(Quota::new(100, 50, Duration::from_secs(1))?)?;
+/// assert_eq!(limiter.remaining(), 2);
+/// clock.advance(Duration::from_secs(1));
+/// assert_eq!(limiter.try_acquire(), Decision::Allowed { remaining: 51 });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # What a change does to a bucket
+///
+/// A change at clock reading `t` (the limiter's clock, read by
+/// `set_quota`) turns each bucket into a bucket of the new quota:
+///
+/// - a bucket that the old quota has refilled to full by `t` is full in the
+///   new quota, exactly as a key first seen after the change (so raising the
+///   capacity gives an idle client the new burst at once, and sweeping an
+///   idle key stays invisible);
+/// - any other bucket holds `min(level, new capacity)` tokens, where `level`
+///   is what the old quota had refilled it to at `t` (whole old periods only);
+/// - the refill grid starts at `t`: the first new refill lands one new
+///   period after the change, and the fraction of an old period under way at
+///   `t` is dropped. (A reading behind the bucket's last refill time keeps
+///   that time.)
+///
+/// So tokens never exceed the new capacity, and a change creates tokens only
+/// in a full bucket, raised to the new capacity. In any interval `[a, b]`
+/// containing one change at `t`, the permits admitted are at most what the
+/// old quota allows in `[a, t]` plus what a bucket of the new quota, holding
+/// what the rules above give at `t`, allows in `(t, b]`. Each decision is
+/// exactly the old quota's decision on the old bucket or the new quota's on
+/// the converted one (`tests/live.rs` checks this against a model, decision
+/// for decision, on direct and keyed limiters with sweeps). A decision that
+/// loses a race with the conversion is decided again, on the converted
+/// bucket.
+///
+/// # How the word carries the quota
+///
+/// The word is a [`TokenBucket`] word one bit narrower, laid out for the
+/// *ceiling* (the largest capacity this bucket can be changed to) so that the
+/// layout never changes, with the top bit naming which of two parameter slots
+/// it belongs to:
+///
+/// | bits | field |
+/// |---|---|
+/// | `63` | generation parity: the parameter slot in force for this word |
+/// | `62 ..= 63-w` | tokens, `w` = the bits the ceiling needs |
+/// | `62-w ..= 0` | last refill time, in the ceiling's time unit |
+///
+/// The time field is one bit narrower than a [`TokenBucket`]'s, so a
+/// non-full bucket is exact for at least `2^46` µs (2.2 years) of
+/// idleness, and a quota's fill time may be at most that long.
+///
+/// A change writes the new quota into the slot not in force, then converts
+/// every word by compare-and-swap to the other parity. A decision reads the
+/// word, then the slot its parity names, and decides; its compare-and-swap
+/// succeeds only on the word it read, so a decision never applies one
+/// quota's parameters to another's word. Changes are serialized by a mutex
+/// that decisions never touch.
+///
+/// One case needs more: a decision that reads a word, stalls while *two*
+/// changes complete, and then finds the word bit for bit as it read it (same
+/// parity, tokens and time) may spend on it with the parameters it read
+/// first. A conversion keeps or advances the word's time, so the word can
+/// come back only if both changes read the clock in the same time unit as the
+/// word's last refill, and the stalled decision's own reading, taken before
+/// it loaded the word, is no later: it refills nothing. Spending `n` of the
+/// word's tokens (or of fewer, if the older capacity was smaller) is then the
+/// same under either quota, so even that decision creates no permit.
+///
+/// # Cost
+///
+/// A decision reads the slot's parameters under a sequence number (two more
+/// loads and a compare than [`TokenBucket`], no locked instruction):
+/// BENCHMARKS.md, "Live reconfiguration".
+pub struct LiveTokenBucket {
+    layout: Layout,
+    ceiling: u32,
+    /// The parameters of the current generation and of the one before; the
+    /// word's top bit picks one.
+    slots: [Slot; 2],
+    /// How many changes have been made. Its low bit is the parity of the
+    /// words a new key gets; written only under `writer`.
+    generation: AtomicU64,
+    /// Held by a change from writing its slot until every word is converted.
+    writer: Mutex<()>,
+}
+
+/// One quota's parameters, read as a whole under a sequence number.
+struct Slot {
+    /// Even while the slot is stable, odd while a change writes it.
+    seq: AtomicU64,
+    /// `capacity << 32 | amount`.
+    shape: AtomicU64,
+    /// The period, in the layout's time units.
+    period: AtomicU64,
+    /// The time to refill from empty, in the layout's time units.
+    fill: AtomicU64,
+}
+
+impl Slot {
+    fn new(bucket: &TokenBucket) -> Slot {
+        let quota = bucket.quota();
+        Slot {
+            seq: AtomicU64::new(0),
+            shape: AtomicU64::new(shape(quota)),
+            period: AtomicU64::new(bucket.period_units()),
+            fill: AtomicU64::new(bucket.fill_units()),
+        }
+    }
+}
+
+fn shape(quota: Quota) -> u64 {
+    (u64::from(quota.capacity()) << 32) | u64::from(quota.amount())
+}
+
+impl LiveTokenBucket {
+    /// A live bucket for `quota`, which can later be changed to any quota of
+    /// capacity up to 65,535 (the largest that keeps time in whole
+    /// microseconds), or up to `quota`'s own capacity if that is larger.
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::FillTimeTooLong`] when the quota takes longer than
+    /// `2^46` µs (2.2 years) to refill from empty.
+    pub fn new(quota: Quota) -> Result<LiveTokenBucket, QuotaError> {
+        LiveTokenBucket::with_ceiling(quota, quota.capacity().max(MICROSECOND_CEILING))
+    }
+
+    /// A live bucket for `quota` that can later take any capacity up to
+    /// `ceiling`. A ceiling above 65,535 coarsens the time unit as a
+    /// [`TokenBucket`] of that capacity does ([`Quota::time_unit`]), and every
+    /// quota it takes must have a period that is a whole number of that unit.
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::AboveCeiling`] when `quota`'s capacity is above
+    /// `ceiling`; [`QuotaError::PeriodResolution`] and
+    /// [`QuotaError::FillTimeTooLong`] as for any quota this bucket takes.
+    pub fn with_ceiling(quota: Quota, ceiling: u32) -> Result<LiveTokenBucket, QuotaError> {
+        let layout = Layout::with_spare_bit(ceiling);
+        let bucket = validate(quota, ceiling, layout)?;
+        Ok(LiveTokenBucket {
+            layout,
+            ceiling,
+            slots: [Slot::new(&bucket), Slot::new(&bucket)],
+            generation: AtomicU64::new(0),
+            writer: Mutex::new(()),
+        })
+    }
+
+    /// The quota in force now.
+    pub fn quota(&self) -> Quota {
+        self.current().quota()
+    }
+
+    /// The largest capacity this bucket can be changed to.
+    pub fn ceiling(&self) -> u32 {
+        self.ceiling
+    }
+
+    /// How many times the quota has been changed.
+    pub fn changes(&self) -> u64 {
+        // Relaxed: a count; nothing is read on the strength of it.
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// The bucket of the current generation.
+    fn current(&self) -> TokenBucket {
+        // Acquire: pairs with the Release store in `begin`, so the slot read
+        // next holds the generation's quota, not the one before it.
+        let generation = self.generation.load(Ordering::Acquire);
+        self.bucket((generation & 1) as usize)
+    }
+
+    /// The parameters in slot `parity`, read whole.
+    ///
+    /// A slot is written only by a change, while no word of its parity
+    /// remains (every word has been converted to the other). So a decision
+    /// finds its slot mid-write only if its word is already stale, and then
+    /// its compare-and-swap fails anyway; it waits here for the few stores of
+    /// that write, and no decision on a current word ever does.
+    #[inline(always)]
+    fn bucket(&self, parity: usize) -> TokenBucket {
+        let slot = &self.slots[parity];
+        let backoff = Backoff::new();
+        loop {
+            // Acquire on each load (plain loads on x86-64): none of the
+            // field loads moves before the first sequence load or after the
+            // second, and a field load that reads a change's Release store
+            // makes the second sequence load see that change's odd number.
+            let before = slot.seq.load(Ordering::Acquire);
+            let shape = slot.shape.load(Ordering::Acquire);
+            let period = slot.period.load(Ordering::Acquire);
+            let fill = slot.fill.load(Ordering::Acquire);
+            let after = slot.seq.load(Ordering::Acquire);
+            if before == after && before & 1 == 0 {
+                // Written together by `write`, from one validated quota.
+                return TokenBucket::from_raw(
+                    self.layout,
+                    (shape >> 32) as u32,
+                    shape as u32,
+                    period,
+                    fill,
+                );
+            }
+            backoff.spin();
+        }
+    }
+
+    /// The bucket `word`'s parity names, after a fence that makes the slot's
+    /// parameters as fresh as the word.
+    #[inline(always)]
+    fn bucket_of(&self, word: u64) -> TokenBucket {
+        // Acquire fence (no instruction on x86-64): the cell read `word` with a
+        // Relaxed load; if a conversion's Release compare-and-swap wrote it,
+        // this fence makes the new quota's slot, written before that, visible.
+        fence(Ordering::Acquire);
+        self.bucket((word >> 63) as usize)
+    }
+
+    /// Start a change to `quota`: hold the writer's lock, write the slot not in
+    /// force, and move the generation on, so that a key created from now on
+    /// starts in the new quota. The caller converts every word with the
+    /// returned [`Change`] while it lives.
+    pub(crate) fn begin(&self, quota: Quota) -> Result<Change<'_>, QuotaError> {
+        let guard = lock(&self.writer);
+        let new = validate(quota, self.ceiling, self.layout)?;
+        // Relaxed: only changes store it, and they hold `writer`.
+        let generation = self.generation.load(Ordering::Relaxed);
+        let old = self.bucket((generation & 1) as usize);
+        let next = generation + 1;
+        self.write((next & 1) as usize, &new);
+        // Release: a new key's word, made after an Acquire load of this, is
+        // decided on the slot written above.
+        self.generation.store(next, Ordering::Release);
+        Ok(Change {
+            layout: self.layout,
+            old,
+            new,
+            to: (next & 1) << 63,
+            _writer: guard,
+        })
+    }
+
+    /// Write `bucket`'s parameters into slot `parity` (the writer's lock held).
+    fn write(&self, parity: usize, bucket: &TokenBucket) {
+        let slot = &self.slots[parity];
+        // Relaxed: only writers store the sequence, under the lock.
+        let seq = slot.seq.load(Ordering::Relaxed);
+        // Relaxed, then Release on every field: the odd number is ordered
+        // before each field store, so a reader that sees any new field sees
+        // the odd number (or a later one) when it reads the sequence again.
+        slot.seq.store(seq + 1, Ordering::Relaxed);
+        slot.shape.store(shape(bucket.quota()), Ordering::Release);
+        slot.period.store(bucket.period_units(), Ordering::Release);
+        slot.fill.store(bucket.fill_units(), Ordering::Release);
+        // Release: a reader that sees the even number sees every field above.
+        slot.seq.store(seq + 2, Ordering::Release);
+    }
+}
+
+/// `quota` as a bucket in `layout`, if `ceiling` admits it.
+fn validate(quota: Quota, ceiling: u32, layout: Layout) -> Result<TokenBucket, QuotaError> {
+    if quota.capacity() > ceiling {
+        return Err(QuotaError::AboveCeiling {
+            capacity: quota.capacity(),
+            ceiling,
+        });
+    }
+    TokenBucket::with_layout(quota, layout)
+}
+
+/// A change of quota under way: the writer's lock, and the rule that turns a
+/// word of the old quota into one of the new.
+pub(crate) struct Change<'a> {
+    layout: Layout,
+    old: TokenBucket,
+    new: TokenBucket,
+    /// The parity bit of converted words.
+    to: u64,
+    _writer: MutexGuard<'a, ()>,
+}
+
+impl Change<'_> {
+    /// `word` converted at clock reading `now`, or `None` if it already
+    /// belongs to the new quota.
+    ///
+    /// A word full at `now` becomes full; another holds `min(old level at
+    /// now, new capacity)` tokens. The time is `now`, or the word's own when
+    /// `now` is behind it: it never moves back.
+    pub(crate) fn convert(&self, word: u64, now: u64) -> Option<u64> {
+        if word & GENERATION == self.to {
+            return None;
+        }
+        let word = word & !GENERATION;
+        let old_capacity = u64::from(self.old.quota().capacity());
+        let new_capacity = u64::from(self.new.quota().capacity());
+        let level = self.old.level_at(word, now);
+        let tokens = if level >= old_capacity {
+            new_capacity
+        } else {
+            level.min(new_capacity)
+        };
+        let last = self.layout.time(word);
+        let t = self.layout.time_of(now);
+        let ahead = self.layout.wrap(t.wrapping_sub(last));
+        let time = if ahead < self.layout.half_range() {
+            t
+        } else {
+            last
+        };
+        Some(self.to | self.layout.pack(tokens, time))
+    }
+}
+
+impl Algorithm for LiveTokenBucket {
+    #[inline]
+    fn fresh(&self) -> u64 {
+        // Acquire: as in `current`.
+        let generation = self.generation.load(Ordering::Acquire);
+        let bucket = self.bucket((generation & 1) as usize);
+        ((generation & 1) << 63) | bucket.fresh()
+    }
+
+    #[inline]
+    fn capacity(&self) -> u32 {
+        self.current().capacity()
+    }
+
+    #[inline(always)]
+    fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
+        let (decision, next) = self.bucket_of(word).decide(word & !GENERATION, now, n);
+        (decision, next.map(|next| next | (word & GENERATION)))
+    }
+
+    #[inline]
+    fn remaining(&self, word: u64, now: u64) -> u32 {
+        self.bucket_of(word).remaining(word & !GENERATION, now)
+    }
+
+    #[inline]
+    fn refund(&self, word: u64, written: u64, n: u32) -> Option<u64> {
+        if (word ^ written) & GENERATION != 0 {
+            // The quota changed since: the conversion settled the bucket with
+            // the permits spent.
+            return None;
+        }
+        self.bucket_of(word)
+            .refund(word & !GENERATION, written & !GENERATION, n)
+            .map(|next| next | (word & GENERATION))
+    }
+
+    #[inline]
+    fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
+        self.bucket_of(word)
+            .is_fresh_equivalent(word & !GENERATION, now)
+    }
+
+    fn fresh_after_idle(&self) -> Duration {
+        // Either slot's words may still be held while a change runs.
+        let a = self.bucket(0).fresh_after_idle();
+        let b = self.bucket(1).fresh_after_idle();
+        a.max(b)
+    }
+}
+
+impl fmt::Debug for LiveTokenBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LiveTokenBucket")
+            .field("quota", &self.quota())
+            .field("ceiling", &self.ceiling)
+            .field("changes", &self.changes())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quota(capacity: u32, amount: u32, period_ms: u64) -> Quota {
+        Quota::new(capacity, amount, Duration::from_millis(period_ms)).unwrap()
+    }
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn decides_as_a_token_bucket_of_its_quota() {
+        let q = quota(5, 2, 100);
+        let live = LiveTokenBucket::new(q).unwrap();
+        let plain = TokenBucket::new(q);
+        let (mut a, mut b) = (live.fresh(), plain.fresh());
+        for (now, n) in [(0, 3), (10, 3), (150, 1), (150, 4), (420, 5), (421, 1)] {
+            let (da, na) = live.decide(a, now * MS, n);
+            let (db, nb) = plain.decide(b, now * MS, n);
+            assert_eq!(da, db, "at {now} ms, n = {n}");
+            assert_eq!(na.is_some(), nb.is_some());
+            a = na.unwrap_or(a);
+            b = nb.unwrap_or(b);
+            assert_eq!(live.remaining(a, now * MS), plain.remaining(b, now * MS));
+        }
+    }
+
+    #[test]
+    fn conversion_clamps_settles_and_restarts_the_grid() {
+        let live = LiveTokenBucket::new(quota(10, 1, 100)).unwrap();
+        let (_, w) = live.decide(live.fresh(), 0, 8); // 2 left, grid at 0
+        let w = w.unwrap();
+        // At 250 ms the old quota has refilled 2 (periods at 100 and 200).
+        let change = live.begin(quota(3, 1, 40)).unwrap();
+        let converted = change.convert(w, 250 * MS).unwrap();
+        assert_eq!(change.convert(converted, 260 * MS), None);
+        drop(change);
+        assert_eq!(live.remaining(converted, 250 * MS), 3);
+        let (_, w) = live.decide(converted, 250 * MS, 3);
+        let w = w.unwrap();
+        // The new grid starts at 250 ms: one token at 290, not at 280.
+        assert!(live.decide(w, 289 * MS, 1).0.retry_after().is_some());
+        assert!(live.decide(w, 290 * MS, 1).0.is_allowed());
+    }
+
+    #[test]
+    fn a_reading_behind_keeps_the_time_and_a_full_bucket_stays_full() {
+        let live = LiveTokenBucket::new(quota(4, 1, 100)).unwrap();
+        let (_, w) = live.decide(live.fresh(), 500 * MS, 2);
+        let w = w.unwrap();
+        let change = live.begin(quota(9, 1, 50)).unwrap();
+        let converted = change.convert(w, 400 * MS).unwrap();
+        let layout = Layout::with_spare_bit(65_535);
+        assert_eq!(layout.time(converted), layout.time(w));
+        let full = change.convert(live.bucket(0).fresh(), 400 * MS).unwrap();
+        drop(change);
+        assert_eq!(live.remaining(converted, 400 * MS), 2);
+        assert_eq!(live.remaining(full, 400 * MS), 9);
+    }
+
+    #[test]
+    fn bad_quotas_are_refused_and_change_nothing() {
+        let live = LiveTokenBucket::with_ceiling(quota(5, 1, 10), 10).unwrap();
+        assert_eq!(
+            live.begin(quota(11, 1, 10)).err(),
+            Some(QuotaError::AboveCeiling {
+                capacity: 11,
+                ceiling: 10
+            })
+        );
+        assert_eq!(live.changes(), 0);
+        assert_eq!(live.quota(), quota(5, 1, 10));
+        assert!(matches!(
+            LiveTokenBucket::new(quota(1, 1, 3 * 365 * 24 * 3_600_000)),
+            Err(QuotaError::FillTimeTooLong { .. })
+        ));
+        assert!(matches!(
+            LiveTokenBucket::with_ceiling(quota(7, 1, 10), 6),
+            Err(QuotaError::AboveCeiling { .. })
+        ));
+        // A ceiling of a million keeps time in 16 µs units.
+        let big = LiveTokenBucket::with_ceiling(quota(5, 1, 10), 1_000_000).unwrap();
+        assert!(matches!(
+            big.begin(Quota::new(5, 1, Duration::from_micros(1_001)).unwrap()),
+            Err(QuotaError::PeriodResolution { .. })
+        ));
+    }
+
+    #[test]
+    fn refunds_across_a_change_decline() {
+        let live = LiveTokenBucket::new(quota(5, 1, 100)).unwrap();
+        let (_, written) = live.decide(live.fresh(), 0, 2);
+        let written = written.unwrap();
+        assert!(live.refund(written, written, 2).is_some());
+        let change = live.begin(quota(5, 1, 50)).unwrap();
+        let converted = change.convert(written, MS).unwrap();
+        drop(change);
+        assert_eq!(live.refund(converted, written, 2), None);
+    }
+}

@@ -1,0 +1,354 @@
+//! Live reconfiguration ([`turnstile::LiveTokenBucket`]).
+//!
+//! - Against a model: random traces of acquire, peek, advance and quota
+//!   changes on a direct and on a keyed limiter (with sweeps) decide exactly
+//!   as `tests/model` does, where a change settles the bucket under the old
+//!   quota, keeps at most the new capacity, and restarts the refill grid.
+//! - Under threads: deciders race a thread that changes the quota and moves
+//!   the clock; the permits admitted stay within the bound the changes allow,
+//!   and the limiter ends on the last quota.
+
+mod model;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use model::Model;
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use turnstile::{
+    Decision, KeyedBuilder, KeyedDecision, KeyedLimiter, LiveTokenBucket, ManualClock, Quota,
+    QuotaError, RateLimiter, Tiered,
+};
+
+/// The quotas a trace switches between: lower, higher, faster, slower, with
+/// amounts above one, all in whole microseconds.
+fn quotas() -> Vec<Quota> {
+    let q = |c, a, micros| Quota::new(c, a, Duration::from_micros(micros)).unwrap();
+    vec![
+        q(5, 1, 1_000),
+        q(2, 1, 300),
+        q(12, 3, 2_500),
+        q(1, 1, 100),
+        q(40, 7, 999),
+        q(5, 5, 5_000),
+    ]
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Ask key `key` for `1 + n % capacity` permits, or for `n` itself when
+    /// `raw` (to check the capacity in force refuses the rest).
+    Acquire { key: usize, n: u32, raw: bool },
+    /// Peek at a key.
+    Remaining { key: usize },
+    /// Move the clock forward.
+    Advance { micros: u64 },
+    /// Change to quota `i % quotas().len()`.
+    SetQuota { i: usize },
+    /// Sweep (keyed only).
+    Sweep,
+}
+
+const KEYS: usize = 3;
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        8 => (0..KEYS, any::<u32>(), prop::bool::weighted(0.1))
+            .prop_map(|(key, n, raw)| Op::Acquire { key, n: if raw { n % 50 } else { n }, raw }),
+        2 => (0..KEYS).prop_map(|key| Op::Remaining { key }),
+        5 => prop_oneof![Just(0u64), Just(1), 0..8_000u64].prop_map(|micros| Op::Advance { micros }),
+        2 => any::<usize>().prop_map(|i| Op::SetQuota { i }),
+        1 => Just(Op::Sweep),
+    ];
+    prop::collection::vec(op, 1..150)
+}
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: 600,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::default()
+    }
+}
+
+/// What a limiter under test must answer.
+trait Subject {
+    fn acquire(&self, key: usize, n: u32) -> Result<Decision, ()>;
+    fn remaining(&self, key: usize) -> u32;
+    fn set_quota(&self, quota: Quota);
+    fn sweep(&self);
+}
+
+impl Subject for RateLimiter<LiveTokenBucket, ManualClock> {
+    fn acquire(&self, _key: usize, n: u32) -> Result<Decision, ()> {
+        self.try_acquire_n(n).map_err(|_| ())
+    }
+    fn remaining(&self, _key: usize) -> u32 {
+        RateLimiter::remaining(self)
+    }
+    fn set_quota(&self, quota: Quota) {
+        RateLimiter::set_quota(self, quota).unwrap();
+    }
+    fn sweep(&self) {}
+}
+
+impl Subject for KeyedLimiter<usize, LiveTokenBucket, ManualClock> {
+    fn acquire(&self, key: usize, n: u32) -> Result<Decision, ()> {
+        self.try_acquire_n(&key, n)
+            .map(|d| match d {
+                KeyedDecision::Allowed { remaining } => Decision::Allowed { remaining },
+                KeyedDecision::Denied { retry_after } => Decision::Denied { retry_after },
+                other => panic!("no key bound at 3 keys: {other:?}"),
+            })
+            .map_err(|_| ())
+    }
+    fn remaining(&self, key: usize) -> u32 {
+        KeyedLimiter::remaining(self, &key)
+    }
+    fn set_quota(&self, quota: Quota) {
+        KeyedLimiter::set_quota(self, quota).unwrap();
+    }
+    fn sweep(&self) {
+        KeyedLimiter::sweep(self);
+    }
+}
+
+/// Run `ops` on `subject` and on one model per key, and require the same
+/// answer at every step.
+fn check(
+    subject: &impl Subject,
+    clock: &ManualClock,
+    keys: usize,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let quotas = quotas();
+    let mut quota = quotas[0];
+    let mut models: Vec<Model> = (0..keys)
+        .map(|_| Model::denial_writes_nothing(quota))
+        .collect();
+    let mut now = 0u64;
+    for (step, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Acquire { key, n, raw } => {
+                let key = key % keys;
+                let n = if raw { n } else { 1 + n % quota.capacity() };
+                let got = subject.acquire(key, n);
+                if n == 0 || n > quota.capacity() {
+                    prop_assert!(got.is_err(), "step {}: n = {} accepted", step, n);
+                } else {
+                    let want = models[key].acquire(now, n);
+                    prop_assert_eq!(got, Ok(want), "step {}: {:?} at {} ns", step, op, now);
+                }
+            }
+            Op::Remaining { key } => {
+                let key = key % keys;
+                prop_assert_eq!(
+                    subject.remaining(key),
+                    models[key].remaining(now),
+                    "step {}",
+                    step
+                );
+            }
+            Op::Advance { micros } => {
+                now += micros * 1_000;
+                clock.advance(Duration::from_micros(micros));
+            }
+            Op::SetQuota { i } => {
+                quota = quotas[i % quotas.len()];
+                subject.set_quota(quota);
+                for model in &mut models {
+                    model.set_quota(quota, now);
+                }
+            }
+            Op::Sweep => subject.sweep(),
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn a_direct_limiter_decides_as_the_model_across_changes(ops in ops()) {
+        let clock = ManualClock::new();
+        let bucket = LiveTokenBucket::new(quotas()[0]).unwrap();
+        let limiter = RateLimiter::from_parts(bucket, clock.clone());
+        check(&limiter, &clock, 1, &ops)?;
+    }
+
+    #[test]
+    fn a_keyed_limiter_decides_as_the_model_across_changes_and_sweeps(ops in ops()) {
+        let clock = ManualClock::new();
+        let limiter = KeyedBuilder::<usize, _>::new(LiveTokenBucket::new(quotas()[0]).unwrap())
+            .clock(clock.clone())
+            .shards(2)
+            .build()
+            .unwrap();
+        check(&limiter, &clock, KEYS, &ops)?;
+    }
+}
+
+/// Threads decide while another changes the quota and moves the clock. A
+/// change creates tokens only in a full bucket, raising it to the new
+/// capacity; so over the run the permits admitted are at most the first
+/// capacity, plus for each stretch between changes the whole periods of that
+/// stretch's quota times its amount, plus each raise of the capacity.
+#[test]
+fn concurrent_changes_admit_no_more_than_the_quotas_in_force_allow() {
+    // Two pairs: one where the capacity changes (a raise may refill a full
+    // bucket), one where only the rate does (the bound is then tight).
+    for (slow, fast) in [
+        (
+            Quota::new(5, 1, Duration::from_millis(10)).unwrap(),
+            Quota::new(20, 4, Duration::from_millis(10)).unwrap(),
+        ),
+        (
+            Quota::new(10, 1, Duration::from_millis(10)).unwrap(),
+            Quota::new(10, 4, Duration::from_millis(10)).unwrap(),
+        ),
+    ] {
+        for keyed in [false, true] {
+            let clock = ManualClock::new();
+            let direct = Arc::new(RateLimiter::from_parts(
+                LiveTokenBucket::new(slow).unwrap(),
+                clock.clone(),
+            ));
+            let by_key = Arc::new(
+                KeyedBuilder::<u32, _>::new(LiveTokenBucket::new(slow).unwrap())
+                    .clock(clock.clone())
+                    .shards(4)
+                    .build()
+                    .unwrap(),
+            );
+            let admitted = Arc::new(AtomicU64::new(0));
+            let done = Arc::new(AtomicBool::new(false));
+            let deciders: Vec<_> = (0..3)
+                .map(|_| {
+                    let (direct, by_key) = (direct.clone(), by_key.clone());
+                    let (admitted, done) = (admitted.clone(), done.clone());
+                    std::thread::spawn(move || {
+                        while !done.load(Ordering::Relaxed) {
+                            let allowed = if keyed {
+                                by_key.try_acquire(&7).is_allowed()
+                            } else {
+                                direct.try_acquire().is_allowed()
+                            };
+                            if allowed {
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            // Stretches of 0 to 30 ms, alternating quotas; the bound adds each
+            // stretch's whole periods.
+            let mut bound = u64::from(slow.capacity());
+            let mut quota = slow;
+            for i in 0..400u64 {
+                let ms = (i * 7919) % 31;
+                std::thread::sleep(Duration::from_micros(50));
+                clock.advance(Duration::from_millis(ms));
+                bound += ms / 10 * u64::from(quota.amount());
+                let next = if i % 2 == 0 { fast } else { slow };
+                bound += u64::from(next.capacity().saturating_sub(quota.capacity()));
+                quota = next;
+                if keyed {
+                    by_key.set_quota(quota).unwrap();
+                } else {
+                    direct.set_quota(quota).unwrap();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            done.store(true, Ordering::Relaxed);
+            for decider in deciders {
+                decider.join().unwrap();
+            }
+            let admitted = admitted.load(Ordering::Relaxed);
+            assert!(
+                admitted <= bound,
+                "keyed {keyed}: {admitted} admitted, bound {bound}"
+            );
+            println!("keyed {keyed}: {admitted} admitted, bound {bound}");
+            // The deciders ran: at least the first burst went out.
+            assert!(
+                admitted >= u64::from(slow.capacity()),
+                "keyed {keyed}: only {admitted} admitted"
+            );
+            let last = if keyed {
+                by_key.quota()
+            } else {
+                direct.quota()
+            };
+            assert_eq!(last, quota);
+            assert!(
+                (if keyed {
+                    by_key.remaining(&7)
+                } else {
+                    direct.remaining()
+                }) <= quota.capacity()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_refused_change_leaves_the_limiter_as_it_was() {
+    let clock = ManualClock::new();
+    let bucket = LiveTokenBucket::with_ceiling(Quota::per_second(10).unwrap(), 100).unwrap();
+    let limiter = RateLimiter::from_parts(bucket, clock.clone());
+    assert!(limiter.try_acquire_n(4).unwrap().is_allowed());
+    let err = limiter
+        .set_quota(Quota::per_second(1_000).unwrap())
+        .unwrap_err();
+    assert_eq!(
+        err,
+        QuotaError::AboveCeiling {
+            capacity: 1_000,
+            ceiling: 100
+        }
+    );
+    assert!(err.to_string().contains("ceiling of 100"), "{err}");
+    assert_eq!(limiter.quota(), Quota::per_second(10).unwrap());
+    assert_eq!(limiter.remaining(), 6);
+    assert_eq!(limiter.algorithm().changes(), 0);
+    // `n` above the capacity in force is refused, not decided.
+    limiter.set_quota(Quota::per_second(3).unwrap()).unwrap();
+    assert!(limiter.try_acquire_n(4).is_err());
+}
+
+#[test]
+fn a_tier_is_changed_alone() {
+    let clock = ManualClock::new();
+    let tier = |q| {
+        KeyedBuilder::<String, _>::new(LiveTokenBucket::new(q).unwrap())
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    };
+    let per_key = Tiered::new(
+        [
+            ("free", tier(Quota::per_minute(2).unwrap())),
+            ("paid", tier(Quota::per_minute(10).unwrap())),
+        ],
+        |key: &str| usize::from(key.starts_with("paid")),
+    )
+    .unwrap();
+    assert!(per_key.try_acquire_n("free-1", 2).unwrap().is_allowed());
+    assert!(!per_key.try_acquire("free-1").is_allowed());
+    per_key
+        .set_quota("free", Quota::per_minute(5).unwrap())
+        .unwrap();
+    // Raised: nothing is created at the change; the new rate refills after it.
+    assert_eq!(per_key.remaining("free-1"), 0);
+    clock.advance(Duration::from_secs(12));
+    assert_eq!(per_key.remaining("free-1"), 1);
+    assert_eq!(per_key.remaining("free-2"), 5);
+    assert_eq!(per_key.remaining("paid-1"), 10);
+    assert!(matches!(
+        per_key.set_quota("gold", Quota::per_minute(1).unwrap()),
+        Err(turnstile::TieredError::UnknownTier(name)) if name == "gold"
+    ));
+}
