@@ -113,11 +113,13 @@ const MICROSECOND_CEILING: u32 = 65_535;
 ///
 /// # Cost
 ///
-/// A decision reads the slot's parameters under a sequence number (two more
-/// loads and a compare than [`TokenBucket`], no locked instruction):
-/// BENCHMARKS.md, "Live reconfiguration".
+/// A decision loads the slot's parameters (and, for a denial, checks its
+/// sequence number) where a [`TokenBucket`] has them in its own fields, and no
+/// locked instruction: BENCHMARKS.md, "Live reconfiguration".
 pub struct LiveTokenBucket {
     layout: Layout,
+    /// `layout.half_range()`, computed once.
+    half: u64,
     ceiling: u32,
     /// The parameters of the current generation and of the one before; the
     /// word's top bit picks one.
@@ -185,6 +187,7 @@ impl LiveTokenBucket {
         let bucket = validate(quota, ceiling, layout)?;
         Ok(LiveTokenBucket {
             layout,
+            half: layout.half_range(),
             ceiling,
             slots: [Slot::new(&bucket), Slot::new(&bucket)],
             generation: AtomicU64::new(0),
@@ -223,32 +226,54 @@ impl LiveTokenBucket {
     /// finds its slot mid-write only if its word is already stale, and then
     /// its compare-and-swap fails anyway; it waits here for the few stores of
     /// that write, and no decision on a current word ever does.
-    #[inline(always)]
     fn bucket(&self, parity: usize) -> TokenBucket {
-        let slot = &self.slots[parity];
         let backoff = Backoff::new();
         loop {
-            // Acquire on each load (plain loads on x86-64): none of the
-            // field loads moves before the first sequence load or after the
-            // second, and a field load that reads a change's Release store
-            // makes the second sequence load see that change's odd number.
-            let before = slot.seq.load(Ordering::Acquire);
-            let shape = slot.shape.load(Ordering::Acquire);
-            let period = slot.period.load(Ordering::Acquire);
-            let fill = slot.fill.load(Ordering::Acquire);
-            let after = slot.seq.load(Ordering::Acquire);
-            if before == after && before & 1 == 0 {
-                // Written together by `write`, from one validated quota.
-                return TokenBucket::from_raw(
-                    self.layout,
-                    (shape >> 32) as u32,
-                    shape as u32,
-                    period,
-                    fill,
-                );
+            let (seq, bucket) = self.read(parity);
+            if self.unchanged(parity, seq) {
+                return bucket;
             }
             backoff.spin();
         }
+    }
+
+    /// Slot `parity`'s sequence number and parameters, not yet checked
+    /// against a write (see [`unchanged`](Self::unchanged)).
+    #[inline(always)]
+    fn read(&self, parity: usize) -> (u64, TokenBucket) {
+        let slot = &self.slots[parity];
+        // Acquire: the field loads below stay after this one.
+        let seq = slot.seq.load(Ordering::Acquire);
+        // Relaxed: a field read during a write is caught by `unchanged`.
+        let shape = slot.shape.load(Ordering::Relaxed);
+        let period = slot.period.load(Ordering::Relaxed);
+        let fill = slot.fill.load(Ordering::Relaxed);
+        // Each field holds a value from a validated quota, so every part is at
+        // least 1 (a bucket built from fields of two quotas cannot divide by
+        // zero; its result is discarded, see `decide`).
+        let bucket = TokenBucket::from_raw(
+            self.layout,
+            self.half,
+            (shape >> 32) as u32,
+            shape as u32,
+            period,
+            fill,
+        );
+        (seq, bucket)
+    }
+
+    /// Whether slot `parity` was stable, holding one quota's parameters,
+    /// since [`read`](Self::read) returned `seq`.
+    #[inline(always)]
+    fn unchanged(&self, parity: usize, seq: u64) -> bool {
+        // Acquire fence: the field loads before it stay before the sequence
+        // load after it. If a field load read a change's store, the change's
+        // odd number (stored, then a Release fence, then the fields) is
+        // visible to that load.
+        fence(Ordering::Acquire);
+        // Relaxed: ordered by the fence above.
+        let again = self.slots[parity].seq.load(Ordering::Relaxed);
+        again == seq && seq & 1 == 0
     }
 
     /// The bucket `word`'s parity names, after a fence that makes the slot's
@@ -291,13 +316,16 @@ impl LiveTokenBucket {
         let slot = &self.slots[parity];
         // Relaxed: only writers store the sequence, under the lock.
         let seq = slot.seq.load(Ordering::Relaxed);
-        // Relaxed, then Release on every field: the odd number is ordered
-        // before each field store, so a reader that sees any new field sees
-        // the odd number (or a later one) when it reads the sequence again.
+        // Relaxed, then a Release fence: the odd number is ordered before
+        // each field store, so a reader that sees any new field sees the odd
+        // number (or a later one) when it reads the sequence again (it reads
+        // it after an Acquire fence, in `unchanged`).
         slot.seq.store(seq + 1, Ordering::Relaxed);
-        slot.shape.store(shape(bucket.quota()), Ordering::Release);
-        slot.period.store(bucket.period_units(), Ordering::Release);
-        slot.fill.store(bucket.fill_units(), Ordering::Release);
+        fence(Ordering::Release);
+        // Relaxed: ordered by the fence above and the Release store below.
+        slot.shape.store(shape(bucket.quota()), Ordering::Relaxed);
+        slot.period.store(bucket.period_units(), Ordering::Relaxed);
+        slot.fill.store(bucket.fill_units(), Ordering::Relaxed);
         // Release: a reader that sees the even number sees every field above.
         slot.seq.store(seq + 2, Ordering::Release);
     }
@@ -373,8 +401,27 @@ impl Algorithm for LiveTokenBucket {
 
     #[inline(always)]
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
-        let (decision, next) = self.bucket_of(word).decide(word & !GENERATION, now, n);
-        (decision, next.map(|next| next | (word & GENERATION)))
+        // Acquire fence: as in `bucket_of`.
+        fence(Ordering::Acquire);
+        let parity = (word >> 63) as usize;
+        let generation = word & GENERATION;
+        let (seq, bucket) = self.read(parity);
+        let (decision, next) = bucket.decide(word & !GENERATION, now, n);
+        if let Some(next) = next {
+            // No check of the sequence: the cell's compare-and-swap succeeds
+            // only if the word is still `word`, so no change has converted it
+            // since it was read, and its slot (rewritten only once every word
+            // has left its parity) held one quota all along. If it fails, this
+            // result is dropped and the decision runs again.
+            return (decision, Some(next | generation));
+        }
+        if self.unchanged(parity, seq) {
+            return (decision, None);
+        }
+        // A change was writing the slot, so `word` is stale: decide on
+        // parameters read whole; an admission's compare-and-swap will fail.
+        let (decision, next) = self.bucket(parity).decide(word & !GENERATION, now, n);
+        (decision, next.map(|next| next | generation))
     }
 
     #[inline]

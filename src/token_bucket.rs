@@ -252,6 +252,7 @@ impl TokenBucket {
         let period = quota.period_micros() >> layout.unit_shift;
         Ok(TokenBucket::from_raw(
             layout,
+            layout.half_range(),
             quota.capacity(),
             quota.amount(),
             period,
@@ -259,12 +260,14 @@ impl TokenBucket {
         ))
     }
 
-    /// A bucket from parameters already validated together: `period` and
-    /// `fill` in `layout`'s units, `period <= fill <= half span`, and
-    /// `capacity`, `amount` and `period` at least 1.
+    /// A bucket from parameters already validated together: `half` is
+    /// `layout.half_range()`, `period` and `fill` are in `layout`'s units,
+    /// `period <= fill <= half`, and `capacity`, `amount` and `period` are at
+    /// least 1.
     #[inline(always)]
     pub(crate) const fn from_raw(
         layout: Layout,
+        half: u64,
         capacity: u32,
         amount: u32,
         period: u64,
@@ -277,8 +280,10 @@ impl TokenBucket {
             amount: non_zero(amount as u64),
             period: non_zero(period),
             fill,
-            half: layout.half_range(),
-            refill_window: layout.half_range().saturating_sub(period),
+            half,
+            // Wrapping: `period <= half` for parameters that belong together;
+            // others only reach a decision whose result is discarded.
+            refill_window: half.wrapping_sub(period),
         }
     }
 
@@ -329,8 +334,11 @@ impl TokenBucket {
         }
         let periods = elapsed / self.period;
         // periods * amount < ceil(capacity / amount) * amount <= capacity + amount,
-        // so this cannot overflow.
-        let filled = tokens + periods * self.amount.get();
+        // so this cannot overflow. (Wrapping, not checked: a live bucket's
+        // decision on a stale word may read parameters that do not belong
+        // together, and its compare-and-swap then fails and discards the
+        // result; it must not panic first. The same instructions in release.)
+        let filled = tokens.wrapping_add(periods.wrapping_mul(self.amount.get()));
         if filled >= self.capacity {
             Level::Refilled {
                 tokens: self.capacity,
@@ -339,7 +347,8 @@ impl TokenBucket {
         } else {
             Level::Refilled {
                 tokens: filled,
-                base: last + periods * self.period.get(),
+                // `periods * period <= elapsed`: no overflow (wrapping: as above).
+                base: last.wrapping_add(periods.wrapping_mul(self.period.get())),
             }
         }
     }
