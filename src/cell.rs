@@ -125,6 +125,31 @@ impl Cell {
         }
     }
 
+    /// Replace the word by `next(word)` unless it returns `None`; returns the
+    /// word replaced and the word written, or `None` with the word left as
+    /// it was. One compare-and-swap loop, as every transition of the word.
+    pub(crate) fn transform(&self, mut next: impl FnMut(u64) -> Option<u64>) -> Option<(u64, u64)> {
+        // Relaxed: see the type's documentation.
+        let mut current = self.word.load(Ordering::Relaxed);
+        let backoff = Backoff::new();
+        while let Some(written) = next(current) {
+            // Relaxed on success and failure: as in `apply`.
+            match self.word.compare_exchange_weak(
+                current,
+                written,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some((current, written)),
+                Err(actual) => {
+                    current = actual;
+                    backoff.spin();
+                }
+            }
+        }
+        None
+    }
+
     /// Give back `n` permits taken by an admission that wrote `written`: the
     /// algorithm's refund, in the same compare-and-swap loop. `true` when the
     /// word took the refund; `false` when the algorithm declined it (nothing

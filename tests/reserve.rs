@@ -1,0 +1,216 @@
+//! Reservations ([`turnstile::Reservation`]) over random traces of acquire,
+//! reserve, cancel and advance, on token buckets of several shapes:
+//!
+//! - the permits kept (admitted, or reserved and not cancelled), each counted
+//!   when it becomes usable, stay within RFC 1363's bound
+//!   `capacity + amount * floor(T / period) + (amount - 1)`;
+//! - a reservation's delay is exactly the wait a denial gave the same request
+//!   at the same instant, and a reservation refused as too far changes
+//!   nothing;
+//! - a cancel that succeeds leaves the bucket as if the reservation had never
+//!   been made; one that declines changes nothing.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use turnstile::{Decision, ManualClock, Quota, RateLimiter, ReserveError, TokenBucket};
+
+const MICRO: u64 = 1_000;
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Ask for `1 + n % capacity` permits.
+    Acquire {
+        n: u32,
+    },
+    /// Ask; when denied, reserve them with at most `max_delay_micros` of delay.
+    Reserve {
+        n: u32,
+        max_delay_micros: u64,
+    },
+    /// Reserve, then cancel at once.
+    ReserveAndCancel {
+        n: u32,
+    },
+    /// Cancel the `i`-th reservation held (`i % held`).
+    Cancel {
+        i: usize,
+    },
+    Advance {
+        micros: u64,
+    },
+}
+
+fn ops(period_micros: u64) -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        4 => any::<u32>().prop_map(|n| Op::Acquire { n }),
+        5 => (any::<u32>(), 0..period_micros * 6)
+            .prop_map(|(n, max_delay_micros)| Op::Reserve { n, max_delay_micros }),
+        2 => any::<u32>().prop_map(|n| Op::ReserveAndCancel { n }),
+        2 => any::<usize>().prop_map(|i| Op::Cancel { i }),
+        4 => prop_oneof![Just(0), 0..period_micros * 2].prop_map(|micros| Op::Advance { micros }),
+    ];
+    prop::collection::vec(op, 1..120)
+}
+
+fn quotas() -> impl Strategy<Value = Quota> {
+    prop_oneof![
+        Just((1, 1, 1_000)),
+        Just((3, 1, 1_000)),
+        Just((5, 2, 700)),
+        Just((10, 4, 2_000)),
+        Just((7, 7, 500)),
+    ]
+    .prop_map(|(c, a, p)| Quota::new(c, a, Duration::from_micros(p)).unwrap())
+}
+
+/// A kept admission: when it is usable (ns), and its permits.
+#[derive(Clone, Copy, Debug)]
+struct Kept {
+    at: u64,
+    n: u64,
+    cancelled: bool,
+}
+
+fn check_bound(quota: Quota, kept: &[Kept]) -> Result<(), TestCaseError> {
+    let mut kept: Vec<(u64, u64)> = kept
+        .iter()
+        .filter(|k| !k.cancelled)
+        .map(|k| (k.at, k.n))
+        .collect();
+    kept.sort_unstable();
+    let (capacity, amount) = (u64::from(quota.capacity()), u64::from(quota.amount()));
+    let period = quota.period().as_micros() as u64;
+    for i in 0..kept.len() {
+        let mut sum = 0;
+        for j in i..kept.len() {
+            sum += kept[j].1;
+            let units = kept[j].0 / MICRO - kept[i].0 / MICRO;
+            let bound = capacity + amount * (units / period) + (amount - 1);
+            prop_assert!(
+                sum <= bound,
+                "{} kept in {} µs (from {} ns); bound {}",
+                sum,
+                units,
+                kept[i].0,
+                bound
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 800,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn reservations_keep_the_bound_and_cancel_exactly(
+        (quota, ops) in quotas().prop_flat_map(|q| (Just(q), ops(q.period().as_micros() as u64)))
+    ) {
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::from_parts(TokenBucket::new(quota), clock.clone());
+        let fill = quota.fill_time();
+        let mut now = 0u64;
+        let mut kept: Vec<Kept> = Vec::new();
+        // Reservations held: (index in `kept`, the reservation).
+        let mut held = Vec::new();
+        for op in &ops {
+            match *op {
+                Op::Acquire { n } => {
+                    let n = 1 + n % quota.capacity();
+                    if limiter.try_acquire_n(n).unwrap().is_allowed() {
+                        kept.push(Kept { at: now, n: n.into(), cancelled: false });
+                    }
+                }
+                Op::Reserve { n, max_delay_micros } => {
+                    let n = 1 + n % quota.capacity();
+                    let wait = match limiter.try_acquire_n(n).unwrap() {
+                        Decision::Allowed { .. } => {
+                            kept.push(Kept { at: now, n: n.into(), cancelled: false });
+                            continue;
+                        }
+                        Decision::Denied { retry_after } => retry_after,
+                    };
+                    let max_delay = Duration::from_micros(max_delay_micros);
+                    let before = limiter.remaining();
+                    match limiter.reserve_n(n, max_delay) {
+                        Ok(reservation) => {
+                            prop_assert_eq!(reservation.delay(), wait.duration());
+                            prop_assert!(wait.duration() <= max_delay.min(fill));
+                            kept.push(Kept {
+                                at: now + wait.as_nanos(),
+                                n: n.into(),
+                                cancelled: false,
+                            });
+                            held.push((kept.len() - 1, reservation));
+                        }
+                        Err(ReserveError::TooFar { retry_after }) => {
+                            prop_assert_eq!(retry_after, wait);
+                            prop_assert!(wait.duration() > max_delay.min(fill));
+                            prop_assert_eq!(limiter.remaining(), before);
+                            let again = limiter.try_acquire_n(n).unwrap();
+                            prop_assert_eq!(again.retry_after(), Some(wait));
+                        }
+                        Err(other) => prop_assert!(false, "{}", other),
+                    }
+                }
+                Op::ReserveAndCancel { n } => {
+                    let n = 1 + n % quota.capacity();
+                    let before = (limiter.remaining(), limiter.try_acquire_n(n).unwrap());
+                    if before.1.is_allowed() {
+                        kept.push(Kept { at: now, n: n.into(), cancelled: false });
+                        continue;
+                    }
+                    if let Ok(reservation) = limiter.reserve_n(n, fill) {
+                        prop_assert!(reservation.cancel(), "nothing changed since");
+                        let after = (limiter.remaining(), limiter.try_acquire_n(n).unwrap());
+                        prop_assert_eq!(after, before);
+                    }
+                }
+                Op::Cancel { i } => {
+                    if held.is_empty() {
+                        continue;
+                    }
+                    let (k, reservation) = held.remove(i % held.len());
+                    let before = limiter.remaining();
+                    if reservation.cancel() {
+                        kept[k].cancelled = true;
+                    } else {
+                        prop_assert_eq!(limiter.remaining(), before);
+                    }
+                }
+                Op::Advance { micros } => {
+                    now += micros * MICRO;
+                    clock.advance(Duration::from_micros(micros));
+                }
+            }
+            check_bound(quota, &kept)?;
+        }
+    }
+}
+
+#[test]
+fn bad_requests_are_refused_with_typed_errors() {
+    let limiter = RateLimiter::new(Quota::per_second(5).unwrap());
+    assert!(matches!(
+        limiter.reserve_n(0, Duration::from_secs(1)),
+        Err(ReserveError::Acquire(_))
+    ));
+    let err = limiter.reserve_n(6, Duration::from_secs(1)).unwrap_err();
+    assert!(matches!(err, ReserveError::Acquire(_)), "{err:?}");
+    assert!(err.to_string().contains('6'), "{err}");
+    // Lending stops one fill time ahead, whatever the delay allowed.
+    let full = limiter.reserve_n(5, Duration::ZERO).unwrap();
+    assert_eq!(full.delay(), Duration::ZERO);
+    let ahead = limiter.reserve_n(5, Duration::from_secs(3_600)).unwrap();
+    assert!(ahead.delay() <= Duration::from_secs(1), "{ahead:?}");
+    assert!(matches!(
+        limiter.reserve_n(5, Duration::from_secs(3_600)),
+        Err(ReserveError::TooFar { .. })
+    ));
+}
