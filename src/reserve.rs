@@ -1,11 +1,16 @@
 //! Reservations: permits taken now, usable after a known wait.
 
+use core::borrow::Borrow;
+use core::cell::Cell;
 use core::fmt;
+use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
+use crate::algorithm::Algorithm;
 use crate::clock::{Clock, RealClock, saturating_nanos};
-use crate::decision::RetryAfter;
+use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
+use crate::keyed::KeyedLimiter;
 use crate::limiter::{Counter, RateLimiter, Uncounted, check_permits};
 use crate::token_bucket::TokenBucket;
 
@@ -37,6 +42,13 @@ pub enum ReserveError {
         /// When `n` permits will be there (what a denial would say now).
         retry_after: RetryAfter,
     },
+    /// A keyed limiter held as many keys as it may, and none could be
+    /// reclaimed: the new key was not stored
+    /// ([`KeyedDecision::KeyLimit`](crate::KeyedDecision::KeyLimit)).
+    KeyLimit {
+        /// When a key can be stored again at the latest.
+        retry_after: RetryAfter,
+    },
 }
 
 impl fmt::Display for ReserveError {
@@ -48,6 +60,12 @@ impl fmt::Display for ReserveError {
                 "the permits would be usable only after {:?}, later than the reservation allows",
                 retry_after.duration()
             ),
+            ReserveError::KeyLimit { retry_after } => write!(
+                f,
+                "the keyed limiter holds as many keys as it may; a new key can be stored \
+                 after {:?} at the latest",
+                retry_after.duration()
+            ),
         }
     }
 }
@@ -56,7 +74,7 @@ impl std::error::Error for ReserveError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ReserveError::Acquire(e) => Some(e),
-            ReserveError::TooFar { .. } => None,
+            ReserveError::TooFar { .. } | ReserveError::KeyLimit { .. } => None,
         }
     }
 }
@@ -130,34 +148,20 @@ impl<C: Clock, M: Counter> RateLimiter<TokenBucket, C, M> {
     ) -> Result<Reservation<'_, C, M>, ReserveError> {
         let bucket = self.algorithm();
         check_permits(n, bucket.quota().capacity())?;
-        let max_ahead =
-            saturating_nanos(max_delay).min(saturating_nanos(bucket.quota().fill_time()));
+        let lender = Lender::new(bucket, max_delay);
         let now = self.clock().now();
-        let mut delay = 0;
-        let mut refused = None;
-        let taken = self
-            .cell()
-            .transform(|word| match bucket.reserve(word, now, n, max_ahead) {
-                Ok((next, wait)) => {
-                    delay = wait;
-                    Some(next)
-                }
-                Err(wait) => {
-                    refused = Some(wait);
-                    None
-                }
-            });
-        self.count(taken.is_some());
-        match taken {
-            Some((previous, written)) => Ok(Reservation {
+        let (decision, written) = self.cell().take(&lender, now, n);
+        self.count(decision.is_allowed());
+        match written {
+            Some(written) => Ok(Reservation {
                 limiter: self,
-                previous,
+                previous: lender.replaced.get(),
                 written,
                 n,
-                delay: Duration::from_nanos(delay),
+                delay: Duration::from_nanos(lender.wait.get()),
             }),
             None => Err(ReserveError::TooFar {
-                retry_after: RetryAfter::from_nanos(refused.unwrap_or(0)),
+                retry_after: decision.retry_after().unwrap_or(RetryAfter::from_nanos(0)),
             }),
         }
     }
@@ -192,6 +196,183 @@ impl<C: Clock, M: Counter> Reservation<'_, C, M> {
 impl<C, M> fmt::Debug for Reservation<'_, C, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reservation")
+            .field("permits", &self.n)
+            .field("delay", &self.delay)
+            .finish()
+    }
+}
+
+/// The token bucket's decision, lending from its future: what a reservation
+/// runs in the compare-and-swap loop. It notes the word its last decision read
+/// (the one a successful compare-and-swap replaced) and that decision's wait.
+struct Lender<'a> {
+    bucket: &'a TokenBucket,
+    max_ahead: u64,
+    replaced: Cell<u64>,
+    wait: Cell<u64>,
+}
+
+impl Lender<'_> {
+    fn new(bucket: &TokenBucket, max_delay: Duration) -> Lender<'_> {
+        Lender {
+            bucket,
+            // At most one fill time ahead: the word's time stays within its span.
+            max_ahead: saturating_nanos(max_delay)
+                .min(saturating_nanos(bucket.quota().fill_time())),
+            replaced: Cell::new(0),
+            wait: Cell::new(0),
+        }
+    }
+}
+
+impl Algorithm for Lender<'_> {
+    fn fresh(&self) -> u64 {
+        self.bucket.fresh()
+    }
+
+    fn capacity(&self) -> u32 {
+        self.bucket.capacity()
+    }
+
+    fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
+        self.replaced.set(word);
+        match self.bucket.reserve(word, now, n, self.max_ahead) {
+            Ok((decision, next, wait)) => {
+                self.wait.set(wait);
+                (decision, Some(next))
+            }
+            Err(wait) => (
+                Decision::Denied {
+                    retry_after: RetryAfter::from_nanos(wait),
+                },
+                None,
+            ),
+        }
+    }
+
+    fn remaining(&self, word: u64, now: u64) -> u32 {
+        self.bucket.remaining(word, now)
+    }
+
+    fn refund(&self, _word: u64, _written: u64, _n: u32) -> Option<u64> {
+        None
+    }
+
+    fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
+        self.bucket.is_fresh_equivalent(word, now)
+    }
+
+    fn fresh_after_idle(&self) -> Duration {
+        self.bucket.fresh_after_idle()
+    }
+}
+
+/// Permits reserved for one key of a keyed token bucket
+/// ([`KeyedLimiter::reserve_n`]): as [`Reservation`], and it cancels by
+/// looking the key up again. A key evicted since (it can be only once its
+/// bucket has refilled, long after the permits were usable) declines.
+#[must_use = "dropping a reservation keeps its permits taken; call `cancel` to give them back"]
+pub struct KeyedReservation<'a, K, Q: ?Sized, C, S> {
+    limiter: &'a KeyedLimiter<K, TokenBucket, C, S>,
+    key: &'a Q,
+    previous: u64,
+    written: u64,
+    n: u32,
+    delay: Duration,
+}
+
+impl<K, C, S> KeyedLimiter<K, TokenBucket, C, S>
+where
+    K: Hash + Eq,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// Reserve `n` permits for `key` now and learn when they are usable, as
+    /// [`RateLimiter::reserve_n`] does for one bucket. A key not held yet is
+    /// stored, under the key bound like any decision.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{KeyedLimiter, ManualClock, Quota};
+    ///
+    /// let limiter = KeyedLimiter::<String>::builder(Quota::new(1, 1, Duration::from_secs(1))?)
+    ///     .clock(ManualClock::new())
+    ///     .build()?;
+    /// assert!(limiter.try_acquire("alice").is_allowed());
+    /// let next = limiter.reserve_n("alice", 1, Duration::from_secs(5))?;
+    /// assert_eq!(next.delay(), Duration::from_secs(1));
+    /// assert!(next.cancel());
+    /// assert_eq!(limiter.reserve_n("bob", 1, Duration::ZERO)?.delay(), Duration::ZERO);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::reserve_n`], and [`ReserveError::KeyLimit`] when a
+    /// new key meets a full key bound.
+    pub fn reserve_n<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u32,
+        max_delay: Duration,
+    ) -> Result<KeyedReservation<'a, K, Q, C, S>, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let bucket = self.algorithm();
+        check_permits(n, bucket.quota().capacity())?;
+        let lender = Lender::new(bucket, max_delay);
+        match self.take_with(&lender, key, n) {
+            (KeyedDecision::Allowed { .. }, Some(written)) => Ok(KeyedReservation {
+                limiter: self,
+                key,
+                previous: lender.replaced.get(),
+                written,
+                n,
+                delay: Duration::from_nanos(lender.wait.get()),
+            }),
+            (KeyedDecision::KeyLimit { retry_after }, _) => {
+                Err(ReserveError::KeyLimit { retry_after })
+            }
+            (KeyedDecision::Denied { retry_after }, _) => Err(ReserveError::TooFar { retry_after }),
+            // A lender's admission always writes.
+            (KeyedDecision::Allowed { .. }, None) => Err(ReserveError::TooFar {
+                retry_after: RetryAfter::from_nanos(0),
+            }),
+        }
+    }
+}
+
+impl<K, Q, C, S> KeyedReservation<'_, K, Q, C, S>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: Hash + Eq + ?Sized,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// As [`Reservation::delay`].
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// The permits reserved.
+    pub fn permits(&self) -> u32 {
+        self.n
+    }
+
+    /// As [`Reservation::cancel`], on the key's word.
+    pub fn cancel(self) -> bool {
+        let (previous, written) = (self.previous, self.written);
+        self.limiter
+            .transform_linked(self.key, |word| (word == written).then_some(previous))
+    }
+}
+
+impl<K, Q: fmt::Debug + ?Sized, C, S> fmt::Debug for KeyedReservation<'_, K, Q, C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedReservation")
+            .field("key", &self.key)
             .field("permits", &self.n)
             .field("delay", &self.delay)
             .finish()

@@ -303,9 +303,10 @@ impl TokenBucket {
         self.level(word, self.layout.time_of(now)).tokens()
     }
 
-    /// Reserve `n` permits at `now` (a clock reading): the next word and the
-    /// nanoseconds until the permits are there, or `Err` with that wait when
-    /// it would be more than `max_ahead` nanoseconds.
+    /// Reserve `n` permits at `now` (a clock reading): the decision (permits
+    /// left, 0 for a loan), the next word and the nanoseconds until the
+    /// permits are there; or `Err` with that wait when it would be more than
+    /// `max_ahead` nanoseconds.
     ///
     /// With the permits there, this is an admission. Otherwise the bucket
     /// lends from its future: the word is stamped with the refill at which
@@ -320,10 +321,10 @@ impl TokenBucket {
         now: u64,
         n: u32,
         max_ahead: u64,
-    ) -> Result<(u64, u64), u64> {
+    ) -> Result<(Decision, u64, u64), u64> {
         let (decision, next) = self.decide(word, now, n);
         if let Some(next) = next {
-            return Ok((next, 0));
+            return Ok((decision, next, 0));
         }
         let wait = decision.retry_after().map_or(0, |r| r.as_nanos());
         if wait > max_ahead {
@@ -336,7 +337,11 @@ impl TokenBucket {
         let missing = u64::from(n).saturating_sub(tokens);
         let periods = missing.div_ceil(self.amount.get());
         let ready = base.wrapping_add(periods.wrapping_mul(self.period.get()));
-        Ok((self.layout.pack(0, ready), wait))
+        Ok((
+            Decision::Allowed { remaining: 0 },
+            self.layout.pack(0, ready),
+            wait,
+        ))
     }
 
     /// The quota this bucket enforces.

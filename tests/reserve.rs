@@ -1,4 +1,5 @@
-//! Reservations ([`turnstile::Reservation`]) over random traces of acquire,
+//! Reservations ([`turnstile::Reservation`], and per key
+//! [`turnstile::KeyedReservation`]) over random traces of acquire,
 //! reserve, cancel and advance, on token buckets of several shapes:
 //!
 //! - the permits kept (admitted, or reserved and not cancelled), each counted
@@ -14,7 +15,80 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use turnstile::{Decision, ManualClock, Quota, RateLimiter, ReserveError, TokenBucket};
+use turnstile::{
+    Decision, KeyedDecision, KeyedLimiter, KeyedReservation, ManualClock, Quota, RateLimiter,
+    Reservation, ReserveError, TokenBucket,
+};
+
+/// A limiter under test: a direct one, or one key of a keyed one (swept
+/// before every decision, which must change nothing).
+trait Subject {
+    type Held<'a>: Held
+    where
+        Self: 'a;
+    fn acquire(&self, n: u32) -> Decision;
+    fn remaining(&self) -> u32;
+    fn reserve(&self, n: u32, max_delay: Duration) -> Result<Self::Held<'_>, ReserveError>;
+}
+
+trait Held {
+    fn delay(&self) -> Duration;
+    fn cancel(self) -> bool;
+}
+
+impl Subject for RateLimiter<TokenBucket, ManualClock> {
+    type Held<'a> = Reservation<'a, ManualClock>;
+    fn acquire(&self, n: u32) -> Decision {
+        self.try_acquire_n(n).unwrap()
+    }
+    fn remaining(&self) -> u32 {
+        RateLimiter::remaining(self)
+    }
+    fn reserve(&self, n: u32, max_delay: Duration) -> Result<Self::Held<'_>, ReserveError> {
+        self.reserve_n(n, max_delay)
+    }
+}
+
+impl Held for Reservation<'_, ManualClock> {
+    fn delay(&self) -> Duration {
+        Reservation::delay(self)
+    }
+    fn cancel(self) -> bool {
+        Reservation::cancel(self)
+    }
+}
+
+type Keyed = KeyedLimiter<u32, TokenBucket, ManualClock>;
+
+impl Subject for Keyed {
+    type Held<'a> = KeyedReservation<'a, u32, u32, ManualClock, ahash::RandomState>;
+    fn acquire(&self, n: u32) -> Decision {
+        self.sweep();
+        match self.try_acquire_n(&KEY, n).unwrap() {
+            KeyedDecision::Allowed { remaining } => Decision::Allowed { remaining },
+            KeyedDecision::Denied { retry_after } => Decision::Denied { retry_after },
+            other => panic!("one key, no bound: {other:?}"),
+        }
+    }
+    fn remaining(&self) -> u32 {
+        KeyedLimiter::remaining(self, &KEY)
+    }
+    fn reserve(&self, n: u32, max_delay: Duration) -> Result<Self::Held<'_>, ReserveError> {
+        self.sweep();
+        self.reserve_n(&KEY, n, max_delay)
+    }
+}
+
+impl Held for KeyedReservation<'_, u32, u32, ManualClock, ahash::RandomState> {
+    fn delay(&self) -> Duration {
+        KeyedReservation::delay(self)
+    }
+    fn cancel(self) -> bool {
+        KeyedReservation::cancel(self)
+    }
+}
+
+static KEY: u32 = 7;
 
 const MICRO: u64 = 1_000;
 
@@ -114,84 +188,122 @@ proptest! {
     ) {
         let clock = ManualClock::new();
         let limiter = RateLimiter::from_parts(TokenBucket::new(quota), clock.clone());
-        let fill = quota.fill_time();
-        let mut now = 0u64;
-        let mut kept: Vec<Kept> = Vec::new();
-        // Reservations held: (index in `kept`, the reservation).
-        let mut held = Vec::new();
-        for op in &ops {
-            match *op {
-                Op::Acquire { n } => {
-                    let n = 1 + n % quota.capacity();
-                    if limiter.try_acquire_n(n).unwrap().is_allowed() {
-                        kept.push(Kept { at: now, n: n.into(), cancelled: false });
-                    }
-                }
-                Op::Reserve { n, max_delay_micros } => {
-                    let n = 1 + n % quota.capacity();
-                    let wait = match limiter.try_acquire_n(n).unwrap() {
-                        Decision::Allowed { .. } => {
-                            kept.push(Kept { at: now, n: n.into(), cancelled: false });
-                            continue;
-                        }
-                        Decision::Denied { retry_after } => retry_after,
-                    };
-                    let max_delay = Duration::from_micros(max_delay_micros);
-                    let before = limiter.remaining();
-                    match limiter.reserve_n(n, max_delay) {
-                        Ok(reservation) => {
-                            prop_assert_eq!(reservation.delay(), wait.duration());
-                            prop_assert!(wait.duration() <= max_delay.min(fill));
-                            kept.push(Kept {
-                                at: now + wait.as_nanos(),
-                                n: n.into(),
-                                cancelled: false,
-                            });
-                            held.push((kept.len() - 1, reservation));
-                        }
-                        Err(ReserveError::TooFar { retry_after }) => {
-                            prop_assert_eq!(retry_after, wait);
-                            prop_assert!(wait.duration() > max_delay.min(fill));
-                            prop_assert_eq!(limiter.remaining(), before);
-                            let again = limiter.try_acquire_n(n).unwrap();
-                            prop_assert_eq!(again.retry_after(), Some(wait));
-                        }
-                        Err(other) => prop_assert!(false, "{}", other),
-                    }
-                }
-                Op::ReserveAndCancel { n } => {
-                    let n = 1 + n % quota.capacity();
-                    let before = (limiter.remaining(), limiter.try_acquire_n(n).unwrap());
-                    if before.1.is_allowed() {
-                        kept.push(Kept { at: now, n: n.into(), cancelled: false });
-                        continue;
-                    }
-                    if let Ok(reservation) = limiter.reserve_n(n, fill) {
-                        prop_assert!(reservation.cancel(), "nothing changed since");
-                        let after = (limiter.remaining(), limiter.try_acquire_n(n).unwrap());
-                        prop_assert_eq!(after, before);
-                    }
-                }
-                Op::Cancel { i } => {
-                    if held.is_empty() {
-                        continue;
-                    }
-                    let (k, reservation) = held.remove(i % held.len());
-                    let before = limiter.remaining();
-                    if reservation.cancel() {
-                        kept[k].cancelled = true;
-                    } else {
-                        prop_assert_eq!(limiter.remaining(), before);
-                    }
-                }
-                Op::Advance { micros } => {
-                    now += micros * MICRO;
-                    clock.advance(Duration::from_micros(micros));
+        run(&limiter, &clock, quota, &ops)?;
+    }
+
+    #[test]
+    fn keyed_reservations_keep_the_bound_and_cancel_exactly_through_sweeps(
+        (quota, ops) in quotas().prop_flat_map(|q| (Just(q), ops(q.period().as_micros() as u64)))
+    ) {
+        let clock = ManualClock::new();
+        let limiter: Keyed = KeyedLimiter::<u32>::builder(quota)
+            .clock(clock.clone())
+            .shards(1)
+            .build()
+            .unwrap();
+        run(&limiter, &clock, quota, &ops)?;
+    }
+}
+
+fn run(
+    limiter: &impl Subject,
+    clock: &ManualClock,
+    quota: Quota,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let fill = quota.fill_time();
+    let mut now = 0u64;
+    let mut kept: Vec<Kept> = Vec::new();
+    // Reservations held: (index in `kept`, the reservation).
+    let mut held = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Acquire { n } => {
+                let n = 1 + n % quota.capacity();
+                if limiter.acquire(n).is_allowed() {
+                    kept.push(Kept {
+                        at: now,
+                        n: n.into(),
+                        cancelled: false,
+                    });
                 }
             }
-            check_bound(quota, &kept)?;
+            Op::Reserve {
+                n,
+                max_delay_micros,
+            } => {
+                let n = 1 + n % quota.capacity();
+                let wait = match limiter.acquire(n) {
+                    Decision::Allowed { .. } => {
+                        kept.push(Kept {
+                            at: now,
+                            n: n.into(),
+                            cancelled: false,
+                        });
+                        continue;
+                    }
+                    Decision::Denied { retry_after } => retry_after,
+                };
+                let max_delay = Duration::from_micros(max_delay_micros);
+                let before = limiter.remaining();
+                match limiter.reserve(n, max_delay) {
+                    Ok(reservation) => {
+                        prop_assert_eq!(reservation.delay(), wait.duration());
+                        prop_assert!(wait.duration() <= max_delay.min(fill));
+                        kept.push(Kept {
+                            at: now + wait.as_nanos(),
+                            n: n.into(),
+                            cancelled: false,
+                        });
+                        held.push((kept.len() - 1, reservation));
+                    }
+                    Err(ReserveError::TooFar { retry_after }) => {
+                        prop_assert_eq!(retry_after, wait);
+                        prop_assert!(wait.duration() > max_delay.min(fill));
+                        prop_assert_eq!(limiter.remaining(), before);
+                        let again = limiter.acquire(n);
+                        prop_assert_eq!(again.retry_after(), Some(wait));
+                    }
+                    Err(other) => prop_assert!(false, "{}", other),
+                }
+            }
+            Op::ReserveAndCancel { n } => {
+                let n = 1 + n % quota.capacity();
+                let before = (limiter.remaining(), limiter.acquire(n));
+                if before.1.is_allowed() {
+                    kept.push(Kept {
+                        at: now,
+                        n: n.into(),
+                        cancelled: false,
+                    });
+                    continue;
+                }
+                if let Ok(reservation) = limiter.reserve(n, fill) {
+                    prop_assert!(reservation.cancel(), "nothing changed since");
+                    let after = (limiter.remaining(), limiter.acquire(n));
+                    prop_assert_eq!(after, before);
+                }
+            }
+            Op::Cancel { i } => {
+                if held.is_empty() {
+                    continue;
+                }
+                let (k, reservation) = held.remove(i % held.len());
+                let before = limiter.remaining();
+                if reservation.cancel() {
+                    kept[k].cancelled = true;
+                } else {
+                    prop_assert_eq!(limiter.remaining(), before);
+                }
+            }
+            Op::Advance { micros } => {
+                now += micros * MICRO;
+                clock.advance(Duration::from_micros(micros));
+            }
         }
+        check_bound(quota, &kept)?;
     }
+    Ok(())
 }
 
 #[test]

@@ -437,7 +437,10 @@ where
                 return admitted.map_err(|word| NotYet::rate(&inner.algorithm, word, now, 1));
             }
         }
-        match inner.insert_and_decide(key, hash, shard, now, 1, true).0 {
+        match inner
+            .insert_and_decide(&inner.algorithm, key, hash, shard, now, 1, true)
+            .0
+        {
             KeyedDecision::Allowed { remaining } => Ok(remaining),
             KeyedDecision::Denied { retry_after } => {
                 Err(NotYet::known(&inner.algorithm, retry_after, false))
@@ -562,6 +565,34 @@ where
         self.inner.take(key, n, true)
     }
 
+    /// [`take`](Self::take), deciding with `algorithm` on this limiter's
+    /// words (a reservation's).
+    pub(crate) fn take_with<B, Q>(
+        &self,
+        algorithm: &B,
+        key: &Q,
+        n: u32,
+    ) -> (KeyedDecision, Option<u64>)
+    where
+        B: Algorithm,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.inner.take_with(algorithm, key, n, true)
+    }
+
+    /// Replace `key`'s word by `next(word)` if the key is linked and `next`
+    /// gives one; whether it did.
+    pub(crate) fn transform_linked<Q>(&self, key: &Q, next: impl FnMut(u64) -> Option<u64>) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.inner
+            .on_linked_cell(key, |cell| cell.transform(next).is_some())
+            .unwrap_or(false)
+    }
+
     /// One try of a wait: the decision for `key`, not counted (the wait
     /// counts its outcome once, [`count_outcome`](Self::count_outcome)).
     pub(crate) fn try_uncounted<Q>(&self, key: &Q, n: u32) -> KeyedDecision
@@ -642,7 +673,8 @@ where
                 return decision.into();
             }
         }
-        self.insert_and_decide(key, hash, shard, now, n, true).0
+        self.insert_and_decide(&self.algorithm, key, hash, shard, now, n, true)
+            .0
     }
 
     /// As [`decide`](Self::decide), also returning the word an admission
@@ -653,6 +685,23 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.take_with(&self.algorithm, key, n, counted)
+    }
+
+    /// [`take`](Self::take), deciding with `algorithm`: the limiter's own, or
+    /// one acting for it on the same words (a reservation's).
+    fn take_with<B, Q>(
+        &self,
+        algorithm: &B,
+        key: &Q,
+        n: u32,
+        counted: bool,
+    ) -> (KeyedDecision, Option<u64>)
+    where
+        B: Algorithm,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         // As in `decide`: any reading will do for a word found in the index.
@@ -660,10 +709,10 @@ where
         {
             let guard = self.collector.pin();
             if let Some(cell) = shard.find(hash, key, &guard) {
-                return self.decide_on(cell, now, n, counted);
+                return self.decide_on(algorithm, cell, now, n, counted);
             }
         }
-        self.insert_and_decide(key, hash, shard, now, n, counted)
+        self.insert_and_decide(algorithm, key, hash, shard, now, n, counted)
     }
 
     /// `f` on `key`'s word and a reading taken after it was found; for a key not
@@ -717,8 +766,12 @@ where
     /// the key's last window or burst twice. (The loom mutant
     /// `stale_insert_reading` uses it, and its model fails.)
     #[inline(never)]
-    fn insert_and_decide<Q>(
+    // One argument more than clippy's limit: the algorithm a reservation
+    // decides with.
+    #[allow(clippy::too_many_arguments)]
+    fn insert_and_decide<B, Q>(
         &self,
+        algorithm: &B,
         key: &Q,
         hash: u64,
         shard: &Shard<K>,
@@ -727,6 +780,7 @@ where
         counted: bool,
     ) -> (KeyedDecision, Option<u64>)
     where
+        B: Algorithm,
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
@@ -738,10 +792,10 @@ where
         #[cfg(turnstile_mutant = "stale_insert_reading")]
         let now = _early;
         if let Some(entry) = locked.find(hash, key) {
-            return self.decide_on(locked.cell(entry), now, n, counted);
+            return self.decide_on(algorithm, locked.cell(entry), now, n, counted);
         }
         if locked.find_in_limbo(hash, key).is_none() {
-            let (decision, next) = self.algorithm.decide(self.algorithm.fresh(), now, n);
+            let (decision, next) = algorithm.decide(self.algorithm.fresh(), now, n);
             if next.is_none() {
                 // The word would stay fresh: nothing to remember.
                 if counted {
@@ -787,7 +841,7 @@ where
             },
         };
         locked.link(hash, entry, &self.collector, |k| self.hasher.hash_one(k));
-        self.decide_on(locked.cell(entry), now, n, counted)
+        self.decide_on(algorithm, locked.cell(entry), now, n, counted)
     }
 
     /// Room for one more key at the bound: look for sweepable keys, with
@@ -941,14 +995,15 @@ where
 
     /// Decide on a key's word, which the caller's pin or lock keeps allocated.
     #[inline(always)]
-    fn decide_on(
+    fn decide_on<B: Algorithm>(
         &self,
+        algorithm: &B,
         cell: &Cell,
         now: u64,
         n: u32,
         counted: bool,
     ) -> (KeyedDecision, Option<u64>) {
-        let (decision, written) = cell.take(&self.algorithm, now, n);
+        let (decision, written) = cell.take(algorithm, now, n);
         if counted {
             self.tally.count(decision, self.collector.slot());
         }
