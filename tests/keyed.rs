@@ -13,6 +13,19 @@ use turnstile::{
 
 type Manual<K> = KeyedLimiter<K, TokenBucket, ManualClock>;
 
+/// Held by every test here, so they run one at a time. Freed keys are reused
+/// after a grace period that waits for every thread of the process caught in
+/// a lookup when they were evicted; the key-bound tests count on that room
+/// being back by their next request, which a thread of another test here,
+/// descheduled in the middle of a lookup on a loaded machine, could delay.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn quota(capacity: u32, period: Duration) -> Quota {
     Quota::new(capacity, 1, period).unwrap()
 }
@@ -29,6 +42,7 @@ fn manual<K: std::hash::Hash + Eq>(q: Quota, max_keys: usize) -> (Manual<K>, Man
 
 #[test]
 fn one_clients_burst_does_not_spend_anothers_tokens() {
+    let _serial = serial();
     let (l, _) = manual::<String>(quota(2, Duration::from_secs(1)), 100);
     assert!(l.try_acquire("alice").is_allowed());
     assert!(l.try_acquire("alice").is_allowed());
@@ -41,6 +55,7 @@ fn one_clients_burst_does_not_spend_anothers_tokens() {
 
 #[test]
 fn string_keys_by_str_and_ip_addresses() {
+    let _serial = serial();
     let (l, _) = manual::<String>(quota(3, Duration::from_secs(1)), 100);
     let owned = String::from("key-123");
     assert!(l.try_acquire(owned.as_str()).is_allowed());
@@ -57,6 +72,7 @@ fn string_keys_by_str_and_ip_addresses() {
 
 #[test]
 fn remaining_peeks_without_storing_the_key() {
+    let _serial = serial();
     let (l, _) = manual::<u64>(quota(4, Duration::from_secs(1)), 100);
     assert_eq!(l.remaining(&7), 4);
     assert!(l.is_empty());
@@ -70,6 +86,7 @@ fn remaining_peeks_without_storing_the_key() {
 
 #[test]
 fn bad_permit_counts_are_errors_and_touch_nothing() {
+    let _serial = serial();
     let (l, _) = manual::<u64>(quota(4, Duration::from_secs(1)), 100);
     assert_eq!(l.try_acquire_n(&1, 0), Err(AcquireError::ZeroPermits));
     assert_eq!(
@@ -84,6 +101,7 @@ fn bad_permit_counts_are_errors_and_touch_nothing() {
 
 #[test]
 fn bad_configurations_are_refused() {
+    let _serial = serial();
     let q = quota(1, Duration::from_secs(1));
     for shards in [0, 3, 6, 1_000, (1 << 16) + 1, 1 << 17] {
         let err = KeyedLimiter::<u64>::builder(q)
@@ -123,6 +141,7 @@ fn bad_configurations_are_refused() {
 
 #[test]
 fn sweeping_evicts_only_buckets_indistinguishable_from_fresh() {
+    let _serial = serial();
     let period = Duration::from_millis(100);
     let (l, clock) = manual::<u64>(quota(3, period), 100);
     let _ = l.try_acquire_n(&1, 3).unwrap(); // empty
@@ -142,6 +161,7 @@ fn sweeping_evicts_only_buckets_indistinguishable_from_fresh() {
 
 #[test]
 fn a_denial_on_a_fresh_bucket_stores_nothing_and_denials_are_counted() {
+    let _serial = serial();
     let (l, _) = manual::<u64>(quota(1, Duration::from_secs(1)), 100);
     let _ = l.try_acquire(&9);
     assert!(l.try_acquire(&9).is_denied());
@@ -160,6 +180,7 @@ fn a_denial_on_a_fresh_bucket_stores_nothing_and_denials_are_counted() {
 
 #[test]
 fn a_shard_sweeps_itself_after_enough_inserts() {
+    let _serial = serial();
     let period = Duration::from_millis(10);
     let clock = ManualClock::new();
     let l = KeyedLimiter::<u64>::builder(quota(1, period))
@@ -180,6 +201,7 @@ fn a_shard_sweeps_itself_after_enough_inserts() {
 
 #[test]
 fn at_the_bound_a_new_key_is_refused_with_its_own_reason() {
+    let _serial = serial();
     let fill = Duration::from_secs(2);
     // One shard, so the sweep a new key triggers sees every key.
     let clock = ManualClock::new();
@@ -217,6 +239,7 @@ fn at_the_bound_a_new_key_is_refused_with_its_own_reason() {
 /// direct limiters do, with the clock frozen and with it moving.
 #[test]
 fn a_key_flood_stays_within_the_bound_and_residents_keep_exact_allowances() {
+    let _serial = serial();
     const BOUND: usize = 10_000;
     const FLOOD: u64 = 1_000_000;
     const RESIDENTS: u64 = 100;
@@ -284,6 +307,7 @@ fn a_key_flood_stays_within_the_bound_and_residents_keep_exact_allowances() {
 
 #[test]
 fn two_first_requests_for_one_key_share_one_bucket() {
+    let _serial = serial();
     for _ in 0..200 {
         let (l, _) = manual::<u64>(quota(1, Duration::from_secs(1)), 100);
         let l = Arc::new(l);
@@ -305,6 +329,7 @@ fn two_first_requests_for_one_key_share_one_bucket() {
 
 #[test]
 fn the_background_sweeper_sweeps_and_stops_on_drop() {
+    let _serial = serial();
     let period = Duration::from_millis(1);
     let l = Arc::new(
         KeyedLimiter::<u64>::builder(quota(1, period))
@@ -339,6 +364,7 @@ fn the_background_sweeper_sweeps_and_stops_on_drop() {
 /// `capacity + refill(elapsed)`.
 #[test]
 fn concurrent_keys_on_the_real_clock_stay_within_their_bounds() {
+    let _serial = serial();
     const KEYS: u64 = 64;
     let period = Duration::from_micros(100);
     let q = Quota::new(10, 1, period).unwrap();
@@ -386,6 +412,7 @@ fn concurrent_keys_on_the_real_clock_stay_within_their_bounds() {
 
 #[test]
 fn decisions_convert_from_direct_ones() {
+    let _serial = serial();
     let d: KeyedDecision = Decision::Allowed { remaining: 3 }.into();
     assert_eq!(d.remaining(), Some(3));
     assert!(!d.is_key_limit());
@@ -397,6 +424,7 @@ fn decisions_convert_from_direct_ones() {
 /// is told to come back after the algorithm's idle time.
 #[test]
 fn every_algorithm_works_per_key_and_sweeps_by_its_own_criterion() {
+    let _serial = serial();
     use turnstile::{Algorithm, FixedWindow, Gcra, KeyedBuilder, SlidingWindow};
 
     fn check<A: Algorithm + Clone + std::fmt::Debug>(algorithm: A, owes_for: Duration) {
@@ -450,6 +478,7 @@ fn every_algorithm_works_per_key_and_sweeps_by_its_own_criterion() {
 /// room found in whichever shards hold the idle keys (not only the new key's).
 #[test]
 fn a_full_bound_of_idle_keys_admits_every_new_key() {
+    let _serial = serial();
     for shards in [1, 8, 64] {
         let clock = ManualClock::new();
         let l = KeyedLimiter::<u64>::builder(quota(2, Duration::from_millis(100)))
@@ -479,6 +508,7 @@ fn a_full_bound_of_idle_keys_admits_every_new_key() {
 /// went idle.
 #[test]
 fn a_key_refused_at_the_bound_is_admitted_after_its_retry_after() {
+    let _serial = serial();
     let clock = ManualClock::new();
     let l = KeyedLimiter::<u64>::builder(quota(3, Duration::from_millis(250)))
         .clock(clock.clone())
@@ -514,6 +544,7 @@ fn a_key_refused_at_the_bound_is_admitted_after_its_retry_after() {
 /// inside a gate, and stops the thread when dropped.
 #[test]
 fn a_limiter_with_its_own_sweeper_reclaims_idle_keys_behind_a_gate() {
+    let _serial = serial();
     let limiter = KeyedLimiter::<String>::builder(quota(1, Duration::from_millis(2)))
         .max_keys(10_000)
         .build()
@@ -543,6 +574,7 @@ fn a_limiter_with_its_own_sweeper_reclaims_idle_keys_behind_a_gate() {
 /// whole run the key is never admitted more than `capacity + floor(T / period)`.
 #[test]
 fn sweeps_racing_decisions_on_the_real_clock_never_over_admit() {
+    let _serial = serial();
     let (capacity, period) = (4u64, Duration::from_millis(1));
     let l = Arc::new(
         KeyedLimiter::<u64>::builder(quota(capacity as u32, period))
@@ -593,6 +625,7 @@ fn sweeps_racing_decisions_on_the_real_clock_never_over_admit() {
 
 #[test]
 fn check_at_the_bound_is_a_key_limit_with_the_idle_to_fresh_wait() {
+    let _serial = serial();
     let (l, _) = manual::<u64>(quota(2, Duration::from_secs(1)), 1);
     assert_eq!(l.check(&1).ok(), Some(1));
     let refused = l.check(&2).unwrap_err();
@@ -609,6 +642,7 @@ fn check_at_the_bound_is_a_key_limit_with_the_idle_to_fresh_wait() {
 /// threads beyond share one slot, and every decision is still counted once.
 #[test]
 fn many_threads_at_once_are_all_counted() {
+    let _serial = serial();
     let l = Arc::new(KeyedLimiter::<u64>::new(quota(
         1_000_000,
         Duration::from_secs(1),
@@ -639,6 +673,7 @@ fn many_threads_at_once_are_all_counted() {
 /// than `capacity + floor(T / period)` over the run, and the bound holds.
 #[test]
 fn a_key_bound_under_pressure_from_two_threads_never_over_admits() {
+    let _serial = serial();
     let (capacity, period) = (2u64, Duration::from_millis(1));
     let l = Arc::new(
         KeyedLimiter::<u64>::builder(quota(capacity as u32, period))

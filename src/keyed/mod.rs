@@ -103,7 +103,10 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// without looking again, so a flood of new keys does not make every request
 /// pay for a search. The `retry_after` of a key-limit denial is the
 /// algorithm's [idle-to-fresh time](Algorithm::fresh_after_idle): by then every
-/// key left idle since is sweepable.
+/// key left idle since is sweepable. (Its room is reusable once every thread
+/// that was in the middle of a lookup when an earlier eviction happened has
+/// finished it, the grace period below: microseconds, unless such a thread
+/// was descheduled mid-lookup.)
 ///
 /// Evicted entries wait in limbo for a grace period (until every reader that
 /// could still hold them has finished, typically microseconds) before their
