@@ -50,6 +50,8 @@ mod limiter;
 pub mod metrics;
 mod quota;
 mod reclaim;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod sliding_window;
 mod sync;
 mod tally;
