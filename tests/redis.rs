@@ -13,9 +13,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{Client, ConnectionLike};
-use turnstile::redis::{Deadlines, RedisLimitError, RedisLimiter};
+use turnstile::redis::{
+    Deadlines, Guarded, GuardedStats, OnFailure, RedisLimitError, RedisLimiter,
+};
 use turnstile::{
-    AcquireError, Algorithm, Decision, FixedWindow, Gcra, Quota, SlidingWindow, TokenBucket,
+    AcquireError, Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, Quota, SlidingWindow,
+    TokenBucket,
 };
 
 /// A `redis-server` of the test's own, killed (by the process id it was
@@ -63,9 +66,9 @@ fn redis_time(con: &mut dyn ConnectionLike) -> u64 {
     secs * 1_000_000 + micros
 }
 
-/// Start a server, or say why the suite cannot run: `None` (the test passes)
-/// when `redis-server` is missing, a failure when it is required.
-fn server() -> Option<Server> {
+/// Whether `redis-server` is on PATH: when it is not, say that the suite did
+/// not run (the test passes), or fail when it is required.
+fn redis_server_found() -> bool {
     let required = std::env::var("TURNSTILE_REQUIRE_REDIS").is_ok_and(|v| v == "1");
     let found = Command::new("redis-server")
         .arg("--version")
@@ -83,6 +86,42 @@ fn server() -> Option<Server> {
              (apt-get install redis-server) and run `cargo test -p turnstile-dev --test redis`; \
              TURNSTILE_REQUIRE_REDIS=1 makes its absence a failure"
         );
+    }
+    found
+}
+
+/// A server on `port`, once it answers; `None` if it exits first (the port
+/// was taken) or does not answer within 5 s.
+fn spawn_on(port: u16) -> Option<Server> {
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(["--enable-debug-command", "yes"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server starts");
+    let mut server = Server { child, port };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        if let Ok(Some(_)) = server.child.try_wait() {
+            return None;
+        }
+        if let Ok(mut con) = server.client().get_connection()
+            && redis::cmd("PING").query::<String>(&mut con).is_ok()
+        {
+            return Some(server);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// Start a server on a free port, or say why the suite cannot run: `None`
+/// (the test passes) when `redis-server` is missing, a failure when it is
+/// required.
+fn server() -> Option<Server> {
+    if !redis_server_found() {
         return None;
     }
     // A free port, taken again by the server; another process may take it in
@@ -92,26 +131,8 @@ fn server() -> Option<Server> {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(["--enable-debug-command", "yes"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server starts");
-        let mut server = Server { child, port };
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(5) {
-            if let Ok(Some(_)) = server.child.try_wait() {
-                break; // exited: the port was taken
-            }
-            if let Ok(mut con) = server.client().get_connection()
-                && redis::cmd("PING").query::<String>(&mut con).is_ok()
-            {
-                return Some(server);
-            }
-            thread::sleep(Duration::from_millis(10));
+        if let Some(server) = spawn_on(port) {
+            return Some(server);
         }
     }
     panic!("redis-server did not start on any of 5 ports");
@@ -659,4 +680,81 @@ fn one_decision_costs_one_round_trip() {
         evalsha.starts_with(&format!("cmdstat_evalsha:calls={calls},")),
         "{evalsha}"
     );
+}
+
+#[test]
+fn while_redis_is_down_a_local_limit_answers_and_redis_is_tried_after_the_backoff() {
+    let Some(server) = server() else { return };
+    let port = server.port;
+    let global = RedisLimiter::new(
+        "g",
+        TokenBucket::new(Quota::new(5, 1, 60 * 1_000 * MS).unwrap()),
+    )
+    .unwrap();
+    // This process's share while Redis is out: 2 per key.
+    let local = KeyedLimiter::new(Quota::new(2, 1, 60 * 1_000 * MS).unwrap());
+    let backoff = 300 * MS;
+    let guarded = Guarded::new(global, OnFailure::Local(local), backoff);
+    let mut con = server.connection();
+    let allowed = |remaining| Ok(Decision::Allowed { remaining });
+    assert_eq!(guarded.try_acquire(&mut con, "k"), allowed(4));
+    assert_eq!(guarded.stats(), GuardedStats::default());
+
+    drop(server); // killed
+    let failed_at = Instant::now();
+    // The call fails, and the local limit answers.
+    assert_eq!(guarded.try_acquire(&mut con, "k"), allowed(1));
+    assert!(guarded.is_backing_off());
+    // During the backoff Redis is not called: the failures stay at 1.
+    assert_eq!(guarded.try_acquire(&mut con, "k"), allowed(0));
+    assert!(guarded.try_acquire(&mut con, "k").unwrap().is_denied());
+    let stats = guarded.stats();
+    assert_eq!((stats.failures, stats.fallbacks), (1, 3));
+    assert!(
+        failed_at.elapsed() < backoff,
+        "the test was too slow to tell"
+    );
+
+    // Redis is back (empty); after the backoff it decides again.
+    let _server = spawn_on(port).expect("redis-server restarts on its port");
+    thread::sleep((backoff + 50 * MS).saturating_sub(failed_at.elapsed()));
+    assert_eq!(guarded.try_acquire(&mut con, "k"), allowed(4));
+    assert!(!guarded.is_backing_off());
+    let stats = guarded.stats();
+    assert_eq!((stats.failures, stats.fallbacks), (1, 3));
+}
+
+#[test]
+fn failing_closed_denies_until_redis_is_tried_again() {
+    let Some(server) = server() else { return };
+    let global = RedisLimiter::new("c", FixedWindow::new(3, 60 * 1_000 * MS).unwrap()).unwrap();
+    let backoff = Duration::from_secs(5);
+    let guarded: Guarded = Guarded::new(global, OnFailure::Deny, backoff);
+    let mut con = server.connection();
+    assert_eq!(
+        guarded.try_acquire_n(&mut con, "k", 3),
+        Ok(Decision::Allowed { remaining: 0 })
+    );
+    drop(server);
+    for _ in 0..2 {
+        let wait = guarded
+            .try_acquire(&mut con, "k")
+            .unwrap()
+            .retry_after()
+            .expect("denied")
+            .duration();
+        assert!(
+            wait <= backoff && wait > backoff - Duration::from_secs(1),
+            "{wait:?}"
+        );
+    }
+    assert_eq!(
+        guarded.try_acquire_n(&mut con, "k", 4),
+        Err(AcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        })
+    );
+    let stats = guarded.stats();
+    assert_eq!((stats.failures, stats.fallbacks), (1, 2));
 }

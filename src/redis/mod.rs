@@ -6,7 +6,7 @@
 //! [`SlidingWindow`], [`Gcra`]) has a twin script over the same state, in
 //! integers a Lua number holds exactly (microseconds, and GCRA's nanoseconds
 //! split in two): the same [`Decision`], the same `remaining`, the same exact
-//! [`RetryAfter`](crate::RetryAfter) to the nanosecond, all or nothing for `n`
+//! [`RetryAfter`] to the nanosecond, all or nothing for `n`
 //! permits. Requests for 0 permits or for more than the capacity are refused
 //! with [`AcquireError`] before anything is sent.
 //!
@@ -66,9 +66,10 @@
 //! # Deadlines and failures
 //!
 //! A decision over the network can fail: every call returns
-//! [`RedisLimitError`] rather than panicking, whatever Redis answers. What to
-//! do then (admit, deny, fall back to a local limiter) is the caller's choice
-//! for now. [`Deadlines`] bounds each call: [`Deadlines::blocking`] gives a
+//! [`RedisLimitError`] rather than panicking, whatever Redis answers.
+//! [`Guarded`] turns failures into decisions by a policy ([`OnFailure`]: deny,
+//! or fall back to a limit in this process), stops calling Redis for a backoff
+//! after each failure, and counts them. [`Deadlines`] bounds each call: [`Deadlines::blocking`] gives a
 //! connection with read and write timeouts that drops itself after an I/O
 //! error or a timeout (a late reply must never be read as the next call's)
 //! and reconnects on the next call; [`Deadlines::multiplexed`] gives tokio's
@@ -88,9 +89,11 @@
 
 mod connection;
 mod error;
+mod guarded;
 
 pub use connection::{BlockingConnection, Deadlines};
 pub use error::{RedisConfigError, RedisLimitError};
+pub use guarded::{Guarded, GuardedStats, OnFailure};
 
 use core::time::Duration;
 use std::sync::LazyLock;
