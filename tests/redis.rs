@@ -758,3 +758,62 @@ fn failing_closed_denies_until_redis_is_tried_again() {
     let stats = guarded.stats();
     assert_eq!((stats.failures, stats.fallbacks), (1, 2));
 }
+
+/// Any parameters, not just the hand-picked ones: a random algorithm with a
+/// random capacity, refill and period or window (any whole number of
+/// microseconds), and a random trace on it.
+#[test]
+fn every_algorithm_matches_in_process_for_random_parameters() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let Some(server) = server() else { return };
+    let mut runner = TestRunner::new(Config {
+        cases: 128,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let parameters = (0..4u8, 1..=20u32, 1..=5u32, 1..=300_000u64, any::<u64>());
+    let case = std::cell::Cell::new(0u32);
+    runner
+        .run(&parameters, |(kind, capacity, amount, micros, seed)| {
+            case.set(case.get() + 1);
+            let name = format!("random{}", case.get());
+            let period = Duration::from_micros(micros);
+            let quota = Quota::new(capacity, amount, period).unwrap();
+            // xorshift needs a seed other than 0.
+            let seed = seed | 1;
+            match kind {
+                0 => differential(&server, &name, TokenBucket::new(quota), micros, seed, 60),
+                1 => differential(&server, &name, Gcra::new(quota), micros, seed, 60),
+                2 => {
+                    let fixed = FixedWindow::new(capacity, period).unwrap();
+                    differential(&server, &name, fixed, micros, seed, 60)
+                }
+                _ => {
+                    let sliding = SlidingWindow::new(capacity, period).unwrap();
+                    differential(&server, &name, sliding, micros, seed, 60)
+                }
+            };
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// The largest values each algorithm allows: the full 32-bit capacity (the
+/// token bucket's coarsest time unit), long windows, a sliding window at the
+/// edge of what Lua keeps exact, GCRA's longest horizon.
+#[test]
+fn the_largest_parameters_match_in_process() {
+    let Some(server) = server() else { return };
+    let hour = Duration::from_secs(3_600);
+    let big = Quota::new(u32::MAX, 1 << 30, Duration::from_micros(65_536 * 16)).unwrap();
+    differential(&server, "big-tb", TokenBucket::new(big), 300_000, 3, 300);
+    let wide = SlidingWindow::new(65_535, 38 * hour).unwrap();
+    differential(&server, "big-sw", wide, 3_600_000_000, 5, 300);
+    let long = FixedWindow::new(u32::MAX, 24 * hour).unwrap();
+    differential(&server, "big-fw", long, 3_600_000_000, 7, 300);
+    // 13 days of horizon, an emission interval with nanoseconds.
+    let slow = Gcra::new(Quota::new(13, 3, Duration::from_micros(259_200_000_001)).unwrap());
+    differential(&server, "big-gcra", slow, 20_000_000_000, 11, 300);
+}
