@@ -51,8 +51,10 @@
 //! ([`with_prefix`](RedisLimiter::with_prefix), e.g. `"turnstile:api:"`)
 //! spreads one limiter's keys over the cluster's nodes instead.
 //!
-//! Each write sets the key to expire (`PEXPIRE`, rounded up to whole
-//! milliseconds) when its state will be as good as fresh: a token bucket when
+//! A key holds its state as a string of whole numbers joined by `:` (a token
+//! bucket's `tokens:time`, for one), written together with its expiry by one
+//! `SET … PX`; a denial writes nothing. The expiry, rounded up to whole
+//! milliseconds, is when its state will be as good as fresh: a token bucket when
 //! it would be full again, a fixed window when its window ends, a sliding
 //! window when its counts weigh nothing (the end of the next window), GCRA
 //! when its theoretical arrival time has passed. A key that returns after that

@@ -33,9 +33,31 @@ local function str(x)
     return string.format('%.0f', x)
 end
 
--- Let the key expire `us` microseconds from now, rounded up to whole
--- milliseconds (never before its state is as good as fresh), plus the slack.
-local function expire_in(us)
+-- The key's state, as whole numbers joined by ':', or nil for none (a
+-- fresh state).
+local function load_state(fields)
+    local value = redis.call('GET', KEYS[1])
+    if not value then
+        return nil
+    end
+    local state, i = {}, 0
+    for field in string.gmatch(value, '[^:]+') do
+        i = i + 1
+        state[i] = tonumber(field)
+        if state[i] == nil then
+            return nil
+        end
+    end
+    if i ~= fields then
+        return nil
+    end
+    return state
+end
+
+-- Store the state, to expire `us` microseconds from now rounded up to whole
+-- milliseconds (never before it is as good as fresh), plus the slack: one
+-- SET with PX, where a hash would need HSET and PEXPIRE.
+local function store_state(state, us)
     local ms, rest = idiv(us, 1000)
     if rest > 0 then
         ms = ms + 1
@@ -44,7 +66,11 @@ local function expire_in(us)
         ms = 1
     end
     ms = ms + tonumber(ARGV[3])
-    redis.call('PEXPIRE', KEYS[1], str(ms))
+    local parts = {}
+    for i, v in ipairs(state) do
+        parts[i] = str(v)
+    end
+    redis.call('SET', KEYS[1], table.concat(parts, ':'), 'PX', str(ms))
 end
 
 local now

@@ -1,12 +1,11 @@
 -- The sliding window counter (turnstile's `SlidingWindow`), state
--- {current, previous, window}: the counts of window `window` and of the one
+-- 'current:previous:window': the counts of window `window` and of the one
 -- before it. The previous count weighs `(w - e) / w` at `e` into the window.
 -- ARGV[4..5]: limit, window (us); `limit * window < 2^53`.
 local limit, w = tonumber(ARGV[4]), tonumber(ARGV[5])
 local index, into = idiv(now, w)
-local state = redis.call('HMGET', KEYS[1], 'current', 'previous', 'window')
-local current, previous = tonumber(state[1]) or 0, tonumber(state[2]) or 0
-local stored = tonumber(state[3]) or index
+local state = load_state(3) or {0, 0, index}
+local current, previous, stored = state[1], state[2], state[3]
 -- Where the counts apply: the window written, how many windows ahead of the
 -- reading's that is, and the microseconds into it at which to weigh them.
 local window, ahead, at = index, 0, into
@@ -34,10 +33,8 @@ if current + n <= limit then
     -- floor(p * e / w): the part of the previous count that has slid out.
     local faded = idiv(previous * at, w)
     if previous <= room + faded then
-        redis.call('HSET', KEYS[1], 'current', str(current + n),
-            'previous', str(previous), 'window', str(window))
         -- Counts in window k weigh nothing from the start of window k + 2.
-        expire_in((window + 2) * w - now)
+        store_state({current + n, previous, window}, (window + 2) * w - now)
         return {1, room + faded - previous, 0, 0}
     end
     -- Within this window, once p * (w - e') <= room * w.

@@ -1,14 +1,14 @@
--- The token bucket (turnstile's `TokenBucket`), state {tokens, time}: the
+-- The token bucket (turnstile's `TokenBucket`), state 'tokens:time': the
 -- tokens at the last refill and its time, in whole time units.
 -- ARGV[4..8]: capacity, amount, period (units), fill time (units), unit (us).
 local capacity, amount = tonumber(ARGV[4]), tonumber(ARGV[5])
 local period, fill, unit = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local t = idiv(now, unit)
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'time')
-local tokens, last = tonumber(state[1]), tonumber(state[2])
+local state = load_state(2) or {capacity, 0}
+local tokens, last = state[1], state[2]
 -- The bucket now: `level` tokens, refilled at `base`.
 local level, base
-if tokens == nil or last == nil or tokens >= capacity then
+if tokens >= capacity then
     -- Full (or never used): any elapsed time leaves it full, and the fraction
     -- of a period is dropped: the grid restarts now.
     level, base = capacity, t
@@ -39,8 +39,7 @@ if level < n then
     return {0, 0, ahead * unit - (now - t * unit), 0}
 end
 local left = level - n
-redis.call('HSET', KEYS[1], 'tokens', str(left), 'time', str(base))
 -- Full again, and so fresh-equivalent, once the missing tokens are refilled.
 local full = base + idiv(capacity - left + amount - 1, amount) * period
-expire_in(full * unit - now)
+store_state({left, base}, full * unit - now)
 return {1, left, 0, 0}
