@@ -53,7 +53,9 @@
 //!
 //! A key holds its state as a string of whole numbers joined by `:` (a token
 //! bucket's `tokens:time`, for one), written together with its expiry by one
-//! `SET … PX`; a denial writes nothing. The expiry, rounded up to whole
+//! `SET … PX`; a denial writes nothing. A string that is not such a state
+//! (written by something else) is taken as fresh, and replaced at the next
+//! admission; a key of another type fails the call (`WRONGTYPE`). The expiry, rounded up to whole
 //! milliseconds, is when its state will be as good as fresh: a token bucket when
 //! it would be full again, a fixed window when its window ends, a sliding
 //! window when its counts weigh nothing (the end of the next window), GCRA
