@@ -817,3 +817,37 @@ fn the_largest_parameters_match_in_process() {
     let slow = Gcra::new(Quota::new(13, 3, Duration::from_micros(259_200_000_001)).unwrap());
     differential(&server, "big-gcra", slow, 20_000_000_000, 11, 300);
 }
+
+#[test]
+fn a_key_written_by_something_else_never_panics() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let limiter =
+        RedisLimiter::new("w", SlidingWindow::new(3, Duration::from_secs(60)).unwrap()).unwrap();
+    let mut plain = server.plain();
+    // A string that is not a state: taken as fresh, replaced by the admission.
+    let _: () = redis::cmd("SET")
+        .arg(limiter.redis_key("text"))
+        .arg("not:a:state:at:all")
+        .query(&mut plain)
+        .unwrap();
+    assert_eq!(
+        limiter
+            .try_acquire_n_at(&mut con, "text", 3, START_MICROS)
+            .unwrap(),
+        Decision::Allowed { remaining: 0 }
+    );
+    assert_eq!(state(&mut plain, &limiter.redis_key("text"))[..2], [3, 0]);
+    // A key of another type: the call fails, as a Redis error.
+    let _: () = redis::cmd("LPUSH")
+        .arg(limiter.redis_key("list"))
+        .arg("x")
+        .query(&mut plain)
+        .unwrap();
+    let err = limiter
+        .try_acquire(&mut con, "list")
+        .expect_err("WRONGTYPE");
+    assert!(matches!(err, RedisLimitError::Redis(_)), "{err}");
+    // The connection is still good for the next decision.
+    assert!(limiter.try_acquire(&mut con, "fine").unwrap().is_allowed());
+}
