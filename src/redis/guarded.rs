@@ -11,8 +11,9 @@ use super::{RedisLimitError, RedisLimiter};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
-use crate::error::AcquireError;
+use crate::error::{AcquireError, QuotaError};
 use crate::keyed::KeyedLimiter;
+use crate::quota::Quota;
 use crate::sync::{AtomicU64, Ordering};
 use crate::token_bucket::TokenBucket;
 
@@ -35,6 +36,40 @@ impl<A: fmt::Debug, C: fmt::Debug> fmt::Debug for OnFailure<A, C> {
             OnFailure::Deny => f.write_str("Deny"),
             OnFailure::Local(local) => f.debug_tuple("Local").field(local).finish(),
         }
+    }
+}
+
+impl OnFailure {
+    /// Fail open to this process's share of `quota` when `processes` share
+    /// it: a token bucket per key with `capacity / processes` tokens (at least
+    /// one) refilled `processes` times slower, so that the processes together
+    /// admit no more than `quota` would (but when the capacity is below the
+    /// number of processes: one token each). 0 processes count as 1.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::Quota;
+    /// use turnstile::redis::OnFailure;
+    ///
+    /// // 100 per second, bursts of 40, across 4 processes: bursts of 10 and 25 per second each.
+    /// let share = OnFailure::local_share(Quota::per_second(100)?.burst(40)?, 4)?;
+    /// # let _ = share;
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`QuotaError`] when the share's refill is too slow for a bucket
+    /// ([`QuotaError::FillTimeTooLong`]).
+    pub fn local_share(quota: Quota, processes: u32) -> Result<OnFailure, QuotaError> {
+        let processes = processes.max(1);
+        let capacity = (quota.capacity() / processes).max(1);
+        let share = Quota::new(
+            capacity,
+            quota.amount(),
+            quota.period().saturating_mul(processes),
+        )?;
+        Ok(OnFailure::Local(KeyedLimiter::new(share)))
     }
 }
 
@@ -311,5 +346,33 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_local_share_divides_the_burst_and_the_rate() {
+        let quota = Quota::new(40, 1, Duration::from_millis(10)).unwrap();
+        let OnFailure::Local(local) = OnFailure::local_share(quota, 4).unwrap() else {
+            panic!("a local share");
+        };
+        let share = local.algorithm().quota();
+        assert_eq!(share.capacity(), 10);
+        assert_eq!(
+            (share.amount(), share.period()),
+            (1, Duration::from_millis(40))
+        );
+        // Fewer tokens than processes: one each; no processes: one process.
+        let OnFailure::Local(local) = OnFailure::local_share(quota, 100).unwrap() else {
+            panic!("a local share");
+        };
+        assert_eq!(local.algorithm().quota().capacity(), 1);
+        let OnFailure::Local(local) = OnFailure::local_share(quota, 0).unwrap() else {
+            panic!("a local share");
+        };
+        assert_eq!(local.algorithm().quota(), quota);
     }
 }
