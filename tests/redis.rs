@@ -855,3 +855,46 @@ fn a_key_written_by_something_else_never_panics() {
     // The connection is still good for the next decision.
     assert!(limiter.try_acquire(&mut con, "fine").unwrap().is_allowed());
 }
+
+#[test]
+fn an_async_call_to_a_dead_redis_fails_within_its_deadline_and_the_guard_answers() {
+    let Some(server) = server() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter = RedisLimiter::new(
+        "dead",
+        FixedWindow::new(5, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let guarded: Guarded = Guarded::new(limiter.clone(), OnFailure::Deny, Duration::from_secs(5));
+    let deadlines = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .response(200 * MS);
+    let client = server.client();
+    runtime.block_on(async {
+        let mut con = deadlines.multiplexed(&client).await.unwrap();
+        assert_eq!(
+            guarded.try_acquire_async(&mut con, "k").await,
+            Ok(Decision::Allowed { remaining: 4 })
+        );
+        drop(server);
+        let start = Instant::now();
+        let err = limiter
+            .try_acquire_async(&mut con, "k")
+            .await
+            .expect_err("Redis is gone");
+        assert!(matches!(err, RedisLimitError::Redis(_)), "{err}");
+        let denied = guarded.try_acquire_async(&mut con, "k").await.unwrap();
+        assert!(denied.is_denied());
+        // Both within the deadline (or at once, for a closed connection).
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
+        let stats = guarded.stats();
+        assert_eq!((stats.failures, stats.fallbacks), (1, 1));
+    });
+}
