@@ -55,28 +55,28 @@
 //! bucket's `tokens:time`, for one), written together with its expiry by one
 //! `SET … PX`; a denial writes nothing. A string that is not such a state
 //! (written by something else) is taken as fresh, and replaced at the next
-//! admission; a key of another type fails the call (`WRONGTYPE`). The expiry, rounded up to whole
-//! milliseconds, is when its state will be as good as fresh: a token bucket when
-//! it would be full again, a fixed window when its window ends, a sliding
-//! window when its counts weigh nothing (the end of the next window), GCRA
-//! when its theoretical arrival time has passed. A key that returns after that
-//! finds exactly the allowance it would have had, and idle keys leave Redis.
-//! With explicit times the expiry counts the same durations on Redis' clock:
-//! a replay run faster than real time keeps keys longer than needed, one run
-//! slower could see a key expire before its trace's time reaches that point;
-//! [`with_expiry_slack`](RedisLimiter::with_expiry_slack) keeps every key
-//! longer by a fixed margin.
+//! admission; a key of another type fails the call (`WRONGTYPE`). The expiry,
+//! rounded up to whole milliseconds, is when the state will be as good as
+//! fresh: a token bucket when it would be full again, a fixed window when its
+//! window ends, a sliding window when its counts weigh nothing (the end of the
+//! next window), GCRA when its theoretical arrival time has passed. A key that
+//! returns after that finds exactly the allowance it would have had, and idle
+//! keys leave Redis. With explicit times the expiry counts the same durations
+//! on Redis' clock: a replay run faster than real time keeps keys longer than
+//! needed, one run slower could see a key expire before its trace's time
+//! reaches that point; [`with_expiry_slack`](RedisLimiter::with_expiry_slack)
+//! keeps every key longer by a fixed margin.
 //!
 //! # Deadlines and failures
 //!
-//! A decision over the network can fail: every call returns
-//! [`RedisLimitError`] rather than panicking, whatever Redis answers.
-//! [`Guarded`] turns failures into decisions by a policy ([`OnFailure`]: deny,
-//! or fall back to a limit in this process), stops calling Redis for a backoff
-//! after each failure, and counts them. [`Deadlines`] bounds each call: [`Deadlines::blocking`] gives a
-//! connection with read and write timeouts that drops itself after an I/O
-//! error or a timeout (a late reply must never be read as the next call's)
-//! and reconnects on the next call; [`Deadlines::multiplexed`] gives tokio's
+//! A decision over the network can fail: every call returns [`RedisLimitError`]
+//! rather than panicking, whatever Redis answers. [`Guarded`] turns failures
+//! into decisions by a policy ([`OnFailure`]: deny, or fall back to a limit in
+//! this process), stops calling Redis for a backoff after each failure, and
+//! counts them. [`Deadlines`] bounds each call: [`Deadlines::blocking`] gives a
+//! connection with read and write timeouts that drops itself after an I/O error
+//! or a timeout (a late reply must never be read as the next call's) and
+//! reconnects on the next call; [`Deadlines::multiplexed`] gives tokio's
 //! multiplexed connection with a response timeout. A call that timed out may
 //! still have been decided by Redis: it is never sent again.
 //!
