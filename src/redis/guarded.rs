@@ -85,10 +85,10 @@ pub struct GuardedStats {
 
 /// A [`RedisLimiter`] that never returns a Redis error: when a call fails it
 /// answers by its [`OnFailure`] policy, and for the `backoff` after a failure
-/// it does not call Redis at all, so a dead Redis costs one request a deadline
-/// and then nothing. After the backoff one request tries Redis again (the
-/// others keep to the policy until it has answered); its success ends the
-/// backoff.
+/// it does not call Redis at all, so a dead Redis costs the requests in flight
+/// one deadline and the rest nothing. After the backoff one request tries
+/// Redis again (the others keep to the policy until it has answered); its
+/// success ends the backoff.
 ///
 /// ```no_run
 /// use std::time::Duration;
