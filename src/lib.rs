@@ -51,6 +51,8 @@ mod live;
 pub mod metrics;
 mod quota;
 mod reclaim;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod reserve;
 mod sliding_window;
 mod sync;

@@ -1,0 +1,188 @@
+//! Connections with a deadline on every call.
+
+use core::time::Duration;
+
+use ::redis::{Client, Cmd, Connection, ConnectionLike, RedisResult, Value};
+
+/// How long a call to Redis may take: to connect, and for each command's
+/// reply (which bounds the write too).
+///
+/// The defaults, 50 ms to connect and 5 ms per reply, suit a Redis on the same
+/// network; a slow link or a loaded server needs more. A decision that misses
+/// its deadline is an error, so a dead Redis costs a request at most the
+/// deadline.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use turnstile::redis::Deadlines;
+///
+/// let client = redis::Client::open("redis://127.0.0.1/")?;
+/// let deadlines = Deadlines::default().response(Duration::from_millis(20));
+/// let mut con = deadlines.blocking(client);
+/// # let _ = &mut con;
+/// # Ok::<(), redis::RedisError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    connect: Duration,
+    response: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            connect: Duration::from_millis(50),
+            response: Duration::from_millis(5),
+        }
+    }
+}
+
+impl Deadlines {
+    /// The same deadlines with `connect` to connect (at least 1 µs).
+    pub fn connect(mut self, connect: Duration) -> Self {
+        self.connect = connect.max(Duration::from_micros(1));
+        self
+    }
+
+    /// The same deadlines with `response` for each reply (at least 1 µs).
+    pub fn response(mut self, response: Duration) -> Self {
+        self.response = response.max(Duration::from_micros(1));
+        self
+    }
+
+    /// The deadline to connect.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect
+    }
+
+    /// The deadline for each reply.
+    pub fn response_timeout(&self) -> Duration {
+        self.response
+    }
+
+    /// A blocking connection to `client`'s server with these deadlines. It
+    /// connects on its first call, so this cannot fail.
+    pub fn blocking(&self, client: Client) -> BlockingConnection {
+        BlockingConnection {
+            client,
+            deadlines: *self,
+            con: None,
+        }
+    }
+
+    /// A multiplexed tokio connection to `client`'s server with these
+    /// deadlines (feature `tokio` too). It matches replies to requests itself,
+    /// so a reply that arrives after its request timed out is dropped, never
+    /// taken for the next one's; share it by cloning.
+    ///
+    /// # Errors
+    ///
+    /// When the connection cannot be made within the connect deadline.
+    #[cfg(feature = "tokio")]
+    pub async fn multiplexed(
+        &self,
+        client: &Client,
+    ) -> RedisResult<::redis::aio::MultiplexedConnection> {
+        let config = ::redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect))
+            .set_response_timeout(Some(self.response));
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+}
+
+/// A blocking connection whose every call has a deadline, and which drops
+/// itself after an I/O error or a timeout and connects again on the next
+/// call.
+///
+/// A plain [`redis::Connection`](::redis::Connection) whose read timed out is
+/// still open, and the late reply would be read as the next command's: a
+/// decision for another key, or another script's answer. This connection never
+/// reads past a failure. Built by [`Deadlines::blocking`]; use it wherever
+/// redis-rs takes a [`ConnectionLike`].
+pub struct BlockingConnection {
+    client: Client,
+    deadlines: Deadlines,
+    con: Option<Connection>,
+}
+
+impl core::fmt::Debug for BlockingConnection {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("BlockingConnection")
+            .field("deadlines", &self.deadlines)
+            .field("connected", &self.con.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl BlockingConnection {
+    /// The deadlines of every call.
+    pub fn deadlines(&self) -> Deadlines {
+        self.deadlines
+    }
+
+    /// Whether a connection is open now (one is made on the next call if not).
+    pub fn is_connected(&self) -> bool {
+        self.con.is_some()
+    }
+
+    /// The open connection, or a new one.
+    fn get(&mut self) -> RedisResult<&mut Connection> {
+        if self.con.is_none() {
+            let con = self
+                .client
+                .get_connection_with_timeout(self.deadlines.connect)?;
+            con.set_read_timeout(Some(self.deadlines.response))?;
+            con.set_write_timeout(Some(self.deadlines.response))?;
+            self.con = Some(con);
+        }
+        // Set just above.
+        self.con
+            .as_mut()
+            .ok_or_else(|| ::redis::RedisError::from(std::io::Error::other("no connection")))
+    }
+
+    /// Run `call` on the connection; after a failure that may leave a reply
+    /// in flight, or the connection broken, drop it.
+    fn with<T>(&mut self, call: impl FnOnce(&mut Connection) -> RedisResult<T>) -> RedisResult<T> {
+        let result = call(self.get()?);
+        if let Err(e) = &result
+            && (e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error())
+        {
+            self.con = None;
+        }
+        result
+    }
+}
+
+impl ConnectionLike for BlockingConnection {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        self.with(|con| con.req_packed_command(cmd))
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        self.with(|con| con.req_packed_commands(cmd, offset, count))
+    }
+
+    fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        self.with(|con| con.req_command(cmd))
+    }
+
+    fn get_db(&self) -> i64 {
+        self.client.get_connection_info().redis_settings().db()
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.with(|con| Ok(con.check_connection())).unwrap_or(false)
+    }
+
+    fn is_open(&self) -> bool {
+        self.con.as_ref().is_some_and(|con| con.is_open())
+    }
+}

@@ -1,0 +1,152 @@
+//! What can go wrong with a limit kept in Redis.
+
+use core::fmt;
+use core::time::Duration;
+
+use crate::error::AcquireError;
+
+/// Why a [`RedisLimiter`](super::RedisLimiter) could not be built: its name,
+/// or arithmetic that Lua's numbers (doubles, exact below `2^53`) could not
+/// keep exact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RedisConfigError {
+    /// The name is empty or holds `{` or `}`, which would break the hash tag
+    /// of the default prefix.
+    Name {
+        /// The name asked for.
+        name: String,
+    },
+    /// A window is not a whole number of microseconds, the unit of the scripts.
+    SubMicrosecondWindow {
+        /// The window asked for.
+        window: Duration,
+    },
+    /// A duration is longer than the scripts can handle exactly.
+    TooLong {
+        /// Which duration.
+        what: &'static str,
+        /// Its value.
+        value: Duration,
+        /// The longest allowed.
+        max: Duration,
+    },
+    /// A sliding window whose `limit * window` (in microseconds) reaches
+    /// `2^53`: its weighting would not be exact.
+    SlidingTooWide {
+        /// The limit asked for.
+        limit: u32,
+        /// The window asked for.
+        window: Duration,
+        /// The longest window for that limit.
+        max_window: Duration,
+    },
+}
+
+impl fmt::Display for RedisConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisConfigError::Name { name } => write!(
+                f,
+                "limiter name {name:?} must be non-empty and hold no '{{' or '}}' \
+                 (it is the hash tag of the keys' prefix)"
+            ),
+            RedisConfigError::SubMicrosecondWindow { window } => write!(
+                f,
+                "a window of {window:?} is not a whole number of microseconds, \
+                 the unit of the Redis scripts; round it to whole microseconds"
+            ),
+            RedisConfigError::TooLong { what, value, max } => write!(
+                f,
+                "the {what} is {value:?}; on Redis it can be at most {max:?} \
+                 (Lua numbers are exact below 2^53)"
+            ),
+            RedisConfigError::SlidingTooWide {
+                limit,
+                window,
+                max_window,
+            } => write!(
+                f,
+                "a sliding window of {limit} per {window:?} is too wide for exact \
+                 arithmetic in Lua (limit times window in microseconds must stay below \
+                 2^53): use a window of at most {max_window:?} or a lower limit"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RedisConfigError {}
+
+/// Why a decision on Redis gave no [`Decision`](crate::Decision).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RedisLimitError {
+    /// The call failed: no connection, a timeout, an error from Redis. After a
+    /// timeout or a dropped connection the script may or may not have run (a
+    /// permit may have been spent); it is not sent again.
+    Redis(::redis::RedisError),
+    /// The request can never succeed (0 permits, or more than the capacity);
+    /// nothing was sent.
+    Acquire(AcquireError),
+    /// Redis answered something that is not the script's reply (another
+    /// script under the same SHA1, a proxy in between): nothing is assumed.
+    Reply {
+        /// The reply, as debug text.
+        reply: String,
+    },
+    /// An explicit time at or above
+    /// [`MAX_EXPLICIT_MICROS`](super::MAX_EXPLICIT_MICROS); nothing was sent.
+    Time {
+        /// The time given, in microseconds.
+        now_micros: u64,
+    },
+}
+
+impl RedisLimitError {
+    /// `true` when the call timed out: Redis may still have made (and
+    /// counted) the decision.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, RedisLimitError::Redis(e) if e.is_timeout())
+    }
+}
+
+impl fmt::Display for RedisLimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisLimitError::Redis(e) => write!(f, "the rate limit's Redis call failed: {e}"),
+            RedisLimitError::Acquire(e) => e.fmt(f),
+            RedisLimitError::Reply { reply } => write!(
+                f,
+                "Redis answered {reply} where the rate limit's script answers \
+                 [allowed, remaining, wait_us, wait_ns]"
+            ),
+            RedisLimitError::Time { now_micros } => write!(
+                f,
+                "explicit time {now_micros} us is at or past 2^52 us (the year 2112); \
+                 give microseconds since the Unix epoch"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RedisLimitError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RedisLimitError::Redis(e) => Some(e),
+            RedisLimitError::Acquire(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<::redis::RedisError> for RedisLimitError {
+    fn from(e: ::redis::RedisError) -> Self {
+        RedisLimitError::Redis(e)
+    }
+}
+
+impl From<AcquireError> for RedisLimitError {
+    fn from(e: AcquireError) -> Self {
+        RedisLimitError::Acquire(e)
+    }
+}

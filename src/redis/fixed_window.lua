@@ -1,0 +1,21 @@
+-- The fixed window counter (turnstile's `FixedWindow`), state 'count:window':
+-- the count in the window with that number (windows of `w` us from 0).
+-- ARGV[4..5]: limit, window (us).
+local limit, w = tonumber(ARGV[4]), tonumber(ARGV[5])
+local index, into = idiv(now, w)
+local state = load_state(2) or {0, index}
+local count, stored = state[1], state[2]
+-- The window the count belongs to, and how far ahead of the reading's it is.
+local window, ahead = index, 0
+if count == 0 or stored < index then
+    count = 0
+elseif stored > index then
+    -- A reading behind the stored window counts against it: it never resets.
+    window, ahead = stored, stored - index
+end
+if count + n <= limit then
+    -- Fresh again when the counted window ends.
+    store_state({count + n, window}, (window + 1) * w - now)
+    return {1, limit - count - n, 0, 0}
+end
+return {0, 0, (ahead + 1) * w - into, 0}

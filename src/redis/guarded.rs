@@ -1,0 +1,378 @@
+//! What to answer while Redis cannot: a failure policy around a
+//! [`RedisLimiter`], with a backoff and a count of failures.
+
+use core::fmt;
+use core::time::Duration;
+use std::time::Instant;
+
+use ::redis::ConnectionLike;
+
+use super::{RedisLimitError, RedisLimiter};
+use crate::algorithm::Algorithm;
+use crate::clock::Clock;
+use crate::decision::{Decision, KeyedDecision, RetryAfter};
+use crate::error::{AcquireError, QuotaError};
+use crate::keyed::KeyedLimiter;
+use crate::quota::Quota;
+use crate::sync::{AtomicU64, Ordering};
+use crate::token_bucket::TokenBucket;
+
+/// The answer of a [`Guarded`] limiter while Redis fails and for the backoff
+/// after each failure.
+pub enum OnFailure<A = TokenBucket, C = crate::clock::RealClock> {
+    /// Fail closed: deny every request, with the wait until Redis is tried
+    /// again.
+    Deny,
+    /// Fail open, to a limit in this process: each key gets its own bucket in
+    /// this keyed limiter, which should hold this process's share of the
+    /// global quota (the quota divided by the processes that share it, say),
+    /// so that all of them together stay near the global limit.
+    Local(KeyedLimiter<Vec<u8>, A, C>),
+}
+
+impl<A: fmt::Debug, C: fmt::Debug> fmt::Debug for OnFailure<A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OnFailure::Deny => f.write_str("Deny"),
+            OnFailure::Local(local) => f.debug_tuple("Local").field(local).finish(),
+        }
+    }
+}
+
+impl OnFailure {
+    /// Fail open to this process's share of `quota` when `processes` share
+    /// it: a token bucket per key with `capacity / processes` tokens (at least
+    /// one) refilled `processes` times slower, so that the processes together
+    /// admit no more than `quota` would (but when the capacity is below the
+    /// number of processes: one token each). 0 processes count as 1.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::Quota;
+    /// use turnstile::redis::OnFailure;
+    ///
+    /// // 100 per second, bursts of 40, across 4 processes: bursts of 10 and 25 per second each.
+    /// let share = OnFailure::local_share(Quota::per_second(100)?.burst(40)?, 4)?;
+    /// # let _ = share;
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`QuotaError`] when the share's refill is too slow for a bucket
+    /// ([`QuotaError::FillTimeTooLong`]).
+    pub fn local_share(quota: Quota, processes: u32) -> Result<OnFailure, QuotaError> {
+        let processes = processes.max(1);
+        let capacity = (quota.capacity() / processes).max(1);
+        let share = Quota::new(
+            capacity,
+            quota.amount(),
+            quota.period().saturating_mul(processes),
+        )?;
+        Ok(OnFailure::Local(KeyedLimiter::new(share)))
+    }
+}
+
+/// A [`Guarded`] limiter's counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GuardedStats {
+    /// Calls to Redis that failed (no connection, a timeout, an error reply).
+    pub failures: u64,
+    /// Decisions made by the failure policy instead of Redis.
+    pub fallbacks: u64,
+}
+
+/// A [`RedisLimiter`] that never returns a Redis error: when a call fails it
+/// answers by its [`OnFailure`] policy, and for the `backoff` after a failure
+/// it does not call Redis at all, so a dead Redis costs the requests in flight
+/// one deadline and the rest nothing. After the backoff one request tries
+/// Redis again (the others keep to the policy until it has answered); its
+/// success ends the backoff.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use turnstile::redis::{Deadlines, Guarded, OnFailure, RedisLimiter};
+/// use turnstile::{KeyedLimiter, Quota, TokenBucket};
+///
+/// let mut con = Deadlines::default().blocking(redis::Client::open("redis://127.0.0.1/")?);
+/// // 100 per second across 4 processes; while Redis is out, 25 per second here.
+/// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(100)?))?;
+/// let local = KeyedLimiter::new(Quota::per_second(25)?);
+/// let limiter = Guarded::new(global, OnFailure::Local(local), Duration::from_secs(1));
+/// let decision = limiter.try_acquire(&mut con, "k_live_123")?;
+/// println!("{decision:?}; {} failures so far", limiter.stats().failures);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Guarded<A = TokenBucket, C = crate::clock::RealClock> {
+    limiter: RedisLimiter,
+    on_failure: OnFailure<A, C>,
+    backoff: Duration,
+    epoch: Instant,
+    /// Nanoseconds since `epoch` before which Redis is not called; 0 when it
+    /// is called (no failure, or the last call succeeded).
+    retry_at: AtomicU64,
+    failures: AtomicU64,
+    fallbacks: AtomicU64,
+}
+
+impl<A: fmt::Debug, C: fmt::Debug> fmt::Debug for Guarded<A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guarded")
+            .field("limiter", &self.limiter)
+            .field("on_failure", &self.on_failure)
+            .field("backoff", &self.backoff)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether to call Redis now.
+enum Turn {
+    /// Yes: no failure is being backed off from.
+    Call,
+    /// Yes, as the one probe after a backoff.
+    Probe,
+    /// No: `wait` is left of the backoff.
+    Skip { wait: Duration },
+}
+
+impl<A, C> Guarded<A, C> {
+    /// `limiter` with the policy `on_failure` and a backoff of `backoff` after
+    /// each failure.
+    pub fn new(limiter: RedisLimiter, on_failure: OnFailure<A, C>, backoff: Duration) -> Self {
+        Guarded {
+            limiter,
+            on_failure,
+            backoff,
+            epoch: Instant::now(),
+            retry_at: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            fallbacks: AtomicU64::new(0),
+        }
+    }
+
+    /// The limiter in Redis.
+    pub fn limiter(&self) -> &RedisLimiter {
+        &self.limiter
+    }
+
+    /// Failures and fallback decisions so far.
+    pub fn stats(&self) -> GuardedStats {
+        // Counters only: they publish no other data, so Relaxed.
+        GuardedStats {
+            failures: self.failures.load(Ordering::Relaxed),
+            fallbacks: self.fallbacks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// `true` while a failure is being backed off from: decisions come from
+    /// the policy.
+    pub fn is_backing_off(&self) -> bool {
+        // Relaxed: a hint, and `retry_at` publishes no other data.
+        self.retry_at.load(Ordering::Relaxed) != 0
+    }
+
+    fn now(&self) -> u64 {
+        // At least 1, so that 0 can mean "no backoff"; 584 years saturate.
+        u64::try_from(self.epoch.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    fn backoff_nanos(&self) -> u64 {
+        u64::try_from(self.backoff.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+impl<A: Algorithm, C: Clock> Guarded<A, C> {
+    /// Ask for one permit for `key`; see [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// None in practice: a request for one permit always fits.
+    pub fn try_acquire(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Decision, AcquireError> {
+        self.try_acquire_n(con, key, 1)
+    }
+
+    /// Ask for `n` permits for `key` from Redis, or from the policy while
+    /// Redis fails.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError`] for `n = 0` or above the capacity, before anything else.
+    pub fn try_acquire_n(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<Decision, AcquireError> {
+        let key = key.as_ref();
+        let turn = self.turn(n)?;
+        if let Turn::Skip { wait } = turn {
+            return Ok(self.fallback(key, n, wait));
+        }
+        let result = self.limiter.try_acquire_n(con, key, n);
+        self.settle(turn, key, n, result)
+    }
+
+    /// [`try_acquire`](Self::try_acquire) on an asynchronous connection
+    /// (feature `tokio` too).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    #[cfg(feature = "tokio")]
+    pub async fn try_acquire_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Decision, AcquireError> {
+        self.try_acquire_n_async(con, key, 1).await
+    }
+
+    /// [`try_acquire_n`](Self::try_acquire_n) on an asynchronous connection
+    /// (feature `tokio` too).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    #[cfg(feature = "tokio")]
+    pub async fn try_acquire_n_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<Decision, AcquireError> {
+        let key = key.as_ref();
+        let turn = self.turn(n)?;
+        if let Turn::Skip { wait } = turn {
+            return Ok(self.fallback(key, n, wait));
+        }
+        let result = self.limiter.try_acquire_n_async(con, key, n).await;
+        self.settle(turn, key, n, result)
+    }
+
+    /// Check `n`, then decide whether this request calls Redis.
+    fn turn(&self, n: u32) -> Result<Turn, AcquireError> {
+        let capacity = self.limiter.capacity();
+        if n == 0 {
+            return Err(AcquireError::ZeroPermits);
+        }
+        if n > capacity {
+            return Err(AcquireError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            });
+        }
+        // Relaxed: `retry_at` publishes no other data; at worst a thread calls
+        // Redis once more, or falls back once more, than it had to.
+        let retry_at = self.retry_at.load(Ordering::Relaxed);
+        if retry_at == 0 {
+            return Ok(Turn::Call);
+        }
+        let now = self.now();
+        if now < retry_at {
+            return Ok(Turn::Skip {
+                wait: Duration::from_nanos(retry_at - now),
+            });
+        }
+        // The backoff is over: one request probes, the others wait another
+        // backoff's worth unless the probe succeeds first.
+        let next = now.saturating_add(self.backoff_nanos());
+        match self
+            .retry_at
+            .compare_exchange(retry_at, next, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => Ok(Turn::Probe),
+            Err(_) => Ok(Turn::Skip { wait: self.backoff }),
+        }
+    }
+
+    /// Record how the call went, and answer.
+    fn settle(
+        &self,
+        turn: Turn,
+        key: &[u8],
+        n: u32,
+        result: Result<Decision, RedisLimitError>,
+    ) -> Result<Decision, AcquireError> {
+        match result {
+            Ok(decision) => {
+                if matches!(turn, Turn::Probe) || self.is_backing_off() {
+                    // Relaxed: see `turn`.
+                    self.retry_at.store(0, Ordering::Relaxed);
+                }
+                Ok(decision)
+            }
+            Err(RedisLimitError::Acquire(e)) => Err(e),
+            Err(_) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                let next = self.now().saturating_add(self.backoff_nanos());
+                self.retry_at.store(next, Ordering::Relaxed);
+                Ok(self.fallback(key, n, self.backoff))
+            }
+        }
+    }
+
+    /// The policy's decision; `wait` is left until Redis is tried again.
+    fn fallback(&self, key: &[u8], n: u32, wait: Duration) -> Decision {
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        match &self.on_failure {
+            OnFailure::Deny => Decision::Denied {
+                retry_after: RetryAfter::from_nanos(
+                    u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX),
+                ),
+            },
+            OnFailure::Local(local) => {
+                // A local limiter smaller than the global capacity may refuse
+                // `n` outright: deny, with the wait until Redis is tried.
+                let deny = || Decision::Denied {
+                    retry_after: RetryAfter::from_nanos(
+                        u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX),
+                    ),
+                };
+                match local.try_acquire_n(key, n) {
+                    Ok(KeyedDecision::Allowed { remaining }) => Decision::Allowed { remaining },
+                    Ok(KeyedDecision::Denied { retry_after })
+                    | Ok(KeyedDecision::KeyLimit { retry_after }) => {
+                        Decision::Denied { retry_after }
+                    }
+                    Err(_) => deny(),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_local_share_divides_the_burst_and_the_rate() {
+        let quota = Quota::new(40, 1, Duration::from_millis(10)).unwrap();
+        let OnFailure::Local(local) = OnFailure::local_share(quota, 4).unwrap() else {
+            panic!("a local share");
+        };
+        let share = local.algorithm().quota();
+        assert_eq!(share.capacity(), 10);
+        assert_eq!(
+            (share.amount(), share.period()),
+            (1, Duration::from_millis(40))
+        );
+        // Fewer tokens than processes: one each; no processes: one process.
+        let OnFailure::Local(local) = OnFailure::local_share(quota, 100).unwrap() else {
+            panic!("a local share");
+        };
+        assert_eq!(local.algorithm().quota().capacity(), 1);
+        let OnFailure::Local(local) = OnFailure::local_share(quota, 0).unwrap() else {
+            panic!("a local share");
+        };
+        assert_eq!(local.algorithm().quota(), quota);
+    }
+}

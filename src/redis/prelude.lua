@@ -1,0 +1,90 @@
+-- turnstile: the part every script shares.
+--
+-- KEYS[1]  the limiter's key for one client
+-- ARGV[1]  the time in microseconds, or '' to read Redis' own clock (TIME)
+-- ARGV[2]  the permits asked for, 1 ..= capacity (checked before the call)
+-- ARGV[3]  milliseconds added to every expiry (0 by default)
+-- ARGV[4..] the algorithm's parameters, whole numbers
+--
+-- Lua numbers are doubles: every value here is a whole number below 2^53,
+-- which the limiter's validation guarantees (microseconds since 1970 stay
+-- below 2^52 until 2112), so `+ - *` are exact and `idiv` divides exactly.
+--
+-- The reply is {allowed, remaining, wait_us, wait_ns}: {1, remaining, 0, 0}
+-- for an admission, {0, 0, us, ns} for a denial whose exact wait is
+-- `us * 1000 + ns` nanoseconds (ns may be negative, above -1000).
+
+-- floor(x / d) and x mod d, exact for whole 0 <= x < 2^53 and d >= 1: the
+-- double quotient can be one off near a whole number, the remainder says so.
+local function idiv(x, d)
+    local q = math.floor(x / d)
+    local r = x - q * d
+    if r < 0 then
+        q, r = q - 1, r + d
+    elseif r >= d then
+        q, r = q + 1, r - d
+    end
+    return q, r
+end
+
+-- A whole number as Redis stores it: '%.0f' is exact below 2^53, where
+-- tostring's 14 significant digits are not.
+local function str(x)
+    return string.format('%.0f', x)
+end
+
+-- The key's state, as whole numbers joined by ':', or nil for none (a
+-- fresh state).
+local function load_state(fields)
+    local value = redis.call('GET', KEYS[1])
+    if not value then
+        return nil
+    end
+    local state, i = {}, 0
+    for field in string.gmatch(value, '[^:]+') do
+        i = i + 1
+        state[i] = tonumber(field)
+        if state[i] == nil then
+            return nil
+        end
+    end
+    if i ~= fields then
+        return nil
+    end
+    return state
+end
+
+-- Store the state, to expire `us` microseconds from now rounded up to whole
+-- milliseconds (never before it is as good as fresh), plus the slack: one
+-- SET with PX, where a hash would need HSET and PEXPIRE.
+local function store_state(state, us)
+    local ms, rest = idiv(us, 1000)
+    if rest > 0 then
+        ms = ms + 1
+    end
+    if ms < 1 then
+        ms = 1
+    end
+    ms = ms + tonumber(ARGV[3])
+    local parts = {}
+    for i, v in ipairs(state) do
+        parts[i] = str(v)
+    end
+    redis.call('SET', KEYS[1], table.concat(parts, ':'), 'PX', str(ms))
+end
+
+local now
+if ARGV[1] == '' then
+    -- Redis 3.2 to 4 replicate a script by running it again on each replica,
+    -- whose TIME differs: replicating its writes instead makes TIME allowed
+    -- before a write. Redis 5 and later do this always (and 7 keeps the call
+    -- as a no-op).
+    if redis.replicate_commands then
+        redis.replicate_commands()
+    end
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+    now = tonumber(ARGV[1])
+end
+local n = tonumber(ARGV[2])

@@ -1,0 +1,900 @@
+//! Exact mode on Redis (`turnstile::redis`), against a real `redis-server`
+//! that each test starts on a free port of its own and stops when done.
+//!
+//! Without `redis-server` on PATH each test says so and passes, unless
+//! `TURNSTILE_REQUIRE_REDIS=1` is set (CI sets it), when it fails.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::{Client, ConnectionLike};
+use turnstile::redis::{
+    Deadlines, Guarded, GuardedStats, OnFailure, RedisLimitError, RedisLimiter,
+};
+use turnstile::{
+    AcquireError, Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, Quota, SlidingWindow,
+    TokenBucket,
+};
+
+/// A `redis-server` of the test's own, killed (by the process id it was
+/// started with) when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn client(&self) -> Client {
+        Client::open(format!("redis://127.0.0.1:{}/", self.port)).expect("a valid address")
+    }
+
+    /// A connection with deadlines generous enough for a loaded CI machine.
+    fn connection(&self) -> turnstile::redis::BlockingConnection {
+        Deadlines::default()
+            .connect(Duration::from_secs(2))
+            .response(Duration::from_secs(2))
+            .blocking(self.client())
+    }
+
+    /// A plain connection for looking at the server's state.
+    fn plain(&self) -> redis::Connection {
+        self.client()
+            .get_connection()
+            .expect("the test server answers")
+    }
+}
+
+fn dbsize(con: &mut dyn ConnectionLike) -> i64 {
+    redis::cmd("DBSIZE").query(con).expect("DBSIZE")
+}
+
+/// A key's state as the scripts store it: whole numbers joined by ':'.
+fn state(con: &mut dyn ConnectionLike, key: &[u8]) -> Vec<u64> {
+    let value: String = redis::cmd("GET").arg(key).query(con).expect("a state");
+    value
+        .split(':')
+        .map(|field| field.parse().expect("a whole number"))
+        .collect()
+}
+
+/// Redis' clock, in microseconds since the Unix epoch.
+fn redis_time(con: &mut dyn ConnectionLike) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(con).expect("TIME");
+    secs * 1_000_000 + micros
+}
+
+/// Whether `redis-server` is on PATH: when it is not, say that the suite did
+/// not run (the test passes), or fail when it is required.
+fn redis_server_found() -> bool {
+    let required = std::env::var("TURNSTILE_REQUIRE_REDIS").is_ok_and(|v| v == "1");
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            !required,
+            "TURNSTILE_REQUIRE_REDIS=1 but redis-server is not on PATH: \
+             install it (apt-get install redis-server)"
+        );
+        // Straight to stderr, past the test harness's capture, so that the
+        // line shows although the test passes.
+        let _ = writeln!(
+            std::io::stderr(),
+            "the Redis suite did not run: redis-server is not on PATH. Install it \
+             (apt-get install redis-server) and run `cargo test -p turnstile-dev --test redis`; \
+             TURNSTILE_REQUIRE_REDIS=1 makes its absence a failure"
+        );
+    }
+    found
+}
+
+/// A server on `port`, once it answers; `None` if it exits first (the port
+/// was taken) or does not answer within 5 s.
+fn spawn_on(port: u16) -> Option<Server> {
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(["--enable-debug-command", "yes"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server starts");
+    let mut server = Server { child, port };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        if let Ok(Some(_)) = server.child.try_wait() {
+            return None;
+        }
+        if let Ok(mut con) = server.client().get_connection()
+            && redis::cmd("PING").query::<String>(&mut con).is_ok()
+        {
+            return Some(server);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// Start a server on a free port, or say why the suite cannot run: `None`
+/// (the test passes) when `redis-server` is missing, a failure when it is
+/// required.
+fn server() -> Option<Server> {
+    if !redis_server_found() {
+        return None;
+    }
+    // A free port, taken again by the server; another process may take it in
+    // between, so try a few.
+    for _ in 0..5 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        if let Some(server) = spawn_on(port) {
+            return Some(server);
+        }
+    }
+    panic!("redis-server did not start on any of 5 ports");
+}
+
+/// Deterministic pseudo-random numbers (xorshift), so a failing trace replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// 2025-11-30 in microseconds since the Unix epoch: explicit times as large as
+/// Redis' own.
+const START_MICROS: u64 = 1_764_460_800_000_000;
+
+/// Replay a random trace over several keys through the Redis script and the
+/// in-process algorithm (`Algorithm::decide` on a word per key), with the
+/// same explicit times, and require the same decisions: admissions with the
+/// same `remaining`, denials with the same wait to the nanosecond.
+fn differential<A: Algorithm + Copy + Into<turnstile::redis::RedisAlgorithm>>(
+    server: &Server,
+    name: &str,
+    algorithm: A,
+    step_micros: u64,
+    seed: u64,
+    steps: usize,
+) -> (usize, usize) {
+    // Keys expire on Redis' clock while the trace's time runs much faster;
+    // the slack keeps a key written just before it is fresh again alive for a
+    // step that goes back in time, however slow the machine is.
+    let limiter = RedisLimiter::new(name, algorithm)
+        .expect("a configuration Redis keeps exact")
+        .with_expiry_slack(Duration::from_secs(60));
+    let mut con = server.connection();
+    let mut rng = Rng(seed);
+    let keys = ["a", "b", "c"];
+    let mut words: HashMap<&str, u64> = keys.iter().map(|k| (*k, algorithm.fresh())).collect();
+    let mut now = START_MICROS + rng.below(step_micros * 10);
+    let capacity = u64::from(algorithm.capacity());
+    let (mut allowed, mut denied) = (0, 0);
+    for step in 0..steps {
+        // Mostly forwards, by up to two steps; sometimes not at all, sometimes
+        // back (a reading behind the stored state).
+        match rng.below(10) {
+            0 => {}
+            1 => now -= rng.below(step_micros).min(now - START_MICROS),
+            _ => now += rng.below(2 * step_micros) + 1,
+        }
+        let key = keys[rng.below(keys.len() as u64) as usize];
+        // Small requests mostly, the whole capacity sometimes.
+        let n = if rng.below(8) == 0 {
+            capacity
+        } else {
+            1 + rng.below(capacity.min(3))
+        } as u32;
+        let word = words[key];
+        let (expected, next) = algorithm.decide(word, now * 1_000, n);
+        if let Some(next) = next {
+            words.insert(key, next);
+        }
+        let got = limiter
+            .try_acquire_n_at(&mut con, key, n, now)
+            .expect("the script answers");
+        assert_eq!(
+            got, expected,
+            "{name}, seed {seed}, step {step}: key {key}, n {n}, at {now} us"
+        );
+        if got.is_allowed() {
+            allowed += 1;
+        } else {
+            denied += 1;
+        }
+    }
+    (allowed, denied)
+}
+
+/// Each configuration sees both admissions and denials, or the comparison
+/// would prove little.
+fn check_mix(name: &str, (allowed, denied): (usize, usize)) {
+    assert!(
+        allowed > 20 && denied > 20,
+        "{name}: {allowed} allowed, {denied} denied"
+    );
+}
+
+const MS: Duration = Duration::from_millis(1);
+
+#[test]
+fn token_bucket_matches_in_process() {
+    let Some(server) = server() else { return };
+    let cases = [
+        (Quota::new(3, 1, 100 * MS).unwrap(), 40_000),
+        (Quota::new(10, 3, 250 * MS).unwrap(), 60_000),
+        (Quota::new(5, 5, 100 * MS).unwrap(), 30_000),
+        (Quota::new(1, 1, 300 * MS).unwrap(), 200_000),
+        // 2 µs time units: the reading's place in its unit matters.
+        (
+            Quota::new(70_000, 7_000, Duration::from_micros(100_000)).unwrap(),
+            20_000,
+        ),
+    ];
+    for (i, (quota, step)) in cases.into_iter().enumerate() {
+        for seed in 1..=3 {
+            let name = format!("tb{i}-{seed}");
+            let mix = differential(
+                &server,
+                &name,
+                TokenBucket::new(quota),
+                step,
+                seed * 7919 + i as u64,
+                400,
+            );
+            if quota.capacity() < 100 {
+                check_mix(&name, mix);
+            }
+        }
+    }
+}
+
+#[test]
+fn fixed_window_matches_in_process() {
+    let Some(server) = server() else { return };
+    let cases = [
+        (3, 200 * MS, 50_000),
+        (10, 333 * MS, 40_000),
+        (1, 100 * MS, 60_000),
+    ];
+    for (i, (limit, window, step)) in cases.into_iter().enumerate() {
+        for seed in 1..=3 {
+            let name = format!("fw{i}-{seed}");
+            let algorithm = FixedWindow::new(limit, window).unwrap();
+            check_mix(
+                &name,
+                differential(&server, &name, algorithm, step, seed * 31 + i as u64, 400),
+            );
+        }
+    }
+}
+
+#[test]
+fn sliding_window_matches_in_process() {
+    let Some(server) = server() else { return };
+    // Windows and limits whose weights leave nanosecond fractions in the waits.
+    let cases = [
+        (7, Duration::from_micros(1_000_003), 150_000),
+        (3, 200 * MS, 40_000),
+        (20, 333 * MS, 10_000),
+        (1, 100 * MS, 60_000),
+    ];
+    for (i, (limit, window, step)) in cases.into_iter().enumerate() {
+        for seed in 1..=3 {
+            let name = format!("sw{i}-{seed}");
+            let algorithm = SlidingWindow::new(limit, window).unwrap();
+            check_mix(
+                &name,
+                differential(&server, &name, algorithm, step, seed * 131 + i as u64, 400),
+            );
+        }
+    }
+}
+
+#[test]
+fn gcra_matches_in_process() {
+    let Some(server) = server() else { return };
+    let cases = [
+        (Quota::new(3, 1, 100 * MS).unwrap(), 40_000),
+        // An emission interval of 333,334 ns (period / amount rounded up to
+        // whole nanoseconds): the TAT keeps its nanoseconds.
+        (
+            Quota::new(10, 3, Duration::from_micros(1_000_001)).unwrap(),
+            100_000,
+        ),
+        (Quota::new(5, 7, 100 * MS).unwrap(), 10_000),
+        (Quota::new(1, 1, 300 * MS).unwrap(), 200_000),
+    ];
+    for (i, (quota, step)) in cases.into_iter().enumerate() {
+        for seed in 1..=3 {
+            let name = format!("gcra{i}-{seed}");
+            check_mix(
+                &name,
+                differential(
+                    &server,
+                    &name,
+                    Gcra::new(quota),
+                    step,
+                    seed * 17 + i as u64,
+                    400,
+                ),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_request_that_can_never_succeed_fails_without_a_round_trip() {
+    // No server at all on this connection: the checks come first.
+    let nowhere = Deadlines::default().blocking(Client::open("redis://127.0.0.1:1/").unwrap());
+    let mut con = nowhere;
+    let limiter = RedisLimiter::new("x", TokenBucket::new(Quota::per_second(5).unwrap())).unwrap();
+    assert!(matches!(
+        limiter.try_acquire_n(&mut con, "k", 0),
+        Err(RedisLimitError::Acquire(AcquireError::ZeroPermits))
+    ));
+    assert!(matches!(
+        limiter.try_acquire_n(&mut con, "k", 6),
+        Err(RedisLimitError::Acquire(
+            AcquireError::InsufficientCapacity {
+                requested: 6,
+                capacity: 5
+            }
+        ))
+    ));
+    assert!(!con.is_connected(), "nothing was sent");
+    // A request that could succeed does try, and fails as a Redis error.
+    assert!(matches!(
+        limiter.try_acquire(&mut con, "k"),
+        Err(RedisLimitError::Redis(_))
+    ));
+}
+
+#[test]
+fn idle_keys_expire_once_fresh_again() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let quota = Quota::new(4, 1, 50 * MS).unwrap(); // fill time 200 ms
+    let limiters = [
+        RedisLimiter::new("tb", TokenBucket::new(quota)).unwrap(),
+        RedisLimiter::new("gcra", Gcra::new(quota)).unwrap(),
+        RedisLimiter::new("fw", FixedWindow::new(4, 100 * MS).unwrap()).unwrap(),
+        RedisLimiter::new("sw", SlidingWindow::new(4, 100 * MS).unwrap()).unwrap(),
+    ];
+    for limiter in &limiters {
+        for key in ["a", "b"] {
+            assert!(
+                limiter
+                    .try_acquire_n(&mut con, key, 4)
+                    .unwrap()
+                    .is_allowed()
+            );
+            assert!(limiter.try_acquire(&mut con, key).unwrap().is_denied());
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(limiter.redis_key(key))
+                .query(&mut con)
+                .unwrap();
+            // At most the longest time to be fresh again: 200 ms (the sliding
+            // window's two windows, the bucket's and GCRA's fill time).
+            assert!(
+                ttl > 0 && ttl <= 200,
+                "{:?}: PTTL {ttl}",
+                limiter.algorithm()
+            );
+        }
+    }
+    assert_eq!(dbsize(&mut con), 8);
+    // Denials write nothing: still 8 keys. After the longest time to be
+    // fresh again, none: `EXISTS` sees a key past its expiry as gone (and
+    // deletes it, where Redis' background expiry would get to it within
+    // 100 ms or so), so then DBSIZE is 0 too.
+    thread::sleep(Duration::from_millis(210));
+    let keys: Vec<Vec<u8>> = limiters
+        .iter()
+        .flat_map(|l| [l.redis_key("a"), l.redis_key("b")])
+        .collect();
+    let exists: i64 = redis::cmd("EXISTS").arg(&keys).query(&mut con).unwrap();
+    assert_eq!(exists, 0);
+    assert_eq!(dbsize(&mut con), 0);
+    // And a key that comes back finds a fresh allowance.
+    for limiter in &limiters {
+        assert_eq!(
+            limiter.try_acquire_n(&mut con, "a", 4).unwrap(),
+            Decision::Allowed { remaining: 0 }
+        );
+    }
+}
+
+#[test]
+fn time_comes_from_redis_not_from_any_client() {
+    let Some(server) = server() else { return };
+    let (mut one, mut two) = (server.connection(), server.connection());
+    let quota = Quota::new(2, 1, Duration::from_secs(10)).unwrap();
+    let limiter = RedisLimiter::new("t", TokenBucket::new(quota)).unwrap();
+    let before = redis_time(&mut one);
+    assert_eq!(
+        limiter.try_acquire(&mut one, "k").unwrap(),
+        Decision::Allowed { remaining: 1 }
+    );
+    let after = redis_time(&mut one);
+    // The bucket's refill time is Redis' clock at the decision.
+    let stored = state(&mut one, &limiter.redis_key("k"))[1];
+    assert!(
+        (before..=after).contains(&stored),
+        "{before} <= {stored} <= {after}"
+    );
+    // A second client (another process, as far as Redis can tell) shares the
+    // bucket, and its wait is counted on the same clock.
+    assert_eq!(
+        limiter.try_acquire(&mut two, "k").unwrap(),
+        Decision::Allowed { remaining: 0 }
+    );
+    let wait = limiter
+        .try_acquire(&mut two, "k")
+        .unwrap()
+        .retry_after()
+        .expect("the bucket is empty")
+        .duration();
+    let end = redis_time(&mut two);
+    let waited = Duration::from_micros(end - stored);
+    // The next token is due 10 s after the first admission, on Redis' clock.
+    assert!(wait <= Duration::from_secs(10) && wait + waited >= Duration::from_secs(10));
+    // An explicit time far from Redis' clock is just as valid a clock: the
+    // same key, decided 20 s after the stored time, finds the bucket full.
+    assert_eq!(
+        limiter
+            .try_acquire_n_at(&mut one, "k", 2, stored + 20_000_000)
+            .unwrap(),
+        Decision::Allowed { remaining: 0 }
+    );
+}
+
+#[test]
+fn four_connections_on_one_key_admit_at_most_the_bound() {
+    let Some(server) = server() else { return };
+    let quota = Quota::new(20, 1, 10 * MS).unwrap();
+    let limiter = Arc::new(RedisLimiter::new("hot", TokenBucket::new(quota)).unwrap());
+    let admitted = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+    let barrier = Arc::new(Barrier::new(4));
+    let mut clock = server.connection();
+    let start = redis_time(&mut clock);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (limiter, admitted, calls, barrier) = (
+                limiter.clone(),
+                admitted.clone(),
+                calls.clone(),
+                barrier.clone(),
+            );
+            let mut con = server.connection();
+            thread::spawn(move || {
+                barrier.wait();
+                let until = Instant::now() + Duration::from_secs(1);
+                while Instant::now() < until {
+                    let decision = limiter.try_acquire(&mut con, "k").expect("a decision");
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    if decision.is_allowed() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("no panic");
+    }
+    let end = redis_time(&mut clock);
+    let elapsed = end - start;
+    let admitted = admitted.load(Ordering::Relaxed);
+    let bound = 20 + elapsed / 10_000;
+    eprintln!(
+        "4 connections, {} calls in {elapsed} us: {admitted} admitted, bound {bound}",
+        calls.load(Ordering::Relaxed)
+    );
+    assert!(admitted <= bound, "{admitted} admitted > bound {bound}");
+    // It did admit the refills, not just the burst: well over half of them.
+    assert!(admitted > 20 + elapsed / 20_000, "{admitted} admitted");
+}
+
+#[test]
+fn a_flushed_script_is_loaded_again_and_counted_once() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let limiter =
+        RedisLimiter::new("f", FixedWindow::new(10, Duration::from_secs(60)).unwrap()).unwrap();
+    let now = START_MICROS;
+    assert_eq!(
+        limiter.try_acquire_n_at(&mut con, "k", 2, now).unwrap(),
+        Decision::Allowed { remaining: 8 }
+    );
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    // NOSCRIPT, then SCRIPT LOAD and the call again: 3 more, counted once.
+    assert_eq!(
+        limiter.try_acquire_n_at(&mut con, "k", 3, now).unwrap(),
+        Decision::Allowed { remaining: 5 }
+    );
+    assert_eq!(state(&mut con, &limiter.redis_key("k"))[0], 5);
+}
+
+#[test]
+fn a_call_past_its_deadline_fails_fast_and_the_late_reply_is_never_read() {
+    let Some(server) = server() else { return };
+    let limiter =
+        RedisLimiter::new("d", FixedWindow::new(100, Duration::from_secs(60)).unwrap()).unwrap();
+    let mut con = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .response(Duration::from_millis(50))
+        .blocking(server.client());
+    assert_eq!(
+        limiter
+            .try_acquire_n_at(&mut con, "k", 1, START_MICROS)
+            .unwrap(),
+        Decision::Allowed { remaining: 99 }
+    );
+    // Redis busy for 400 ms: the next decision waits 50 ms, not 400.
+    let mut other = server.plain();
+    let sleeper = thread::spawn(move || {
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.4")
+            .query(&mut other);
+    });
+    thread::sleep(Duration::from_millis(50));
+    let start = Instant::now();
+    let err = limiter
+        .try_acquire_n_at(&mut con, "k", 10, START_MICROS)
+        .expect_err("Redis is asleep");
+    let took = start.elapsed();
+    assert!(err.is_timeout(), "{err}");
+    assert!(took < Duration::from_millis(300), "took {took:?}");
+    assert!(!con.is_connected(), "the connection was dropped");
+    sleeper.join().unwrap();
+    // The next call reads its own reply on a new connection: 88 left if the
+    // timed-out call ran once Redis woke, 98 if it never reached the script;
+    // never the late reply (89 left).
+    let next = limiter
+        .try_acquire_n_at(&mut con, "k", 1, START_MICROS)
+        .unwrap();
+    assert!(
+        matches!(next, Decision::Allowed { remaining: 88 | 98 }),
+        "{next:?}"
+    );
+}
+
+#[test]
+fn the_async_api_decides_as_the_blocking_one() {
+    let Some(server) = server() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let quota = Quota::new(3, 1, Duration::from_secs(1)).unwrap();
+    let limiter = RedisLimiter::new("async", Gcra::new(quota)).unwrap();
+    let deadlines = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .response(Duration::from_secs(2));
+    runtime.block_on(async {
+        let mut con = deadlines.multiplexed(&server.client()).await.unwrap();
+        let now = START_MICROS;
+        for left in [2, 1, 0] {
+            assert_eq!(
+                limiter
+                    .try_acquire_n_at_async(&mut con, "k", 1, now)
+                    .await
+                    .unwrap(),
+                Decision::Allowed { remaining: left }
+            );
+        }
+        let wait = limiter
+            .try_acquire_n_at_async(&mut con, "k", 1, now + 300_000)
+            .await
+            .unwrap()
+            .retry_after()
+            .unwrap();
+        assert_eq!(wait.duration(), Duration::from_millis(700));
+        assert!(matches!(
+            limiter.try_acquire_n_async(&mut con, "k", 4).await,
+            Err(RedisLimitError::Acquire(_))
+        ));
+        // On Redis' clock: another key, admitted.
+        assert!(
+            limiter
+                .try_acquire_async(&mut con, "other")
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+    });
+    // The blocking API sees the same state.
+    let mut con = server.connection();
+    assert!(
+        limiter
+            .try_acquire_n_at(&mut con, "k", 1, START_MICROS + 300_000)
+            .unwrap()
+            .is_denied()
+    );
+}
+
+#[test]
+fn one_decision_costs_one_round_trip() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let quota = Quota::new(10_000, 1, Duration::from_micros(1)).unwrap();
+    let limiter = RedisLimiter::new("cost", TokenBucket::new(quota)).unwrap();
+    // Warm: the script loaded, the connection made; then count from zero.
+    assert!(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    let calls = 2_000;
+    let start = Instant::now();
+    let mut admitted = 0;
+    for _ in 0..calls {
+        admitted += usize::from(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    let per_call = start.elapsed() / calls as u32;
+    // The round trip alone, on the same connection: what the script adds.
+    let start = Instant::now();
+    for _ in 0..calls {
+        let _: String = redis::cmd("PING").query(&mut con).unwrap();
+    }
+    let per_ping = start.elapsed() / calls as u32;
+    eprintln!(
+        "one exact-mode decision over TCP loopback: {per_call:?}, a PING {per_ping:?} \
+         (means of {calls})"
+    );
+    assert_eq!(admitted, calls);
+    let commands: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut con)
+        .unwrap();
+    let evalsha = commands
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .expect("EVALSHA counted");
+    assert!(
+        evalsha.starts_with(&format!("cmdstat_evalsha:calls={calls},")),
+        "{evalsha}"
+    );
+}
+
+#[test]
+fn while_redis_is_down_a_local_limit_answers_and_redis_is_tried_after_the_backoff() {
+    let Some(server) = server() else { return };
+    let port = server.port;
+    let global = RedisLimiter::new(
+        "g",
+        TokenBucket::new(Quota::new(5, 1, 60 * 1_000 * MS).unwrap()),
+    )
+    .unwrap();
+    // This process's share while Redis is out: 2 per key.
+    let local = KeyedLimiter::new(Quota::new(2, 1, 60 * 1_000 * MS).unwrap());
+    let backoff = 300 * MS;
+    let guarded = Guarded::new(global, OnFailure::Local(local), backoff);
+    let mut con = server.connection();
+    let allowed = |remaining| Ok(Decision::Allowed { remaining });
+    assert_eq!(guarded.try_acquire(&mut con, "k"), allowed(4));
+    assert_eq!(guarded.stats(), GuardedStats::default());
+
+    drop(server); // killed
+    let failed_at = Instant::now();
+    // The call fails, and the local limit answers.
+    assert_eq!(guarded.try_acquire(&mut con, "k"), allowed(1));
+    assert!(guarded.is_backing_off());
+    // During the backoff Redis is not called: the failures stay at 1.
+    assert_eq!(guarded.try_acquire(&mut con, "k"), allowed(0));
+    assert!(guarded.try_acquire(&mut con, "k").unwrap().is_denied());
+    let stats = guarded.stats();
+    assert_eq!((stats.failures, stats.fallbacks), (1, 3));
+    assert!(
+        failed_at.elapsed() < backoff,
+        "the test was too slow to tell"
+    );
+
+    // Redis is back (empty); after the backoff it decides again.
+    let _server = spawn_on(port).expect("redis-server restarts on its port");
+    thread::sleep((backoff + 50 * MS).saturating_sub(failed_at.elapsed()));
+    assert_eq!(guarded.try_acquire(&mut con, "k"), allowed(4));
+    assert!(!guarded.is_backing_off());
+    let stats = guarded.stats();
+    assert_eq!((stats.failures, stats.fallbacks), (1, 3));
+}
+
+#[test]
+fn failing_closed_denies_until_redis_is_tried_again() {
+    let Some(server) = server() else { return };
+    let global = RedisLimiter::new("c", FixedWindow::new(3, 60 * 1_000 * MS).unwrap()).unwrap();
+    let backoff = Duration::from_secs(5);
+    let guarded: Guarded = Guarded::new(global, OnFailure::Deny, backoff);
+    let mut con = server.connection();
+    assert_eq!(
+        guarded.try_acquire_n(&mut con, "k", 3),
+        Ok(Decision::Allowed { remaining: 0 })
+    );
+    drop(server);
+    for _ in 0..2 {
+        let wait = guarded
+            .try_acquire(&mut con, "k")
+            .unwrap()
+            .retry_after()
+            .expect("denied")
+            .duration();
+        assert!(
+            wait <= backoff && wait > backoff - Duration::from_secs(1),
+            "{wait:?}"
+        );
+    }
+    assert_eq!(
+        guarded.try_acquire_n(&mut con, "k", 4),
+        Err(AcquireError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        })
+    );
+    let stats = guarded.stats();
+    assert_eq!((stats.failures, stats.fallbacks), (1, 2));
+}
+
+/// Any parameters, not just the hand-picked ones: a random algorithm with a
+/// random capacity, refill and period or window (any whole number of
+/// microseconds), and a random trace on it.
+#[test]
+fn every_algorithm_matches_in_process_for_random_parameters() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let Some(server) = server() else { return };
+    let mut runner = TestRunner::new(Config {
+        cases: 128,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let parameters = (0..4u8, 1..=20u32, 1..=5u32, 1..=300_000u64, any::<u64>());
+    let case = std::cell::Cell::new(0u32);
+    runner
+        .run(&parameters, |(kind, capacity, amount, micros, seed)| {
+            case.set(case.get() + 1);
+            let name = format!("random{}", case.get());
+            let period = Duration::from_micros(micros);
+            let quota = Quota::new(capacity, amount, period).unwrap();
+            // xorshift needs a seed other than 0.
+            let seed = seed | 1;
+            match kind {
+                0 => differential(&server, &name, TokenBucket::new(quota), micros, seed, 60),
+                1 => differential(&server, &name, Gcra::new(quota), micros, seed, 60),
+                2 => {
+                    let fixed = FixedWindow::new(capacity, period).unwrap();
+                    differential(&server, &name, fixed, micros, seed, 60)
+                }
+                _ => {
+                    let sliding = SlidingWindow::new(capacity, period).unwrap();
+                    differential(&server, &name, sliding, micros, seed, 60)
+                }
+            };
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// The largest values each algorithm allows: the full 32-bit capacity (the
+/// token bucket's coarsest time unit), long windows, a sliding window at the
+/// edge of what Lua keeps exact, GCRA's longest horizon.
+#[test]
+fn the_largest_parameters_match_in_process() {
+    let Some(server) = server() else { return };
+    let hour = Duration::from_secs(3_600);
+    let big = Quota::new(u32::MAX, 1 << 30, Duration::from_micros(65_536 * 16)).unwrap();
+    differential(&server, "big-tb", TokenBucket::new(big), 300_000, 3, 300);
+    let wide = SlidingWindow::new(65_535, 38 * hour).unwrap();
+    differential(&server, "big-sw", wide, 3_600_000_000, 5, 300);
+    let long = FixedWindow::new(u32::MAX, 24 * hour).unwrap();
+    differential(&server, "big-fw", long, 3_600_000_000, 7, 300);
+    // 13 days of horizon, an emission interval with nanoseconds.
+    let slow = Gcra::new(Quota::new(13, 3, Duration::from_micros(259_200_000_001)).unwrap());
+    differential(&server, "big-gcra", slow, 20_000_000_000, 11, 300);
+}
+
+#[test]
+fn a_key_written_by_something_else_never_panics() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let limiter =
+        RedisLimiter::new("w", SlidingWindow::new(3, Duration::from_secs(60)).unwrap()).unwrap();
+    let mut plain = server.plain();
+    // A string that is not a state: taken as fresh, replaced by the admission.
+    let _: () = redis::cmd("SET")
+        .arg(limiter.redis_key("text"))
+        .arg("not:a:state:at:all")
+        .query(&mut plain)
+        .unwrap();
+    assert_eq!(
+        limiter
+            .try_acquire_n_at(&mut con, "text", 3, START_MICROS)
+            .unwrap(),
+        Decision::Allowed { remaining: 0 }
+    );
+    assert_eq!(state(&mut plain, &limiter.redis_key("text"))[..2], [3, 0]);
+    // A key of another type: the call fails, as a Redis error.
+    let _: () = redis::cmd("LPUSH")
+        .arg(limiter.redis_key("list"))
+        .arg("x")
+        .query(&mut plain)
+        .unwrap();
+    let err = limiter
+        .try_acquire(&mut con, "list")
+        .expect_err("WRONGTYPE");
+    assert!(matches!(err, RedisLimitError::Redis(_)), "{err}");
+    // The connection is still good for the next decision.
+    assert!(limiter.try_acquire(&mut con, "fine").unwrap().is_allowed());
+}
+
+#[test]
+fn an_async_call_to_a_dead_redis_fails_within_its_deadline_and_the_guard_answers() {
+    let Some(server) = server() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter = RedisLimiter::new(
+        "dead",
+        FixedWindow::new(5, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let guarded: Guarded = Guarded::new(limiter.clone(), OnFailure::Deny, Duration::from_secs(5));
+    let deadlines = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .response(200 * MS);
+    let client = server.client();
+    runtime.block_on(async {
+        let mut con = deadlines.multiplexed(&client).await.unwrap();
+        assert_eq!(
+            guarded.try_acquire_async(&mut con, "k").await,
+            Ok(Decision::Allowed { remaining: 4 })
+        );
+        drop(server);
+        let start = Instant::now();
+        let err = limiter
+            .try_acquire_async(&mut con, "k")
+            .await
+            .expect_err("Redis is gone");
+        assert!(matches!(err, RedisLimitError::Redis(_)), "{err}");
+        let denied = guarded.try_acquire_async(&mut con, "k").await.unwrap();
+        assert!(denied.is_denied());
+        // Both within the deadline (or at once, for a closed connection).
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
+        let stats = guarded.stats();
+        assert_eq!((stats.failures, stats.fallbacks), (1, 1));
+    });
+}
