@@ -829,19 +829,25 @@ fn a_key_written_by_something_else_never_panics() {
     let limiter =
         RedisLimiter::new("w", SlidingWindow::new(3, Duration::from_secs(60)).unwrap()).unwrap();
     let mut plain = server.plain();
-    // A string that is not a state: taken as fresh, replaced by the admission.
-    let _: () = redis::cmd("SET")
-        .arg(limiter.redis_key("text"))
-        .arg("not:a:state:at:all")
-        .query(&mut plain)
-        .unwrap();
-    assert_eq!(
-        limiter
+    // A string that is not a state: the call fails, naming the key, and the
+    // value stays (taken as fresh, it could admit a whole burst more).
+    for foreign in ["not:a:state:at:all", "1:2", "-1:2:3", "1.5:2:3", ""] {
+        let _: () = redis::cmd("SET")
+            .arg(limiter.redis_key("text"))
+            .arg(foreign)
+            .query(&mut plain)
+            .unwrap();
+        let err = limiter
             .try_acquire_n_at(&mut con, "text", 3, START_MICROS)
-            .unwrap(),
-        Decision::Allowed { remaining: 0 }
-    );
-    assert_eq!(state(&mut plain, &limiter.redis_key("text"))[..2], [3, 0]);
+            .expect_err(foreign);
+        assert!(matches!(err, RedisLimitError::Redis(_)), "{foreign:?}: {err}");
+        assert!(err.to_string().contains("not this limiter's state"), "{err}");
+        let kept: String = redis::cmd("GET")
+            .arg(limiter.redis_key("text"))
+            .query(&mut plain)
+            .unwrap();
+        assert_eq!(kept, foreign);
+    }
     // A key of another type: the call fails, as a Redis error.
     let _: () = redis::cmd("LPUSH")
         .arg(limiter.redis_key("list"))

@@ -54,8 +54,9 @@
 //! A key holds its state as a string of whole numbers joined by `:` (a token
 //! bucket's `tokens:time`, for one), written together with its expiry by one
 //! `SET … PX`; a denial writes nothing. A string that is not such a state
-//! (written by something else) is taken as fresh, and replaced at the next
-//! admission; a key of another type fails the call (`WRONGTYPE`). The expiry,
+//! (written by something else) fails the call with an error naming the key
+//! and is left as it is (taking it as fresh could admit a whole burst more
+//! than the limit); a key of another type fails the call too (`WRONGTYPE`). The expiry,
 //! rounded up to whole milliseconds, is when the state will be as good as
 //! fresh: a token bucket when it would be full again, a fixed window when its
 //! window ends, a sliding window when its counts weigh nothing (the end of the

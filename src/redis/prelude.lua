@@ -34,7 +34,9 @@ local function str(x)
 end
 
 -- The key's state, as whole numbers joined by ':', or nil for none (a
--- fresh state).
+-- fresh state). A value that is not such a state (written by something
+-- else) fails the call and stays as it is: taking it as fresh could admit a
+-- whole burst more than the limit.
 local function load_state(fields)
     local value = redis.call('GET', KEYS[1])
     if not value then
@@ -44,12 +46,14 @@ local function load_state(fields)
     for field in string.gmatch(value, '[^:]+') do
         i = i + 1
         state[i] = tonumber(field)
-        if state[i] == nil then
-            return nil
+        if state[i] == nil or state[i] < 0 or state[i] ~= math.floor(state[i]) then
+            i = -1
+            break
         end
     end
     if i ~= fields then
-        return nil
+        error({err = 'turnstile: ' .. KEYS[1] ..
+            ' holds a value that is not this limiter\'s state; delete it or choose another prefix'})
     end
     return state
 end
