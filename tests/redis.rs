@@ -840,8 +840,14 @@ fn a_key_written_by_something_else_never_panics() {
         let err = limiter
             .try_acquire_n_at(&mut con, "text", 3, START_MICROS)
             .expect_err(foreign);
-        assert!(matches!(err, RedisLimitError::Redis(_)), "{foreign:?}: {err}");
-        assert!(err.to_string().contains("not this limiter's state"), "{err}");
+        assert!(
+            matches!(err, RedisLimitError::Redis(_)),
+            "{foreign:?}: {err}"
+        );
+        assert!(
+            err.to_string().contains("not this limiter's state"),
+            "{err}"
+        );
         let kept: String = redis::cmd("GET")
             .arg(limiter.redis_key("text"))
             .query(&mut plain)

@@ -326,3 +326,34 @@ fn bad_requests_are_refused_with_typed_errors() {
         Err(ReserveError::TooFar { .. })
     ));
 }
+
+#[test]
+fn a_keyed_reservation_for_a_new_key_at_a_full_bound_is_refused_with_the_key_limit() {
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<u32>::builder(Quota::new(2, 1, Duration::from_secs(1)).unwrap())
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    let held = limiter.reserve_n(&1, 2, Duration::ZERO).unwrap();
+    assert_eq!(held.delay(), Duration::ZERO);
+    let err = limiter
+        .reserve_n(&2, 1, Duration::from_secs(10))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ReserveError::KeyLimit {
+            retry_after: turnstile::RetryAfter::from_nanos(2_000_000_000)
+        }
+    );
+    assert!(err.to_string().contains("as many keys"), "{err}");
+    assert_eq!(limiter.len(), 1);
+    // Key 1 is empty: its next permit is lent from the refill at 1 s.
+    let lent = limiter.reserve_n(&1, 1, Duration::from_secs(10)).unwrap();
+    assert_eq!(lent.delay(), Duration::from_secs(1));
+    // A later decision on key 1 queues behind the loan.
+    assert_eq!(
+        limiter.try_acquire(&1).retry_after().map(|r| r.duration()),
+        Some(Duration::from_secs(2))
+    );
+}
