@@ -572,3 +572,76 @@ fn live_quota_changes_racing_a_decision_decide_as_some_order() {
         );
     });
 }
+
+/// A change of a keyed limiter's live quota races a decision on a held key and
+/// the first decision on a new key. Whatever the interleaving, each key ends
+/// as in some order of the change and its decision: the held key converted
+/// after or before its decision, and the new key created in the old quota and
+/// converted, or created in the new one. A change that skipped the walk over
+/// held keys, or new keys always made in the first slot's quota, fail it.
+#[test]
+fn keyed_live_change_racing_a_held_key_and_a_new_key_decides_as_some_order() {
+    let ms = Duration::from_millis;
+    let q1 = Quota::new(4, 1, ms(20)).unwrap();
+    let q2 = Quota::new(2, 2, ms(10)).unwrap();
+    // (decision, remaining after) for a key holding `tokens` of q1 at 0 ms,
+    // decided at 30 ms before or after a change read at 30 ms.
+    let orders = |tokens: u32| {
+        let mut outcomes = Vec::new();
+        for change_first in [false, true] {
+            let mut m = model::Model::denial_writes_nothing(q1);
+            if tokens < 4 {
+                let _ = m.acquire(0, 4 - tokens);
+            }
+            let now = 30_000_000;
+            let d = if change_first {
+                m.set_quota(q2, now);
+                m.acquire(now, 1)
+            } else {
+                let d = m.acquire(now, 1);
+                m.set_quota(q2, now);
+                d
+            };
+            outcomes.push((d, m.remaining(now)));
+        }
+        outcomes
+    };
+    let held = std::sync::Arc::new(orders(0));
+    let new = std::sync::Arc::new(orders(4));
+    loom::model(move || {
+        let clock = ManualClock::new();
+        let limiter = Arc::new(
+            turnstile::KeyedBuilder::<u64, _>::new(LiveTokenBucket::new(q1).unwrap())
+                .clock(clock.clone())
+                .hasher(ahash::RandomState::with_seeds(1, 2, 3, 4))
+                .shards(1)
+                .max_keys(16)
+                .build()
+                .unwrap(),
+        );
+        assert!(limiter.try_acquire_n(&1, 4).unwrap().is_allowed()); // empty at 0
+        clock.advance(ms(30));
+        let changer = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.set_quota(q2).unwrap())
+        };
+        let on_held = limiter.try_acquire(&1);
+        let on_new = limiter.try_acquire(&2);
+        changer.join().unwrap();
+        let direct = |d: turnstile::KeyedDecision| match d {
+            turnstile::KeyedDecision::Allowed { remaining } => Decision::Allowed { remaining },
+            turnstile::KeyedDecision::Denied { retry_after } => Decision::Denied { retry_after },
+            other => panic!("no key bound here: {other:?}"),
+        };
+        let held_outcome = (direct(on_held), limiter.remaining(&1));
+        let new_outcome = (direct(on_new), limiter.remaining(&2));
+        assert!(
+            held.contains(&held_outcome),
+            "held key: {held_outcome:?} not in {held:?}"
+        );
+        assert!(
+            new.contains(&new_outcome),
+            "new key: {new_outcome:?} not in {new:?}"
+        );
+    });
+}
