@@ -94,10 +94,12 @@
 mod connection;
 mod error;
 mod guarded;
+mod leased;
 
 pub use connection::{BlockingConnection, Deadlines};
 pub use error::{RedisConfigError, RedisLimitError};
 pub use guarded::{Guarded, GuardedStats, OnFailure};
+pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, MAX_LEASE};
 
 use core::time::Duration;
 use std::sync::LazyLock;
@@ -115,12 +117,15 @@ use crate::token_bucket::TokenBucket;
 /// Every script: the shared prelude (time, permits, exact division) and then
 /// the algorithm's own part.
 macro_rules! script {
-    ($file:literal) => {
-        LazyLock::new(|| Script::new(concat!(include_str!("prelude.lua"), include_str!($file))))
+    ($($file:literal),+) => {
+        LazyLock::new(|| Script::new(concat!(include_str!("prelude.lua"), $(include_str!($file)),+)))
     };
 }
 
-static TOKEN_BUCKET: LazyLock<Script> = script!("token_bucket.lua");
+static TOKEN_BUCKET: LazyLock<Script> = script!("token_bucket_level.lua", "token_bucket.lua");
+/// Leased mode's two scripts, on the token bucket's state.
+static LEASE: LazyLock<Script> = script!("token_bucket_level.lua", "lease.lua");
+static GIVE_BACK: LazyLock<Script> = script!("token_bucket_level.lua", "give_back.lua");
 static FIXED_WINDOW: LazyLock<Script> = script!("fixed_window.lua");
 static SLIDING_WINDOW: LazyLock<Script> = script!("sliding_window.lua");
 static GCRA: LazyLock<Script> = script!("gcra.lua");
