@@ -217,7 +217,9 @@ impl Algorithm for LeaseWord {
     fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
         // Expired tokens are worth nothing; a fetch in flight or a running
         // denial must stay.
-        word & word::FETCHING == 0 && Self::usable(word, now) == 0 && Self::denial(word, now).is_none()
+        word & word::FETCHING == 0
+            && Self::usable(word, now) == 0
+            && Self::denial(word, now).is_none()
     }
 
     fn fresh_after_idle(&self) -> Duration {
@@ -684,7 +686,10 @@ impl<C: Clock> LeasedLimiter<C> {
     ) -> u64 {
         let mut total = 0;
         for (key, tokens) in self.take_idle(Some(self.idle)) {
-            let result = self.give_back_invocation(&key, tokens).invoke_async(con).await;
+            let result = self
+                .give_back_invocation(&key, tokens)
+                .invoke_async(con)
+                .await;
             total += self.settle_give_back(tokens, result);
         }
         total
@@ -833,7 +838,9 @@ impl<C: Clock> LeasedLimiter<C> {
 
     /// The lease size for a size code.
     fn size(&self, code: u32) -> u32 {
-        1u32.checked_shl(code).unwrap_or(u32::MAX).min(self.max_lease)
+        1u32.checked_shl(code)
+            .unwrap_or(u32::MAX)
+            .min(self.max_lease)
     }
 
     /// The largest useful size code.
@@ -1141,11 +1148,19 @@ mod tests {
 
     #[test]
     fn the_word_packs_and_unpacks_at_every_edge() {
-        let w = word::pack(MAX_LEASE, 31, word::TIME_MASK, word::DENIED | word::FETCHING);
+        let w = word::pack(
+            MAX_LEASE,
+            31,
+            word::TIME_MASK,
+            word::DENIED | word::FETCHING,
+        );
         assert_eq!(word::tokens(w), MAX_LEASE);
         assert_eq!(word::size_code(w), 31);
         assert_eq!(word::time(w), word::TIME_MASK);
-        assert_eq!(w & (word::DENIED | word::FETCHING), word::DENIED | word::FETCHING);
+        assert_eq!(
+            w & (word::DENIED | word::FETCHING),
+            word::DENIED | word::FETCHING
+        );
         let w = word::pack(0, 0, 0, 0);
         assert_eq!(w, 0);
         let w = word::pack(5, 3, 77, 0);
