@@ -231,8 +231,9 @@ fn replicas(server: &Server, name: &str, quota: Quota, replicas: u32, leased: Op
 
 /// 2, 4 and 8 replicas under uneven load on one key: exact mode admits at
 /// most `capacity + refill(T)` over the run, leased mode at most that plus
-/// `replicas × L` (the leases held when the run began; every token spent was
-/// taken from the bucket first), with clocks skewed by seconds.
+/// `replicas × (L + ⌊L/4⌋)` (the most the replicas hold when the run begins;
+/// every token spent was taken from the bucket first), with clocks skewed by
+/// seconds.
 #[test]
 fn replicas_stay_within_the_stated_bounds() {
     let Some(server) = server() else { return };
@@ -246,7 +247,7 @@ fn replicas_stay_within_the_stated_bounds() {
             // Refill counted in whole periods, plus one for the period the
             // start fell in.
             let refill = run.elapsed_micros / 1_000 + 1;
-            let bound = 50 + refill + mode.map_or(0, |l| u64::from(n * l));
+            let bound = 50 + refill + mode.map_or(0, |l| u64::from(n * (l + l / 4)));
             eprintln!(
                 "{n} replicas, {}: {} decisions, {} admitted in {} us, bound {bound}, \
                  {} Redis calls",
@@ -281,9 +282,9 @@ fn a_lease_of_l_tokens_costs_one_call_per_l_decisions() {
     }
     let stats = limiter.stats();
     eprintln!("{decisions} decisions, {stats:?}");
-    // Growing 1, 2, 4, ... 64, 100 costs 8 calls; then one per 50 (the
-    // low-water mark tops the lease up to 100 from 49).
-    assert!(stats.redis_calls() <= decisions / 50 + 8, "{stats:?}");
+    // Growing 1, 2, 4, ... 64, 100 costs 8 calls; then one per 100 (each
+    // fetch brings a whole lease).
+    assert!(stats.redis_calls() <= decisions / 100 + 8, "{stats:?}");
     assert_eq!(stats.failures, 0);
 }
 
@@ -558,13 +559,15 @@ fn redis_killed_mid_run_fails_as_configured_and_recovers() {
     }
     // Failing closed: only what was leased before the kill.
     assert!(
-        seen_closed.admitted_while_down <= u64::from(lease),
+        seen_closed.admitted_while_down <= u64::from(lease + lease / 4),
         "{seen_closed:?}"
     );
-    // Failing open: the leases held, plus the local share.
+    // Failing open: the leases held, plus the local share (5, and not many
+    // more refilled at one a second); the request that met the kill may take
+    // one of the five before the kill is recorded.
     assert!(
-        seen_open.admitted_while_down > u64::from(lease).min(1)
-            && seen_open.admitted_while_down <= u64::from(lease) + 5 + 1,
+        seen_open.admitted_while_down >= 4
+            && seen_open.admitted_while_down <= u64::from(lease + lease / 4) + 5 + 1,
         "{seen_open:?}"
     );
     drop(server);

@@ -17,43 +17,54 @@
 //! claims the fetch and takes a lease for itself (one call, within the
 //! connection's deadline); if another request is fetching already it asks
 //! Redis for its own permits, as exact mode does (one call). A bucket that
-//! has no tokens answers with the exact wait, which the word keeps (up to one
-//! lease lifetime), so the denials that follow cost no call either.
+//! has too few tokens answers with the exact wait, which the word keeps (up
+//! to one lease lifetime), so the denials that follow cost no call either.
 //!
 //! The lease script (`lease.lua`) works on the token bucket's own key and
 //! state, so processes in exact mode ([`RedisLimiter`]) and in leased mode
-//! share one limit: it takes `min(want, available)` tokens atomically (and
-//! none when fewer than the request needs are there), where `want` tops the
-//! local count up to the key's lease size. The lease size adapts to the key's
-//! demand: it starts at 1, doubles when a lease was spent down to its
-//! low-water mark in under a quarter of the lease lifetime or ran out before
-//! the next one came, and halves when a lease expired with tokens left; it
-//! never exceeds the configured largest lease `L`. The low-water mark is half
-//! the lease size.
+//! share one limit. It takes `min(want, available)` tokens atomically when at
+//! least `need` are there, and none otherwise, with the wait until `need`
+//! are: `want` is the key's lease size (or what the request lacks, if more),
+//! `need` a quarter of the lease size (or what the request lacks, if more).
+//! The quarter is the difference from taking whatever is there: on a bucket
+//! that is dry under load, calls for one or two tokens at a time would cost a
+//! call per decision, as exact mode does, where waiting for a quarter of a
+//! lease costs one call per quarter lease (and delays this process's next
+//! admission by at most a quarter lease's refill time). The lease size adapts
+//! to the key's demand: it starts at 1, doubles when a lease was spent down to
+//! its low-water mark in under a quarter of the lease lifetime or ran out
+//! before the next one came, and halves when a lease expired with tokens
+//! left; it never exceeds the configured largest lease `L`. The low-water
+//! mark is a quarter of the lease size (none below a size of 4).
 //!
 //! # Bounds
 //!
-//! With `N` processes sharing a key, each holding at most `L` tokens (the
-//! local count is topped up to the lease size, never past it), lease lifetime
-//! `τ`, and the bucket's capacity `B` and refill `r(T)` over a time `T`:
+//! `N` processes share a key; leases have at most `L` tokens and lifetime
+//! `τ`; the bucket has capacity `B` and refills `r(T)` over a time `T`. A
+//! process holds at most `L + ⌊L/4⌋ − 1` tokens of a key: a fetch starts below
+//! the low-water mark `⌊size/4⌋` and brings at most one lease, and a request
+//! that finds too few tokens asks only for what it lacks beyond that.
 //!
 //! - **Over-admission.** Every token spent from a lease was taken from the
 //!   global bucket first, and the bucket gives out at most `B + r(T)` tokens in
-//!   any interval of length `T` (tokens given back were never spent). What a
-//!   process admits in an interval is what it took in the interval plus what
-//!   it held when the interval began. So all processes together admit at most
-//!   `B + r(T) + N·L` in any interval of length `T`; and since a token is
-//!   spendable only within `τ` of its lease, the extra `N·L` is also at most
+//!   any interval of length `T` (tokens given back were never spent, and go
+//!   back no further than the capacity). What a process admits in an interval
+//!   is at most what it took in the interval plus what it held when the
+//!   interval began. So all processes together admit at most
+//!   `B + r(T) + N·(L + ⌊L/4⌋)` in any interval of length `T`; and since a
+//!   token is spendable only within `τ` of its lease, the extra is also at most
 //!   what the bucket can give in one lifetime, `B + r(τ)`. Exact mode's bound
 //!   is `B + r(T)`.
-//! - **Stranded tokens.** At any moment at most `N·L` tokens are out of the
-//!   global bucket and not yet spent (`L` per process). Others cannot use them
-//!   until they are spent, given back ([`give_back_idle`](LeasedLimiter::give_back_idle),
+//! - **Stranded tokens.** At any moment at most `N·(L + ⌊L/4⌋)` tokens are out
+//!   of the global bucket and not yet spent. Others cannot use them until they
+//!   are spent, given back ([`give_back_idle`](LeasedLimiter::give_back_idle),
 //!   one script per key), or expire: a lease is never spent after `τ`, and
 //!   what it left is lost to the bucket, which refills it at its own rate.
-//! - **Redis calls.** A lease of size `L` costs one call for up to `L`
-//!   decisions; a denial costs one call per lease lifetime at most, per
-//!   process; a request that misses while another fetches costs one.
+//! - **Redis calls.** Once the lease size has grown to `L`, one call brings
+//!   `L` tokens: at most one call per `L` admissions while the bucket has
+//!   tokens, and per quarter lease while it is dry; a denial costs one call
+//!   per wait (at most one lease lifetime) per process; a request that misses
+//!   while another fetches costs one.
 //!
 //! # Failures
 //!
@@ -85,8 +96,8 @@ use crate::keyed::{KeyedBuilder, KeyedLimiter};
 use crate::sync::{AtomicU64, Ordering};
 use crate::token_bucket::TokenBucket;
 
-/// The largest lease: the token count has 23 bits, and a top-up never goes
-/// past the lease size, so the count stays below `2^23`.
+/// The largest lease, `2^23 − 1`: a process holds at most a lease and a
+/// quarter, which the word's 24-bit count holds.
 pub const MAX_LEASE: u32 = (1 << 23) - 1;
 /// The longest lease lifetime (the word's time field covers 417 days; an hour
 /// keeps every comparison far from its end).
@@ -97,7 +108,7 @@ const MAX_LIFETIME: Duration = Duration::from_secs(3_600);
 /// | bits    | field                                                      |
 /// |---------|------------------------------------------------------------|
 /// | 0..24   | tokens of the lease held here                              |
-/// | 24..29  | size code `e`: lease size `min(2^e, L)`, low water half of it |
+/// | 24..29  | size code `e`: lease size `min(2^e, L)`, low water a quarter of it |
 /// | 29..62  | time, in units of `2^22` ns (4.19 ms): the lease's expiry, or with `DENIED` the end of a denial |
 /// | 62      | `DENIED`: Redis had no tokens until the time field          |
 /// | 63      | `FETCHING`: a request is taking the next lease              |
@@ -795,7 +806,7 @@ impl<C: Clock> LeasedLimiter<C> {
                 let Some(written) = written else {
                     return Ok(Step::Done(decision));
                 };
-                let low = self.size(word::size_code(written)) / 2;
+                let low = self.size(word::size_code(written)) / 4;
                 if remaining >= low || written & word::FETCHING != 0 {
                     return Ok(Step::Done(decision));
                 }
@@ -887,7 +898,7 @@ impl<C: Clock> LeasedLimiter<C> {
                 }
                 Purpose::Miss => code,
                 Purpose::Prefetch(_) => {
-                    if usable >= self.size(code) / 2 {
+                    if usable >= self.size(code) / 4 {
                         // Another fetch topped it up meanwhile.
                         return None;
                     }
@@ -914,12 +925,16 @@ impl<C: Clock> LeasedLimiter<C> {
         match (outcome, fetch) {
             (Claim::Claimed, Some((code, usable))) => {
                 let target = self.size(code);
-                let need = match purpose {
+                // A whole lease per call, and none smaller than a quarter of
+                // one: a bucket that has fewer tokens keeps them until it has
+                // that many, so that a dry bucket is not drained by calls for
+                // a token or two.
+                let short = match purpose {
                     Purpose::Miss => n - usable.min(n),
                     Purpose::Prefetch(_) => 1,
-                }
-                .max(1);
-                let want = target.saturating_sub(usable).max(need);
+                };
+                let need = short.max(target / 4).max(1);
+                let want = target.max(short);
                 Claim::Fetch(Fetch {
                     purpose,
                     size_code: code,
