@@ -15,6 +15,7 @@ use std::hint::black_box;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -180,10 +181,21 @@ fn replica(args: &[String]) {
         .response(Duration::from_millis(50))
         .blocking(client);
     let global = RedisLimiter::new("distributed", TokenBucket::new(quota())).expect("exact");
-    let limiter = LeasedBuilder::new(global.clone(), LEASE)
-        .expect("a token bucket")
-        .build()
-        .expect("a leased limiter");
+    let limiter = Arc::new(
+        LeasedBuilder::new(global.clone(), LEASE)
+            .expect("a token bucket")
+            .build()
+            .expect("a leased limiter"),
+    );
+    // Prefetches on a connection of their own, off the request path.
+    let refresher_con = Deadlines::default()
+        .response(Duration::from_millis(50))
+        .blocking(redis::Client::open(url.as_str()).expect("a valid Redis URL"));
+    let _refresher = if leased {
+        limiter.start_refresher(refresher_con).expect("a thread")
+    } else {
+        None
+    };
     let pause = Duration::from_micros(i * 2);
     let (mut decisions, mut admitted) = (0u64, 0u64);
     let start = Instant::now();

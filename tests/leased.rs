@@ -572,3 +572,60 @@ fn redis_killed_mid_run_fails_as_configured_and_recovers() {
     );
     drop(server);
 }
+
+/// With a refresher thread, prefetches are made on its connection, and idle
+/// leases go back by themselves.
+#[test]
+fn a_refresher_prefetches_off_the_request_path_and_gives_back_idle_leases() {
+    let Some(server) = server() else { return };
+    let global = RedisLimiter::new(
+        "refresher",
+        TokenBucket::new(Quota::new(100_000, 1, Duration::from_secs(60)).unwrap()),
+    )
+    .unwrap();
+    let limiter = Arc::new(
+        LeasedBuilder::new(global.clone(), 64)
+            .unwrap()
+            .idle(30 * MS)
+            .build()
+            .unwrap(),
+    );
+    let refresher = limiter
+        .start_refresher(server.connection())
+        .unwrap()
+        .expect("the first refresher");
+    assert!(
+        limiter
+            .start_refresher(server.connection())
+            .unwrap()
+            .is_none()
+    );
+    let mut con = server.connection();
+    let mut admitted = 0u64;
+    for _ in 0..5_000 {
+        admitted += u64::from(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+        // Time for the refresher to answer now and then.
+        thread::sleep(Duration::from_micros(20));
+    }
+    assert!(admitted > 4_900, "{admitted}");
+    // Idle: the refresher gives the lease back, and the bucket, full again,
+    // is deleted.
+    let start = Instant::now();
+    while limiter.held("k") > 0 && start.elapsed() < Duration::from_secs(2) {
+        thread::sleep(10 * MS);
+    }
+    drop(refresher);
+    let stats = limiter.stats();
+    assert_eq!(limiter.held("k"), 0, "{stats:?}");
+    assert!(stats.tokens_given_back > 0, "{stats:?}");
+    let mut plain = server.connection();
+    // What Redis gave out is what was admitted: the leases kept, and the
+    // exact calls of requests that missed while the refresher fetched.
+    let spent = stats.tokens_leased - stats.tokens_given_back + stats.exact_calls;
+    assert_eq!(spent, admitted, "{stats:?}");
+    assert_eq!(
+        bucket_tokens(&mut plain, &global.redis_key("k")),
+        Some(100_000 - spent),
+        "{stats:?}"
+    );
+}

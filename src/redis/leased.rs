@@ -81,10 +81,15 @@
 use core::fmt;
 use core::time::Duration;
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use ::redis::{ConnectionLike, RedisResult, ScriptInvocation, Value};
+
+use super::BlockingConnection;
 
 use super::guarded::OnFailure;
 use super::{GIVE_BACK, LEASE, RedisAlgorithm, RedisConfigError, RedisLimitError, RedisLimiter};
@@ -99,7 +104,7 @@ use crate::token_bucket::TokenBucket;
 /// The largest lease, `2^23 − 1`: a process holds at most a lease and a
 /// quarter, which the word's 24-bit count holds.
 pub const MAX_LEASE: u32 = (1 << 23) - 1;
-/// The longest lease lifetime (the word's time field covers 417 days; an hour
+/// The longest lease lifetime (the word's time field covers 208 days; an hour
 /// keeps every comparison far from its end).
 const MAX_LIFETIME: Duration = Duration::from_secs(3_600);
 
@@ -109,17 +114,22 @@ const MAX_LIFETIME: Duration = Duration::from_secs(3_600);
 /// |---------|------------------------------------------------------------|
 /// | 0..24   | tokens of the lease held here                              |
 /// | 24..29  | size code `e`: lease size `min(2^e, L)`, low water a quarter of it |
-/// | 29..62  | time, in units of `2^22` ns (4.19 ms): the lease's expiry, or with `DENIED` the end of a denial |
+/// | 29..61  | time, in units of `2^22` ns (4.19 ms): the lease's expiry, or with `DENIED` the end of a denial |
+/// | 61      | `DRY`: the last prefetch found the bucket dry; none until this lease runs out |
 /// | 62      | `DENIED`: Redis had no tokens until the time field          |
 /// | 63      | `FETCHING`: a request is taking the next lease              |
 ///
-/// The fresh word is 0: no tokens, size code 0, no flags.
+/// The fresh word is 0: no tokens, size code 0, no flags. The time field
+/// saturates after `2^54` ns (208 days) of the local clock; from then on every
+/// lease reads as expired, and each request takes a lease of its own (a call
+/// per decision, never more than the bucket grants).
 mod word {
     pub(super) const TOKENS_MASK: u64 = (1 << 24) - 1;
     pub(super) const SIZE_SHIFT: u32 = 24;
     pub(super) const SIZE_MASK: u64 = 0x1f;
     pub(super) const TIME_SHIFT: u32 = 29;
-    pub(super) const TIME_MASK: u64 = (1 << 33) - 1;
+    pub(super) const TIME_MASK: u64 = (1 << 32) - 1;
+    pub(super) const DRY: u64 = 1 << 61;
     pub(super) const DENIED: u64 = 1 << 62;
     pub(super) const FETCHING: u64 = 1 << 63;
     /// Nanoseconds per time unit, as a shift.
@@ -141,7 +151,7 @@ mod word {
         (u64::from(tokens) & TOKENS_MASK)
             | ((u64::from(size_code) & SIZE_MASK) << SIZE_SHIFT)
             | ((time & TIME_MASK) << TIME_SHIFT)
-            | (flags & (DENIED | FETCHING))
+            | (flags & (DRY | DENIED | FETCHING))
     }
 
     pub(super) fn with_tokens(word: u64, tokens: u32) -> u64 {
@@ -454,6 +464,7 @@ impl<C: Clock> LeasedBuilder<C> {
             idle: self.idle,
             local,
             holders: Mutex::new(HashSet::new()),
+            refresher: OnceLock::new(),
             on_failure: self.on_failure,
             backoff: self.backoff,
             epoch: Instant::now(),
@@ -497,6 +508,9 @@ pub struct LeasedLimiter<C = RealClock> {
     local: KeyedLimiter<Vec<u8>, LeaseWord, C>,
     /// Keys that took a lease since the last give-back pass.
     holders: Mutex<HashSet<Vec<u8>>>,
+    /// The refresher thread's queue, once one is started: prefetches go
+    /// there instead of being made by the request that claimed them.
+    refresher: OnceLock<SyncSender<(Vec<u8>, Fetch)>>,
     on_failure: OnFailure<TokenBucket, RealClock>,
     backoff: Duration,
     epoch: Instant,
@@ -807,14 +821,25 @@ impl<C: Clock> LeasedLimiter<C> {
                     return Ok(Step::Done(decision));
                 };
                 let low = self.size(word::size_code(written)) / 4;
-                if remaining >= low || written & word::FETCHING != 0 {
+                if remaining >= low || written & (word::FETCHING | word::DRY) != 0 {
                     return Ok(Step::Done(decision));
                 }
                 if matches!(self.turn(), Turn::Skip { .. }) {
                     return Ok(Step::Done(decision));
                 }
                 Ok(match self.claim(key, n, Purpose::Prefetch(decision)) {
-                    Claim::Fetch(fetch) => Step::Lease(fetch),
+                    Claim::Fetch(fetch) => match self.refresher.get() {
+                        None => Step::Lease(fetch),
+                        Some(queue) => {
+                            if queue.try_send((key.to_vec(), fetch)).is_err() {
+                                // The queue is full (or its thread gone):
+                                // release the claim for a later request.
+                                self.local
+                                    .transform_linked(key, |w| Some(w & !word::FETCHING));
+                            }
+                            Step::Done(decision)
+                        }
+                    },
                     _ => Step::Done(decision),
                 })
             }
@@ -1010,9 +1035,12 @@ impl<C: Clock> LeasedLimiter<C> {
                 return Some(match purpose {
                     // The lease held here runs on; no more prefetching
                     // until it runs out.
-                    Purpose::Prefetch(_) => {
-                        word::pack(word::tokens(w), 0, word::time(w), w & word::DENIED)
-                    }
+                    Purpose::Prefetch(_) => word::pack(
+                        word::tokens(w),
+                        word::size_code(w),
+                        word::time(w),
+                        (w & word::DENIED) | word::DRY,
+                    ),
                     Purpose::Miss => {
                         let until = word::units_up(now.saturating_add(wait));
                         decision = Decision::Denied {
@@ -1119,6 +1147,88 @@ impl<C: Clock> LeasedLimiter<C> {
     }
 }
 
+/// A thread that takes the prefetches of a [`LeasedLimiter`] off the request
+/// path, on a connection of its own, and gives back idle leases every idle
+/// time. Stopped (and joined) when dropped.
+pub struct Refresher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Refresher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Refresher")
+            .field("running", &self.thread.is_some())
+            .finish()
+    }
+}
+
+impl Drop for Refresher {
+    fn drop(&mut self) {
+        // Relaxed: the flag publishes no other data; the thread sees it at
+        // its next wake-up at the latest.
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl<C: Clock + 'static> LeasedLimiter<C> {
+    /// Start a thread that makes this limiter's prefetches on `con` (the
+    /// request that crosses the low-water mark then only queues the key, and
+    /// makes no call), and gives back idle leases every idle time (at least
+    /// every 10 ms). A miss (no tokens here) is still fetched by its request.
+    /// `None` when a refresher was started already.
+    ///
+    /// # Errors
+    ///
+    /// When the thread cannot be spawned.
+    pub fn start_refresher(
+        self: &Arc<Self>,
+        mut con: BlockingConnection,
+    ) -> std::io::Result<Option<Refresher>> {
+        let (queue, requests) = mpsc::sync_channel::<(Vec<u8>, Fetch)>(1_024);
+        if self.refresher.set(queue).is_err() {
+            return Ok(None);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let limiter = Arc::clone(self);
+        let stopped = Arc::clone(&stop);
+        let tick = self.idle.max(Duration::from_millis(10));
+        let thread = std::thread::Builder::new()
+            .name("turnstile-lease-refresher".into())
+            .spawn(move || {
+                let mut last_give_back = Instant::now();
+                // Relaxed: see `Refresher::drop`.
+                while !stopped.load(Ordering::Relaxed) {
+                    match requests.recv_timeout(tick) {
+                        Ok((key, fetch)) => {
+                            let result = fetch.invocation.invoke(&mut con);
+                            let _ = limiter.finish_lease(
+                                &key,
+                                1,
+                                fetch.purpose,
+                                fetch.size_code,
+                                result,
+                            );
+                        }
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                    if last_give_back.elapsed() >= tick {
+                        limiter.give_back_idle(&mut con);
+                        last_give_back = Instant::now();
+                    }
+                }
+            })?;
+        Ok(Some(Refresher {
+            stop,
+            thread: Some(thread),
+        }))
+    }
+}
+
 /// How a claim went.
 enum Claim {
     /// This request fetches.
@@ -1169,13 +1279,10 @@ mod tests {
             word::TIME_MASK,
             word::DENIED | word::FETCHING,
         );
-        assert_eq!(word::tokens(w), MAX_LEASE);
+        assert_eq!(word::tokens(w), MAX_LEASE + MAX_LEASE / 4);
         assert_eq!(word::size_code(w), 31);
         assert_eq!(word::time(w), word::TIME_MASK);
-        assert_eq!(
-            w & (word::DENIED | word::FETCHING),
-            word::DENIED | word::FETCHING
-        );
+        assert_eq!(w & all, all);
         let w = word::pack(0, 0, 0, 0);
         assert_eq!(w, 0);
         let w = word::pack(5, 3, 77, 0);

@@ -99,7 +99,7 @@ mod leased;
 pub use connection::{BlockingConnection, Deadlines};
 pub use error::{RedisConfigError, RedisLimitError};
 pub use guarded::{Guarded, GuardedStats, OnFailure};
-pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, MAX_LEASE};
+pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, MAX_LEASE, Refresher};
 
 use core::time::Duration;
 use std::sync::LazyLock;
