@@ -11,9 +11,13 @@
 //! compare-and-swap, with no call to Redis, while the lease is valid and holds
 //! them. The request whose spend takes the count below the low-water mark
 //! claims the key's fetch (a flag in the word, so exactly one request fetches
-//! while the others keep spending) and, after its own decision is made, takes
-//! the next lease in one script call: the next lease is fetched ahead of
-//! need. A request that finds no tokens (a new key, a lease spent or expired)
+//! while the others keep spending): the next lease is fetched ahead of need,
+//! in one script call. With a [`Refresher`]
+//! ([`start_refresher`](LeasedLimiter::start_refresher), a thread with a
+//! connection of its own) the request only queues the key and the thread
+//! makes the call, off the request path; without one, the claiming request
+//! makes it after its own decision is made (its answer does not depend on
+//! it), which suits the async API, where the call is one more await. A request that finds no tokens (a new key, a lease spent or expired)
 //! claims the fetch and takes a lease for itself (one call, within the
 //! connection's deadline); if another request is fetching already it asks
 //! Redis for its own permits, as exact mode does (one call). A bucket that
