@@ -1,92 +1,10 @@
-//! Leased mode: a process takes tokens from a key's global bucket in Redis in
-//! batches (leases) and spends them from a word of its own, by
-//! compare-and-swap, at in-process speed.
-//!
-//! # How a decision goes
-//!
-//! Each key has one word in a [`KeyedLimiter`] of this process (the same
-//! lock-free map and compare-and-swap cell as every in-process limit): the
-//! tokens of its lease, the lease's expiry, its low-water mark, and two flags.
-//! A request for `n` permits spends `n` of those tokens by one
-//! compare-and-swap, with no call to Redis, while the lease is valid and holds
-//! them. The request whose spend takes the count below the low-water mark
-//! claims the key's fetch (a flag in the word, so exactly one request fetches
-//! while the others keep spending): the next lease is fetched ahead of need,
-//! in one script call. With a [`Refresher`]
-//! ([`start_refresher`](LeasedLimiter::start_refresher), a thread with a
-//! connection of its own) the request only queues the key and the thread
-//! makes the call, off the request path; without one, the claiming request
-//! makes it after its own decision is made (its answer does not depend on
-//! it), which suits the async API, where the call is one more await. A request that finds no tokens (a new key, a lease spent or expired)
-//! claims the fetch and takes a lease for itself (one call, within the
-//! connection's deadline); if another request is fetching already it asks
-//! Redis for its own permits, as exact mode does (one call). A bucket that
-//! has too few tokens answers with the exact wait, which the word keeps (up
-//! to one lease lifetime), so the denials that follow cost no call either.
-//!
-//! The lease script (`lease.lua`) works on the token bucket's own key and
-//! state, so processes in exact mode ([`RedisLimiter`]) and in leased mode
-//! share one limit. It takes `min(want, available)` tokens atomically when at
-//! least `need` are there, and none otherwise, with the wait until `need`
-//! are: `want` is the key's lease size (or what the request lacks, if more),
-//! `need` a quarter of the lease size (or what the request lacks, if more).
-//! The quarter is the difference from taking whatever is there: on a bucket
-//! that is dry under load, calls for one or two tokens at a time would cost a
-//! call per decision, as exact mode does, where waiting for a quarter of a
-//! lease costs one call per quarter lease (and delays this process's next
-//! admission by at most a quarter lease's refill time). The lease size adapts
-//! to the key's demand: it starts at 1, doubles when a lease was spent down to
-//! its low-water mark in under a quarter of the lease lifetime or ran out
-//! before the next one came, and halves when a lease expired with tokens
-//! left; it never exceeds the configured largest lease `L`. The low-water
-//! mark is a quarter of the lease size (none below a size of 4).
-//!
-//! # Bounds
-//!
-//! `N` processes share a key; leases have at most `L` tokens and lifetime
-//! `τ`; the bucket has capacity `B` and refills `r(T)` over a time `T`. A
-//! process holds at most `L + ⌊L/4⌋ − 1` tokens of a key: a fetch starts below
-//! the low-water mark `⌊size/4⌋` and brings at most one lease, and a request
-//! that finds too few tokens asks only for what it lacks beyond that.
-//!
-//! - **Over-admission.** Every token spent from a lease was taken from the
-//!   global bucket first, and the bucket gives out at most `B + r(T)` tokens in
-//!   any interval of length `T` (tokens given back were never spent, and go
-//!   back no further than the capacity). What a process admits in an interval
-//!   is at most what it took in the interval plus what it held when the
-//!   interval began. So all processes together admit at most
-//!   `B + r(T) + N·(L + ⌊L/4⌋)` in any interval of length `T`; and since a
-//!   token is spendable only within `τ` of its lease, the extra is also at most
-//!   what the bucket can give in one lifetime, `B + r(τ)`. Exact mode's bound
-//!   is `B + r(T)`.
-//! - **Stranded tokens.** At any moment at most `N·(L + ⌊L/4⌋)` tokens are out
-//!   of the global bucket and not yet spent. Others cannot use them until they
-//!   are spent, given back ([`give_back_idle`](LeasedLimiter::give_back_idle),
-//!   one script per key), or expire: a lease is never spent after `τ`, and
-//!   what it left is lost to the bucket, which refills it at its own rate.
-//! - **Redis calls.** Once the lease size has grown to `L`, one call brings
-//!   `L` tokens: at most one call per `L` admissions while the bucket has
-//!   tokens, and per quarter lease while it is dry; a denial costs one call
-//!   per wait (at most one lease lifetime) per process; a request that misses
-//!   while another fetches costs one.
-//!
-//! # Failures
-//!
-//! Every call runs on the caller's connection, with its deadline
-//! ([`Deadlines`](super::Deadlines)); a request makes at most one call, so no
-//! request waits longer than one deadline. A failed call starts a backoff, for
-//! which no request calls Redis; while it lasts a request that the leases held
-//! here cannot serve is answered by the [`OnFailure`] policy: denied (fail
-//! closed: only tokens already leased are spent) or decided by a local keyed
-//! limit (fail open). After the backoff one request probes Redis; its success
-//! ends the backoff. [`stats`](LeasedLimiter::stats) counts failures and
-//! fallback decisions.
+//! Leased mode: see [`LeasedLimiter`].
 
 use core::fmt;
 use core::time::Duration;
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -483,8 +401,92 @@ fn saturating_nanos(d: Duration) -> u64 {
 }
 
 /// A limit kept in a token bucket in Redis, spent here from leases (leased
-/// mode; see the [module](self) for the protocol, the bounds and the failure
-/// policy).
+/// mode): a process takes tokens from a key's global bucket in Redis in
+/// batches (leases) and spends them from a word of its own, by
+/// compare-and-swap, at in-process speed.
+///
+/// # How a decision goes
+///
+/// Each key has one word in a [`KeyedLimiter`] of this process (the same
+/// lock-free map and compare-and-swap cell as every in-process limit): the
+/// tokens of its lease, the lease's expiry, its size (and so its low-water
+/// mark), and three flags.
+/// A request for `n` permits spends `n` of those tokens by one
+/// compare-and-swap, with no call to Redis, while the lease is valid and holds
+/// them. The request whose spend takes the count below the low-water mark
+/// claims the key's fetch (a flag in the word, so exactly one request fetches
+/// while the others keep spending): the next lease is fetched ahead of need,
+/// in one script call. With a [`Refresher`]
+/// ([`start_refresher`](LeasedLimiter::start_refresher), a thread with a
+/// connection of its own) the request only queues the key and the thread
+/// makes the call, off the request path; without one, the claiming request
+/// makes it after its own decision is made (its answer does not depend on
+/// it), which suits the async API, where the call is one more await. A request that finds no tokens (a new key, a lease spent or expired)
+/// claims the fetch and takes a lease for itself (one call, within the
+/// connection's deadline); if another request is fetching already it asks
+/// Redis for its own permits, as exact mode does (one call). A bucket that
+/// has too few tokens answers with the exact wait, which the word keeps (up
+/// to one lease lifetime), so the denials that follow cost no call either.
+///
+/// The lease script (`lease.lua`) works on the token bucket's own key and
+/// state, so processes in exact mode ([`RedisLimiter`]) and in leased mode
+/// share one limit. It takes `min(want, available)` tokens atomically when at
+/// least `need` are there, and none otherwise, with the wait until `need`
+/// are: `want` is the key's lease size (or what the request lacks, if more),
+/// `need` a quarter of the lease size (or what the request lacks, if more).
+/// The quarter is the difference from taking whatever is there: on a bucket
+/// that is dry under load, calls for one or two tokens at a time would cost a
+/// call per decision, as exact mode does, where waiting for a quarter of a
+/// lease costs one call per quarter lease (and delays this process's next
+/// admission by at most a quarter lease's refill time). The lease size adapts
+/// to the key's demand: it starts at 1, doubles when a lease was spent down to
+/// its low-water mark in under a quarter of the lease lifetime or ran out
+/// before the next one came, and halves when a lease expired with tokens
+/// left; it never exceeds the configured largest lease `L`. The low-water
+/// mark is a quarter of the lease size (none below a size of 4).
+///
+/// # Bounds
+///
+/// `N` processes share a key; leases have at most `L` tokens and lifetime
+/// `τ`; the bucket has capacity `B` and refills `r(T)` over a time `T`. A
+/// process holds at most `L + ⌊L/4⌋ − 1` tokens of a key: a fetch starts below
+/// the low-water mark `⌊size/4⌋` and brings at most one lease, and a request
+/// that finds too few tokens asks only for what it lacks beyond that.
+///
+/// - **Over-admission.** Every token spent from a lease was taken from the
+///   global bucket first, and the bucket gives out at most `B + r(T)` tokens in
+///   any interval of length `T` (tokens given back were never spent, and go
+///   back no further than the capacity). What a process admits in an interval
+///   is at most what it took in the interval plus what it held when the
+///   interval began. So all processes together admit at most
+///   `B + r(T) + N·(L + ⌊L/4⌋)` in any interval of length `T`; and since a
+///   token is spendable only within `τ` of its lease, the extra is also at most
+///   what the bucket can give in one lifetime, `B + r(τ)`. Exact mode's bound
+///   is `B + r(T)`.
+/// - **Stranded tokens.** At any moment at most `N·(L + ⌊L/4⌋)` tokens are out
+///   of the global bucket and not yet spent. Others cannot use them until they
+///   are spent, given back ([`give_back_idle`](LeasedLimiter::give_back_idle),
+///   one script per key), or expire: a lease is never spent after `τ`, and
+///   what it left is lost to the bucket, which refills it at its own rate.
+/// - **Redis calls.** Once the lease size has grown to `L`, one call brings
+///   `L` tokens: at most one call per `L` admissions while the bucket has
+///   tokens, and per quarter lease while it is dry; a denial costs one call
+///   per wait (at most one lease lifetime) per process; a request that misses
+///   while another fetches costs one.
+///
+/// # Failures
+///
+/// Every call runs on the caller's connection, with its deadline
+/// ([`Deadlines`](super::Deadlines)); a request makes at most one call, so no
+/// request waits longer than one deadline. A failed call starts a backoff, for
+/// which no request calls Redis; while it lasts a request that the leases held
+/// here cannot serve is answered by the [`OnFailure`] policy: denied (fail
+/// closed: only tokens already leased are spent) or decided by a local keyed
+/// limit (fail open). After the backoff one request probes Redis; its success
+/// ends the backoff. [`stats`](LeasedLimiter::stats) counts failures and
+/// fallback decisions.
+///
+/// # Example
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -834,15 +836,13 @@ impl<C: Clock> LeasedLimiter<C> {
                 Ok(match self.claim(key, n, Purpose::Prefetch(decision)) {
                     Claim::Fetch(fetch) => match self.refresher.get() {
                         None => Step::Lease(fetch),
-                        Some(queue) => {
-                            if queue.try_send((key.to_vec(), fetch)).is_err() {
-                                // The queue is full (or its thread gone):
-                                // release the claim for a later request.
-                                self.local
-                                    .transform_linked(key, |w| Some(w & !word::FETCHING));
-                            }
-                            Step::Done(decision)
-                        }
+                        Some(queue) => match queue.try_send((key.to_vec(), fetch)) {
+                            Ok(()) => Step::Done(decision),
+                            // The queue is full, or its thread stopped: this
+                            // request fetches, as without a refresher.
+                            Err(TrySendError::Full((_, fetch)))
+                            | Err(TrySendError::Disconnected((_, fetch))) => Step::Lease(fetch),
+                        },
                     },
                     _ => Step::Done(decision),
                 })
@@ -1153,7 +1153,8 @@ impl<C: Clock> LeasedLimiter<C> {
 
 /// A thread that takes the prefetches of a [`LeasedLimiter`] off the request
 /// path, on a connection of its own, and gives back idle leases every idle
-/// time. Stopped (and joined) when dropped.
+/// time. Stopped (and joined) when dropped; from then on (and whenever its
+/// queue is full) the requests make their prefetches themselves.
 pub struct Refresher {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -1277,12 +1278,8 @@ mod tests {
 
     #[test]
     fn the_word_packs_and_unpacks_at_every_edge() {
-        let w = word::pack(
-            MAX_LEASE,
-            31,
-            word::TIME_MASK,
-            word::DENIED | word::FETCHING,
-        );
+        let all = word::DRY | word::DENIED | word::FETCHING;
+        let w = word::pack(MAX_LEASE + MAX_LEASE / 4, 31, word::TIME_MASK, all);
         assert_eq!(word::tokens(w), MAX_LEASE + MAX_LEASE / 4);
         assert_eq!(word::size_code(w), 31);
         assert_eq!(word::time(w), word::TIME_MASK);

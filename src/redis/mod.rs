@@ -1,4 +1,4 @@
-//! Distributed limits on Redis, exact mode: every decision is one Lua script,
+//! Distributed limits on Redis. Exact mode: every decision is one Lua script,
 //! run atomically by Redis, with the same answer the in-process algorithm gives
 //! (feature `redis`).
 //!
@@ -27,6 +27,13 @@
 //! }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Leased mode
+//!
+//! [`LeasedLimiter`] shares a token bucket's limit through the same key and
+//! state, but takes its tokens in batches (leases) and spends them in process,
+//! with no call per decision; it states its bounds on over-admission, stranded
+//! tokens and Redis calls, and its failure policy.
 //!
 //! # Time
 //!
