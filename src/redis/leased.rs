@@ -361,8 +361,8 @@ impl<C: Clock> LeasedBuilder<C> {
     ///
     /// # Errors
     ///
-    /// [`RedisConfigError::TooLong`] never in practice; a `max_keys` of 0 is
-    /// taken as 1.
+    /// [`RedisConfigError::Keyed`] if the map of keys cannot be built (never
+    /// in practice: a `max_keys` of 0 is taken as 1).
     pub fn build(self) -> Result<LeasedLimiter<C>, RedisConfigError> {
         let algorithm = LeaseWord {
             capacity: self.bucket.capacity(),
@@ -372,11 +372,7 @@ impl<C: Clock> LeasedBuilder<C> {
         if let Some(max_keys) = self.max_keys {
             builder = builder.max_keys(max_keys.max(1));
         }
-        let local = builder.build().map_err(|_| RedisConfigError::TooLong {
-            what: "keyed map configuration",
-            value: Duration::ZERO,
-            max: Duration::ZERO,
-        })?;
+        let local = builder.build().map_err(RedisConfigError::Keyed)?;
         let lifetime_units = word::units_down(saturating_nanos(self.lifetime)).max(1);
         Ok(LeasedLimiter {
             limiter: self.limiter,
@@ -454,15 +450,16 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// that finds too few tokens asks only for what it lacks beyond that.
 ///
 /// - **Over-admission.** Every token spent from a lease was taken from the
-///   global bucket first, and the bucket gives out at most `B + r(T)` tokens in
-///   any interval of length `T` (tokens given back were never spent, and go
-///   back no further than the capacity). What a process admits in an interval
+///   global bucket first. In any interval of length `T` the bucket gives out
+///   at most `B + r(T)` tokens plus what is given back to it meanwhile, and
+///   tokens given back were never spent. What a process admits in an interval
 ///   is at most what it took in the interval plus what it held when the
 ///   interval began. So all processes together admit at most
-///   `B + r(T) + N·(L + ⌊L/4⌋)` in any interval of length `T`; and since a
-///   token is spendable only within `τ` of its lease, the extra is also at most
-///   what the bucket can give in one lifetime, `B + r(τ)`. Exact mode's bound
-///   is `B + r(T)`.
+///   `B + r(T) + N·(L + ⌊L/4⌋)` in any interval of length `T`, against exact
+///   mode's `B + r(T)`, for as long as Redis keeps the key (a Redis that
+///   loses its data starts the bucket full again, in either mode). The
+///   tokens left when a lease is topped up (fewer than the low-water mark)
+///   take the new lease's expiry.
 /// - **Stranded tokens.** At any moment at most `N·(L + ⌊L/4⌋)` tokens are out
 ///   of the global bucket and not yet spent. Others cannot use them until they
 ///   are spent, given back ([`give_back_idle`](LeasedLimiter::give_back_idle),
