@@ -629,3 +629,105 @@ fn a_refresher_prefetches_off_the_request_path_and_gives_back_idle_leases() {
         "{stats:?}"
     );
 }
+
+/// Threads sharing one limiter: one fetch at a time per key, the others
+/// spend or ask Redis for their own permits, and nothing is counted twice:
+/// what was admitted is what Redis gave out less what is still held.
+#[test]
+fn threads_sharing_a_limiter_spend_each_token_once() {
+    let Some(server) = server() else { return };
+    // 2,000 tokens and no refill to speak of.
+    let global = RedisLimiter::new(
+        "threads",
+        TokenBucket::new(Quota::new(2_000, 1, Duration::from_secs(60)).unwrap()),
+    )
+    .unwrap();
+    let limiter = LeasedBuilder::new(global.clone(), 64)
+        .unwrap()
+        .build()
+        .unwrap();
+    let barrier = Barrier::new(4);
+    let admitted: u64 = thread::scope(|s| {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let mut con = server.connection();
+                let (limiter, barrier) = (&limiter, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    let mut admitted = 0u64;
+                    for _ in 0..1_000 {
+                        admitted +=
+                            u64::from(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).sum()
+    });
+    let stats = limiter.stats();
+    let held = u64::from(limiter.held("k"));
+    let mut con = server.connection();
+    let left = bucket_tokens(&mut con, &global.redis_key("k")).unwrap_or(2_000);
+    eprintln!("{admitted} admitted, {held} held, {left} left in Redis, {stats:?}");
+    assert_eq!(admitted, 2_000 - left - held, "{stats:?}");
+    assert!(admitted <= 2_000);
+    // 4,000 asked for 2,000 tokens: all of them went, to admissions or the
+    // lease held.
+    assert!(left < 64, "{left} left");
+}
+
+/// A Redis that hangs (not dead): the lease call gives up at its deadline,
+/// the request is answered by the policy, and Redis is not called during the
+/// backoff.
+#[test]
+fn a_hung_redis_costs_one_deadline_then_the_backoff_answers() {
+    let Some(server) = server() else { return };
+    let global = RedisLimiter::new(
+        "hung",
+        TokenBucket::new(Quota::new(100, 1, Duration::from_secs(60)).unwrap()),
+    )
+    .unwrap();
+    let limiter = LeasedBuilder::new(global, 8)
+        .unwrap()
+        .on_failure(OnFailure::Deny, Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let deadline = 50 * MS;
+    let mut con = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .response(deadline)
+        .blocking(server.client());
+    // A lease held for "warm" (the size grows 1, 2, 4, 8 over the first
+    // requests).
+    for _ in 0..20 {
+        assert!(limiter.try_acquire(&mut con, "warm").unwrap().is_allowed());
+        if limiter.held("warm") >= 2 {
+            break;
+        }
+    }
+    assert!(limiter.held("warm") >= 2);
+    let mut other = server.client().get_connection().unwrap();
+    let sleeper = thread::spawn(move || {
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.5")
+            .query(&mut other);
+    });
+    thread::sleep(50 * MS);
+    let start = Instant::now();
+    // A new key: no lease, so a call, which times out.
+    let denied = limiter.try_acquire(&mut con, "new").unwrap();
+    let took = start.elapsed();
+    assert!(denied.is_denied());
+    assert!(took < deadline + 150 * MS, "took {took:?}");
+    // During the backoff: no call, at once.
+    let start = Instant::now();
+    assert!(limiter.try_acquire(&mut con, "new").unwrap().is_denied());
+    assert!(start.elapsed() < 10 * MS, "{:?}", start.elapsed());
+    let stats = limiter.stats();
+    assert_eq!((stats.failures, stats.fallbacks), (1, 2), "{stats:?}");
+    // The lease held for "warm" is still spent while Redis is out.
+    assert!(limiter.try_acquire(&mut con, "warm").unwrap().is_allowed());
+    sleeper.join().unwrap();
+}
