@@ -415,9 +415,9 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// in one script call. With a [`Refresher`]
 /// ([`start_refresher`](LeasedLimiter::start_refresher), a thread with a
 /// connection of its own) the request only queues the key and the thread
-/// makes the call, off the request path; without one, the claiming request
-/// makes it after its own decision is made (its answer does not depend on
-/// it), which suits the async API, where the call is one more await. A request that finds no tokens (a new key, a lease spent or expired)
+/// makes the call, off the request path ([`start_refresher_async`](LeasedLimiter::start_refresher_async)
+/// is the same as a tokio task); without one, the claiming request makes it
+/// after its own decision is made (its answer does not depend on it). A request that finds no tokens (a new key, a lease spent or expired)
 /// claims the fetch and takes a lease for itself (one call, within the
 /// connection's deadline); if another request is fetching already it asks
 /// Redis for its own permits, as exact mode does (one call). A bucket that
@@ -511,9 +511,9 @@ pub struct LeasedLimiter<C = RealClock> {
     local: KeyedLimiter<Vec<u8>, LeaseWord, C>,
     /// Keys that took a lease since the last give-back pass.
     holders: Mutex<HashSet<Vec<u8>>>,
-    /// The refresher thread's queue, once one is started: prefetches go
-    /// there instead of being made by the request that claimed them.
-    refresher: OnceLock<SyncSender<(Vec<u8>, Fetch)>>,
+    /// The refresher's queue, once one is started: prefetches go there
+    /// instead of being made by the request that claimed them.
+    refresher: OnceLock<Queue>,
     on_failure: OnFailure<TokenBucket, RealClock>,
     backoff: Duration,
     epoch: Instant,
@@ -833,12 +833,11 @@ impl<C: Clock> LeasedLimiter<C> {
                 Ok(match self.claim(key, n, Purpose::Prefetch(decision)) {
                     Claim::Fetch(fetch) => match self.refresher.get() {
                         None => Step::Lease(fetch),
-                        Some(queue) => match queue.try_send((key.to_vec(), fetch)) {
+                        // The queue is full, or its refresher stopped: this
+                        // request fetches, as without a refresher.
+                        Some(queue) => match queue.send(key, fetch) {
                             Ok(()) => Step::Done(decision),
-                            // The queue is full, or its thread stopped: this
-                            // request fetches, as without a refresher.
-                            Err(TrySendError::Full((_, fetch)))
-                            | Err(TrySendError::Disconnected((_, fetch))) => Step::Lease(fetch),
+                            Err(fetch) => Step::Lease(fetch),
                         },
                     },
                     _ => Step::Done(decision),
@@ -1190,8 +1189,8 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
         self: &Arc<Self>,
         mut con: BlockingConnection,
     ) -> std::io::Result<Option<Refresher>> {
-        let (queue, requests) = mpsc::sync_channel::<(Vec<u8>, Fetch)>(1_024);
-        if self.refresher.set(queue).is_err() {
+        let (queue, requests) = mpsc::sync_channel::<(Vec<u8>, Fetch)>(QUEUE);
+        if self.refresher.set(Queue::Thread(queue)).is_err() {
             return Ok(None);
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -1227,6 +1226,74 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
         Ok(Some(Refresher {
             stop,
             thread: Some(thread),
+        }))
+    }
+}
+
+/// Prefetches waiting for a refresher, at most.
+const QUEUE: usize = 1_024;
+
+/// A refresher's queue.
+enum Queue {
+    Thread(SyncSender<(Vec<u8>, Fetch)>),
+    #[cfg(feature = "tokio")]
+    Task(tokio::sync::mpsc::Sender<(Vec<u8>, Fetch)>),
+}
+
+impl Queue {
+    /// Queue `key`'s fetch, or give it back when the queue is full or its
+    /// refresher stopped.
+    fn send(&self, key: &[u8], fetch: Fetch) -> Result<(), Fetch> {
+        match self {
+            Queue::Thread(queue) => queue.try_send((key.to_vec(), fetch)).map_err(|e| match e {
+                TrySendError::Full((_, fetch)) | TrySendError::Disconnected((_, fetch)) => fetch,
+            }),
+            #[cfg(feature = "tokio")]
+            Queue::Task(queue) => queue.try_send((key.to_vec(), fetch)).map_err(|e| match e {
+                tokio::sync::mpsc::error::TrySendError::Full((_, fetch))
+                | tokio::sync::mpsc::error::TrySendError::Closed((_, fetch)) => fetch,
+            }),
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl<C: Clock + 'static> LeasedLimiter<C> {
+    /// [`start_refresher`](Self::start_refresher) as a tokio task on an
+    /// asynchronous connection (feature `tokio` too): it makes this limiter's
+    /// prefetches and gives back idle leases every idle time (at least every
+    /// 10 ms), until the returned handle is aborted. `None` when a refresher
+    /// was started already. Must be called within a tokio runtime.
+    pub fn start_refresher_async<Con>(
+        self: &Arc<Self>,
+        mut con: Con,
+    ) -> Option<tokio::task::JoinHandle<()>>
+    where
+        Con: ::redis::aio::ConnectionLike + Send + 'static,
+    {
+        let (queue, mut requests) = tokio::sync::mpsc::channel::<(Vec<u8>, Fetch)>(QUEUE);
+        if self.refresher.set(Queue::Task(queue)).is_err() {
+            return None;
+        }
+        let limiter = Arc::clone(self);
+        let tick = self.idle.max(Duration::from_millis(10));
+        Some(tokio::spawn(async move {
+            let mut last_give_back = Instant::now();
+            loop {
+                match tokio::time::timeout(tick, requests.recv()).await {
+                    Ok(Some((key, fetch))) => {
+                        let result = fetch.invocation.invoke_async(&mut con).await;
+                        let _ =
+                            limiter.finish_lease(&key, 1, fetch.purpose, fetch.size_code, result);
+                    }
+                    Ok(None) => break,
+                    Err(_) => {}
+                }
+                if last_give_back.elapsed() >= tick {
+                    limiter.give_back_idle_async(&mut con).await;
+                    last_give_back = Instant::now();
+                }
+            }
         }))
     }
 }
