@@ -824,13 +824,20 @@ impl<C: Clock> LeasedLimiter<C> {
                     return Ok(Step::Done(decision));
                 };
                 let low = self.size(word::size_code(written)) / 4;
-                if remaining >= low || written & (word::FETCHING | word::DRY) != 0 {
-                    return Ok(Step::Done(decision));
-                }
-                if matches!(self.turn(), Turn::Skip { .. }) {
+                if remaining >= low
+                    || written & (word::FETCHING | word::DRY) != 0
+                    || self.is_backing_off()
+                {
                     return Ok(Step::Done(decision));
                 }
                 Ok(match self.claim(key, n, Purpose::Prefetch(decision)) {
+                    // Claimed first, then the turn: a probe after a backoff
+                    // is only taken by a request that will call.
+                    Claim::Fetch(_) if matches!(self.turn(), Turn::Skip { .. }) => {
+                        self.local
+                            .transform_linked(key, |w| Some(w & !word::FETCHING));
+                        Step::Done(decision)
+                    }
                     Claim::Fetch(fetch) => match self.refresher.get() {
                         None => Step::Lease(fetch),
                         // The queue is full, or its refresher stopped: this
@@ -853,7 +860,8 @@ impl<C: Clock> LeasedLimiter<C> {
                 Ok(match self.claim(key, n, Purpose::Miss) {
                     Claim::Fetch(fetch) => Step::Lease(fetch),
                     Claim::Spent(decision) => Step::Done(decision),
-                    Claim::Busy | Claim::Claimed => self.exact_or_fallback(key, n),
+                    // The turn is taken: no second look at the backoff.
+                    Claim::Busy | Claim::Claimed => self.exact(key, n),
                 })
             }
         }
@@ -863,6 +871,11 @@ impl<C: Clock> LeasedLimiter<C> {
         if let Turn::Skip { wait } = self.turn() {
             return Step::Done(self.fallback(key, n, wait));
         }
+        self.exact(key, n)
+    }
+
+    /// Ask Redis for the permits themselves, as exact mode does.
+    fn exact(&self, key: &[u8], n: u32) -> Step {
         match self.limiter.invocation(key, n, None) {
             Ok(invocation) => Step::Exact(invocation),
             // Checked already: n is within 1..=capacity.
