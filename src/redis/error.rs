@@ -41,6 +41,11 @@ pub enum RedisConfigError {
         /// The longest window for that limit.
         max_window: Duration,
     },
+    /// Leased mode was asked of an algorithm other than the token bucket: a
+    /// lease takes tokens out of a bucket, which only the token bucket has.
+    NotLeasable,
+    /// Leased mode's map of keys could not be built (its `max_keys`).
+    Keyed(crate::error::KeyedConfigError),
 }
 
 impl fmt::Display for RedisConfigError {
@@ -70,6 +75,11 @@ impl fmt::Display for RedisConfigError {
                 "a sliding window of {limit} per {window:?} is too wide for exact \
                  arithmetic in Lua (limit times window in microseconds must stay below \
                  2^53): use a window of at most {max_window:?} or a lower limit"
+            ),
+            RedisConfigError::Keyed(e) => write!(f, "leased mode's map of keys: {e}"),
+            RedisConfigError::NotLeasable => f.write_str(
+                "leased mode takes tokens out of a token bucket: build the limiter \
+                 with a TokenBucket, or use exact mode for this algorithm",
             ),
         }
     }

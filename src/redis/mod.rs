@@ -1,4 +1,4 @@
-//! Distributed limits on Redis, exact mode: every decision is one Lua script,
+//! Distributed limits on Redis. Exact mode: every decision is one Lua script,
 //! run atomically by Redis, with the same answer the in-process algorithm gives
 //! (feature `redis`).
 //!
@@ -27,6 +27,13 @@
 //! }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Leased mode
+//!
+//! [`LeasedLimiter`] shares a token bucket's limit through the same key and
+//! state, but takes its tokens in batches (leases) and spends them in process,
+//! with no call per decision; it states its bounds on over-admission, stranded
+//! tokens and Redis calls, and its failure policy.
 //!
 //! # Time
 //!
@@ -95,10 +102,12 @@
 mod connection;
 mod error;
 mod guarded;
+mod leased;
 
 pub use connection::{BlockingConnection, Deadlines};
 pub use error::{RedisConfigError, RedisLimitError};
 pub use guarded::{Guarded, GuardedStats, OnFailure};
+pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, MAX_LEASE, Refresher};
 
 use core::time::Duration;
 use std::sync::LazyLock;
@@ -116,12 +125,15 @@ use crate::token_bucket::TokenBucket;
 /// Every script: the shared prelude (time, permits, exact division) and then
 /// the algorithm's own part.
 macro_rules! script {
-    ($file:literal) => {
-        LazyLock::new(|| Script::new(concat!(include_str!("prelude.lua"), include_str!($file))))
+    ($($file:literal),+) => {
+        LazyLock::new(|| Script::new(concat!(include_str!("prelude.lua"), $(include_str!($file)),+)))
     };
 }
 
-static TOKEN_BUCKET: LazyLock<Script> = script!("token_bucket.lua");
+static TOKEN_BUCKET: LazyLock<Script> = script!("token_bucket_level.lua", "token_bucket.lua");
+/// Leased mode's two scripts, on the token bucket's state.
+static LEASE: LazyLock<Script> = script!("token_bucket_level.lua", "lease.lua");
+static GIVE_BACK: LazyLock<Script> = script!("token_bucket_level.lua", "give_back.lua");
 static FIXED_WINDOW: LazyLock<Script> = script!("fixed_window.lua");
 static SLIDING_WINDOW: LazyLock<Script> = script!("sliding_window.lua");
 static GCRA: LazyLock<Script> = script!("gcra.lua");

@@ -1,0 +1,35 @@
+-- The token bucket's refill (turnstile's `TokenBucket`), shared by its decision,
+-- its lease and its give-back scripts. State 'tokens:time': the
+-- tokens at the last refill and its time, in whole time units.
+-- ARGV[4..8]: capacity, amount, period (units), fill time (units), unit (us).
+local capacity, amount = tonumber(ARGV[4]), tonumber(ARGV[5])
+local period, fill, unit = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local t = idiv(now, unit)
+local state = load_state(2) or {capacity, 0}
+local tokens, last = state[1], state[2]
+-- The bucket now: `level` tokens, refilled at `base`.
+local level, base
+if tokens >= capacity then
+    -- Full (or never used): any elapsed time leaves it full, and the fraction
+    -- of a period is dropped: the grid restarts now.
+    level, base = capacity, t
+else
+    local elapsed = t - last
+    if elapsed < period then
+        -- Not a whole period yet, or a reading behind the stored time:
+        -- refill nothing, move nothing.
+        level, base = tokens, last
+    elseif elapsed >= fill then
+        level, base = capacity, t
+    else
+        local periods = idiv(elapsed, period)
+        level = tokens + periods * amount
+        if level >= capacity then
+            level, base = capacity, t
+        else
+            -- Not full: keep the fraction of a period (the grid stays).
+            base = last + periods * period
+        end
+    end
+end
+-- `level` and `base` are the bucket now; what follows decides.

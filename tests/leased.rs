@@ -1,0 +1,816 @@
+//! Leased mode on Redis (`turnstile::redis::LeasedLimiter`), beside exact mode, against a real `redis-server`
+//! that each test starts on a free port of its own and stops when done.
+//!
+//! Without `redis-server` on PATH each test says so and passes, unless
+//! `TURNSTILE_REQUIRE_REDIS=1` is set (CI sets it), when it fails.
+//!
+//! The replicas here are threads, each with a connection and a limiter of its
+//! own, as separate processes would have (`examples/distributed.rs` runs
+//! processes).
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::{Client, ConnectionLike};
+use turnstile::redis::{
+    BlockingConnection, Deadlines, LeasedBuilder, LeasedLimiter, OnFailure, RedisLimiter,
+};
+use turnstile::{Clock, Quota, RealClock, TokenBucket};
+
+/// A `redis-server` of the test's own, killed (by the process id it was
+/// started with) when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn client(&self) -> Client {
+        Client::open(format!("redis://127.0.0.1:{}/", self.port)).expect("a valid address")
+    }
+
+    /// A connection with deadlines generous enough for a loaded CI machine.
+    fn connection(&self) -> turnstile::redis::BlockingConnection {
+        Deadlines::default()
+            .connect(Duration::from_secs(2))
+            .response(Duration::from_secs(2))
+            .blocking(self.client())
+    }
+}
+
+fn dbsize(con: &mut dyn ConnectionLike) -> i64 {
+    redis::cmd("DBSIZE").query(con).expect("DBSIZE")
+}
+
+/// Redis' clock, in microseconds since the Unix epoch.
+fn redis_time(con: &mut dyn ConnectionLike) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(con).expect("TIME");
+    secs * 1_000_000 + micros
+}
+
+/// Whether `redis-server` is on PATH: when it is not, say that the suite did
+/// not run (the test passes), or fail when it is required.
+fn redis_server_found() -> bool {
+    let required = std::env::var("TURNSTILE_REQUIRE_REDIS").is_ok_and(|v| v == "1");
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            !required,
+            "TURNSTILE_REQUIRE_REDIS=1 but redis-server is not on PATH: \
+             install it (apt-get install redis-server)"
+        );
+        // Straight to stderr, past the test harness's capture, so that the
+        // line shows although the test passes.
+        let _ = writeln!(
+            std::io::stderr(),
+            "the Redis suite did not run: redis-server is not on PATH. Install it \
+             (apt-get install redis-server) and run `cargo test -p turnstile-dev --test redis`; \
+             TURNSTILE_REQUIRE_REDIS=1 makes its absence a failure"
+        );
+    }
+    found
+}
+
+/// A server on `port`, once it answers; `None` if it exits first (the port
+/// was taken) or does not answer within 5 s.
+fn spawn_on(port: u16) -> Option<Server> {
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(["--enable-debug-command", "yes"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server starts");
+    let mut server = Server { child, port };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        if let Ok(Some(_)) = server.child.try_wait() {
+            return None;
+        }
+        if let Ok(mut con) = server.client().get_connection()
+            && redis::cmd("PING").query::<String>(&mut con).is_ok()
+        {
+            return Some(server);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// Start a server on a free port, or say why the suite cannot run: `None`
+/// (the test passes) when `redis-server` is missing, a failure when it is
+/// required.
+fn server() -> Option<Server> {
+    if !redis_server_found() {
+        return None;
+    }
+    // A free port, taken again by the server; another process may take it in
+    // between, so try a few.
+    for _ in 0..5 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        if let Some(server) = spawn_on(port) {
+            return Some(server);
+        }
+    }
+    panic!("redis-server did not start on any of 5 ports");
+}
+
+const MS: Duration = Duration::from_millis(1);
+
+/// The tokens in a key's bucket, as the scripts store it (`tokens:time`).
+fn bucket_tokens(con: &mut dyn ConnectionLike, key: &[u8]) -> Option<u64> {
+    let value: Option<String> = redis::cmd("GET").arg(key).query(con).expect("GET");
+    value.map(|v| v.split(':').next().unwrap().parse().unwrap())
+}
+
+/// A real clock read `offset` ahead: a replica whose clock is skewed.
+#[derive(Debug)]
+struct Skewed {
+    real: RealClock,
+    offset: u64,
+}
+
+impl Clock for Skewed {
+    fn now(&self) -> u64 {
+        self.real.now() + self.offset
+    }
+}
+
+/// How a run of replicas went.
+struct Run {
+    admitted: u64,
+    decisions: u64,
+    redis_calls: u64,
+    elapsed_micros: u64,
+}
+
+/// `replicas` threads, each with a connection and a limiter of its own, ask
+/// for one permit of key "k" for `run`: replica 0 as fast as it can, replica
+/// `i` pausing `i * 100 µs` between requests (uneven load). `leased`: leases
+/// of at most that many tokens, each replica's clock skewed by `i` seconds;
+/// `None`: exact mode. The time is Redis' own, read before and after.
+fn replicas(server: &Server, name: &str, quota: Quota, replicas: u32, leased: Option<u32>) -> Run {
+    let global = RedisLimiter::new(name, TokenBucket::new(quota)).unwrap();
+    let barrier = Arc::new(Barrier::new(replicas as usize + 1));
+    let run = Duration::from_millis(600);
+    let threads: Vec<_> = (0..replicas)
+        .map(|i| {
+            let global = global.clone();
+            let barrier = barrier.clone();
+            let mut con = server.connection();
+            thread::spawn(move || {
+                let limiter = leased.map(|lease| {
+                    LeasedBuilder::new(global.clone(), lease)
+                        .unwrap()
+                        .clock(Skewed {
+                            real: RealClock::default(),
+                            offset: u64::from(i) * 1_000_000_000,
+                        })
+                        .build()
+                        .unwrap()
+                });
+                let pause = Duration::from_micros(u64::from(i) * 100);
+                barrier.wait();
+                let until = Instant::now() + run;
+                let (mut admitted, mut decisions) = (0u64, 0u64);
+                while Instant::now() < until {
+                    let decision = match &limiter {
+                        Some(l) => l.try_acquire(&mut con, "k").unwrap(),
+                        None => global.try_acquire(&mut con, "k").expect("a decision"),
+                    };
+                    decisions += 1;
+                    admitted += u64::from(decision.is_allowed());
+                    if !pause.is_zero() {
+                        thread::sleep(pause);
+                    }
+                }
+                let calls = limiter
+                    .as_ref()
+                    .map_or(decisions, |l| l.stats().redis_calls());
+                (admitted, decisions, calls)
+            })
+        })
+        .collect();
+    let mut clock = server.connection();
+    let start = redis_time(&mut clock);
+    barrier.wait();
+    let mut total = Run {
+        admitted: 0,
+        decisions: 0,
+        redis_calls: 0,
+        elapsed_micros: 0,
+    };
+    for t in threads {
+        let (admitted, decisions, calls) = t.join().expect("no panic");
+        total.admitted += admitted;
+        total.decisions += decisions;
+        total.redis_calls += calls;
+    }
+    total.elapsed_micros = redis_time(&mut clock) - start;
+    total
+}
+
+/// 2, 4 and 8 replicas under uneven load on one key: exact mode admits at
+/// most `capacity + refill(T)` over the run, leased mode at most that plus
+/// `replicas × (L + ⌊L/4⌋)` (the most the replicas hold when the run begins;
+/// every token spent was taken from the bucket first), with clocks skewed by
+/// seconds.
+#[test]
+fn replicas_stay_within_the_stated_bounds() {
+    let Some(server) = server() else { return };
+    // 50 tokens, one a millisecond.
+    let quota = Quota::new(50, 1, MS).unwrap();
+    let lease = 16;
+    for n in [2u32, 4, 8] {
+        for mode in [None, Some(lease)] {
+            let name = format!("r{n}-{}", mode.is_some());
+            let run = replicas(&server, &name, quota, n, mode);
+            // Refill counted in whole periods, plus one for the period the
+            // start fell in.
+            let refill = run.elapsed_micros / 1_000 + 1;
+            let bound = 50 + refill + mode.map_or(0, |l| u64::from(n * (l + l / 4)));
+            eprintln!(
+                "{n} replicas, {}: {} decisions, {} admitted in {} us, bound {bound}, \
+                 {} Redis calls",
+                if mode.is_some() { "leased" } else { "exact" },
+                run.decisions,
+                run.admitted,
+                run.elapsed_micros,
+                run.redis_calls
+            );
+            assert!(run.admitted <= bound, "{name}: {} > {bound}", run.admitted);
+            // It admitted the refills, not just the burst.
+            assert!(run.admitted > 50 + refill / 2, "{name}: {}", run.admitted);
+        }
+    }
+}
+
+/// While a lease is held, decisions make no call: at most one lease call per
+/// `L` decisions, plus the few while the lease size grows to `L`.
+#[test]
+fn a_lease_of_l_tokens_costs_one_call_per_l_decisions() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let global = RedisLimiter::new(
+        "cost",
+        TokenBucket::new(Quota::new(1_000_000, 10_000, 10 * MS).unwrap()),
+    )
+    .unwrap();
+    let limiter = LeasedBuilder::new(global, 100).unwrap().build().unwrap();
+    let decisions = 20_000u64;
+    for _ in 0..decisions {
+        assert!(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    let stats = limiter.stats();
+    eprintln!("{decisions} decisions, {stats:?}");
+    // Growing 1, 2, 4, ... 64, 100 costs 8 calls; then one per 100 (each
+    // fetch brings a whole lease).
+    assert!(stats.redis_calls() <= decisions / 100 + 8, "{stats:?}");
+    assert_eq!(stats.failures, 0);
+}
+
+/// Exact and leased processes share one bucket: with no refill, together they
+/// admit exactly its capacity, and Redis' count agrees.
+#[test]
+fn exact_and_leased_share_one_limit() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let global = RedisLimiter::new(
+        "share",
+        TokenBucket::new(Quota::new(100, 1, Duration::from_secs(3_600)).unwrap()),
+    )
+    .unwrap();
+    let leased = LeasedBuilder::new(global.clone(), 8)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut admitted = 0;
+    for i in 0..300 {
+        let decision = if i % 3 == 0 {
+            global.try_acquire(&mut con, "k").unwrap()
+        } else {
+            leased.try_acquire(&mut con, "k").unwrap()
+        };
+        admitted += u32::from(decision.is_allowed());
+    }
+    // Tokens still leased are not admitted yet: give them back.
+    let back = leased.give_back_all(&mut con);
+    assert_eq!(
+        u64::from(admitted) + back,
+        100,
+        "admitted {admitted}, back {back}"
+    );
+    assert_eq!(
+        bucket_tokens(&mut con, &global.redis_key("k")).unwrap_or(100),
+        back
+    );
+}
+
+/// `SCRIPT FLUSH` between leases: the next lease call loads the script again
+/// (`NOSCRIPT` means nothing ran) and counts once.
+#[test]
+fn a_flushed_lease_script_is_loaded_again_and_counted_once() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let global = RedisLimiter::new(
+        "flush",
+        TokenBucket::new(Quota::new(1_000, 1, Duration::from_secs(3_600)).unwrap()),
+    )
+    .unwrap();
+    let limiter = LeasedBuilder::new(global.clone(), 32)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut admitted = 0u64;
+    for i in 0..200 {
+        if i % 40 == 0 {
+            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+        }
+        admitted += u64::from(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    assert_eq!(admitted, 200);
+    let stats = limiter.stats();
+    let left = bucket_tokens(&mut con, &global.redis_key("k")).unwrap();
+    assert_eq!(left, 1_000 - stats.tokens_leased, "{stats:?}");
+    assert_eq!(stats.tokens_leased, admitted + u64::from(limiter.held("k")));
+}
+
+/// Leases given back, or left to expire, leave no key once the bucket would
+/// be full again.
+#[test]
+fn idle_leases_are_given_back_or_expire_and_leave_no_key() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    // 10 tokens, one per 30 ms: full again 300 ms after the last spend.
+    let global = RedisLimiter::new(
+        "idle",
+        TokenBucket::new(Quota::new(10, 1, 30 * MS).unwrap()),
+    )
+    .unwrap();
+    let limiter = LeasedBuilder::new(global.clone(), 8)
+        .unwrap()
+        .idle(50 * MS)
+        .lifetime(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for key in ["given", "kept"] {
+        for _ in 0..4 {
+            assert!(limiter.try_acquire(&mut con, key).unwrap().is_allowed());
+        }
+    }
+    assert!(limiter.held("given") > 0);
+    // Not idle yet: nothing given back.
+    assert!(limiter.give_back_all(&mut con) > 0);
+    assert_eq!(limiter.held("given"), 0);
+    assert_eq!(limiter.held("kept"), 0);
+    // Take leases again, let one idle out and give it back; the other is
+    // kept (refreshed) until it expires.
+    for _ in 0..2 {
+        assert!(limiter.try_acquire(&mut con, "given").unwrap().is_allowed());
+    }
+    assert_eq!(limiter.give_back_idle(&mut con), 0, "not idle yet");
+    thread::sleep(60 * MS);
+    assert!(limiter.give_back_idle(&mut con) > 0);
+    assert_eq!(limiter.held("given"), 0);
+    assert!(limiter.stats().tokens_given_back > 0);
+    // A full bucket after a give-back is deleted; these are not full, but
+    // once their fill time has passed both keys are gone.
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(dbsize(&mut con), 0);
+    // A lease taken and simply dropped (it expires here) leaves no key either.
+    let other = LeasedBuilder::new(global, 8)
+        .unwrap()
+        .lifetime(20 * MS)
+        .build()
+        .unwrap();
+    assert!(other.try_acquire(&mut con, "dropped").unwrap().is_allowed());
+    drop(other);
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(dbsize(&mut con), 0);
+}
+
+/// The asynchronous API decides from the lease without a call, as the
+/// blocking one.
+#[test]
+fn the_async_api_spends_leases_as_the_blocking_one() {
+    let Some(server) = server() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let global = RedisLimiter::new(
+        "async",
+        TokenBucket::new(Quota::new(40, 1, Duration::from_secs(3_600)).unwrap()),
+    )
+    .unwrap();
+    let limiter = LeasedBuilder::new(global, 16).unwrap().build().unwrap();
+    let client = server.client();
+    runtime.block_on(async {
+        let mut con = Deadlines::default()
+            .connect(Duration::from_secs(2))
+            .response(Duration::from_secs(2))
+            .multiplexed(&client)
+            .await
+            .unwrap();
+        let mut admitted = 0;
+        for _ in 0..60 {
+            admitted += u32::from(
+                limiter
+                    .try_acquire_async(&mut con, "k")
+                    .await
+                    .unwrap()
+                    .is_allowed(),
+            );
+        }
+        assert_eq!(admitted, 40);
+        let stats = limiter.stats();
+        assert!(stats.redis_calls() < 20, "{stats:?}");
+        // The denial Redis gave is kept: the last requests made no call.
+        let denied = limiter.try_acquire_async(&mut con, "k").await.unwrap();
+        assert!(denied.is_denied());
+        assert_eq!(limiter.stats().redis_calls(), stats.redis_calls());
+    });
+}
+
+/// What one replica saw in the outage test.
+#[derive(Debug, Default)]
+struct Outage {
+    slowest: Duration,
+    admitted_while_down: u64,
+    /// From the restart to the first lease Redis granted.
+    back_after: Option<Duration>,
+}
+
+fn outage_replica(
+    limiter: &LeasedLimiter,
+    con: &mut BlockingConnection,
+    killed: &std::sync::Mutex<Option<(Instant, Option<Instant>)>>,
+    until: Instant,
+) -> Outage {
+    let mut seen = Outage::default();
+    while Instant::now() < until {
+        let before = limiter.stats().lease_calls;
+        let start = Instant::now();
+        let decision = limiter.try_acquire(con, "k").unwrap();
+        let took = start.elapsed();
+        seen.slowest = seen.slowest.max(took);
+        let state = *killed.lock().unwrap();
+        if let Some((down, up)) = state {
+            if up.is_none() && start > down && decision.is_allowed() {
+                seen.admitted_while_down += 1;
+            }
+            if let Some(up) = up
+                && seen.back_after.is_none()
+                && start > up
+                && limiter.stats().lease_calls > before
+            {
+                seen.back_after = Some(Instant::now() - up);
+            }
+        }
+        thread::sleep(Duration::from_micros(200));
+    }
+    seen
+}
+
+/// `kill -9` of Redis mid-run, and a restart on the same port: no request
+/// waits past its deadline (50 ms, plus scheduling on a loaded machine);
+/// failing closed admits only the tokens leased before the kill; failing open
+/// admits the local share; both take leases from Redis again within 1 s of
+/// the restart.
+#[test]
+fn redis_killed_mid_run_fails_as_configured_and_recovers() {
+    let Some(server) = server() else { return };
+    let port = server.port;
+    // 1,000 a second, a burst of 100: never the limit here, so every denial
+    // is the failure policy's.
+    let quota = Quota::new(100, 1, MS).unwrap();
+    let global = RedisLimiter::new("kill", TokenBucket::new(quota)).unwrap();
+    let lease = 16;
+    let backoff = 200 * MS;
+    let deadline = 50 * MS;
+    let closed = LeasedBuilder::new(global.clone(), lease)
+        .unwrap()
+        .on_failure(OnFailure::Deny, backoff)
+        .build()
+        .unwrap();
+    // The local share: 5 tokens, refilled one per second: few while down.
+    let share = Quota::new(5, 1, Duration::from_secs(1)).unwrap();
+    let open = LeasedBuilder::new(global, lease)
+        .unwrap()
+        .on_failure(OnFailure::local_share(share, 1).unwrap(), backoff)
+        .build()
+        .unwrap();
+    let killed = std::sync::Mutex::new(None);
+    let deadlines = Deadlines::default().connect(deadline).response(deadline);
+    let until = Instant::now() + Duration::from_millis(2_000);
+    let client = server.client();
+    let (seen_closed, seen_open, server) = thread::scope(|s| {
+        let closed_thread = s.spawn(|| {
+            let mut con = deadlines.blocking(client.clone());
+            outage_replica(&closed, &mut con, &killed, until)
+        });
+        let open_thread = s.spawn(|| {
+            let mut con = deadlines.blocking(client.clone());
+            outage_replica(&open, &mut con, &killed, until)
+        });
+        thread::sleep(Duration::from_millis(400));
+        drop(server); // SIGKILL, then waited for
+        *killed.lock().unwrap() = Some((Instant::now(), None));
+        thread::sleep(Duration::from_millis(600));
+        let server = spawn_on(port).expect("redis-server restarts on its port");
+        let down = killed.lock().unwrap().unwrap().0;
+        *killed.lock().unwrap() = Some((down, Some(Instant::now())));
+        (
+            closed_thread.join().unwrap(),
+            open_thread.join().unwrap(),
+            server,
+        )
+    });
+    eprintln!("fail closed: {seen_closed:?}\nfail open: {seen_open:?}");
+    for (seen, limiter) in [(&seen_closed, &closed), (&seen_open, &open)] {
+        assert!(
+            seen.slowest < deadline + 100 * MS,
+            "a request took {:?}",
+            seen.slowest
+        );
+        let back = seen.back_after.expect("Redis granted leases again");
+        assert!(back < Duration::from_secs(1), "back after {back:?}");
+        let stats = limiter.stats();
+        assert!(stats.failures >= 1 && stats.fallbacks >= 1, "{stats:?}");
+    }
+    // Failing closed: only what was leased before the kill.
+    assert!(
+        seen_closed.admitted_while_down <= u64::from(lease + lease / 4),
+        "{seen_closed:?}"
+    );
+    // Failing open: the leases held, plus the local share (5, and not many
+    // more refilled at one a second); the request that met the kill may take
+    // one of the five before the kill is recorded.
+    assert!(
+        seen_open.admitted_while_down >= 4
+            && seen_open.admitted_while_down <= u64::from(lease + lease / 4) + 5 + 1,
+        "{seen_open:?}"
+    );
+    drop(server);
+}
+
+/// With a refresher thread, prefetches are made on its connection, and idle
+/// leases go back by themselves.
+#[test]
+fn a_refresher_prefetches_off_the_request_path_and_gives_back_idle_leases() {
+    let Some(server) = server() else { return };
+    let global = RedisLimiter::new(
+        "refresher",
+        TokenBucket::new(Quota::new(100_000, 1, Duration::from_secs(60)).unwrap()),
+    )
+    .unwrap();
+    let limiter = Arc::new(
+        LeasedBuilder::new(global.clone(), 64)
+            .unwrap()
+            .idle(30 * MS)
+            .build()
+            .unwrap(),
+    );
+    let refresher = limiter
+        .start_refresher(server.connection())
+        .unwrap()
+        .expect("the first refresher");
+    assert!(
+        limiter
+            .start_refresher(server.connection())
+            .unwrap()
+            .is_none()
+    );
+    let mut con = server.connection();
+    let mut admitted = 0u64;
+    for _ in 0..5_000 {
+        admitted += u64::from(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+        // Time for the refresher to answer now and then.
+        thread::sleep(Duration::from_micros(20));
+    }
+    // A lease held (the last may have been spent to the last token).
+    for _ in 0..100 {
+        if limiter.held("k") > 0 {
+            break;
+        }
+        admitted += u64::from(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+        thread::sleep(MS);
+    }
+    assert!(limiter.held("k") > 0);
+    assert!(admitted > 4_900, "{admitted}");
+    // Idle: the refresher gives the lease back.
+    let start = Instant::now();
+    // The word is emptied before the give-back's call returns.
+    while (limiter.held("k") > 0 || limiter.stats().give_back_calls == 0)
+        && start.elapsed() < Duration::from_secs(2)
+    {
+        thread::sleep(10 * MS);
+    }
+    drop(refresher);
+    let stats = limiter.stats();
+    assert_eq!(limiter.held("k"), 0, "{stats:?}");
+    assert!(stats.tokens_given_back > 0, "{stats:?}");
+    let mut plain = server.connection();
+    // What Redis gave out is what was admitted: the leases kept, and the
+    // exact calls of requests that missed while the refresher fetched.
+    let spent = stats.tokens_leased - stats.tokens_given_back + stats.exact_calls;
+    assert_eq!(spent, admitted, "{stats:?}");
+    assert_eq!(
+        bucket_tokens(&mut plain, &global.redis_key("k")),
+        Some(100_000 - spent),
+        "{stats:?}"
+    );
+}
+
+/// Threads sharing one limiter: one fetch at a time per key, the others
+/// spend or ask Redis for their own permits, and nothing is counted twice:
+/// what was admitted is what Redis gave out less what is still held.
+#[test]
+fn threads_sharing_a_limiter_spend_each_token_once() {
+    let Some(server) = server() else { return };
+    // 2,000 tokens and no refill to speak of.
+    let global = RedisLimiter::new(
+        "threads",
+        TokenBucket::new(Quota::new(2_000, 1, Duration::from_secs(60)).unwrap()),
+    )
+    .unwrap();
+    let limiter = LeasedBuilder::new(global.clone(), 64)
+        .unwrap()
+        .build()
+        .unwrap();
+    let barrier = Barrier::new(4);
+    let admitted: u64 = thread::scope(|s| {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let mut con = server.connection();
+                let (limiter, barrier) = (&limiter, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    let mut admitted = 0u64;
+                    for _ in 0..1_000 {
+                        admitted +=
+                            u64::from(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).sum()
+    });
+    let stats = limiter.stats();
+    let held = u64::from(limiter.held("k"));
+    let mut con = server.connection();
+    let left = bucket_tokens(&mut con, &global.redis_key("k")).unwrap_or(2_000);
+    eprintln!("{admitted} admitted, {held} held, {left} left in Redis, {stats:?}");
+    assert_eq!(admitted, 2_000 - left - held, "{stats:?}");
+    assert!(admitted <= 2_000);
+    // 4,000 asked for 2,000 tokens: all of them went, to admissions or the
+    // lease held.
+    assert!(left < 64, "{left} left");
+}
+
+/// A Redis that hangs (not dead): the lease call gives up at its deadline,
+/// the request is answered by the policy, and Redis is not called during the
+/// backoff.
+#[test]
+fn a_hung_redis_costs_one_deadline_then_the_backoff_answers() {
+    let Some(server) = server() else { return };
+    let global = RedisLimiter::new(
+        "hung",
+        TokenBucket::new(Quota::new(100, 1, Duration::from_secs(60)).unwrap()),
+    )
+    .unwrap();
+    let limiter = LeasedBuilder::new(global, 8)
+        .unwrap()
+        .on_failure(OnFailure::Deny, Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let deadline = 50 * MS;
+    let mut con = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .response(deadline)
+        .blocking(server.client());
+    // A lease held for "warm" (the size grows 1, 2, 4, 8 over the first
+    // requests).
+    for _ in 0..20 {
+        assert!(limiter.try_acquire(&mut con, "warm").unwrap().is_allowed());
+        if limiter.held("warm") >= 2 {
+            break;
+        }
+    }
+    assert!(limiter.held("warm") >= 2);
+    let mut other = server.client().get_connection().unwrap();
+    let sleeper = thread::spawn(move || {
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.5")
+            .query(&mut other);
+    });
+    thread::sleep(50 * MS);
+    let start = Instant::now();
+    // A new key: no lease, so a call, which times out.
+    let denied = limiter.try_acquire(&mut con, "new").unwrap();
+    let took = start.elapsed();
+    assert!(denied.is_denied());
+    assert!(took < deadline + 150 * MS, "took {took:?}");
+    // During the backoff: no call, at once.
+    let start = Instant::now();
+    assert!(limiter.try_acquire(&mut con, "new").unwrap().is_denied());
+    assert!(start.elapsed() < 10 * MS, "{:?}", start.elapsed());
+    let stats = limiter.stats();
+    assert_eq!((stats.failures, stats.fallbacks), (1, 2), "{stats:?}");
+    // The lease held for "warm" is still spent while Redis is out.
+    assert!(limiter.try_acquire(&mut con, "warm").unwrap().is_allowed());
+    sleeper.join().unwrap();
+}
+
+/// The refresher as a tokio task: prefetches on its own connection, idle
+/// leases given back by it.
+#[test]
+fn an_async_refresher_task_prefetches_and_gives_back() {
+    let Some(server) = server() else { return };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let global = RedisLimiter::new(
+        "task",
+        TokenBucket::new(Quota::new(100_000, 1, Duration::from_secs(60)).unwrap()),
+    )
+    .unwrap();
+    let limiter = Arc::new(
+        LeasedBuilder::new(global.clone(), 64)
+            .unwrap()
+            .idle(30 * MS)
+            .build()
+            .unwrap(),
+    );
+    let client = server.client();
+    let deadlines = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .response(Duration::from_secs(2));
+    let (admitted, stats) = runtime.block_on(async {
+        let task_con = deadlines.multiplexed(&client).await.unwrap();
+        let task = limiter.start_refresher_async(task_con).expect("the first");
+        let mut con = deadlines.multiplexed(&client).await.unwrap();
+        let mut admitted = 0u64;
+        for i in 0..5_000 {
+            let decision = limiter.try_acquire_async(&mut con, "k").await.unwrap();
+            admitted += u64::from(decision.is_allowed());
+            if i % 50 == 0 {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+        }
+        // A lease held (the last may have been spent to the last token).
+        for _ in 0..100 {
+            if limiter.held("k") > 0 {
+                break;
+            }
+            let decision = limiter.try_acquire_async(&mut con, "k").await.unwrap();
+            admitted += u64::from(decision.is_allowed());
+            tokio::time::sleep(MS).await;
+        }
+        assert!(limiter.held("k") > 0);
+        // Idle: the task gives the lease back.
+        let start = Instant::now();
+        // The word is emptied before the give-back's call returns.
+        while (limiter.held("k") > 0 || limiter.stats().give_back_calls == 0)
+            && start.elapsed() < Duration::from_secs(2)
+        {
+            tokio::time::sleep(10 * MS).await;
+        }
+        task.abort();
+        (admitted, limiter.stats())
+    });
+    assert!(admitted > 4_900, "{admitted}");
+    assert_eq!(limiter.held("k"), 0, "{stats:?}");
+    assert!(stats.tokens_given_back > 0, "{stats:?}");
+    let spent = stats.tokens_leased - stats.tokens_given_back + stats.exact_calls;
+    assert_eq!(spent, admitted, "{stats:?}");
+    let mut con = server.connection();
+    assert_eq!(
+        bucket_tokens(&mut con, &global.redis_key("k")),
+        Some(100_000 - spent),
+        "{stats:?}"
+    );
+}
