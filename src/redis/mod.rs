@@ -102,11 +102,19 @@
 mod connection;
 mod error;
 mod guarded;
+#[cfg(all(feature = "tower", feature = "tokio"))]
+mod layer;
 mod leased;
 
+#[cfg(feature = "tokio")]
+pub use connection::ReconnectingConnection;
 pub use connection::{BlockingConnection, Deadlines};
 pub use error::{RedisConfigError, RedisLimitError};
 pub use guarded::{Guarded, GuardedStats, OnFailure};
+#[cfg(all(feature = "tower", feature = "tokio"))]
+pub use layer::{
+    RedisKey, RedisLayerStats, RedisLimit, RedisRateLimit, RedisRateLimitLayer, RedisResponseFuture,
+};
 pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, MAX_LEASE, Refresher};
 
 use core::time::Duration;
@@ -188,6 +196,20 @@ impl From<SlidingWindow> for RedisAlgorithm {
 impl From<Gcra> for RedisAlgorithm {
     fn from(algorithm: Gcra) -> Self {
         RedisAlgorithm::Gcra(algorithm)
+    }
+}
+
+/// What the algorithm enforces, as in process: the layer's `RateLimit-Policy`
+/// field (`RedisRateLimitLayer::with_derived_policy`, with features `tower`
+/// and `tokio`).
+impl crate::gate::AdvertisedQuota for RedisAlgorithm {
+    fn advertised_quota(&self) -> (u32, Duration) {
+        match self {
+            RedisAlgorithm::TokenBucket(a) => a.advertised_quota(),
+            RedisAlgorithm::FixedWindow(a) => a.advertised_quota(),
+            RedisAlgorithm::SlidingWindow(a) => a.advertised_quota(),
+            RedisAlgorithm::Gcra(a) => a.advertised_quota(),
+        }
     }
 }
 
