@@ -1169,7 +1169,7 @@ impl<X: KeyExtractor, A, C, S, R> RateLimitLayer<X, A, C, S, R> {
         RateLimitLayer {
             gate: self.gate,
             extractor: self.extractor,
-            respond: DenyWith(Arc::new(respond)),
+            respond: DenyWith::new(respond),
             challenge: self.challenge,
             reported: self.reported,
         }

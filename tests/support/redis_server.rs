@@ -35,6 +35,14 @@ impl Server {
         Client::open(format!("redis://127.0.0.1:{}/", self.port)).expect("a valid address")
     }
 
+    /// A connection with deadlines generous enough for a loaded CI machine.
+    pub fn connection(&self) -> turnstile::redis::BlockingConnection {
+        turnstile::redis::Deadlines::default()
+            .connect(Duration::from_secs(2))
+            .response(Duration::from_secs(2))
+            .blocking(self.client())
+    }
+
     /// A plain connection for looking at the server's state.
     pub fn plain(&self) -> redis::Connection {
         self.client()
