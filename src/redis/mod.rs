@@ -85,8 +85,18 @@
 //! connection with read and write timeouts that drops itself after an I/O error
 //! or a timeout (a late reply must never be read as the next call's) and
 //! reconnects on the next call; [`Deadlines::multiplexed`] gives tokio's
-//! multiplexed connection with a response timeout. A call that timed out may
-//! still have been decided by Redis: it is never sent again.
+//! multiplexed connection with a response timeout, and
+//! [`Deadlines::reconnecting`] one that also connects again after its
+//! connection dropped (a Redis restart). A call that timed out may still have
+//! been decided by Redis: it is never sent again.
+//!
+//! # Behind a tower layer
+//!
+//! With features `tower` and `tokio` too, [`RedisRateLimitLayer`] puts a
+//! [`Guarded`] or a [`LeasedLimiter`] in front of a service, with the HTTP
+//! answers of [`RateLimitLayer`](crate::tower::RateLimitLayer); a request
+//! awaits only the round trip its decision needs (none while a lease covers
+//! it).
 //!
 //! # Limits of the exact arithmetic
 //!
