@@ -461,3 +461,77 @@ async fn redis_killed_the_layer_answers_by_its_policy_within_the_deadline_then_r
     // The decisions were Redis': the keys are in the new server.
     assert!(dbsize(&server) >= 1);
 }
+
+/// A `GET /` on a fresh connection: the status and the `Retry-After` value.
+async fn http_get(addr: SocketAddr) -> (u16, Option<String>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.unwrap();
+    let mut lines = reply.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let retry_after = lines
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.eq_ignore_ascii_case("retry-after"))
+        .map(|(_, value)| value.trim().to_string());
+    (status, retry_after)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_axum_server_keyed_by_peer_address_over_real_http() {
+    let Some(server) = server() else { return };
+    let limit = Guarded::<TokenBucket>::new(
+        RedisLimiter::new(
+            "axum",
+            FixedWindow::new(2, Duration::from_secs(60)).unwrap(),
+        )
+        .unwrap(),
+        OnFailure::Deny,
+        Duration::from_secs(1),
+    );
+    let layer =
+        RedisRateLimitLayer::new(limit, connection(server.client()), PeerIp::connect_info());
+    let handled = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&handled);
+    let app = axum::Router::new()
+        .route(
+            "/",
+            axum::routing::get(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { "ok" }
+            }),
+        )
+        .layer(layer.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
+    assert_eq!(http_get(addr).await, (200, None));
+    assert_eq!(http_get(addr).await, (200, None));
+    let (status, retry_after) = http_get(addr).await;
+    assert_eq!(status, 429);
+    let secs: u64 = retry_after.expect("a Retry-After").parse().unwrap();
+    assert!((1..=60).contains(&secs), "{secs}");
+    assert_eq!(handled.load(Ordering::SeqCst), 2);
+    let stats = layer.stats();
+    assert_eq!((stats.admitted, stats.too_many_requests), (2, 1));
+    let key: Option<String> = redis::cmd("GET")
+        .arg("turnstile:{axum}:127.0.0.1")
+        .query(&mut server.plain())
+        .unwrap();
+    assert!(key.is_some(), "the peer address is the key in Redis");
+}
