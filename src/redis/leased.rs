@@ -706,7 +706,13 @@ impl<C: Clock> LeasedLimiter<C> {
     }
 
     /// [`try_acquire_n`](Self::try_acquire_n) on an asynchronous connection
-    /// (feature `tokio` too).
+    /// (feature `tokio` too). A decision from the lease held here completes
+    /// without awaiting anything; the request that claims a prefetch awaits
+    /// it after its decision is made (a `RedisRateLimitLayer`,
+    /// features `tower` and `tokio`, fetches it in a task of its own
+    /// instead). Dropped while it awaits a call, the future releases the
+    /// key's claim on the fetch: a cancelled request leaves no key unable
+    /// to take a lease.
     ///
     /// # Errors
     ///
