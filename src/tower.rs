@@ -1011,6 +1011,12 @@ impl<B: Default + From<&'static str>> DenialResponse<B> for PlainDenial {
 /// of the layer.
 pub struct DenyWith<F>(Arc<F>);
 
+impl<F> DenyWith<F> {
+    pub(crate) fn new(respond: F) -> DenyWith<F> {
+        DenyWith(Arc::new(respond))
+    }
+}
+
 impl<F> Clone for DenyWith<F> {
     fn clone(&self) -> Self {
         DenyWith(Arc::clone(&self.0))
@@ -1035,7 +1041,7 @@ where
 /// Counts misconfigured requests, and logs the first once per layer (feature
 /// `tracing`). Shared by the layer's clones.
 #[derive(Clone, Debug, Default)]
-struct Reported(Arc<ReportedInner>);
+pub(crate) struct Reported(Arc<ReportedInner>);
 
 #[derive(Debug, Default)]
 struct ReportedInner {
@@ -1045,7 +1051,7 @@ struct ReportedInner {
 }
 
 impl Reported {
-    fn report(&self, problem: &'static str) {
+    pub(crate) fn report(&self, problem: &'static str) {
         use core::sync::atomic::Ordering;
         // Relaxed: a count for operators. A locked add, on a path that answers
         // 500 to every request until the server is fixed, not on a decision.
@@ -1068,7 +1074,7 @@ impl Reported {
         let _ = problem;
     }
 
-    fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         // Relaxed: a count, read for reporting.
         self.0.count.load(core::sync::atomic::Ordering::Relaxed)
     }
@@ -1163,7 +1169,7 @@ impl<X: KeyExtractor, A, C, S, R> RateLimitLayer<X, A, C, S, R> {
         RateLimitLayer {
             gate: self.gate,
             extractor: self.extractor,
-            respond: DenyWith(Arc::new(respond)),
+            respond: DenyWith::new(respond),
             challenge: self.challenge,
             reported: self.reported,
         }
@@ -1309,12 +1315,7 @@ where
         if outcome.is_admitted() {
             // Only a policy adds fields to an admitted response.
             let fields = layer.gate.policy().map(|p| policy_fields(p, &outcome));
-            ResponseFuture {
-                state: State::Admitted {
-                    future: self.inner.call(request),
-                    fields,
-                },
-            }
+            ResponseFuture::admitted(self.inner.call(request), fields)
         } else {
             ResponseFuture::denied(layer.deny(&Denial::Refused(outcome)))
         }
@@ -1328,34 +1329,56 @@ impl<X: KeyExtractor, A, C, S, R> RateLimitLayer<X, A, C, S, R> {
     where
         R: DenialResponse<B>,
     {
-        let mut response = self.respond.respond(denial);
-        *response.status_mut() = denial.status();
-        let headers = response.headers_mut();
-        // The layer owns `Retry-After`: set where the gate gives a wait,
-        // removed where it gives none.
-        match denial.retry_after_secs() {
-            Some(secs) => headers.insert(RETRY_AFTER, HeaderValue::from(secs)),
-            None => headers.remove(RETRY_AFTER),
-        };
-        if let Some(outcome) = denial.outcome() {
-            if outcome == Outcome::Unauthorized {
-                let challenge = match &self.challenge {
-                    Some(challenge) => challenge.clone(),
-                    None => self.extractor.challenge(),
-                };
-                headers.insert(WWW_AUTHENTICATE, challenge);
-            }
-            // A 401 has no `RateLimit` value, so no policy fields either.
-            if let Some(policy) = self.gate.policy() {
-                add_policy_fields(headers, policy_fields(policy, &outcome));
-            }
-        }
-        response
+        deny(
+            &self.respond,
+            denial,
+            &self.extractor,
+            self.challenge.as_ref(),
+            self.gate.policy(),
+        )
     }
 }
 
+/// The response to `denial`: `respond`'s, with the layer's status and fields
+/// set over it (`challenge`, or else the extractor's, on a 401; `policy`'s
+/// fields on the others). Shared by every layer of the crate.
+pub(crate) fn deny<B, R: DenialResponse<B>, X: KeyExtractor>(
+    respond: &R,
+    denial: &Denial,
+    extractor: &X,
+    challenge: Option<&HeaderValue>,
+    policy: Option<&RateLimitPolicy>,
+) -> Response<B> {
+    let mut response = respond.respond(denial);
+    *response.status_mut() = denial.status();
+    let headers = response.headers_mut();
+    // The layer owns `Retry-After`: set where the limit gives a wait, removed
+    // where it gives none.
+    match denial.retry_after_secs() {
+        Some(secs) => headers.insert(RETRY_AFTER, HeaderValue::from(secs)),
+        None => headers.remove(RETRY_AFTER),
+    };
+    if let Some(outcome) = denial.outcome() {
+        if outcome == Outcome::Unauthorized {
+            let challenge = match challenge {
+                Some(challenge) => challenge.clone(),
+                None => extractor.challenge(),
+            };
+            headers.insert(WWW_AUTHENTICATE, challenge);
+        }
+        // A 401 has no `RateLimit` value, so no policy fields either.
+        if let Some(policy) = policy {
+            add_policy_fields(headers, policy_fields(policy, &outcome));
+        }
+    }
+    response
+}
+
 /// The `RateLimit-Policy` and `RateLimit` field values for `outcome`.
-fn policy_fields(policy: &RateLimitPolicy, outcome: &Outcome) -> [Option<HeaderValue>; 2] {
+pub(crate) fn policy_fields(
+    policy: &RateLimitPolicy,
+    outcome: &Outcome,
+) -> [Option<HeaderValue>; 2] {
     // Validated policy names and numbers make valid values; anything else
     // would be left out, never a panic.
     let value = |s: Option<String>| s.and_then(|s| HeaderValue::from_str(&s).ok());
@@ -1365,7 +1388,7 @@ fn policy_fields(policy: &RateLimitPolicy, outcome: &Outcome) -> [Option<HeaderV
     ]
 }
 
-fn add_policy_fields(headers: &mut HeaderMap, fields: [Option<HeaderValue>; 2]) {
+pub(crate) fn add_policy_fields(headers: &mut HeaderMap, fields: [Option<HeaderValue>; 2]) {
     let [policy, value] = fields;
     if let (Some(policy), Some(value)) = (policy, value) {
         headers.insert(RATELIMIT_POLICY, policy);
@@ -1385,7 +1408,18 @@ pin_project_lite::pin_project! {
 }
 
 impl<F, B> ResponseFuture<F, B> {
-    fn denied(response: Response<B>) -> ResponseFuture<F, B> {
+    /// The inner service's response to an admitted request, with the policy
+    /// `fields` added.
+    pub(crate) fn admitted(
+        future: F,
+        fields: Option<[Option<HeaderValue>; 2]>,
+    ) -> ResponseFuture<F, B> {
+        ResponseFuture {
+            state: State::Admitted { future, fields },
+        }
+    }
+
+    pub(crate) fn denied(response: Response<B>) -> ResponseFuture<F, B> {
         ResponseFuture {
             state: State::Denied {
                 response: Some(response),

@@ -4,16 +4,18 @@
 //! Without `redis-server` on PATH each test says so and passes, unless
 //! `TURNSTILE_REQUIRE_REDIS=1` is set (CI sets it), when it fails.
 
+#[allow(dead_code)]
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
 use std::collections::HashMap;
-use std::io::Write;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{Client, ConnectionLike};
+use redis_server::{Server, spawn_on};
 use turnstile::redis::{
     Deadlines, Guarded, GuardedStats, OnFailure, RedisLimitError, RedisLimiter,
 };
@@ -21,41 +23,6 @@ use turnstile::{
     AcquireError, Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, Quota, SlidingWindow,
     TokenBucket,
 };
-
-/// A `redis-server` of the test's own, killed (by the process id it was
-/// started with) when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn client(&self) -> Client {
-        Client::open(format!("redis://127.0.0.1:{}/", self.port)).expect("a valid address")
-    }
-
-    /// A connection with deadlines generous enough for a loaded CI machine.
-    fn connection(&self) -> turnstile::redis::BlockingConnection {
-        Deadlines::default()
-            .connect(Duration::from_secs(2))
-            .response(Duration::from_secs(2))
-            .blocking(self.client())
-    }
-
-    /// A plain connection for looking at the server's state.
-    fn plain(&self) -> redis::Connection {
-        self.client()
-            .get_connection()
-            .expect("the test server answers")
-    }
-}
 
 fn dbsize(con: &mut dyn ConnectionLike) -> i64 {
     redis::cmd("DBSIZE").query(con).expect("DBSIZE")
@@ -76,79 +43,8 @@ fn redis_time(con: &mut dyn ConnectionLike) -> u64 {
     secs * 1_000_000 + micros
 }
 
-/// Whether `redis-server` is on PATH: when it is not, say that the suite did
-/// not run (the test passes), or fail when it is required.
-fn redis_server_found() -> bool {
-    let required = std::env::var("TURNSTILE_REQUIRE_REDIS").is_ok_and(|v| v == "1");
-    let found = Command::new("redis-server")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            !required,
-            "TURNSTILE_REQUIRE_REDIS=1 but redis-server is not on PATH: \
-             install it (apt-get install redis-server)"
-        );
-        // Straight to stderr, past the test harness's capture, so that the
-        // line shows although the test passes.
-        let _ = writeln!(
-            std::io::stderr(),
-            "the Redis suite did not run: redis-server is not on PATH. Install it \
-             (apt-get install redis-server) and run `cargo test -p turnstile-dev --test redis`; \
-             TURNSTILE_REQUIRE_REDIS=1 makes its absence a failure"
-        );
-    }
-    found
-}
-
-/// A server on `port`, once it answers; `None` if it exits first (the port
-/// was taken) or does not answer within 5 s.
-fn spawn_on(port: u16) -> Option<Server> {
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .args(["--enable-debug-command", "yes"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server starts");
-    let mut server = Server { child, port };
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(5) {
-        if let Ok(Some(_)) = server.child.try_wait() {
-            return None;
-        }
-        if let Ok(mut con) = server.client().get_connection()
-            && redis::cmd("PING").query::<String>(&mut con).is_ok()
-        {
-            return Some(server);
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
-    None
-}
-
-/// Start a server on a free port, or say why the suite cannot run: `None`
-/// (the test passes) when `redis-server` is missing, a failure when it is
-/// required.
 fn server() -> Option<Server> {
-    if !redis_server_found() {
-        return None;
-    }
-    // A free port, taken again by the server; another process may take it in
-    // between, so try a few.
-    for _ in 0..5 {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        if let Some(server) = spawn_on(port) {
-            return Some(server);
-        }
-    }
-    panic!("redis-server did not start on any of 5 ports");
+    redis_server::server("redis")
 }
 
 /// Deterministic pseudo-random numbers (xorshift), so a failing trace replays.
@@ -689,7 +585,7 @@ fn one_decision_costs_one_round_trip() {
 #[test]
 fn while_redis_is_down_a_local_limit_answers_and_redis_is_tried_after_the_backoff() {
     let Some(server) = server() else { return };
-    let port = server.port;
+    let port = server.port();
     let global = RedisLimiter::new(
         "g",
         TokenBucket::new(Quota::new(5, 1, 60 * 1_000 * MS).unwrap()),

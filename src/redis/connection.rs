@@ -90,6 +90,26 @@ impl Deadlines {
             .get_multiplexed_async_connection_with_config(&config)
             .await
     }
+
+    /// A shared asynchronous connection to `client`'s server with these
+    /// deadlines that connects on its first call and again after its
+    /// connection dropped (feature `tokio` too): a multiplexed connection
+    /// ([`multiplexed`](Self::multiplexed)) that survives a Redis restart.
+    /// Clones share it. Cannot fail: connecting happens on a call, and a
+    /// failure to connect is that call's error.
+    #[cfg(feature = "tokio")]
+    pub fn reconnecting(&self, client: Client) -> ReconnectingConnection {
+        ReconnectingConnection {
+            shared: std::sync::Arc::new(Reconnect {
+                client,
+                deadlines: *self,
+                slot: std::sync::Mutex::new(Slot {
+                    generation: 0,
+                    con: None,
+                }),
+            }),
+        }
+    }
 }
 
 /// A blocking connection whose every call has a deadline, and which drops
@@ -184,5 +204,155 @@ impl ConnectionLike for BlockingConnection {
 
     fn is_open(&self) -> bool {
         self.con.as_ref().is_some_and(|con| con.is_open())
+    }
+}
+
+/// A multiplexed tokio connection that connects on its first call and again
+/// after its connection dropped (a Redis restart, say), with the deadlines of
+/// [`Deadlines::reconnecting`], which builds it (feature `tokio` too). Clones
+/// share one connection.
+///
+/// A call takes at most the response deadline on a live connection; a call
+/// that has to connect first takes at most the connect deadline more. A
+/// call that fails because the connection dropped (or in a way after which
+/// the connection must be replaced) drops it, and the next call connects:
+/// the call itself is not sent again (it may have been decided). Use it
+/// wherever redis-rs takes an asynchronous `ConnectionLike`.
+///
+/// ```no_run
+/// use turnstile::redis::{Deadlines, RedisLimiter};
+/// use turnstile::{Quota, TokenBucket};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// let mut con = Deadlines::default().reconnecting(redis::Client::open("redis://127.0.0.1/")?);
+/// let limiter = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(100)?))?;
+/// let decision = limiter.try_acquire_async(&mut con, "k_live_123").await?;
+/// # let _ = decision;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[cfg(feature = "tokio")]
+#[derive(Clone)]
+pub struct ReconnectingConnection {
+    shared: std::sync::Arc<Reconnect>,
+}
+
+#[cfg(feature = "tokio")]
+struct Reconnect {
+    client: Client,
+    deadlines: Deadlines,
+    /// Locked only to clone or replace the connection, never across an await.
+    slot: std::sync::Mutex<Slot>,
+}
+
+/// The connection now, and how many have been made (so that a failure on an
+/// older one does not drop a newer one).
+#[cfg(feature = "tokio")]
+struct Slot {
+    generation: u64,
+    con: Option<::redis::aio::MultiplexedConnection>,
+}
+
+#[cfg(feature = "tokio")]
+impl core::fmt::Debug for ReconnectingConnection {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ReconnectingConnection")
+            .field("deadlines", &self.shared.deadlines)
+            .field("connected", &self.is_connected())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl ReconnectingConnection {
+    /// The deadlines of every call.
+    pub fn deadlines(&self) -> Deadlines {
+        self.shared.deadlines
+    }
+
+    /// Whether a connection is open now (one is made on the next call if not).
+    pub fn is_connected(&self) -> bool {
+        self.shared.lock().con.is_some()
+    }
+
+    /// The connection and its generation, or a new one.
+    async fn get(&self) -> RedisResult<(u64, ::redis::aio::MultiplexedConnection)> {
+        if let Some(held) = self.shared.current() {
+            return Ok(held);
+        }
+        let con = self
+            .shared
+            .deadlines
+            .multiplexed(&self.shared.client)
+            .await?;
+        let mut slot = self.shared.lock();
+        // Another call may have connected meanwhile: keep one connection.
+        if let Some(con) = &slot.con {
+            return Ok((slot.generation, con.clone()));
+        }
+        slot.generation += 1;
+        slot.con = Some(con.clone());
+        Ok((slot.generation, con))
+    }
+
+    /// Run `call` on the connection; after a failure that leaves it unusable,
+    /// drop it so that the next call connects.
+    async fn with<T>(
+        &self,
+        call: impl AsyncFnOnce(&mut ::redis::aio::MultiplexedConnection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let (generation, mut con) = self.get().await?;
+        let result = call(&mut con).await;
+        if let Err(e) = &result
+            && (e.is_connection_dropped() || e.is_unrecoverable_error())
+        {
+            let mut slot = self.shared.lock();
+            if slot.generation == generation {
+                slot.con = None;
+            }
+        }
+        result
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Reconnect {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
+        // The slot is valid whatever a panicking holder left.
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn current(&self) -> Option<(u64, ::redis::aio::MultiplexedConnection)> {
+        let slot = self.lock();
+        slot.con.as_ref().map(|con| (slot.generation, con.clone()))
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl ::redis::aio::ConnectionLike for ReconnectingConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> ::redis::RedisFuture<'a, Value> {
+        Box::pin(self.with(async move |con| {
+            ::redis::aio::ConnectionLike::req_packed_command(con, cmd).await
+        }))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisFuture<'a, Vec<Value>> {
+        Box::pin(self.with(async move |con| {
+            ::redis::aio::ConnectionLike::req_packed_commands(con, pipeline, offset, count).await
+        }))
+    }
+
+    fn get_db(&self) -> i64 {
+        self.shared
+            .client
+            .get_connection_info()
+            .redis_settings()
+            .db()
     }
 }

@@ -127,6 +127,10 @@ impl<A: fmt::Debug, C: fmt::Debug> fmt::Debug for Guarded<A, C> {
     }
 }
 
+/// A call to Redis that a request must make (from [`Guarded::begin`]).
+#[cfg(feature = "tokio")]
+pub(crate) struct Call(Turn);
+
 /// Whether to call Redis now.
 enum Turn {
     /// Yes: no failure is being backed off from.
@@ -249,10 +253,33 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         n: u32,
     ) -> Result<Decision, AcquireError> {
         let key = key.as_ref();
-        let turn = self.turn(n)?;
-        if let Turn::Skip { wait } = turn {
-            return Ok(self.fallback(key, n, wait));
+        match self.begin(key, n)? {
+            Ok(decision) => Ok(decision),
+            Err(call) => self.call_async(con, key, n, call).await,
         }
+    }
+
+    /// The decision for `n` permits for `key` when it needs no call (while
+    /// backing off), or the call to make: the part of a decision that
+    /// awaits nothing.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn begin(&self, key: &[u8], n: u32) -> Result<Result<Decision, Call>, AcquireError> {
+        Ok(match self.turn(n)? {
+            Turn::Skip { wait } => Ok(self.fallback(key, n, wait)),
+            turn => Err(Call(turn)),
+        })
+    }
+
+    /// Make the call [`begin`](Self::begin) asked for. Dropped before it
+    /// completes, it leaves nothing to undo: a probe's backoff simply runs on.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn call_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        key: &[u8],
+        n: u32,
+        Call(turn): Call,
+    ) -> Result<Decision, AcquireError> {
         let result = self.limiter.try_acquire_n_async(con, key, n).await;
         self.settle(turn, key, n, result)
     }

@@ -545,21 +545,61 @@ enum Purpose {
 }
 
 /// A claimed fetch: the call to make, and how to read its answer.
-struct Fetch {
+pub(crate) struct Fetch {
     purpose: Purpose,
     /// The size code the next lease gets.
     size_code: u32,
     invocation: ScriptInvocation<'static>,
 }
 
+/// Releases a key's fetch claim when a fetch is dropped before its reply.
+#[cfg(feature = "tokio")]
+struct ReleaseOnDrop<'a, C: Clock> {
+    limiter: &'a LeasedLimiter<C>,
+    key: &'a [u8],
+    armed: bool,
+}
+
+#[cfg(feature = "tokio")]
+impl<C: Clock> Drop for ReleaseOnDrop<'_, C> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.limiter
+                .local
+                .transform_linked(self.key, |w| Some(w & !word::FETCHING));
+        }
+    }
+}
+
 /// What a request does next.
-enum Step {
+pub(crate) enum Step {
     /// Decided without Redis.
     Done(Decision),
     /// Take a lease.
     Lease(Fetch),
     /// Ask Redis for the permits themselves (exact mode).
     Exact(ScriptInvocation<'static>),
+}
+
+#[cfg(all(feature = "tower", feature = "tokio"))]
+impl Step {
+    /// The request's decision, when it is made without waiting for Redis:
+    /// from the lease (with or without a prefetch to make after it).
+    pub(crate) fn decided(&self) -> Option<Decision> {
+        match self {
+            Step::Done(decision) => Some(*decision),
+            Step::Lease(Fetch {
+                purpose: Purpose::Prefetch(decision),
+                ..
+            }) => Some(*decision),
+            Step::Lease(_) | Step::Exact(_) => None,
+        }
+    }
+
+    /// Whether a call to Redis is left to make.
+    pub(crate) fn calls(&self) -> bool {
+        !matches!(self, Step::Done(_))
+    }
 }
 
 /// Whether this request may call Redis now.
@@ -666,7 +706,13 @@ impl<C: Clock> LeasedLimiter<C> {
     }
 
     /// [`try_acquire_n`](Self::try_acquire_n) on an asynchronous connection
-    /// (feature `tokio` too).
+    /// (feature `tokio` too). A decision from the lease held here completes
+    /// without awaiting anything; the request that claims a prefetch awaits
+    /// it after its decision is made (a `RedisRateLimitLayer`,
+    /// features `tower` and `tokio`, fetches it in a task of its own
+    /// instead). Dropped while it awaits a call, the future releases the
+    /// key's claim on the fetch: a cancelled request leaves no key unable
+    /// to take a lease.
     ///
     /// # Errors
     ///
@@ -679,15 +725,38 @@ impl<C: Clock> LeasedLimiter<C> {
         n: u32,
     ) -> Result<Decision, AcquireError> {
         let key = key.as_ref();
-        match self.step(key, n)? {
-            Step::Done(decision) => Ok(decision),
+        let step = self.step(key, n)?;
+        Ok(self.complete_async(con, key, n, step).await)
+    }
+
+    /// Make the call `step` asked for, if any, and answer the request. Dropped
+    /// before the call returns, it releases the key's fetch, so that a
+    /// cancelled request (a client that hung up) does not leave the key
+    /// claimed; the tokens of a lease Redis granted meanwhile are lost to the
+    /// bucket, which refills them, as after a timeout.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn complete_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        key: &[u8],
+        n: u32,
+        step: Step,
+    ) -> Decision {
+        match step {
+            Step::Done(decision) => decision,
             Step::Lease(fetch) => {
+                let mut claim = ReleaseOnDrop {
+                    limiter: self,
+                    key,
+                    armed: true,
+                };
                 let result = fetch.invocation.invoke_async(con).await;
-                Ok(self.finish_lease(key, n, fetch.purpose, fetch.size_code, result))
+                claim.armed = false;
+                self.finish_lease(key, n, fetch.purpose, fetch.size_code, result)
             }
             Step::Exact(invocation) => {
                 let result = invocation.invoke_async(con).await;
-                Ok(self.finish_exact(key, n, result))
+                self.finish_exact(key, n, result)
             }
         }
     }
@@ -803,7 +872,7 @@ impl<C: Clock> LeasedLimiter<C> {
     }
 
     /// Decide what the request does: spend, fall back, or call Redis.
-    fn step(&self, key: &[u8], n: u32) -> Result<Step, AcquireError> {
+    pub(crate) fn step(&self, key: &[u8], n: u32) -> Result<Step, AcquireError> {
         if n == 0 {
             return Err(AcquireError::ZeroPermits);
         }

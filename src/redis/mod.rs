@@ -85,8 +85,18 @@
 //! connection with read and write timeouts that drops itself after an I/O error
 //! or a timeout (a late reply must never be read as the next call's) and
 //! reconnects on the next call; [`Deadlines::multiplexed`] gives tokio's
-//! multiplexed connection with a response timeout. A call that timed out may
-//! still have been decided by Redis: it is never sent again.
+//! multiplexed connection with a response timeout, and
+//! [`Deadlines::reconnecting`] one that also connects again after its
+//! connection dropped (a Redis restart). A call that timed out may still have
+//! been decided by Redis: it is never sent again.
+//!
+//! # Behind a tower layer
+//!
+//! With features `tower` and `tokio` too, [`RedisRateLimitLayer`] puts a
+//! [`Guarded`] or a [`LeasedLimiter`] in front of a service, with the HTTP
+//! answers of [`RateLimitLayer`](crate::tower::RateLimitLayer); a request
+//! awaits only the round trip its decision needs (none while a lease covers
+//! it).
 //!
 //! # Limits of the exact arithmetic
 //!
@@ -102,11 +112,19 @@
 mod connection;
 mod error;
 mod guarded;
+#[cfg(all(feature = "tower", feature = "tokio"))]
+mod layer;
 mod leased;
 
+#[cfg(feature = "tokio")]
+pub use connection::ReconnectingConnection;
 pub use connection::{BlockingConnection, Deadlines};
 pub use error::{RedisConfigError, RedisLimitError};
 pub use guarded::{Guarded, GuardedStats, OnFailure};
+#[cfg(all(feature = "tower", feature = "tokio"))]
+pub use layer::{
+    RedisKey, RedisLayerStats, RedisLimit, RedisRateLimit, RedisRateLimitLayer, RedisResponseFuture,
+};
 pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, MAX_LEASE, Refresher};
 
 use core::time::Duration;
@@ -188,6 +206,20 @@ impl From<SlidingWindow> for RedisAlgorithm {
 impl From<Gcra> for RedisAlgorithm {
     fn from(algorithm: Gcra) -> Self {
         RedisAlgorithm::Gcra(algorithm)
+    }
+}
+
+/// What the algorithm enforces, as in process: the layer's `RateLimit-Policy`
+/// field (`RedisRateLimitLayer::with_derived_policy`, with features `tower`
+/// and `tokio`).
+impl crate::gate::AdvertisedQuota for RedisAlgorithm {
+    fn advertised_quota(&self) -> (u32, Duration) {
+        match self {
+            RedisAlgorithm::TokenBucket(a) => a.advertised_quota(),
+            RedisAlgorithm::FixedWindow(a) => a.advertised_quota(),
+            RedisAlgorithm::SlidingWindow(a) => a.advertised_quota(),
+            RedisAlgorithm::Gcra(a) => a.advertised_quota(),
+        }
     }
 }
 
