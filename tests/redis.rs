@@ -806,3 +806,36 @@ fn an_async_call_to_a_dead_redis_fails_within_its_deadline_and_the_guard_answers
         assert_eq!((stats.failures, stats.fallbacks), (1, 1));
     });
 }
+
+/// Behind any framework, a Redis decision answers as the gate does: the
+/// gate's `Outcome` (status, reason, `Retry-After` rounded up) and, with a
+/// policy, its `RateLimit` fields.
+#[test]
+fn a_redis_decision_answers_through_the_gates_outcome() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let quota = Quota::new(2, 1, Duration::from_millis(1_500)).unwrap();
+    let limiter = RedisLimiter::new("gate", TokenBucket::new(quota)).unwrap();
+    let policy =
+        turnstile::RateLimitPolicy::from_algorithm("api", &TokenBucket::new(quota)).unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let decision = limiter
+            .try_acquire_n_at(&mut con, "k", 1, START_MICROS)
+            .unwrap();
+        let outcome = turnstile::Outcome::from_decision(Some(decision.into()));
+        statuses.push(outcome.status());
+        if let Some(wait) = outcome.retry_after() {
+            assert_eq!(wait.duration(), Duration::from_millis(1_500));
+            assert_eq!(outcome.retry_after_secs(), Some(2), "rounded up");
+            assert_eq!(outcome.reason(), "Too Many Requests");
+            assert!(policy.value(&outcome).is_some());
+        }
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    assert_eq!(
+        turnstile::Outcome::from_decision(None).status(),
+        401,
+        "no key"
+    );
+}
