@@ -63,6 +63,19 @@ fn keys_and_evictions(limiter: &str, keys: usize, evicted: u64) {
     gauge!("turnstile_keys", "limiter" => limiter.to_owned()).set(keys_value(keys));
 }
 
+#[cfg(feature = "redis")]
+fn redis_calls(limiter: &str, call: &'static str, value: u64) {
+    counter!("turnstile_redis_calls_total", "limiter" => limiter.to_owned(), "call" => call)
+        .absolute(value);
+}
+
+#[cfg(feature = "redis")]
+fn redis_failures(limiter: &str, failures: u64, fallbacks: u64) {
+    counter!("turnstile_redis_failures_total", "limiter" => limiter.to_owned()).absolute(failures);
+    counter!("turnstile_redis_fallbacks_total", "limiter" => limiter.to_owned())
+        .absolute(fallbacks);
+}
+
 /// Describe the series to the installed recorder (their help text). Once,
 /// after installing it; optional.
 pub fn describe() {
@@ -83,6 +96,21 @@ pub fn describe() {
         "Idle keys a keyed limiter has evicted."
     );
     metrics::describe_gauge!("turnstile_keys", "Keys a keyed limiter holds now.");
+    #[cfg(feature = "redis")]
+    {
+        metrics::describe_counter!(
+            "turnstile_redis_calls_total",
+            "Calls a Redis-backed limiter made that returned, by kind (lease, give_back, exact)."
+        );
+        metrics::describe_counter!(
+            "turnstile_redis_failures_total",
+            "Calls to Redis that failed: no connection, a timeout, an error reply."
+        );
+        metrics::describe_counter!(
+            "turnstile_redis_fallbacks_total",
+            "Decisions a Redis-backed limiter's failure policy made instead of Redis."
+        );
+    }
 }
 
 impl DirectStats {
@@ -125,6 +153,40 @@ impl crate::tower::LayerStats {
     /// (`turnstile_responses_total{status="500"}`) with the label `limiter`.
     pub fn publish(&self, limiter: &str) {
         self.gate.publish(limiter);
+        responses(limiter, "500", self.misconfigured);
+    }
+}
+
+#[cfg(feature = "redis")]
+impl crate::redis::GuardedStats {
+    /// Write the counts as `turnstile_redis_failures_total{limiter}` and
+    /// `turnstile_redis_fallbacks_total{limiter}`.
+    pub fn publish(&self, limiter: &str) {
+        redis_failures(limiter, self.failures, self.fallbacks);
+    }
+}
+
+#[cfg(feature = "redis")]
+impl crate::redis::LeasedStats {
+    /// Write the counts as `turnstile_redis_calls_total{limiter,call}` (call
+    /// `lease`, `give_back`, `exact`), `turnstile_redis_failures_total` and
+    /// `turnstile_redis_fallbacks_total`.
+    pub fn publish(&self, limiter: &str) {
+        redis_calls(limiter, "lease", self.lease_calls);
+        redis_calls(limiter, "give_back", self.give_back_calls);
+        redis_calls(limiter, "exact", self.exact_calls);
+        redis_failures(limiter, self.failures, self.fallbacks);
+    }
+}
+
+#[cfg(all(feature = "redis", feature = "tower", feature = "tokio"))]
+impl crate::redis::RedisLayerStats {
+    /// Write the layer's answers as `turnstile_responses_total{limiter,status}`,
+    /// as [`LayerStats::publish`](crate::tower::LayerStats::publish) does.
+    pub fn publish(&self, limiter: &str) {
+        responses(limiter, "200", self.admitted);
+        responses(limiter, "401", self.unauthorized);
+        responses(limiter, "429", self.too_many_requests);
         responses(limiter, "500", self.misconfigured);
     }
 }

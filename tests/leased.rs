@@ -189,6 +189,27 @@ fn a_lease_of_l_tokens_costs_one_call_per_l_decisions() {
     // fetch brings a whole lease).
     assert!(stats.redis_calls() <= decisions / 100 + 8, "{stats:?}");
     assert_eq!(stats.failures, 0);
+    // Published through the `metrics` facade, the same counts.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || stats.publish("leased"));
+    let text = handle.render();
+    for line in [
+        format!(
+            r#"turnstile_redis_calls_total{{limiter="leased",call="lease"}} {}"#,
+            stats.lease_calls
+        ),
+        format!(
+            r#"turnstile_redis_calls_total{{limiter="leased",call="exact"}} {}"#,
+            stats.exact_calls
+        ),
+        r#"turnstile_redis_failures_total{limiter="leased"} 0"#.to_owned(),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in:\n{text}"
+        );
+    }
 }
 
 /// Exact and leased processes share one bucket: with no refill, together they

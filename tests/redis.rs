@@ -657,6 +657,24 @@ fn failing_closed_denies_until_redis_is_tried_again() {
     );
     let stats = guarded.stats();
     assert_eq!((stats.failures, stats.fallbacks), (1, 2));
+    // Where operators see them: through the `metrics` facade.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        turnstile::metrics::describe();
+        stats.publish("shared_api");
+    });
+    let text = handle.render();
+    for line in [
+        r#"turnstile_redis_failures_total{limiter="shared_api"} 1"#,
+        r#"turnstile_redis_fallbacks_total{limiter="shared_api"} 2"#,
+        "# HELP turnstile_redis_failures_total",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(line)),
+            "missing {line:?} in:\n{text}"
+        );
+    }
 }
 
 /// Any parameters, not just the hand-picked ones: a random algorithm with a
