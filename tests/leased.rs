@@ -23,6 +23,15 @@ use turnstile::redis::{
 };
 use turnstile::{Clock, Quota, RealClock, TokenBucket};
 
+/// A Redis token bucket named `name`: `capacity`, `amount` every `period`.
+fn bucket(name: &str, capacity: u32, amount: u32, period: Duration) -> RedisLimiter {
+    RedisLimiter::new(
+        name,
+        TokenBucket::new(Quota::new(capacity, amount, period).unwrap()),
+    )
+    .unwrap()
+}
+
 fn dbsize(con: &mut dyn ConnectionLike) -> i64 {
     redis::cmd("DBSIZE").query(con).expect("DBSIZE")
 }
@@ -173,11 +182,7 @@ fn replicas_stay_within_the_stated_bounds() {
 fn a_lease_of_l_tokens_costs_one_call_per_l_decisions() {
     let Some(server) = server() else { return };
     let mut con = server.connection();
-    let global = RedisLimiter::new(
-        "cost",
-        TokenBucket::new(Quota::new(1_000_000, 10_000, 10 * MS).unwrap()),
-    )
-    .unwrap();
+    let global = bucket("cost", 1_000_000, 10_000, 10 * MS);
     let limiter = LeasedBuilder::new(global, 100).unwrap().build().unwrap();
     let decisions = 20_000u64;
     for _ in 0..decisions {
@@ -218,11 +223,7 @@ fn a_lease_of_l_tokens_costs_one_call_per_l_decisions() {
 fn exact_and_leased_share_one_limit() {
     let Some(server) = server() else { return };
     let mut con = server.connection();
-    let global = RedisLimiter::new(
-        "share",
-        TokenBucket::new(Quota::new(100, 1, Duration::from_secs(3_600)).unwrap()),
-    )
-    .unwrap();
+    let global = bucket("share", 100, 1, Duration::from_secs(3_600));
     let leased = LeasedBuilder::new(global.clone(), 8)
         .unwrap()
         .build()
@@ -255,11 +256,7 @@ fn exact_and_leased_share_one_limit() {
 fn a_flushed_lease_script_is_loaded_again_and_counted_once() {
     let Some(server) = server() else { return };
     let mut con = server.connection();
-    let global = RedisLimiter::new(
-        "flush",
-        TokenBucket::new(Quota::new(1_000, 1, Duration::from_secs(3_600)).unwrap()),
-    )
-    .unwrap();
+    let global = bucket("flush", 1_000, 1, Duration::from_secs(3_600));
     let limiter = LeasedBuilder::new(global.clone(), 32)
         .unwrap()
         .build()
@@ -285,11 +282,7 @@ fn idle_leases_are_given_back_or_expire_and_leave_no_key() {
     let Some(server) = server() else { return };
     let mut con = server.connection();
     // 10 tokens, one per 30 ms: full again 300 ms after the last spend.
-    let global = RedisLimiter::new(
-        "idle",
-        TokenBucket::new(Quota::new(10, 1, 30 * MS).unwrap()),
-    )
-    .unwrap();
+    let global = bucket("idle", 10, 1, 30 * MS);
     let limiter = LeasedBuilder::new(global.clone(), 8)
         .unwrap()
         .idle(50 * MS)
@@ -341,11 +334,7 @@ fn the_async_api_spends_leases_as_the_blocking_one() {
         .enable_all()
         .build()
         .unwrap();
-    let global = RedisLimiter::new(
-        "async",
-        TokenBucket::new(Quota::new(40, 1, Duration::from_secs(3_600)).unwrap()),
-    )
-    .unwrap();
+    let global = bucket("async", 40, 1, Duration::from_secs(3_600));
     let limiter = LeasedBuilder::new(global, 16).unwrap().build().unwrap();
     let client = server.client();
     runtime.block_on(async {
@@ -502,11 +491,7 @@ fn redis_killed_mid_run_fails_as_configured_and_recovers() {
 #[test]
 fn a_refresher_prefetches_off_the_request_path_and_gives_back_idle_leases() {
     let Some(server) = server() else { return };
-    let global = RedisLimiter::new(
-        "refresher",
-        TokenBucket::new(Quota::new(100_000, 1, Duration::from_secs(60)).unwrap()),
-    )
-    .unwrap();
+    let global = bucket("refresher", 100_000, 1, Duration::from_secs(60));
     let limiter = Arc::new(
         LeasedBuilder::new(global.clone(), 64)
             .unwrap()
@@ -572,11 +557,7 @@ fn a_refresher_prefetches_off_the_request_path_and_gives_back_idle_leases() {
 fn threads_sharing_a_limiter_spend_each_token_once() {
     let Some(server) = server() else { return };
     // 2,000 tokens and no refill to speak of.
-    let global = RedisLimiter::new(
-        "threads",
-        TokenBucket::new(Quota::new(2_000, 1, Duration::from_secs(60)).unwrap()),
-    )
-    .unwrap();
+    let global = bucket("threads", 2_000, 1, Duration::from_secs(60));
     let limiter = LeasedBuilder::new(global.clone(), 64)
         .unwrap()
         .build()
@@ -618,11 +599,7 @@ fn threads_sharing_a_limiter_spend_each_token_once() {
 #[test]
 fn a_hung_redis_costs_one_deadline_then_the_backoff_answers() {
     let Some(server) = server() else { return };
-    let global = RedisLimiter::new(
-        "hung",
-        TokenBucket::new(Quota::new(100, 1, Duration::from_secs(60)).unwrap()),
-    )
-    .unwrap();
+    let global = bucket("hung", 100, 1, Duration::from_secs(60));
     let limiter = LeasedBuilder::new(global, 8)
         .unwrap()
         .on_failure(OnFailure::Deny, Duration::from_secs(5))
@@ -677,11 +654,7 @@ fn an_async_refresher_task_prefetches_and_gives_back() {
         .enable_all()
         .build()
         .unwrap();
-    let global = RedisLimiter::new(
-        "task",
-        TokenBucket::new(Quota::new(100_000, 1, Duration::from_secs(60)).unwrap()),
-    )
-    .unwrap();
+    let global = bucket("task", 100_000, 1, Duration::from_secs(60));
     let limiter = Arc::new(
         LeasedBuilder::new(global.clone(), 64)
             .unwrap()
