@@ -645,3 +645,54 @@ fn keyed_live_change_racing_a_held_key_and_a_new_key_decides_as_some_order() {
         );
     });
 }
+
+/// A reservation races a plain request for the one token of a bucket. Exactly
+/// one of them has it now; the other is lent, or told to wait, for the next
+/// refill, a period later; the bucket ends empty either way.
+#[test]
+fn a_reservation_racing_a_request_for_the_last_token_lends_the_next_one() {
+    loom::model(|| {
+        let period = Duration::from_secs(1);
+        let (limiter, _clock) = limiter(1, period);
+        let other = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.try_acquire())
+        };
+        let reserved = limiter.reserve(Duration::from_secs(10)).unwrap().delay();
+        let decision = other.join().unwrap();
+        if reserved.is_zero() {
+            assert_eq!(
+                decision.retry_after().map(|r| r.duration()),
+                Some(period),
+                "{decision:?}"
+            );
+        } else {
+            assert_eq!(reserved, period);
+            assert!(decision.is_allowed(), "{decision:?}");
+        }
+        assert_eq!(limiter.remaining(), 0);
+    });
+}
+
+/// A reservation's cancel races another request on the same bucket: it gives
+/// the permit back only if nothing changed the bucket since, so the bucket
+/// never ends with more than the request left it. A cancel that restored the
+/// earlier word without that check fails it.
+#[test]
+fn a_cancel_racing_a_request_never_gives_back_more_than_was_taken() {
+    loom::model(|| {
+        let (limiter, _clock) = limiter(2, Duration::from_secs(1));
+        let reservation = limiter.reserve(Duration::ZERO).unwrap();
+        let other = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.try_acquire().is_allowed())
+        };
+        let cancelled = reservation.cancel();
+        assert!(other.join().unwrap());
+        assert_eq!(
+            limiter.remaining(),
+            u32::from(cancelled),
+            "cancelled: {cancelled}"
+        );
+    });
+}
