@@ -21,7 +21,9 @@
 //! - `keyed-hot-allow` / `keyed-hot-deny`: every thread on one key, every check
 //!   admitted / denied.
 //! - `direct-allow` / `direct-deny`: every thread on one direct limiter
-//!   (governor's direct limiter; the floor is keyed only).
+//!   (governor's direct limiter; the floor is keyed only). `turnstile` is
+//!   `try_acquire`, which computes a denial's wait; `turnstile-check` is
+//!   `check`, which defers it as governor's `check` does.
 
 #[path = "shared/floor.rs"]
 mod floor;
@@ -286,6 +288,14 @@ fn direct(q: Quotas) -> Vec<Contender> {
             let _ = l.try_acquire();
             Arc::new(move |_, _| {
                 let _ = black_box(l.try_acquire());
+            })
+        }),
+        // `check` defers a denial's wait, as governor's `check` does.
+        contender("turnstile-check", move |_| {
+            let l = turnstile::RateLimiter::new(q.ours);
+            let _ = l.check();
+            Arc::new(move |_, _| {
+                let _ = black_box(l.check());
             })
         }),
         contender("governor", move |_| {

@@ -4,7 +4,7 @@ use core::fmt;
 
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
-use crate::sync::{AtomicU64, Backoff, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 /// One limiter's whole state: a 64-bit word, changed only by compare-and-swap.
 ///
@@ -131,7 +131,6 @@ impl Cell {
     pub(crate) fn transform(&self, mut next: impl FnMut(u64) -> Option<u64>) -> Option<(u64, u64)> {
         // Relaxed: see the type's documentation.
         let mut current = self.word.load(Ordering::Relaxed);
-        let backoff = Backoff::new();
         while let Some(written) = next(current) {
             // Relaxed on success and failure: as in `apply`.
             match self.word.compare_exchange_weak(
@@ -143,7 +142,7 @@ impl Cell {
                 Ok(_) => return Some((current, written)),
                 Err(actual) => {
                     current = actual;
-                    backoff.spin();
+                    crate::sync::lost_race();
                 }
             }
         }
@@ -158,7 +157,6 @@ impl Cell {
         // Relaxed: see the type's documentation; a refund is one more transition
         // of the same word.
         let mut current = self.word.load(Ordering::Relaxed);
-        let backoff = Backoff::new();
         while let Some(next) = algorithm.refund(current, written, n) {
             match self.word.compare_exchange_weak(
                 current,
@@ -169,7 +167,7 @@ impl Cell {
                 Ok(_) => return true,
                 Err(actual) => {
                     current = actual;
-                    backoff.spin();
+                    crate::sync::lost_race();
                 }
             }
         }
@@ -181,7 +179,6 @@ impl Cell {
     pub(crate) fn convert(&self, convert: impl Fn(u64) -> Option<u64>) {
         // Relaxed: the input to the first attempt.
         let mut current = self.word.load(Ordering::Relaxed);
-        let backoff = Backoff::new();
         while let Some(next) = convert(current) {
             // Release on success: a decision that reads the converted word
             // fences (Acquire) before it reads the parameters the word names,
@@ -196,7 +193,7 @@ impl Cell {
                 Ok(_) => return,
                 Err(actual) => {
                     current = actual;
-                    backoff.spin();
+                    crate::sync::lost_race();
                 }
             }
         }
@@ -217,7 +214,6 @@ impl Cell {
         n: u32,
         mut current: u64,
     ) -> (Decision, Option<u64>) {
-        let backoff = Backoff::new();
         loop {
             let (decision, next) = algorithm.decide(current, now, n);
             let Some(next) = next else {
@@ -233,7 +229,7 @@ impl Cell {
                 Ok(_) => return (decision, Some(next)),
                 Err(actual) => {
                     current = actual;
-                    backoff.spin();
+                    crate::sync::lost_race();
                 }
             }
         }

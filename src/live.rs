@@ -7,7 +7,7 @@ use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::QuotaError;
 use crate::quota::Quota;
-use crate::sync::{AtomicU64, Backoff, Mutex, MutexGuard, Ordering, fence, lock};
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, fence, lock};
 use crate::token_bucket::{Layout, TokenBucket};
 
 /// The word's top bit: the parity of the quota generation the word belongs to.
@@ -227,13 +227,12 @@ impl LiveTokenBucket {
     /// its compare-and-swap fails anyway; it waits here for the few stores of
     /// that write, and no decision on a current word ever does.
     fn bucket(&self, parity: usize) -> TokenBucket {
-        let backoff = Backoff::new();
         loop {
             let (seq, bucket) = self.read(parity);
             if self.unchanged(parity, seq) {
                 return bucket;
             }
-            backoff.spin();
+            crate::sync::lost_race();
         }
     }
 
