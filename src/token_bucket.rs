@@ -287,20 +287,46 @@ impl TokenBucket {
         }
     }
 
-    /// The period in the layout's time units.
-    pub(crate) const fn period_units(&self) -> u64 {
-        self.period.get()
+    /// The fields a decision reads, for a [`LiveTokenBucket`] to keep in its
+    /// parameter slots.
+    ///
+    /// [`LiveTokenBucket`]: crate::LiveTokenBucket
+    pub(crate) const fn raw(&self) -> RawBucket {
+        RawBucket {
+            capacity: self.capacity,
+            amount: self.amount.get(),
+            period: self.period.get(),
+            fill: self.fill,
+            refill_window: self.refill_window,
+        }
     }
 
-    /// The fill time in the layout's time units.
-    pub(crate) const fn fill_units(&self) -> u64 {
-        self.fill
+    /// The bucket whose [`raw`](Self::raw) fields are `raw`, in `layout` with
+    /// `half` its `half_range()`. Fields of two buckets may be mixed (a live
+    /// bucket's decision on a stale word): the result must then not panic,
+    /// and is discarded.
+    #[inline(always)]
+    pub(crate) const fn from_raw_parts(layout: Layout, half: u64, raw: RawBucket) -> TokenBucket {
+        TokenBucket {
+            quota: Quota::from_raw(
+                raw.capacity as u32,
+                raw.amount as u32,
+                raw.period << layout.unit_shift,
+            ),
+            layout,
+            capacity: raw.capacity,
+            amount: non_zero(raw.amount),
+            period: non_zero(raw.period),
+            fill: raw.fill,
+            half,
+            refill_window: raw.refill_window,
+        }
     }
 
     /// The bucket's tokens in `word` at `now` (a clock reading), refilled.
     #[inline(always)]
     pub(crate) fn level_at(&self, word: u64, now: u64) -> u64 {
-        self.level(word, self.layout.time_of(now)).tokens()
+        level(self, word, self.layout.time_of(now)).tokens()
     }
 
     /// Reserve `n` permits at `now` (a clock reading): the decision (permits
@@ -330,7 +356,7 @@ impl TokenBucket {
         if wait > max_ahead {
             return Err(wait);
         }
-        let (tokens, base) = match self.level(word, self.layout.time_of(now)) {
+        let (tokens, base) = match level(self, word, self.layout.time_of(now)) {
             Level::AsStored { tokens, last } => (tokens, last),
             Level::Refilled { tokens, base } => (tokens, base),
         };
@@ -348,83 +374,6 @@ impl TokenBucket {
     pub const fn quota(&self) -> Quota {
         self.quota
     }
-
-    /// The bucket in `word` as of time `now` (units, wrapped).
-    #[inline(always)]
-    fn level(&self, word: u64, now: u64) -> Level {
-        let tokens = self.layout.tokens(word);
-        if tokens >= self.capacity {
-            // Full: any elapsed time leaves it full, and the fraction is dropped.
-            return Level::Refilled {
-                tokens: self.capacity,
-                base: now,
-            };
-        }
-        let last = self.layout.time(word);
-        let elapsed = self.layout.wrap(now.wrapping_sub(last));
-        if elapsed.wrapping_sub(self.period.get()) >= self.refill_window {
-            // Not a whole period yet, or a reading behind the stored time:
-            // refill nothing, move nothing.
-            return Level::AsStored { tokens, last };
-        }
-        if elapsed >= self.fill {
-            return Level::Refilled {
-                tokens: self.capacity,
-                base: now,
-            };
-        }
-        let periods = elapsed / self.period;
-        // periods * amount < ceil(capacity / amount) * amount <= capacity + amount,
-        // so this cannot overflow. (Wrapping, not checked: a live bucket's
-        // decision on a stale word may read parameters that do not belong
-        // together, and its compare-and-swap then fails and discards the
-        // result; it must not panic first. The same instructions in release.)
-        let filled = tokens.wrapping_add(periods.wrapping_mul(self.amount.get()));
-        if filled >= self.capacity {
-            Level::Refilled {
-                tokens: self.capacity,
-                base: now,
-            }
-        } else {
-            Level::Refilled {
-                tokens: filled,
-                // `periods * period <= elapsed`: no overflow (wrapping: as above).
-                base: last.wrapping_add(periods.wrapping_mul(self.period.get())),
-            }
-        }
-    }
-
-    /// A denial: nothing changes, and the wait is until `n` tokens exist in a
-    /// bucket holding `available < n` tokens refilled at `base`, read at `now_ns`.
-    #[inline(always)]
-    fn deny(&self, available: u64, base: u64, now_ns: u64, n: u64) -> (Decision, Option<u64>) {
-        let missing = n - available;
-        let periods = if self.amount.get() == 1 {
-            missing
-        } else {
-            // `missing` and `amount` are below 2^32: no overflow.
-            (missing + self.amount.get() - 1) / self.amount
-        };
-        // With `n <= capacity` this is at most the fill time, at most half the
-        // span; saturating keeps larger `n` from wrapping.
-        let refill = periods.saturating_mul(self.period.get()).min(self.half);
-        // The refill lands at `base + refill`. Forwards, `now - base` is less
-        // than a period, so it is ahead; behind the stored time, it is ahead by
-        // up to half the span plus `refill`. Both fit in the span, and only a
-        // distance of exactly one span wraps to 0.
-        let now = self.layout.time_of(now_ns);
-        let ahead = self
-            .layout
-            .wrap(base.wrapping_add(refill).wrapping_sub(now));
-        let ahead = if ahead == 0 { self.half * 2 } else { ahead };
-        let wait = self.layout.nanos_until(ahead, now_ns);
-        (
-            Decision::Denied {
-                retry_after: RetryAfter::from_nanos(wait),
-            },
-            None,
-        )
-    }
 }
 
 impl Algorithm for TokenBucket {
@@ -441,34 +390,13 @@ impl Algorithm for TokenBucket {
 
     #[inline(always)]
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
-        let t = self.layout.time_of(now);
-        let n = u64::from(n);
-        // `remaining <= capacity <= u32::MAX` in both arms.
-        match self.level(word, t) {
-            Level::AsStored { tokens, last } => {
-                if tokens < n {
-                    return self.deny(tokens, last, now, n);
-                }
-                // The time stays, so spending is one subtraction from the word.
-                let remaining = (tokens - n) as u32;
-                let next = self.layout.spend(word, n);
-                (Decision::Allowed { remaining }, Some(next))
-            }
-            Level::Refilled { tokens, base } => {
-                if tokens < n {
-                    return self.deny(tokens, base, now, n);
-                }
-                let remaining = (tokens - n) as u32;
-                let next = self.layout.pack(tokens - n, base);
-                (Decision::Allowed { remaining }, Some(next))
-            }
-        }
+        decide(self, word, now, n)
     }
 
     #[inline]
     fn remaining(&self, word: u64, now: u64) -> u32 {
         // `<= capacity <= u32::MAX`
-        self.level(word, self.layout.time_of(now)).tokens() as u32
+        level(self, word, self.layout.time_of(now)).tokens() as u32
     }
 
     #[inline]
@@ -503,12 +431,185 @@ impl Algorithm for TokenBucket {
 
     #[inline]
     fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
-        self.level(word, self.layout.time_of(now)).tokens() == self.capacity
+        level(self, word, self.layout.time_of(now)).tokens() == self.capacity
     }
 
     fn fresh_after_idle(&self) -> Duration {
         self.quota.fill_time()
     }
+}
+
+/// Where a token bucket's decision reads its parameters: a [`TokenBucket`]'s
+/// own fields, or the slot of a [`LiveTokenBucket`] that the word names, read
+/// field by field only where the decision needs it.
+///
+/// [`LiveTokenBucket`]: crate::LiveTokenBucket
+pub(crate) trait Params {
+    fn layout(&self) -> Layout;
+    /// `layout().half_range()`.
+    fn half(&self) -> u64;
+    fn max_tokens(&self) -> u64;
+    fn amount(&self) -> NonZeroU64;
+    /// The period in time units, for a division.
+    fn period(&self) -> NonZeroU64;
+    /// The same period (at least 1), for arithmetic that cannot divide by it.
+    fn period_raw(&self) -> u64;
+    fn fill(&self) -> u64;
+    fn refill_window(&self) -> u64;
+}
+
+impl Params for TokenBucket {
+    #[inline(always)]
+    fn layout(&self) -> Layout {
+        self.layout
+    }
+    #[inline(always)]
+    fn half(&self) -> u64 {
+        self.half
+    }
+    #[inline(always)]
+    fn max_tokens(&self) -> u64 {
+        self.capacity
+    }
+    #[inline(always)]
+    fn amount(&self) -> NonZeroU64 {
+        self.amount
+    }
+    #[inline(always)]
+    fn period(&self) -> NonZeroU64 {
+        self.period
+    }
+    #[inline(always)]
+    fn period_raw(&self) -> u64 {
+        self.period.get()
+    }
+    #[inline(always)]
+    fn fill(&self) -> u64 {
+        self.fill
+    }
+    #[inline(always)]
+    fn refill_window(&self) -> u64 {
+        self.refill_window
+    }
+}
+
+/// The bucket in `word` as of time `now` (units, wrapped).
+#[inline(always)]
+fn level<P: Params>(p: &P, word: u64, now: u64) -> Level {
+    let tokens = p.layout().tokens(word);
+    if tokens >= p.max_tokens() {
+        // Full: any elapsed time leaves it full, and the fraction is dropped.
+        return Level::Refilled {
+            tokens: p.max_tokens(),
+            base: now,
+        };
+    }
+    let last = p.layout().time(word);
+    let elapsed = p.layout().wrap(now.wrapping_sub(last));
+    if elapsed.wrapping_sub(p.period_raw()) >= p.refill_window() {
+        // Not a whole period yet, or a reading behind the stored time:
+        // refill nothing, move nothing.
+        return Level::AsStored { tokens, last };
+    }
+    if elapsed >= p.fill() {
+        return Level::Refilled {
+            tokens: p.max_tokens(),
+            base: now,
+        };
+    }
+    let periods = elapsed / p.period();
+    // periods * amount < ceil(capacity / amount) * amount <= capacity + amount,
+    // so this cannot overflow. (Wrapping, not checked: a live bucket's
+    // decision on a stale word may read parameters that do not belong
+    // together, and its compare-and-swap then fails and discards the
+    // result; it must not panic first. The same instructions in release.)
+    let filled = tokens.wrapping_add(periods.wrapping_mul(p.amount().get()));
+    if filled >= p.max_tokens() {
+        Level::Refilled {
+            tokens: p.max_tokens(),
+            base: now,
+        }
+    } else {
+        Level::Refilled {
+            tokens: filled,
+            // `periods * period <= elapsed`: no overflow (wrapping: as above).
+            base: last.wrapping_add(periods.wrapping_mul(p.period_raw())),
+        }
+    }
+}
+
+/// A denial: nothing changes, and the wait is until `n` tokens exist in a
+/// bucket holding `available < n` tokens refilled at `base`, read at `now_ns`.
+#[inline(always)]
+fn deny<P: Params>(
+    p: &P,
+    available: u64,
+    base: u64,
+    now_ns: u64,
+    n: u64,
+) -> (Decision, Option<u64>) {
+    let missing = n - available;
+    let periods = if p.amount().get() == 1 {
+        missing
+    } else {
+        // `missing` and `amount` are below 2^32: no overflow.
+        (missing + p.amount().get() - 1) / p.amount()
+    };
+    // With `n <= capacity` this is at most the fill time, at most half the
+    // span; saturating keeps larger `n` from wrapping.
+    let refill = periods.saturating_mul(p.period_raw()).min(p.half());
+    // The refill lands at `base + refill`. Forwards, `now - base` is less
+    // than a period, so it is ahead; behind the stored time, it is ahead by
+    // up to half the span plus `refill`. Both fit in the span, and only a
+    // distance of exactly one span wraps to 0.
+    let now = p.layout().time_of(now_ns);
+    let ahead = p.layout().wrap(base.wrapping_add(refill).wrapping_sub(now));
+    let ahead = if ahead == 0 { p.half() * 2 } else { ahead };
+    let wait = p.layout().nanos_until(ahead, now_ns);
+    (
+        Decision::Denied {
+            retry_after: RetryAfter::from_nanos(wait),
+        },
+        None,
+    )
+}
+
+/// A token bucket's decision on `word` at clock reading `now`, with the
+/// parameters `p` gives.
+#[inline(always)]
+pub(crate) fn decide<P: Params>(p: &P, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
+    let t = p.layout().time_of(now);
+    let n = u64::from(n);
+    // `remaining <= capacity <= u32::MAX` in both arms.
+    match level(p, word, t) {
+        Level::AsStored { tokens, last } => {
+            if tokens < n {
+                return deny(p, tokens, last, now, n);
+            }
+            // The time stays, so spending is one subtraction from the word.
+            let remaining = (tokens - n) as u32;
+            let next = p.layout().spend(word, n);
+            (Decision::Allowed { remaining }, Some(next))
+        }
+        Level::Refilled { tokens, base } => {
+            if tokens < n {
+                return deny(p, tokens, base, now, n);
+            }
+            let remaining = (tokens - n) as u32;
+            let next = p.layout().pack(tokens - n, base);
+            (Decision::Allowed { remaining }, Some(next))
+        }
+    }
+}
+
+/// The fields of a [`TokenBucket`] that a decision reads ([`TokenBucket::raw`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawBucket {
+    pub(crate) capacity: u64,
+    pub(crate) amount: u64,
+    pub(crate) period: u64,
+    pub(crate) fill: u64,
+    pub(crate) refill_window: u64,
 }
 
 /// A bucket's tokens at some reading, and whether the word already says so.
