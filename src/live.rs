@@ -11,9 +11,6 @@ use crate::quota::Quota;
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, fence, lock};
 use crate::token_bucket::{self, Layout, Params, RawBucket, TokenBucket};
 
-/// The word's top bit: the parity of the quota generation the word belongs to.
-const GENERATION: u64 = 1 << 63;
-
 /// The largest capacity whose bucket keeps time in whole microseconds; the
 /// ceiling [`LiveTokenBucket::new`] gives any smaller quota.
 const MICROSECOND_CEILING: u32 = 65_535;
@@ -82,14 +79,18 @@ const MICROSECOND_CEILING: u32 = 65_535;
 ///
 /// The word is a [`TokenBucket`] word one bit narrower, laid out for the
 /// *ceiling* (the largest capacity this bucket can be changed to) so that the
-/// layout never changes, with the top bit naming which of two parameter slots
-/// it belongs to:
+/// layout never changes, with the bit below the tokens naming which of two
+/// parameter slots it belongs to:
 ///
 /// | bits | field |
 /// |---|---|
-/// | `63` | generation parity: the parameter slot in force for this word |
-/// | `62 ..= 63-w` | tokens, `w` = the bits the ceiling needs |
+/// | `63 ..= 64-w` | tokens, `w` = the bits the ceiling needs |
+/// | `63-w` | generation parity: the parameter slot in force for this word |
 /// | `62-w ..= 0` | last refill time, in the ceiling's time unit |
+///
+/// Between the two fields, the bit is left alone by reading the tokens or
+/// the time and by spending tokens, so a decision runs a [`TokenBucket`]'s
+/// arithmetic on the word as it is.
 ///
 /// The time field is one bit narrower than a [`TokenBucket`]'s, so a
 /// non-full bucket is exact for at least `2^46` µs (2.2 years) of
@@ -114,19 +115,27 @@ const MICROSECOND_CEILING: u32 = 65_535;
 ///
 /// # Cost
 ///
-/// A decision runs the same arithmetic as a [`TokenBucket`]'s, reading each
-/// parameter from the slot the word names where the bucket reads its own
-/// field, plus the slot's sequence number (checked only for a denial) and the
-/// parity bit taken off and put back; no locked instruction. Callgrind counts
-/// 69 instructions per admission against the bucket's 54, and 94 per denial
-/// against 67: BENCHMARKS.md, "Live reconfiguration".
+/// A decision runs the same arithmetic as a [`TokenBucket`]'s on the word
+/// as it is, reading each parameter from the slot the word names where the
+/// bucket reads its own field; beyond that it picks the slot (a shift and a
+/// mask), loads the slot's sequence number (checked only for a denial), and
+/// sets the generation bit in a word it packs anew. No locked instruction.
+/// Callgrind counts 66 instructions per admission against the bucket's 54,
+/// and 94 per denial against 67: BENCHMARKS.md, "Live reconfiguration".
 pub struct LiveTokenBucket {
     layout: Layout,
     /// `layout.half_range()`, computed once.
     half: u64,
+    /// `layout.spare_bit()`: the bit of a word that holds the parity of the
+    /// quota generation it belongs to.
+    generation_bit: u64,
+    /// Its position.
+    generation_shift: u32,
+    /// `generation_shift - 6`: see [`parity`](Self::parity).
+    slot_shift: u32,
     ceiling: u32,
     /// The parameters of the current generation and of the one before; the
-    /// word's top bit picks one.
+    /// word's generation bit picks one.
     slots: [Slot; 2],
     /// How many changes have been made. Its low bit is the parity of the
     /// words a new key gets; written only under `writer`.
@@ -184,6 +193,8 @@ struct SlotView<'a> {
     slot: &'a Slot,
     layout: Layout,
     half: u64,
+    /// The word decided on, whose generation bit the words it packs take.
+    word: u64,
 }
 
 impl Params for SlotView<'_> {
@@ -225,6 +236,10 @@ impl Params for SlotView<'_> {
         // Relaxed: see the type's documentation.
         self.slot.refill_window.load(Ordering::Relaxed)
     }
+    #[inline(always)]
+    fn pack(&self, tokens: u64, time: u64) -> u64 {
+        self.layout.pack(tokens, time) | (self.word & self.layout.spare_bit())
+    }
 }
 
 impl LiveTokenBucket {
@@ -256,6 +271,10 @@ impl LiveTokenBucket {
         Ok(LiveTokenBucket {
             layout,
             half: layout.half_range(),
+            generation_bit: layout.spare_bit(),
+            generation_shift: layout.spare_bit().trailing_zeros(),
+            // At least 46: the time field below the bit is that wide.
+            slot_shift: layout.spare_bit().trailing_zeros() - 6,
             ceiling,
             slots: [Slot::new(&bucket), Slot::new(&bucket)],
             generation: AtomicU64::new(0),
@@ -349,7 +368,16 @@ impl LiveTokenBucket {
         // Relaxed load; if a conversion's Release compare-and-swap wrote it,
         // this fence makes the new quota's slot, written before that, visible.
         fence(Ordering::Acquire);
-        self.bucket((word >> 63) as usize)
+        self.bucket(self.parity(word))
+    }
+
+    /// The parity of the quota generation `word` belongs to: its slot.
+    #[inline(always)]
+    fn parity(&self, word: u64) -> usize {
+        // The generation bit moved to bit 6 and masked there, then down to
+        // bit 0: the compiler folds the last shift into the index's stride (a
+        // slot is 64 bytes), so picking a slot costs a shift and a mask.
+        (((word >> self.slot_shift) & 64) >> 6) as usize
     }
 
     /// Start a change to `quota`: hold the writer's lock, write the slot not in
@@ -371,7 +399,7 @@ impl LiveTokenBucket {
             layout: self.layout,
             old,
             new,
-            to: (next & 1) << 63,
+            to: (next & 1) << self.generation_shift,
             _writer: guard,
         })
     }
@@ -430,10 +458,11 @@ impl Change<'_> {
     /// now, new capacity)` tokens. The time is `now`, or the word's own when
     /// `now` is behind it: it never moves back.
     pub(crate) fn convert(&self, word: u64, now: u64) -> Option<u64> {
-        if word & GENERATION == self.to {
+        let generation_bit = self.layout.spare_bit();
+        if word & generation_bit == self.to {
             return None;
         }
-        let word = word & !GENERATION;
+        let word = word & !generation_bit;
         let old_capacity = u64::from(self.old.quota().capacity());
         let new_capacity = u64::from(self.new.quota().capacity());
         let level = self.old.level_at(word, now);
@@ -460,7 +489,7 @@ impl Algorithm for LiveTokenBucket {
         // Acquire: as in `current`.
         let generation = self.generation.load(Ordering::Acquire);
         let bucket = self.bucket((generation & 1) as usize);
-        ((generation & 1) << 63) | bucket.fresh()
+        ((generation & 1) << self.generation_shift) | bucket.fresh()
     }
 
     #[inline]
@@ -472,8 +501,7 @@ impl Algorithm for LiveTokenBucket {
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
         // Acquire fence: as in `bucket_of`.
         fence(Ordering::Acquire);
-        let parity = (word >> 63) as usize;
-        let generation = word & GENERATION;
+        let parity = self.parity(word);
         let slot = &self.slots[parity];
         // Acquire: the field loads of the decision below stay after this one.
         let seq = slot.seq.load(Ordering::Acquire);
@@ -481,46 +509,59 @@ impl Algorithm for LiveTokenBucket {
             slot,
             layout: self.layout,
             half: self.half,
+            word,
         };
-        let (decision, next) = token_bucket::decide(&view, word & !GENERATION, now, n);
+        // The word as it is: reading its tokens and time, and spending, leave
+        // the generation bit alone, and `SlotView::pack` sets it.
+        let (decision, next) = token_bucket::decide(&view, word, now, n);
         if let Some(next) = next {
             // No check of the sequence: the cell's compare-and-swap succeeds
             // only if the word is still `word`, so no change has converted it
             // since it was read, and its slot (rewritten only once every word
             // has left its parity) held one quota all along. If it fails, this
             // result is dropped and the decision runs again.
-            return (decision, Some(next | generation));
+            return (decision, Some(next));
         }
         if self.unchanged(parity, seq) {
             return (decision, None);
         }
         // A change was writing the slot, so `word` is stale: decide on
         // parameters read whole; an admission's compare-and-swap will fail.
-        let (decision, next) = self.bucket(parity).decide(word & !GENERATION, now, n);
-        (decision, next.map(|next| next | generation))
+        let (decision, next) = self
+            .bucket(parity)
+            .decide(word & !self.generation_bit, now, n);
+        (
+            decision,
+            next.map(|next| next | (word & self.generation_bit)),
+        )
     }
 
     #[inline]
     fn remaining(&self, word: u64, now: u64) -> u32 {
-        self.bucket_of(word).remaining(word & !GENERATION, now)
+        self.bucket_of(word)
+            .remaining(word & !self.generation_bit, now)
     }
 
     #[inline]
     fn refund(&self, word: u64, written: u64, n: u32) -> Option<u64> {
-        if (word ^ written) & GENERATION != 0 {
+        if (word ^ written) & self.generation_bit != 0 {
             // The quota changed since: the conversion settled the bucket with
             // the permits spent.
             return None;
         }
         self.bucket_of(word)
-            .refund(word & !GENERATION, written & !GENERATION, n)
-            .map(|next| next | (word & GENERATION))
+            .refund(
+                word & !self.generation_bit,
+                written & !self.generation_bit,
+                n,
+            )
+            .map(|next| next | (word & self.generation_bit))
     }
 
     #[inline]
     fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
         self.bucket_of(word)
-            .is_fresh_equivalent(word & !GENERATION, now)
+            .is_fresh_equivalent(word & !self.generation_bit, now)
     }
 
     fn fresh_after_idle(&self) -> Duration {

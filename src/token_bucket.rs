@@ -32,9 +32,11 @@ const TOKEN_BITS_AT_MICROSECOND: u32 = 16;
 /// [`pack`](Layout::pack), [`tokens`](Layout::tokens) and [`time`](Layout::time).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {
-    /// Width of the time field, and the shift of the token field: `64 - token bits`.
+    /// The shift of the token field: `64 - token bits`. Also the width of the
+    /// time field, except in a [`with_spare_bit`](Self::with_spare_bit) layout.
     time_bits: u32,
-    /// `2^time_bits - 1`.
+    /// The time field's bits: `2^time_bits - 1`, or `2^(time_bits - 1) - 1`
+    /// with a spare bit.
     time_mask: u64,
     /// The time unit is `2^unit_shift` microseconds.
     unit_shift: u32,
@@ -54,18 +56,27 @@ impl Layout {
     }
 
     /// The layout of a [`LiveTokenBucket`](crate::LiveTokenBucket): tokens up
-    /// to `ceiling` and a time field one bit narrower than
-    /// [`for_capacity`](Self::for_capacity) gives, so that the word's top bit
-    /// is always 0 here and free to name the quota's generation. The unit is
-    /// the one `ceiling` has alone, so the half span is at least `2^46` µs.
+    /// to `ceiling` at the top of the word, as [`for_capacity`](Self::for_capacity)
+    /// places them, and a time field one bit narrower, so that the bit between
+    /// the two ([`spare_bit`](Self::spare_bit)) is free to name the quota's
+    /// generation. Reading the tokens or the time, and spending, leave that
+    /// bit alone; only [`pack`](Self::pack) writes it as 0. The unit is the one
+    /// `ceiling` has alone, so the half span is at least `2^46` µs.
     pub(crate) const fn with_spare_bit(ceiling: u32) -> Layout {
         let token_bits = u32::BITS - (ceiling | 1).leading_zeros();
-        let time_bits = u64::BITS - 1 - token_bits;
+        let time_bits = u64::BITS - token_bits;
         Layout {
             time_bits,
-            time_mask: (1 << time_bits) - 1,
+            time_mask: (1 << (time_bits - 1)) - 1,
             unit_shift: token_bits.saturating_sub(TOKEN_BITS_AT_MICROSECOND),
         }
+    }
+
+    /// The bit just above the time field: in a [`with_spare_bit`](Self::with_spare_bit)
+    /// layout, below the token field and free; in any other, the token
+    /// field's lowest bit.
+    pub(crate) const fn spare_bit(self) -> u64 {
+        self.time_mask + 1
     }
 
     /// The time unit in microseconds: 1, or a larger power of two for capacities
@@ -77,7 +88,7 @@ impl Layout {
     /// Half the time field's range, in time units: elapsed times below it are read
     /// forwards, at or above it as a reading behind the stored time.
     pub(crate) const fn half_range(self) -> u64 {
-        1 << (self.time_bits - 1)
+        (self.time_mask >> 1) + 1
     }
 
     /// Half the time field's range, in microseconds; at least `2^47`.
@@ -456,6 +467,13 @@ pub(crate) trait Params {
     fn period_raw(&self) -> u64;
     fn fill(&self) -> u64;
     fn refill_window(&self) -> u64;
+    /// A new word of `tokens` refilled at `time`. (A live bucket's words carry
+    /// their generation in the layout's spare bit, which reading and spending
+    /// keep; a packed word must be given it again.)
+    #[inline(always)]
+    fn pack(&self, tokens: u64, time: u64) -> u64 {
+        self.layout().pack(tokens, time)
+    }
 }
 
 impl Params for TokenBucket {
@@ -596,7 +614,7 @@ pub(crate) fn decide<P: Params>(p: &P, word: u64, now: u64, n: u32) -> (Decision
                 return deny(p, tokens, base, now, n);
             }
             let remaining = (tokens - n) as u32;
-            let next = p.layout().pack(tokens - n, base);
+            let next = p.pack(tokens - n, base);
             (Decision::Allowed { remaining }, Some(next))
         }
     }
@@ -663,6 +681,34 @@ mod tests {
             assert_eq!(layout.time_mask, u64::MAX >> (64 - time_bits));
             // The span never drops below 2^48 µs.
             assert!(layout.half_range_micros() >= 1 << 47, "capacity {capacity}");
+        }
+    }
+
+    #[test]
+    fn a_spare_bit_layout_keeps_its_bit_out_of_tokens_and_time() {
+        for ceiling in [1, 2, 3, 1_023, 65_535, 65_536, (1 << 20) - 1, u32::MAX] {
+            let spare = Layout::with_spare_bit(ceiling);
+            let plain = Layout::for_capacity(ceiling);
+            // Tokens where a plain layout of the ceiling has them; the time
+            // field one bit narrower, the spare bit between the two.
+            assert_eq!(spare.time_bits, plain.time_bits, "ceiling {ceiling}");
+            assert_eq!(spare.unit_shift, plain.unit_shift, "ceiling {ceiling}");
+            assert_eq!(spare.time_mask, plain.time_mask >> 1, "ceiling {ceiling}");
+            assert_eq!(spare.spare_bit(), 1 << (spare.time_bits - 1));
+            assert_eq!(spare.half_range(), plain.half_range() / 2);
+            assert!(spare.half_range_micros() >= 1 << 46, "ceiling {ceiling}");
+            let bit = spare.spare_bit();
+            let time = spare.time_mask; // the largest time
+            let word = spare.pack(u64::from(ceiling), time);
+            assert_eq!(word & bit, 0, "pack writes the bit as 0");
+            for w in [word, word | bit] {
+                assert_eq!(spare.tokens(w), u64::from(ceiling), "ceiling {ceiling}");
+                assert_eq!(spare.time(w), time, "ceiling {ceiling}");
+                let spent = spare.spend(w, 1);
+                assert_eq!(spent & bit, w & bit, "spending keeps the bit");
+                assert_eq!(spare.tokens(spent), u64::from(ceiling) - 1);
+                assert_eq!(spare.time(spent), time);
+            }
         }
     }
 
