@@ -85,7 +85,7 @@ pub use keyed::{
 pub use limiter::{Counted, Counter, DirectStats, RateLimiter, Uncounted};
 pub use live::LiveTokenBucket;
 pub use quota::Quota;
-pub use reserve::{KeyedReservation, Reservation, ReserveError};
+pub use reserve::{KeyedReservation, Lend, Reservation, ReserveError};
 pub use sliding_window::SlidingWindow;
 pub use tiered::{Tiered, TieredError};
 pub use token_bucket::TokenBucket;

@@ -371,6 +371,46 @@ impl LiveTokenBucket {
         self.bucket(self.parity(word))
     }
 
+    /// A reservation's loan on `word` ([`token_bucket::reserve`]), decided as
+    /// [`decide`](Algorithm::decide) decides: on the slot the word names, a
+    /// loan (which writes the word) proven whole by the compare-and-swap, a
+    /// refusal checked against the slot's sequence number.
+    pub(crate) fn reserve(
+        &self,
+        word: u64,
+        now: u64,
+        n: u32,
+        max_ahead: u64,
+    ) -> Result<(Decision, u64, u64), u64> {
+        // Acquire fence: as in `bucket_of`.
+        fence(Ordering::Acquire);
+        let parity = self.parity(word);
+        let slot = &self.slots[parity];
+        // Acquire: the field loads below stay after this one.
+        let seq = slot.seq.load(Ordering::Acquire);
+        let view = SlotView {
+            slot,
+            layout: self.layout,
+            half: self.half,
+            word,
+        };
+        let result = token_bucket::reserve(&view, word, now, n, max_ahead);
+        if result.is_ok() || self.unchanged(parity, seq) {
+            return result;
+        }
+        // A change was writing the slot: `word` is stale, and a loan on it
+        // will fail its compare-and-swap.
+        let generation = word & self.generation_bit;
+        token_bucket::reserve(
+            &self.bucket(parity),
+            word & !self.generation_bit,
+            now,
+            n,
+            max_ahead,
+        )
+        .map(|(decision, next, wait)| (decision, next | generation, wait))
+    }
+
     /// The parity of the quota generation `word` belongs to: its slot.
     #[inline(always)]
     fn parity(&self, word: u64) -> usize {
@@ -591,6 +631,37 @@ mod tests {
     }
 
     const MS: u64 = 1_000_000;
+
+    /// Mid-change: the new quota's slot written and the generation moved on,
+    /// the word not yet converted. A decision and a loan on that word are
+    /// decided by the old quota (the word's slot), not the one in force; the
+    /// loan's word keeps the old parity, so the conversion still takes it.
+    #[test]
+    fn a_word_not_yet_converted_is_decided_and_lent_on_its_own_quota() {
+        let old = quota(2, 1, 100);
+        let bucket = LiveTokenBucket::new(old).unwrap();
+        // Empty at 0 (2 spent), read at 25 ms.
+        let (_, word) = bucket.decide(bucket.fresh(), 0, 2);
+        let word = word.unwrap();
+        let change = bucket.begin(quota(4, 1, 10)).unwrap();
+        assert_eq!(bucket.quota(), quota(4, 1, 10));
+
+        // Under the new quota the word would hold 2 tokens at 25 ms; under
+        // its own it holds none, and the next one comes at 100 ms.
+        let (decision, next) = bucket.decide(word, 25 * MS, 1);
+        assert_eq!(next, None);
+        assert_eq!(decision.retry_after().unwrap().as_nanos(), 75 * MS);
+        let (decision, lent, wait) = bucket.reserve(word, 25 * MS, 1, 1_000 * MS).unwrap();
+        assert_eq!((decision.is_allowed(), wait), (true, 75 * MS));
+        assert_eq!(bucket.parity(lent), bucket.parity(word));
+
+        // The conversion keeps the loan's future stamp: the next permit in the
+        // new quota comes one new period after it.
+        let converted = change.convert(lent, 25 * MS).unwrap();
+        drop(change);
+        let (decision, _) = bucket.decide(converted, 25 * MS, 1);
+        assert_eq!(decision.retry_after().unwrap().as_nanos(), 85 * MS);
+    }
 
     #[test]
     fn decides_as_a_token_bucket_of_its_quota() {

@@ -12,17 +12,19 @@ use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
 use crate::keyed::KeyedLimiter;
 use crate::limiter::{Counter, RateLimiter, Uncounted, check_permits};
-use crate::token_bucket::TokenBucket;
+use crate::live::LiveTokenBucket;
+use crate::token_bucket::{self, TokenBucket};
 
 /// Permits reserved from a token bucket ([`RateLimiter::reserve_n`]): taken
-/// now, usable once [`delay`](Reservation::delay) has passed.
+/// now, usable once [`delay`](Reservation::delay) has passed. `A` is the
+/// bucket: a [`TokenBucket`], or a [`LiveTokenBucket`] whose quota can change.
 ///
 /// Dropping a reservation keeps its permits taken (the caller goes ahead
 /// after the delay). [`cancel`](Reservation::cancel) gives them back when that
 /// can be done exactly. Neither `Clone` nor `Copy`: it cancels at most once.
 #[must_use = "dropping a reservation keeps its permits taken; call `cancel` to give them back"]
-pub struct Reservation<'a, C = RealClock, M = Uncounted> {
-    limiter: &'a RateLimiter<TokenBucket, C, M>,
+pub struct Reservation<'a, C = RealClock, M = Uncounted, A = TokenBucket> {
+    limiter: &'a RateLimiter<A, C, M>,
     previous: u64,
     written: u64,
     n: u32,
@@ -85,14 +87,97 @@ impl From<AcquireError> for ReserveError {
     }
 }
 
-impl<C: Clock, M: Counter> RateLimiter<TokenBucket, C, M> {
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::TokenBucket {}
+    impl Sealed for crate::LiveTokenBucket {}
+}
+
+/// A bucket that can lend permits from its future, for reservations
+/// ([`RateLimiter::reserve_n`], [`KeyedLimiter::reserve_n`]): [`TokenBucket`]
+/// and [`LiveTokenBucket`]. Sealed: a reservation's bound rests on the token
+/// bucket's refill grid.
+///
+/// A live bucket lends on the quota in force. A change keeps a loan's future
+/// stamp, so reservations made before it keep their permits and later ones
+/// queue behind them at the new rate; a cancel after the change declines.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{LiveTokenBucket, ManualClock, Quota, RateLimiter};
+///
+/// let clock = ManualClock::new();
+/// let bucket = LiveTokenBucket::new(Quota::new(1, 1, Duration::from_millis(100))?)?;
+/// let limiter = RateLimiter::from_parts(bucket, clock.clone());
+/// assert!(limiter.try_acquire().is_allowed());
+/// let first = limiter.reserve(Duration::from_secs(1))?;
+/// assert_eq!(first.delay(), Duration::from_millis(100));
+///
+/// // Raised to one every 10 ms (20 at most): the next permit follows the
+/// // loan at the new rate.
+/// limiter.set_quota(Quota::new(20, 1, Duration::from_millis(10))?)?;
+/// assert_eq!(limiter.reserve(Duration::from_secs(1))?.delay(), Duration::from_millis(110));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait Lend: Algorithm + sealed::Sealed {
+    /// Reserve `n` permits in `word` at clock reading `now`: the decision,
+    /// the next word and the nanoseconds until the permits are there; or the
+    /// wait, when it would be more than `max_ahead` nanoseconds.
+    #[doc(hidden)]
+    fn lend(
+        &self,
+        word: u64,
+        now: u64,
+        n: u32,
+        max_ahead: u64,
+    ) -> Result<(Decision, u64, u64), u64>;
+
+    /// The longest a reservation may wait: one fill time of the quota in
+    /// force, which keeps the word's time within its span.
+    #[doc(hidden)]
+    fn lend_limit(&self) -> Duration;
+}
+
+impl Lend for TokenBucket {
+    fn lend(
+        &self,
+        word: u64,
+        now: u64,
+        n: u32,
+        max_ahead: u64,
+    ) -> Result<(Decision, u64, u64), u64> {
+        token_bucket::reserve(self, word, now, n, max_ahead)
+    }
+
+    fn lend_limit(&self) -> Duration {
+        self.quota().fill_time()
+    }
+}
+
+impl Lend for LiveTokenBucket {
+    fn lend(
+        &self,
+        word: u64,
+        now: u64,
+        n: u32,
+        max_ahead: u64,
+    ) -> Result<(Decision, u64, u64), u64> {
+        self.reserve(word, now, n, max_ahead)
+    }
+
+    fn lend_limit(&self) -> Duration {
+        self.quota().fill_time()
+    }
+}
+
+impl<A: Lend, C: Clock, M: Counter> RateLimiter<A, C, M> {
     /// Reserve one permit, usable after at most `max_delay`
     /// ([`reserve_n`](Self::reserve_n)).
     ///
     /// # Errors
     ///
     /// As [`reserve_n`](Self::reserve_n).
-    pub fn reserve(&self, max_delay: Duration) -> Result<Reservation<'_, C, M>, ReserveError> {
+    pub fn reserve(&self, max_delay: Duration) -> Result<Reservation<'_, C, M, A>, ReserveError> {
         self.reserve_n(1, max_delay)
     }
 
@@ -145,9 +230,9 @@ impl<C: Clock, M: Counter> RateLimiter<TokenBucket, C, M> {
         &self,
         n: u32,
         max_delay: Duration,
-    ) -> Result<Reservation<'_, C, M>, ReserveError> {
+    ) -> Result<Reservation<'_, C, M, A>, ReserveError> {
         let bucket = self.algorithm();
-        check_permits(n, bucket.quota().capacity())?;
+        check_permits(n, bucket.capacity())?;
         let lender = Lender::new(bucket, max_delay);
         let now = self.clock().now();
         let (decision, written) = self.cell().take(&lender, now, n);
@@ -167,7 +252,7 @@ impl<C: Clock, M: Counter> RateLimiter<TokenBucket, C, M> {
     }
 }
 
-impl<C: Clock, M: Counter> Reservation<'_, C, M> {
+impl<A: Lend, C: Clock, M: Counter> Reservation<'_, C, M, A> {
     /// How long after the reservation (its clock reading) the permits are
     /// usable: zero when the bucket held them.
     pub fn delay(&self) -> Duration {
@@ -193,7 +278,7 @@ impl<C: Clock, M: Counter> Reservation<'_, C, M> {
     }
 }
 
-impl<C, M> fmt::Debug for Reservation<'_, C, M> {
+impl<C, M, A> fmt::Debug for Reservation<'_, C, M, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reservation")
             .field("permits", &self.n)
@@ -205,27 +290,26 @@ impl<C, M> fmt::Debug for Reservation<'_, C, M> {
 /// The token bucket's decision, lending from its future: what a reservation
 /// runs in the compare-and-swap loop. It notes the word its last decision read
 /// (the one a successful compare-and-swap replaced) and that decision's wait.
-struct Lender<'a> {
-    bucket: &'a TokenBucket,
+struct Lender<'a, A> {
+    bucket: &'a A,
     max_ahead: u64,
     replaced: Cell<u64>,
     wait: Cell<u64>,
 }
 
-impl Lender<'_> {
-    fn new(bucket: &TokenBucket, max_delay: Duration) -> Lender<'_> {
+impl<A: Lend> Lender<'_, A> {
+    fn new(bucket: &A, max_delay: Duration) -> Lender<'_, A> {
         Lender {
             bucket,
             // At most one fill time ahead: the word's time stays within its span.
-            max_ahead: saturating_nanos(max_delay)
-                .min(saturating_nanos(bucket.quota().fill_time())),
+            max_ahead: saturating_nanos(max_delay).min(saturating_nanos(bucket.lend_limit())),
             replaced: Cell::new(0),
             wait: Cell::new(0),
         }
     }
 }
 
-impl Algorithm for Lender<'_> {
+impl<A: Lend> Algorithm for Lender<'_, A> {
     fn fresh(&self) -> u64 {
         self.bucket.fresh()
     }
@@ -236,7 +320,7 @@ impl Algorithm for Lender<'_> {
 
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
         self.replaced.set(word);
-        match self.bucket.reserve(word, now, n, self.max_ahead) {
+        match self.bucket.lend(word, now, n, self.max_ahead) {
             Ok((decision, next, wait)) => {
                 self.wait.set(wait);
                 (decision, Some(next))
@@ -272,8 +356,8 @@ impl Algorithm for Lender<'_> {
 /// looking the key up again. A key evicted since (it can be only once its
 /// bucket has refilled, long after the permits were usable) declines.
 #[must_use = "dropping a reservation keeps its permits taken; call `cancel` to give them back"]
-pub struct KeyedReservation<'a, K, Q: ?Sized, C, S> {
-    limiter: &'a KeyedLimiter<K, TokenBucket, C, S>,
+pub struct KeyedReservation<'a, K, Q: ?Sized, C, S, A = TokenBucket> {
+    limiter: &'a KeyedLimiter<K, A, C, S>,
     key: &'a Q,
     previous: u64,
     written: u64,
@@ -281,9 +365,10 @@ pub struct KeyedReservation<'a, K, Q: ?Sized, C, S> {
     delay: Duration,
 }
 
-impl<K, C, S> KeyedLimiter<K, TokenBucket, C, S>
+impl<K, A, C, S> KeyedLimiter<K, A, C, S>
 where
     K: Hash + Eq,
+    A: Lend,
     C: Clock,
     S: BuildHasher,
 {
@@ -315,13 +400,13 @@ where
         key: &'a Q,
         n: u32,
         max_delay: Duration,
-    ) -> Result<KeyedReservation<'a, K, Q, C, S>, ReserveError>
+    ) -> Result<KeyedReservation<'a, K, Q, C, S, A>, ReserveError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let bucket = self.algorithm();
-        check_permits(n, bucket.quota().capacity())?;
+        check_permits(n, bucket.capacity())?;
         let lender = Lender::new(bucket, max_delay);
         match self.take_with(&lender, key, n) {
             (KeyedDecision::Allowed { .. }, Some(written)) => Ok(KeyedReservation {
@@ -344,9 +429,10 @@ where
     }
 }
 
-impl<K, Q, C, S> KeyedReservation<'_, K, Q, C, S>
+impl<K, Q, A, C, S> KeyedReservation<'_, K, Q, C, S, A>
 where
     K: Hash + Eq + Borrow<Q>,
+    A: Algorithm,
     Q: Hash + Eq + ?Sized,
     C: Clock,
     S: BuildHasher,
@@ -369,7 +455,7 @@ where
     }
 }
 
-impl<K, Q: fmt::Debug + ?Sized, C, S> fmt::Debug for KeyedReservation<'_, K, Q, C, S> {
+impl<K, Q: fmt::Debug + ?Sized, C, S, A> fmt::Debug for KeyedReservation<'_, K, Q, C, S, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedReservation")
             .field("key", &self.key)

@@ -340,47 +340,6 @@ impl TokenBucket {
         level(self, word, self.layout.time_of(now)).tokens()
     }
 
-    /// Reserve `n` permits at `now` (a clock reading): the decision (permits
-    /// left, 0 for a loan), the next word and the nanoseconds until the
-    /// permits are there; or `Err` with that wait when it would be more than
-    /// `max_ahead` nanoseconds.
-    ///
-    /// With the permits there, this is an admission. Otherwise the bucket
-    /// lends from its future: the word is stamped with the refill at which
-    /// `n` tokens will have arrived and holds none, so every later decision
-    /// before that refill finds nothing and waits past it. The rest of that
-    /// refill's batch beyond `n` (less than `amount` tokens, none when
-    /// `amount` is 1) is dropped, so a reservation never admits more than the
-    /// bucket would have. `n` must be between 1 and the capacity.
-    pub(crate) fn reserve(
-        &self,
-        word: u64,
-        now: u64,
-        n: u32,
-        max_ahead: u64,
-    ) -> Result<(Decision, u64, u64), u64> {
-        let (decision, next) = self.decide(word, now, n);
-        if let Some(next) = next {
-            return Ok((decision, next, 0));
-        }
-        let wait = decision.retry_after().map_or(0, |r| r.as_nanos());
-        if wait > max_ahead {
-            return Err(wait);
-        }
-        let (tokens, base) = match level(self, word, self.layout.time_of(now)) {
-            Level::AsStored { tokens, last } => (tokens, last),
-            Level::Refilled { tokens, base } => (tokens, base),
-        };
-        let missing = u64::from(n).saturating_sub(tokens);
-        let periods = missing.div_ceil(self.amount.get());
-        let ready = base.wrapping_add(periods.wrapping_mul(self.period.get()));
-        Ok((
-            Decision::Allowed { remaining: 0 },
-            self.layout.pack(0, ready),
-            wait,
-        ))
-    }
-
     /// The quota this bucket enforces.
     pub const fn quota(&self) -> Quota {
         self.quota
@@ -618,6 +577,46 @@ pub(crate) fn decide<P: Params>(p: &P, word: u64, now: u64, n: u32) -> (Decision
             (Decision::Allowed { remaining }, Some(next))
         }
     }
+}
+
+/// Reserve `n` permits at `now` (a clock reading): the decision (permits
+/// left, 0 for a loan), the next word and the nanoseconds until the
+/// permits are there; or `Err` with that wait when it would be more than
+/// `max_ahead` nanoseconds.
+///
+/// With the permits there, this is an admission. Otherwise the bucket
+/// lends from its future: the word is stamped with the refill at which
+/// `n` tokens will have arrived and holds none, so every later decision
+/// before that refill finds nothing and waits past it. The rest of that
+/// refill's batch beyond `n` (less than `amount` tokens, none when
+/// `amount` is 1) is dropped, so a reservation never admits more than the
+/// bucket would have. `n` must be at least 1; more than the capacity is refused.
+pub(crate) fn reserve<P: Params>(
+    p: &P,
+    word: u64,
+    now: u64,
+    n: u32,
+    max_ahead: u64,
+) -> Result<(Decision, u64, u64), u64> {
+    let (decision, next) = decide(p, word, now, n);
+    if let Some(next) = next {
+        return Ok((decision, next, 0));
+    }
+    let wait = decision.retry_after().map_or(0, |r| r.as_nanos());
+    // More than the bucket holds is never lent (a live bucket's word of
+    // an older quota may meet an `n` checked against a newer one): it
+    // would spend refills a full bucket drops.
+    if wait > max_ahead || u64::from(n) > p.max_tokens() {
+        return Err(wait);
+    }
+    let (tokens, base) = match level(p, word, p.layout().time_of(now)) {
+        Level::AsStored { tokens, last } => (tokens, last),
+        Level::Refilled { tokens, base } => (tokens, base),
+    };
+    let missing = u64::from(n).saturating_sub(tokens);
+    let periods = missing.div_ceil(p.amount().get());
+    let ready = base.wrapping_add(periods.wrapping_mul(p.period_raw()));
+    Ok((Decision::Allowed { remaining: 0 }, p.pack(0, ready), wait))
 }
 
 /// The fields of a [`TokenBucket`] that a decision reads ([`TokenBucket::raw`]).

@@ -10,14 +10,17 @@
 //!   nothing;
 //! - a cancel that succeeds leaves the bucket as if the reservation had never
 //!   been made; one that declines changes nothing.
+//!
+//! The same traces run on live buckets ([`LiveTokenBucket`]) with no change
+//! of quota; a change between reservations is checked by hand at the end.
 
 use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use turnstile::{
-    Decision, KeyedDecision, KeyedLimiter, KeyedReservation, ManualClock, Quota, RateLimiter,
-    Reservation, ReserveError, TokenBucket,
+    Decision, KeyedDecision, KeyedLimiter, KeyedReservation, LiveTokenBucket, ManualClock, Quota,
+    RateLimiter, Reservation, ReserveError, TokenBucket,
 };
 
 /// A limiter under test: a direct one, or one key of a keyed one (swept
@@ -80,6 +83,59 @@ impl Subject for Keyed {
 }
 
 impl Held for KeyedReservation<'_, u32, u32, ManualClock, ahash::RandomState> {
+    fn delay(&self) -> Duration {
+        KeyedReservation::delay(self)
+    }
+    fn cancel(self) -> bool {
+        KeyedReservation::cancel(self)
+    }
+}
+
+impl Subject for RateLimiter<LiveTokenBucket, ManualClock> {
+    type Held<'a> = Reservation<'a, ManualClock, turnstile::Uncounted, LiveTokenBucket>;
+    fn acquire(&self, n: u32) -> Decision {
+        self.try_acquire_n(n).unwrap()
+    }
+    fn remaining(&self) -> u32 {
+        RateLimiter::remaining(self)
+    }
+    fn reserve(&self, n: u32, max_delay: Duration) -> Result<Self::Held<'_>, ReserveError> {
+        self.reserve_n(n, max_delay)
+    }
+}
+
+impl Held for Reservation<'_, ManualClock, turnstile::Uncounted, LiveTokenBucket> {
+    fn delay(&self) -> Duration {
+        Reservation::delay(self)
+    }
+    fn cancel(self) -> bool {
+        Reservation::cancel(self)
+    }
+}
+
+type KeyedLive = KeyedLimiter<u32, LiveTokenBucket, ManualClock>;
+
+impl Subject for KeyedLive {
+    type Held<'a> =
+        KeyedReservation<'a, u32, u32, ManualClock, ahash::RandomState, LiveTokenBucket>;
+    fn acquire(&self, n: u32) -> Decision {
+        self.sweep();
+        match self.try_acquire_n(&KEY, n).unwrap() {
+            KeyedDecision::Allowed { remaining } => Decision::Allowed { remaining },
+            KeyedDecision::Denied { retry_after } => Decision::Denied { retry_after },
+            other => panic!("one key, no bound: {other:?}"),
+        }
+    }
+    fn remaining(&self) -> u32 {
+        KeyedLimiter::remaining(self, &KEY)
+    }
+    fn reserve(&self, n: u32, max_delay: Duration) -> Result<Self::Held<'_>, ReserveError> {
+        self.sweep();
+        self.reserve_n(&KEY, n, max_delay)
+    }
+}
+
+impl Held for KeyedReservation<'_, u32, u32, ManualClock, ahash::RandomState, LiveTokenBucket> {
     fn delay(&self) -> Duration {
         KeyedReservation::delay(self)
     }
@@ -197,6 +253,36 @@ proptest! {
     ) {
         let clock = ManualClock::new();
         let limiter: Keyed = KeyedLimiter::<u32>::builder(quota)
+            .clock(clock.clone())
+            .shards(1)
+            .build()
+            .unwrap();
+        run(&limiter, &clock, quota, &ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 400,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn live_reservations_keep_the_bound_and_cancel_exactly(
+        (quota, ops) in quotas().prop_flat_map(|q| (Just(q), ops(q.period().as_micros() as u64)))
+    ) {
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::from_parts(LiveTokenBucket::new(quota).unwrap(), clock.clone());
+        run(&limiter, &clock, quota, &ops)?;
+    }
+
+    #[test]
+    fn keyed_live_reservations_keep_the_bound_and_cancel_exactly_through_sweeps(
+        (quota, ops) in quotas().prop_flat_map(|q| (Just(q), ops(q.period().as_micros() as u64)))
+    ) {
+        let clock = ManualClock::new();
+        let limiter: KeyedLive = turnstile::KeyedBuilder::<u32, _>::new(LiveTokenBucket::new(quota).unwrap())
             .clock(clock.clone())
             .shards(1)
             .build()
@@ -356,4 +442,50 @@ fn a_keyed_reservation_for_a_new_key_at_a_full_bound_is_refused_with_the_key_lim
         limiter.try_acquire(&1).retry_after().map(|r| r.duration()),
         Some(Duration::from_secs(2))
     );
+}
+
+#[test]
+fn a_live_reservation_outlives_a_change_and_later_ones_queue_at_the_new_rate() {
+    let clock = ManualClock::new();
+    let limiter = RateLimiter::from_parts(
+        LiveTokenBucket::new(Quota::new(2, 1, Duration::from_millis(100)).unwrap()).unwrap(),
+        clock.clone(),
+    );
+    assert!(limiter.try_acquire_n(2).unwrap().is_allowed());
+    let lent = limiter.reserve(Duration::from_secs(1)).unwrap();
+    assert_eq!(lent.delay(), Duration::from_millis(100));
+
+    // Four tokens, one every 10 ms: the bucket is empty and stamped with the
+    // loan's refill at 100 ms, which the change keeps.
+    limiter
+        .set_quota(Quota::new(4, 1, Duration::from_millis(10)).unwrap())
+        .unwrap();
+    // A loan reaches at most one fill time (now 40 ms) ahead: the next
+    // permit, at 110 ms, is too far for now.
+    assert_eq!(
+        limiter.reserve(Duration::from_secs(1)).unwrap_err(),
+        ReserveError::TooFar {
+            retry_after: turnstile::RetryAfter::from_nanos(110_000_000)
+        }
+    );
+    clock.advance(Duration::from_millis(80));
+    let next = limiter.reserve(Duration::from_secs(1)).unwrap();
+    assert_eq!(next.delay(), Duration::from_millis(30));
+    assert_eq!(
+        limiter.try_acquire().retry_after().map(|r| r.duration()),
+        Some(Duration::from_millis(40))
+    );
+    // The change rewrote the word under `lent`: it can no longer be undone
+    // exactly, and declines; `next` was the last word written, and cancels.
+    assert!(next.cancel());
+    assert!(!lent.cancel());
+    assert_eq!(
+        limiter.try_acquire().retry_after().map(|r| r.duration()),
+        Some(Duration::from_millis(30))
+    );
+    // More than the new capacity is refused before anything is decided.
+    assert!(matches!(
+        limiter.reserve_n(5, Duration::from_secs(1)),
+        Err(ReserveError::Acquire(_))
+    ));
 }
