@@ -382,18 +382,7 @@ impl LiveTokenBucket {
         n: u32,
         max_ahead: u64,
     ) -> Result<(Decision, u64, u64), u64> {
-        // Acquire fence: as in `bucket_of`.
-        fence(Ordering::Acquire);
-        let parity = self.parity(word);
-        let slot = &self.slots[parity];
-        // Acquire: the field loads below stay after this one.
-        let seq = slot.seq.load(Ordering::Acquire);
-        let view = SlotView {
-            slot,
-            layout: self.layout,
-            half: self.half,
-            word,
-        };
+        let (parity, seq, view) = self.open(word);
         let result = token_bucket::reserve(&view, word, now, n, max_ahead);
         if result.is_ok() || self.unchanged(parity, seq) {
             return result;
@@ -409,6 +398,26 @@ impl LiveTokenBucket {
             max_ahead,
         )
         .map(|(decision, next, wait)| (decision, next | generation, wait))
+    }
+
+    /// The slot `word` names, opened for a decision on it: its parity, its
+    /// sequence number (for [`unchanged`](Self::unchanged)) and a view that
+    /// reads its fields where the decision needs them.
+    #[inline(always)]
+    fn open(&self, word: u64) -> (usize, u64, SlotView<'_>) {
+        // Acquire fence: as in `bucket_of`.
+        fence(Ordering::Acquire);
+        let parity = self.parity(word);
+        let slot = &self.slots[parity];
+        // Acquire: the view's field loads, made after this, stay after it.
+        let seq = slot.seq.load(Ordering::Acquire);
+        let view = SlotView {
+            slot,
+            layout: self.layout,
+            half: self.half,
+            word,
+        };
+        (parity, seq, view)
     }
 
     /// The parity of the quota generation `word` belongs to: its slot.
@@ -539,18 +548,7 @@ impl Algorithm for LiveTokenBucket {
 
     #[inline(always)]
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
-        // Acquire fence: as in `bucket_of`.
-        fence(Ordering::Acquire);
-        let parity = self.parity(word);
-        let slot = &self.slots[parity];
-        // Acquire: the field loads of the decision below stay after this one.
-        let seq = slot.seq.load(Ordering::Acquire);
-        let view = SlotView {
-            slot,
-            layout: self.layout,
-            half: self.half,
-            word,
-        };
+        let (parity, seq, view) = self.open(word);
         // The word as it is: reading its tokens and time, and spending, leave
         // the generation bit alone, and `SlotView::pack` sets it.
         let (decision, next) = token_bucket::decide(&view, word, now, n);
