@@ -503,6 +503,46 @@ fn a_full_bound_of_idle_keys_admits_every_new_key() {
     }
 }
 
+/// A sweep first frees what waits in limbo, then unlinks into the room that
+/// made: a full limbo does not stop a sweep from evicting idle keys, and a
+/// key bound full of idle keys admits new ones however often it has churned.
+#[test]
+fn a_full_limbo_does_not_stop_a_sweep_or_the_bound_from_reclaiming() {
+    let _serial = serial();
+    let clock = ManualClock::new();
+    let l = KeyedLimiter::<u64>::builder(quota(2, Duration::from_millis(100)))
+        .clock(clock.clone())
+        .shards(1)
+        .max_keys(2)
+        .build()
+        .unwrap();
+    for round in 0..5_u64 {
+        for k in 0..2 {
+            assert!(l.try_acquire(&(round * 2 + k)).is_allowed());
+        }
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(l.sweep(), 2, "round {round}: idle keys left unswept");
+        assert_eq!(l.len(), 0);
+    }
+
+    let l = KeyedLimiter::<u64>::builder(quota(2, Duration::from_millis(100)))
+        .clock(clock.clone())
+        .shards(1)
+        .max_keys(4)
+        .build()
+        .unwrap();
+    for k in 0..40_u64 {
+        if k % 4 == 0 {
+            clock.advance(Duration::from_secs(1));
+        }
+        assert!(
+            l.try_acquire(&k).is_allowed(),
+            "key {k} refused while every key held was idle"
+        );
+    }
+    assert_eq!(l.stats().denied_key_limit, 0);
+}
+
 /// `KeyLimit`'s `retry_after` is an upper bound: a key refused at the bound is
 /// admitted once it has waited that long, as long as the keys held meanwhile
 /// went idle.

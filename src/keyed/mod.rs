@@ -898,6 +898,12 @@ where
         let swept = locked.sweep(
             |word| self.algorithm.is_fresh_equivalent(word, now),
             budget,
+            |freed| {
+                if freed > 0 {
+                    // Relaxed: as in `reserve_key`.
+                    self.limbo.fetch_sub(freed, Ordering::Relaxed);
+                }
+            },
             || self.reserve_limbo(),
             &self.collector,
             |k| self.hasher.hash_one(k),
@@ -905,10 +911,6 @@ where
         if swept.unlinked > 0 {
             // Relaxed: as in `reserve_key`.
             self.len.fetch_sub(swept.unlinked, Ordering::Relaxed);
-        }
-        if swept.freed > 0 {
-            // Relaxed: as in `reserve_key`.
-            self.limbo.fetch_sub(swept.freed, Ordering::Relaxed);
         }
         locked.writer().evicted += swept.unlinked as u64;
         if budget >= capacity {

@@ -619,16 +619,18 @@ impl<'a, K> Locked<'a, K> {
         }
     }
 
-    /// Unlink the linked entries whose words `evictable` accepts into limbo,
-    /// examining at most `budget` index slots from where the last bounded sweep
-    /// stopped (`usize::MAX`: the whole index), while `limbo_room` grants a
-    /// place in limbo for each.
-    /// Then free the entries in limbo whose grace period has passed and whose
-    /// words `evictable` still accepts.
+    /// First free the entries in limbo whose grace period has passed and whose
+    /// words `evictable` still accepts, and report how many to `freed` (so
+    /// that their places count as room at once). Then unlink the linked
+    /// entries whose words `evictable` accepts into limbo, examining at most
+    /// `budget` index slots from where the last bounded sweep stopped
+    /// (`usize::MAX`: the whole index), while `limbo_room` grants a place in
+    /// limbo for each.
     pub(crate) fn sweep(
         &mut self,
         evictable: impl Fn(u64) -> bool,
         budget: usize,
+        freed: impl FnOnce(usize),
         mut limbo_room: impl FnMut() -> bool,
         collector: &Collector,
         hash_of: impl Fn(&K) -> u64,
@@ -637,6 +639,9 @@ impl<'a, K> Locked<'a, K> {
             unlinked: 0,
             freed: self.collect(&evictable, collector),
         };
+        // Before unlinking: the places in limbo just freed are room for this
+        // sweep's own unlinks.
+        freed(swept.freed);
         let index = self.index();
         let capacity = index.capacity();
         let whole = budget >= capacity;
