@@ -194,7 +194,9 @@ impl RateLimitPolicy {
         Ok(RateLimitPolicy {
             name: name.to_string(),
             quota,
-            window_secs: window.as_secs() + u64::from(window.subsec_nanos() > 0),
+            window_secs: window
+                .as_secs()
+                .saturating_add(u64::from(window.subsec_nanos() > 0)),
         })
     }
 

@@ -290,7 +290,10 @@ fn step<W: Waitable>(w: &W, n: u32, start: u64, options: &WaitOptions) -> Result
         jitter = jitter.min(left - sleep);
     }
     if !jitter.is_zero() {
-        sleep += Duration::from_nanos(random_below(saturating_nanos(jitter) + 1));
+        // Up to the jitter itself, inclusive; a jitter of 584 years or more
+        // (`u64::MAX` ns) saturates there.
+        let spread = saturating_nanos(jitter).saturating_add(1);
+        sleep = sleep.saturating_add(Duration::from_nanos(random_below(spread)));
     }
     Ok(Step::Sleep(sleep))
 }
@@ -502,6 +505,31 @@ fn random_below(bound: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jitter_or_deadline_of_any_length_sleeps_at_least_the_wait_without_panicking() {
+        use crate::{ManualClock, Quota};
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::with_clock(
+            Quota::new(1, 1, Duration::from_secs(1)).unwrap(),
+            clock.clone(),
+        );
+        assert!(limiter.try_acquire().is_allowed());
+        for options in [
+            WaitOptions::new().jitter(Duration::MAX),
+            WaitOptions::new()
+                .jitter(Duration::MAX)
+                .deadline(Duration::MAX),
+            WaitOptions::new().deadline(Duration::MAX),
+            WaitOptions::new().jitter(Duration::from_nanos(u64::MAX)),
+        ] {
+            match step(&limiter, 1, 0, &options) {
+                Ok(Step::Sleep(sleep)) => assert!(sleep >= Duration::from_secs(1), "{sleep:?}"),
+                Ok(Step::Done(_)) => panic!("the permit was spent"),
+                Err(e) => panic!("{options:?}: {e}"),
+            }
+        }
+    }
 
     #[test]
     fn random_below_stays_below_and_spreads() {

@@ -108,6 +108,11 @@ fn bad_policies_and_requests_are_typed_errors() {
         RateLimitPolicy::new("ok", 1, Duration::from_millis(999)),
         Err(PolicyError::Window(Duration::from_millis(999)))
     );
+    // The longest windows saturate at u64::MAX whole seconds.
+    for window in [Duration::MAX, Duration::new(u64::MAX, 1)] {
+        let policy = RateLimitPolicy::new("long", 1, window).unwrap();
+        assert_eq!(policy.policy_value(), format!("\"long\";q=1;w={}", u64::MAX));
+    }
     let (gate, _) = gate(3, Duration::from_secs(1), 10);
     assert_eq!(gate.check_n(Some("k"), 0), Err(AcquireError::ZeroPermits));
     assert!(gate.check_n(Some("k"), 4).is_err());
