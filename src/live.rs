@@ -298,6 +298,14 @@ impl LiveTokenBucket {
         self.generation.load(Ordering::Relaxed)
     }
 
+    /// `f()`, with changes held off, if the count of changes is still `since`;
+    /// `None` otherwise.
+    pub(crate) fn unless_changed<R>(&self, since: u64, f: impl FnOnce() -> R) -> Option<R> {
+        let _writer = lock(&self.writer);
+        // Relaxed: only changes store it, under `writer`, which this holds.
+        (self.generation.load(Ordering::Relaxed) == since).then(f)
+    }
+
     /// The bucket of the current generation.
     fn current(&self) -> TokenBucket {
         // Acquire: pairs with the Release store in `begin`, so the slot read

@@ -25,6 +25,8 @@ use crate::token_bucket::{self, TokenBucket};
 #[must_use = "dropping a reservation keeps its permits taken; call `cancel` to give them back"]
 pub struct Reservation<'a, C = RealClock, M = Uncounted, A = TokenBucket> {
     limiter: &'a RateLimiter<A, C, M>,
+    /// The bucket's count of quota changes before the loan.
+    changes: u64,
     previous: u64,
     written: u64,
     n: u32,
@@ -136,6 +138,20 @@ pub trait Lend: Algorithm + sealed::Sealed {
     /// force, which keeps the word's time within its span.
     #[doc(hidden)]
     fn lend_limit(&self) -> Duration;
+
+    /// How many times the quota has changed (0 for a bucket whose quota
+    /// cannot).
+    #[doc(hidden)]
+    fn changes(&self) -> u64;
+
+    /// Run `cancel` with changes of the quota held off, if none has started
+    /// since [`changes`](Self::changes) returned `since`; `false` without
+    /// running it otherwise. A cancel's test of the word for the one its
+    /// reservation wrote is proof that nothing touched the word only while no
+    /// change runs: two changes can convert a lent word away and back to the
+    /// same bits.
+    #[doc(hidden)]
+    fn cancel_unless_changed(&self, since: u64, cancel: impl FnOnce() -> bool) -> bool;
 }
 
 impl Lend for TokenBucket {
@@ -152,6 +168,14 @@ impl Lend for TokenBucket {
     fn lend_limit(&self) -> Duration {
         self.quota().fill_time()
     }
+
+    fn changes(&self) -> u64 {
+        0
+    }
+
+    fn cancel_unless_changed(&self, _since: u64, cancel: impl FnOnce() -> bool) -> bool {
+        cancel()
+    }
 }
 
 impl Lend for LiveTokenBucket {
@@ -167,6 +191,14 @@ impl Lend for LiveTokenBucket {
 
     fn lend_limit(&self) -> Duration {
         self.quota().fill_time()
+    }
+
+    fn changes(&self) -> u64 {
+        LiveTokenBucket::changes(self)
+    }
+
+    fn cancel_unless_changed(&self, since: u64, cancel: impl FnOnce() -> bool) -> bool {
+        self.unless_changed(since, cancel).unwrap_or(false)
     }
 }
 
@@ -234,12 +266,16 @@ impl<A: Lend, C: Clock, M: Counter> RateLimiter<A, C, M> {
         let bucket = self.algorithm();
         check_permits(n, bucket.capacity())?;
         let lender = Lender::new(bucket, max_delay);
+        // Before the loan: a change that starts after this count can convert
+        // the loan's word, and a cancel then sees a later count.
+        let changes = bucket.changes();
         let now = self.clock().now();
         let (decision, written) = self.cell().take(&lender, now, n);
         self.count(decision.is_allowed());
         match written {
             Some(written) => Ok(Reservation {
                 limiter: self,
+                changes,
                 previous: lender.replaced.get(),
                 written,
                 n,
@@ -268,13 +304,17 @@ impl<A: Lend, C: Clock, M: Counter> Reservation<'_, C, M, A> {
     /// reservation had never been made; `false` when it declined, keeping
     /// them taken, because another decision changed the bucket since (later
     /// requests may already be queued behind this reservation, or have spent
-    /// from it; undoing it then could admit more than the quota allows).
+    /// from it; undoing it then could admit more than the quota allows), or
+    /// a live bucket's quota was changed since.
     pub fn cancel(self) -> bool {
         let (previous, written) = (self.previous, self.written);
+        let cell = self.limiter.cell();
         self.limiter
-            .cell()
-            .transform(|word| (word == written).then_some(previous))
-            .is_some()
+            .algorithm()
+            .cancel_unless_changed(self.changes, || {
+                cell.transform(|word| (word == written).then_some(previous))
+                    .is_some()
+            })
     }
 }
 
@@ -359,6 +399,8 @@ impl<A: Lend> Algorithm for Lender<'_, A> {
 pub struct KeyedReservation<'a, K, Q: ?Sized, C, S, A = TokenBucket> {
     limiter: &'a KeyedLimiter<K, A, C, S>,
     key: &'a Q,
+    /// As in [`Reservation`].
+    changes: u64,
     previous: u64,
     written: u64,
     n: u32,
@@ -408,10 +450,13 @@ where
         let bucket = self.algorithm();
         check_permits(n, bucket.capacity())?;
         let lender = Lender::new(bucket, max_delay);
+        // As in `RateLimiter::reserve_n`.
+        let changes = bucket.changes();
         match self.take_with(&lender, key, n) {
             (KeyedDecision::Allowed { .. }, Some(written)) => Ok(KeyedReservation {
                 limiter: self,
                 key,
+                changes,
                 previous: lender.replaced.get(),
                 written,
                 n,
@@ -432,7 +477,7 @@ where
 impl<K, Q, A, C, S> KeyedReservation<'_, K, Q, C, S, A>
 where
     K: Hash + Eq + Borrow<Q>,
-    A: Algorithm,
+    A: Lend,
     Q: Hash + Eq + ?Sized,
     C: Clock,
     S: BuildHasher,
@@ -450,8 +495,12 @@ where
     /// As [`Reservation::cancel`], on the key's word.
     pub fn cancel(self) -> bool {
         let (previous, written) = (self.previous, self.written);
-        self.limiter
-            .transform_linked(self.key, |word| (word == written).then_some(previous))
+        let (limiter, key) = (self.limiter, self.key);
+        limiter
+            .algorithm()
+            .cancel_unless_changed(self.changes, || {
+                limiter.transform_linked(key, |word| (word == written).then_some(previous))
+            })
     }
 }
 

@@ -489,3 +489,47 @@ fn a_live_reservation_outlives_a_change_and_later_ones_queue_at_the_new_rate() {
         Err(ReserveError::Acquire(_))
     ));
 }
+
+/// Two changes can turn a lent word into another and back to the same bits
+/// (a loan's time is ahead of the clock, and a conversion keeps a time that
+/// is ahead): a cancel after them still declines, so the bucket that lent
+/// admits no sooner than one that never lent.
+#[test]
+fn a_live_cancel_after_two_changes_declines_though_the_word_looks_untouched() {
+    let quota = Quota::new(1, 1, Duration::from_millis(100)).unwrap();
+    let clock = ManualClock::new();
+    let live = || RateLimiter::from_parts(LiveTokenBucket::new(quota).unwrap(), clock.clone());
+    let (lent, untouched) = (live(), live());
+    assert!(lent.try_acquire().is_allowed());
+    assert!(untouched.try_acquire().is_allowed());
+    clock.advance(Duration::from_millis(25));
+    let loan = lent.reserve(Duration::from_secs(1)).unwrap();
+    assert_eq!(loan.delay(), Duration::from_millis(75));
+    for _ in 0..2 {
+        lent.set_quota(quota).unwrap();
+        untouched.set_quota(quota).unwrap();
+    }
+    assert!(!loan.cancel());
+    clock.advance(Duration::from_millis(75));
+    assert!(!untouched.try_acquire().is_allowed());
+    assert!(!lent.try_acquire().is_allowed());
+
+    // Keyed, likewise.
+    let keyed = turnstile::KeyedBuilder::<u64, _>::new(LiveTokenBucket::new(quota).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(keyed.try_acquire(&7).is_allowed());
+    clock.advance(Duration::from_millis(25));
+    let loan = keyed.reserve_n(&7, 1, Duration::from_secs(1)).unwrap();
+    for _ in 0..2 {
+        keyed.set_quota(quota).unwrap();
+    }
+    assert!(!loan.cancel());
+    clock.advance(Duration::from_millis(75));
+    assert!(!keyed.try_acquire(&7).is_allowed());
+
+    // With no change in between, a cancel is exact.
+    let loan = keyed.reserve_n(&7, 1, Duration::from_secs(1)).unwrap();
+    assert!(loan.cancel());
+}
