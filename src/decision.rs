@@ -93,11 +93,12 @@ pub enum KeyedDecision {
         /// The wait until the request would be admitted.
         retry_after: RetryAfter,
     },
-    /// The key is new and the limiter is full (`max_keys`), even after sweeping
-    /// the key's shard; nothing was stored.
+    /// The key is new and the limiter is full (`max_keys`), even after looking
+    /// for sweepable keys; nothing was stored.
     KeyLimit {
-        /// A hint: the time after which every bucket idle since now can be swept
-        /// (for a token bucket, its fill time).
+        /// The time after which every bucket idle since now can be swept: for
+        /// a token bucket, its fill time, plus the furthest a reservation may
+        /// have lent ahead once reservations have been made.
         retry_after: RetryAfter,
     },
 }

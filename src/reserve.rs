@@ -452,6 +452,7 @@ where
         let lender = Lender::new(bucket, max_delay);
         // As in `RateLimiter::reserve_n`.
         let changes = bucket.changes();
+        self.note_loan(lender.max_ahead);
         match self.take_with(&lender, key, n) {
             (KeyedDecision::Allowed { .. }, Some(written)) => Ok(KeyedReservation {
                 limiter: self,

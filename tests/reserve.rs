@@ -533,3 +533,32 @@ fn a_live_cancel_after_two_changes_declines_though_the_word_looks_untouched() {
     let loan = keyed.reserve_n(&7, 1, Duration::from_secs(1)).unwrap();
     assert!(loan.cancel());
 }
+
+/// A loan stamps its key's word up to one fill time ahead, so an idle key
+/// holding one is sweepable that much later: once reservations have been
+/// made, a key-limit denial's wait covers it, and a key refused at the bound
+/// is admitted after waiting it.
+#[test]
+fn a_key_limit_wait_covers_keys_idle_with_a_loan() {
+    let clock = ManualClock::new();
+    let keyed = KeyedLimiter::<u64>::builder(Quota::new(1, 1, Duration::from_secs(1)).unwrap())
+        .clock(clock.clone())
+        .max_keys(1)
+        .shards(1)
+        .build()
+        .unwrap();
+    assert!(keyed.try_acquire(&1).is_allowed());
+    let KeyedDecision::KeyLimit { retry_after } = keyed.try_acquire(&2) else {
+        panic!("the bound holds one key");
+    };
+    assert_eq!(retry_after.duration(), Duration::from_secs(1));
+    let loan = keyed.reserve_n(&1, 1, Duration::from_secs(1)).unwrap();
+    assert_eq!(loan.delay(), Duration::from_secs(1));
+    drop(loan);
+    let KeyedDecision::KeyLimit { retry_after } = keyed.try_acquire(&2) else {
+        panic!("the bound holds one key");
+    };
+    assert_eq!(retry_after.duration(), Duration::from_secs(2));
+    clock.advance(retry_after.duration());
+    assert!(keyed.try_acquire(&2).is_allowed());
+}

@@ -102,7 +102,9 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// algorithm's idle-to-fresh time, if shorter) further new keys are refused
 /// without looking again, so a flood of new keys does not make every request
 /// pay for a search. The `retry_after` of a key-limit denial is the
-/// algorithm's [idle-to-fresh time](Algorithm::fresh_after_idle): by then every
+/// algorithm's [idle-to-fresh time](Algorithm::fresh_after_idle), plus, once
+/// [reservations](KeyedLimiter::reserve_n) have been made, the furthest one
+/// may reach ahead (a loan stamps its key's word in the future): by then every
 /// key left idle since is sweepable. (Its room is reusable once every thread
 /// that was in the middle of a lookup when an earlier eviction happened has
 /// finished it, the grace period below: microseconds, unless such a thread
@@ -169,6 +171,10 @@ struct Inner<K, A, C, S> {
     reclaim_from: AtomicUsize,
     /// Until this clock reading, requests at the key bound do not look for room.
     reclaim_idle_until: AtomicU64,
+    /// The furthest ahead of the clock a reservation may have stamped a word,
+    /// in nanoseconds (0 until the first reservation): an idle key with a
+    /// loan becomes sweepable that much later.
+    lent_ahead: AtomicU64,
     /// When the key bound was last logged as reached (clock nanoseconds + 1;
     /// 0: never). Feature `tracing`.
     #[cfg(feature = "tracing")]
@@ -337,6 +343,7 @@ impl<K, A, C, S> KeyedBuilder<K, A, C, S> {
                 limbo: AtomicUsize::new(0),
                 reclaim_from: AtomicUsize::new(0),
                 reclaim_idle_until: AtomicU64::new(0),
+                lent_ahead: AtomicU64::new(0),
                 #[cfg(feature = "tracing")]
                 key_limit_logged: AtomicU64::new(0),
                 tally: Tally::new(),
@@ -558,14 +565,20 @@ where
     }
 
     /// Decide for `key`, also returning the word an admission wrote (what a
-    /// refund needs). The clock is read after the key's word is found, as in
-    /// every decision.
+    /// refund needs).
     pub(crate) fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.inner.take(key, n, true)
+    }
+
+    /// Note that a reservation may stamp a word up to `ahead` nanoseconds
+    /// ahead of the clock, before it does: key-limit denials wait that much
+    /// longer for idle keys to become sweepable.
+    pub(crate) fn note_loan(&self, ahead: u64) {
+        self.inner.note_loan(ahead);
     }
 
     /// [`take`](Self::take), deciding with `algorithm` on this limiter's
@@ -814,9 +827,7 @@ where
             locked.writer().denied_key_limit += 1;
             #[cfg(feature = "tracing")]
             self.log_key_limit(now);
-            let retry_after =
-                RetryAfter::from_nanos(saturating_nanos(self.algorithm.fresh_after_idle()));
-            return (KeyedDecision::KeyLimit { retry_after }, None);
+            return (KeyedDecision::KeyLimit { retry_after: self.key_limit_wait() }, None);
         }
         // Looked up again: the sweeps above may have freed the key's entry from
         // limbo, which they do only when its word is fresh-equivalent at `now`,
@@ -837,9 +848,12 @@ where
                     // The shard's arena is full (4.29 billion entries).
                     self.release_key();
                     locked.writer().denied_key_limit += 1;
-                    let retry_after =
-                        RetryAfter::from_nanos(saturating_nanos(self.algorithm.fresh_after_idle()));
-                    return (KeyedDecision::KeyLimit { retry_after }, None);
+                    return (
+                        KeyedDecision::KeyLimit {
+                            retry_after: self.key_limit_wait(),
+                        },
+                        None,
+                    );
                 }
             },
         };
@@ -975,6 +989,27 @@ where
                 "turnstile keyed limiter at its key bound: new keys are refused (KeyLimit, \
                  503) until idle keys are swept; logged at most once a second"
             );
+        }
+    }
+
+    /// A key-limit denial's wait: by then every key left idle since is
+    /// sweepable. The algorithm's idle-to-fresh time, plus the furthest a
+    /// reservation may have stamped a word ahead of the clock.
+    fn key_limit_wait(&self) -> RetryAfter {
+        // Relaxed: a bound noted before each loan it covers (see `note_loan`).
+        let lent_ahead = self.lent_ahead.load(Ordering::Relaxed);
+        RetryAfter::from_nanos(
+            saturating_nanos(self.algorithm.fresh_after_idle()).saturating_add(lent_ahead),
+        )
+    }
+
+    /// Note, before a loan, how far ahead of the clock it may stamp a word.
+    fn note_loan(&self, ahead: u64) {
+        // Relaxed: a bound read by key-limit denials; a denial that races the
+        // first loan of a longer reach may still give the shorter wait, as it
+        // would had it come just before the loan.
+        if self.lent_ahead.load(Ordering::Relaxed) < ahead {
+            self.lent_ahead.fetch_max(ahead, Ordering::Relaxed);
         }
     }
 
