@@ -146,9 +146,12 @@ impl Algorithm for Gcra {
 
     #[inline]
     fn remaining(&self, word: u64, now: u64) -> u32 {
-        let ahead = word.max(now) - now;
-        // `<= capacity`
-        self.interval.div(self.horizon.saturating_sub(ahead)) as u32
+        let tat = word.max(now);
+        let ahead = tat - now;
+        // What `decide` admits: a cost within the horizon that also fits before
+        // the end of the clock's range. `<= horizon`, so `<= capacity` permits.
+        let room = self.horizon.saturating_sub(ahead).min(u64::MAX - tat);
+        self.interval.div(room) as u32
     }
 
     #[inline]

@@ -806,3 +806,24 @@ fn sweep_criterion_at_its_boundaries() {
     assert!(!bucket.is_fresh_equivalent(word, s - 1));
     assert!(bucket.is_fresh_equivalent(word, s));
 }
+
+/// At the end of the clock's range GCRA's peek agrees with its decisions:
+/// a permit whose cost would carry the TAT past `u64::MAX` is not counted.
+#[test]
+fn gcra_peeks_what_it_would_admit_at_the_end_of_the_clock() {
+    let gcra = Gcra::new(Quota::new(10, 1, Duration::from_secs(1)).unwrap());
+    let second = 1_000_000_000_u64;
+    for now in [u64::MAX, u64::MAX - 1, u64::MAX - second / 2, u64::MAX - 3 * second] {
+        let word = gcra.fresh();
+        let remaining = gcra.remaining(word, now);
+        for n in 1..=10 {
+            assert_eq!(
+                gcra.decide(word, now, n).0.is_allowed(),
+                n <= remaining,
+                "now = MAX - {}, n = {n}, remaining {remaining}",
+                u64::MAX - now
+            );
+        }
+    }
+    assert_eq!(gcra.remaining(gcra.fresh(), u64::MAX - 3 * second), 3);
+}
