@@ -13,7 +13,8 @@ use crate::decision::Decision;
 ///
 /// Times are the clock's nanoseconds ([`Clock::now`](crate::Clock::now)); a time
 /// may be *behind* one the word has already seen, and must then never create
-/// permits.
+/// permits (within half the span of the word's time field, as
+/// [`Clock`](crate::Clock#readings-years-off) says).
 pub trait Algorithm {
     /// The word of a bucket that has never been used.
     fn fresh(&self) -> u64;

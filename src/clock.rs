@@ -24,7 +24,30 @@ use crate::sync::{Arc, AtomicU64, Ordering};
 /// `now` returns nanoseconds since the clock's own epoch. Readings should not go
 /// backwards, but limiters tolerate it when they do (TSC skew between cores,
 /// a thread preempted between reading the clock and deciding): a reading behind
-/// one already seen creates no permits.
+/// one already seen creates no permits, within the bounds below.
+///
+/// # Readings years off
+///
+/// Every word but GCRA's keeps its time modulo a span, and compares readings
+/// with wrapping arithmetic: an elapsed time below half the span is read
+/// forwards, one above it as a reading behind. Half the span is at least
+/// `2^47` µs (4.46 years) for a [`TokenBucket`](crate::TokenBucket),
+/// [`FixedWindow`](crate::FixedWindow) and [`SlidingWindow`](crate::SlidingWindow),
+/// and `2^46` µs (2.2 years) for a [`LiveTokenBucket`](crate::LiveTokenBucket).
+/// So:
+///
+/// - a reading *behind* the word's time by less than half the span creates no
+///   permits; one further back is indistinguishable from a reading that far
+///   *ahead*, and refills (or opens a new window) as such. [`RealClock`],
+///   [`MonotonicClock`], [`TscClock`] and [`CoarseClock`] never go back; a
+///   [`ManualClock`] set back, or a clock of your own, can;
+/// - a reading far *ahead* is taken as the time: the word moves there, and
+///   readings behind it create nothing until the clock catches up, or comes
+///   round the span. The limiter admits less, never more, meanwhile; a key of
+///   a keyed limiter decided on such a reading is not sweepable meanwhile
+///   either (it still counts under `max_keys`). GCRA keeps the whole 64 bits
+///   of nanoseconds: a reading within one emission interval of `u64::MAX`
+///   denies every request, and its theoretical arrival time stays there.
 ///
 /// # Readings that disagree
 ///

@@ -45,7 +45,9 @@ use crate::window::{Position, Windows};
 /// of more than 1 µs ([`QuotaError::WindowTooShort`] names the minimum). A
 /// reading in a window *behind* the stored one (a clock that went back, or a
 /// thread that read it before another wrote) counts against the stored window:
-/// it never resets the count. As with the token bucket, a word with a count
+/// it never resets the count, unless it is behind by half the window number's
+/// span (4.46 years) or more, when it reads as a window that far ahead
+/// ([`Clock`](crate::Clock#readings-years-off)). As with the token bucket, a word with a count
 /// that sees no request for 4.46 years or more may be misread as behind, which
 /// under-admits, never over-admits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -67,7 +67,9 @@ use crate::window::{Position, Windows};
 /// 255, 16 µs at 1,023, 4.1 ms at 16,383, 65.5 ms at 65,535
 /// ([`QuotaError::WindowTooShort`] names it). A reading behind the stored window
 /// is decided at the stored window's start, where the estimate is largest: it
-/// never admits more than a reading in that window would.
+/// never admits more than a reading in that window would (for a reading behind
+/// by less than half the window number's span, at least 4.46 years; see
+/// [`Clock`](crate::Clock#readings-years-off)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlidingWindow {
     windows: Windows,

@@ -193,7 +193,9 @@ impl Layout {
 /// a [`ManualClock`](crate::ManualClock) set back) refills nothing and never moves
 /// the stored time backwards: the request is decided on the tokens already there,
 /// and a denial's wait counts from the stored time. Such a reading can only
-/// under-credit.
+/// under-credit, as long as it is behind by less than half the span: a clock set
+/// back further than that (4.46 years or more, by the table) reads as one that
+/// far ahead, and refills ([`Clock`](crate::Clock#readings-years-off)).
 ///
 /// **Wrap.** A word stored full (a bucket never used) is immune to wrap: it is full
 /// whatever the elapsed time. A word stored *not* full that then sees no request

@@ -466,3 +466,25 @@ fn the_default_clock_keeps_a_limiter_in_one_128_byte_block() {
     assert_eq!(size_of::<RateLimiter>(), 128);
     assert!(size_of::<RealClock>() <= size_of::<TscClock>() + 8);
 }
+
+/// `Clock`'s "Readings years off": a reading behind by less than half the
+/// word's time span creates nothing; one behind by more reads as that far
+/// ahead (the span wraps), which the documentation states.
+#[test]
+fn a_reading_years_behind_creates_nothing_within_half_the_span_and_wraps_beyond() {
+    const YEAR: u64 = 365 * 24 * 3_600 * 1_000_000_000;
+    let quota = Quota::new(65_535, 1, Duration::from_secs(1)).unwrap();
+    for (back, admitted) in [(YEAR, false), (4 * YEAR, false), (5 * YEAR, true)] {
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::with_clock(quota, clock.clone());
+        clock.set_nanos(10 * YEAR);
+        assert!(limiter.try_acquire_n(65_535).unwrap().is_allowed());
+        clock.set_nanos(10 * YEAR - back);
+        assert_eq!(
+            limiter.try_acquire().is_allowed(),
+            admitted,
+            "{} years back",
+            back / YEAR
+        );
+    }
+}
