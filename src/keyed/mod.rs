@@ -116,7 +116,11 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// `2 * max_keys` entries are held at once, whatever the keys. Each shard's
 /// arena keeps the room its busiest moment needed (it is reused, not
 /// returned); a key's own heap data (a `String`'s bytes) is freed with the
-/// entry.
+/// entry. With the default hasher (random keys) the shards fill evenly, so the
+/// arenas together keep about `2 * max_keys` entries' room; a hasher that
+/// sends keys to one shard at a time (a fixed or weak hasher on untrusted
+/// keys) can leave every shard's arena at that peak, up to
+/// `shards * 2 * max_keys` entries.
 ///
 /// ```
 /// use std::time::Duration;
