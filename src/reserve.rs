@@ -497,11 +497,9 @@ where
     pub fn cancel(self) -> bool {
         let (previous, written) = (self.previous, self.written);
         let (limiter, key) = (self.limiter, self.key);
-        limiter
-            .algorithm()
-            .cancel_unless_changed(self.changes, || {
-                limiter.transform_linked(key, |word| (word == written).then_some(previous))
-            })
+        limiter.algorithm().cancel_unless_changed(self.changes, || {
+            limiter.transform_linked(key, |word| (word == written).then_some(previous))
+        })
     }
 }
 

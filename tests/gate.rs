@@ -111,7 +111,10 @@ fn bad_policies_and_requests_are_typed_errors() {
     // The longest windows saturate at u64::MAX whole seconds.
     for window in [Duration::MAX, Duration::new(u64::MAX, 1)] {
         let policy = RateLimitPolicy::new("long", 1, window).unwrap();
-        assert_eq!(policy.policy_value(), format!("\"long\";q=1;w={}", u64::MAX));
+        assert_eq!(
+            policy.policy_value(),
+            format!("\"long\";q=1;w={}", u64::MAX)
+        );
     }
     let (gate, _) = gate(3, Duration::from_secs(1), 10);
     assert_eq!(gate.check_n(Some("k"), 0), Err(AcquireError::ZeroPermits));

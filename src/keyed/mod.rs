@@ -831,7 +831,12 @@ where
             locked.writer().denied_key_limit += 1;
             #[cfg(feature = "tracing")]
             self.log_key_limit(now);
-            return (KeyedDecision::KeyLimit { retry_after: self.key_limit_wait() }, None);
+            return (
+                KeyedDecision::KeyLimit {
+                    retry_after: self.key_limit_wait(),
+                },
+                None,
+            );
         }
         // Looked up again: the sweeps above may have freed the key's entry from
         // limbo, which they do only when its word is fresh-equivalent at `now`,
