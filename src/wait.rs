@@ -67,7 +67,10 @@ impl WaitOptions {
 pub enum WaitError {
     /// The permits would not be available within the deadline. Nothing was
     /// taken, and the wait did not sleep first: it gave up as soon as the limiter
-    /// said how long it would take.
+    /// said how long it would take. Also returned, with or without a deadline
+    /// (`deadline` is then `Duration::MAX`), when a simulated clock cannot move
+    /// forward any more (a [`ManualClock`](crate::ManualClock) at the end of its
+    /// range), where the wait would never end.
     DeadlineExceeded {
         /// How long the permits were still to be waited for, from the last try.
         needed: RetryAfter,
@@ -215,12 +218,39 @@ fn block<W: Waitable>(w: &W, n: u32, options: &WaitOptions) -> Result<Duration, 
         match step(w, n, start, options)? {
             Step::Done(waited) => return Ok(waited),
             Step::Sleep(d) => {
-                if !w.wait_clock().skip(d) {
+                if !skip(w, d, start, options)? {
                     std::thread::sleep(d);
                 }
             }
         }
     }
+}
+
+/// A simulated sleep of `d` ([`Clock::skip`]): `Ok(true)` if the clock moved
+/// forward instead of sleeping, `Ok(false)` if the caller must sleep. A
+/// simulated clock that cannot move any more (a [`ManualClock`](crate::ManualClock)
+/// at the end of its range) would make the wait spin for ever: it gives up as
+/// past its deadline instead.
+fn skip<W: Waitable>(
+    w: &W,
+    d: Duration,
+    start: u64,
+    options: &WaitOptions,
+) -> Result<bool, WaitError> {
+    let clock = w.wait_clock();
+    let before = clock.now();
+    if !clock.skip(d) {
+        return Ok(false);
+    }
+    if d.is_zero() || clock.now() > before {
+        return Ok(true);
+    }
+    w.count(false);
+    Err(WaitError::DeadlineExceeded {
+        needed: RetryAfter::from_nanos(saturating_nanos(d)),
+        waited: Duration::from_nanos(before.saturating_sub(start)),
+        deadline: options.deadline.unwrap_or(Duration::MAX),
+    })
 }
 
 /// An asynchronous wait for `n` permits (`n` already checked).
@@ -235,7 +265,7 @@ async fn sleep_until_admitted<W: Waitable>(
         match step(w, n, start, options)? {
             Step::Done(waited) => return Ok(waited),
             Step::Sleep(d) => {
-                if !w.wait_clock().skip(d) {
+                if !skip(w, d, start, options)? {
                     tokio::time::sleep(d).await;
                 } else {
                     // Let other tasks run between simulated sleeps.
@@ -527,6 +557,29 @@ mod tests {
                 Ok(Step::Sleep(sleep)) => assert!(sleep >= Duration::from_secs(1), "{sleep:?}"),
                 Ok(Step::Done(_)) => panic!("the permit was spent"),
                 Err(e) => panic!("{options:?}: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_wait_on_a_manual_clock_at_the_end_of_its_range_gives_up_instead_of_spinning() {
+        use crate::{ManualClock, Quota};
+        let clock = ManualClock::new();
+        clock.set_nanos(u64::MAX);
+        let limiter = RateLimiter::with_clock(
+            Quota::new(1, 1, Duration::from_secs(1)).unwrap(),
+            clock.clone(),
+        );
+        assert!(limiter.try_acquire().is_allowed());
+        for options in [
+            WaitOptions::new(),
+            WaitOptions::new().deadline(Duration::MAX),
+        ] {
+            match limiter.wait(options) {
+                Err(WaitError::DeadlineExceeded { deadline, .. }) => {
+                    assert_eq!(deadline, Duration::MAX);
+                }
+                other => panic!("{other:?}"),
             }
         }
     }
