@@ -98,11 +98,15 @@ impl FixedWindow {
     #[inline(always)]
     fn state(&self, word: u64, index: u64) -> (u64, u64, u64) {
         let count = self.count(word);
-        if count == 0 {
-            // Nothing counted: the same as a fresh word, in any window.
+        let stored = self.windows.stored(word);
+        if count | stored == 0 {
+            // A fresh word: nothing counted, in any window (so it cannot be
+            // misread after a wrap). A word left at 0 in a later window (a
+            // refund) is not: a reading behind it still counts against that
+            // window, or a refund followed by a stale reading would move the
+            // window back and admit more than the refund gave.
             return (0, index, 0);
         }
-        let stored = self.windows.stored(word);
         match self.windows.position(stored, index) {
             Position::Same => (count, index, 0),
             Position::Later(_) => (0, index, 0),

@@ -164,11 +164,12 @@ impl SlidingWindow {
             into,
             reading_into: into,
         };
-        if previous | current == 0 {
-            // Nothing counted: the same as a fresh word, in any window.
+        let stored = self.windows.stored(word);
+        if previous | current | stored == 0 {
+            // A fresh word: as in `FixedWindow::state`, a word counting nothing
+            // in a later window still holds a reading behind it to that window.
             return fresh;
         }
-        let stored = self.windows.stored(word);
         match self.windows.position(stored, index) {
             Position::Same => State {
                 previous,

@@ -197,8 +197,10 @@ impl Layout {
 /// back further than that (4.46 years or more, by the table) reads as one that
 /// far ahead, and refills ([`Clock`](crate::Clock#readings-years-off)).
 ///
-/// **Wrap.** A word stored full (a bucket never used) is immune to wrap: it is full
-/// whatever the elapsed time. A word stored *not* full that then sees no request
+/// **Wrap.** A fresh word (a bucket never used) is immune to wrap: it is full
+/// whatever the elapsed time. A word stored full at a later time (by a refund, or
+/// a change of quota) keeps that time against readings behind it, so it is read
+/// like the words below. A word stored *not* full that then sees no request
 /// for at least half the span (4.46 years or more, by the table) is misread: a
 /// wrapped elapsed time in the behind half refills nothing, one in the forward half
 /// refills for that shorter time. Either way it under-credits (admits fewer, never
@@ -476,15 +478,24 @@ impl Params for TokenBucket {
 #[inline(always)]
 fn level<P: Params>(p: &P, word: u64, now: u64) -> Level {
     let tokens = p.layout().tokens(word);
-    if tokens >= p.max_tokens() {
-        // Full: any elapsed time leaves it full, and the fraction is dropped.
-        return Level::Refilled {
-            tokens: p.max_tokens(),
-            base: now,
-        };
-    }
     let last = p.layout().time(word);
     let elapsed = p.layout().wrap(now.wrapping_sub(last));
+    if tokens >= p.max_tokens() {
+        // Full: any elapsed time leaves it full, and the fraction is dropped.
+        // A reading behind the stored time keeps that time: a word stored full
+        // at a later time (by a refund, or a change of quota) must not let a
+        // stale reading move it back and refill again from there. A fresh
+        // word (time 0, never used) takes any reading, so it is immune to wrap.
+        let base = if elapsed < p.half() || last == 0 {
+            now
+        } else {
+            last
+        };
+        return Level::Refilled {
+            tokens: p.max_tokens(),
+            base,
+        };
+    }
     if elapsed.wrapping_sub(p.period_raw()) >= p.refill_window() {
         // Not a whole period yet, or a reading behind the stored time:
         // refill nothing, move nothing.

@@ -352,3 +352,26 @@ fn a_tier_is_changed_alone() {
         Err(turnstile::TieredError::UnknownTier(name)) if name == "gold"
     ));
 }
+
+/// A change that finds a bucket full stamps it full at the change; a reading
+/// taken before the change (behind that stamp) spends from it without moving
+/// the time back, so it cannot refill again from its own earlier time.
+#[test]
+fn a_stale_reading_after_a_change_does_not_move_a_full_bucket_back() {
+    let quota = Quota::new(1, 1, Duration::from_secs(1)).unwrap();
+    let clock = ManualClock::new();
+    let limiter = RateLimiter::from_parts(LiveTokenBucket::new(quota).unwrap(), clock.clone());
+    assert!(limiter.try_acquire().is_allowed());
+    clock.set(Duration::from_secs(1));
+    limiter.set_quota(quota).unwrap();
+    let admitted = [500, 1_600]
+        .into_iter()
+        .filter(|&ms| {
+            clock.set(Duration::from_millis(ms));
+            limiter.try_acquire().is_allowed()
+        })
+        .count();
+    // One at 0 under the old quota, then the one token the full bucket holds
+    // at the change; the next refill is due at 2 s.
+    assert_eq!(admitted, 1);
+}

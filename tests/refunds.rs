@@ -561,3 +561,51 @@ fn refundable_requests_check_their_permits_and_refunds_keep_the_counts() {
     let stats = keyed.stats();
     assert_eq!((stats.admitted, stats.denied), (1, 1));
 }
+
+/// A refund followed by a reading behind it (a thread that read the clock
+/// earlier) admits no more than if the refunded request had never been made:
+/// a refund that empties a window keeps the window, and one that fills a
+/// bucket keeps its time, so the stale reading cannot move either back.
+#[test]
+fn a_refund_then_a_stale_reading_admits_no_more_than_never_asking() {
+    fn run<A: turnstile::Algorithm + Clone>(
+        algorithm: A,
+        first: u64,
+        refunded: u64,
+        stale: u64,
+        later: u64,
+    ) -> [u32; 2] {
+        let ms = Duration::from_millis;
+        [true, false].map(|asked| {
+            let clock = ManualClock::new();
+            let limiter = RateLimiter::from_parts(algorithm.clone(), clock.clone());
+            clock.set(ms(first));
+            assert!(limiter.try_acquire().is_allowed());
+            if asked {
+                clock.set(ms(refunded));
+                assert!(limiter.try_acquire_refundable().unwrap().refund());
+            }
+            [stale, later]
+                .into_iter()
+                .filter(|&t| {
+                    clock.set(ms(t));
+                    limiter.try_acquire().is_allowed()
+                })
+                .count() as u32
+        })
+    }
+    let second = Duration::from_secs(1);
+    let fixed = FixedWindow::new(1, second).unwrap();
+    let sliding = SlidingWindow::new(1, second).unwrap();
+    let bucket = TokenBucket::new(Quota::new(1, 1, second).unwrap());
+    for (name, [asked, never]) in [
+        ("fixed window", run(fixed, 9_500, 10_500, 9_600, 10_600)),
+        ("sliding window", run(sliding, 9_500, 11_500, 9_600, 11_600)),
+        ("token bucket", run(bucket, 5_000, 6_500, 5_500, 6_600)),
+    ] {
+        assert!(
+            asked <= never,
+            "{name}: {asked} admitted after a refund, {never} without the request"
+        );
+    }
+}
