@@ -813,7 +813,12 @@ fn sweep_criterion_at_its_boundaries() {
 fn gcra_peeks_what_it_would_admit_at_the_end_of_the_clock() {
     let gcra = Gcra::new(Quota::new(10, 1, Duration::from_secs(1)).unwrap());
     let second = 1_000_000_000_u64;
-    for now in [u64::MAX, u64::MAX - 1, u64::MAX - second / 2, u64::MAX - 3 * second] {
+    for now in [
+        u64::MAX,
+        u64::MAX - 1,
+        u64::MAX - second / 2,
+        u64::MAX - 3 * second,
+    ] {
         let word = gcra.fresh();
         let remaining = gcra.remaining(word, now);
         for n in 1..=10 {
