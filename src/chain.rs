@@ -57,7 +57,10 @@
 //!
 //! The retry-after of a denial is the **longest** of every denying stage's: the
 //! stage that denied, and each later stage asked without taking anything, so a
-//! client that waits that long is not refused by a stage it never reached.
+//! client that waits that long is not refused by a stage it never reached. A
+//! later keyed stage whose key is new and whose key bound is full answers with
+//! the bound's wait ([`KeyedDecision::KeyLimit`]), after which every key left
+//! idle is sweepable.
 //!
 //! An admitted chain can be given back later, under the same rules, with
 //! [`try_acquire_refundable`] and [`ChainAdmission::refund`]; one limiter's
@@ -202,7 +205,7 @@ where
     }
 
     fn peek(&self, n: u32) -> KeyedDecision {
-        self.limiter.peek(self.key, n).into()
+        self.limiter.peek(self.key, n)
     }
 
     fn give_back(&self, receipt: Receipt) -> bool {

@@ -200,3 +200,38 @@ fn concurrent_chains_never_over_admit_and_refund_exactly() {
     // 40 cannot run out first with three keys sharing 50).
     assert_eq!(total, 50);
 }
+
+/// A keyed stage the chain never reached, whose key is new and whose key
+/// bound is full, counts in the chain's retry-after: a client that waits it
+/// is not refused by that stage's bound (the held keys having gone idle).
+#[test]
+fn a_later_keyed_stage_at_its_key_bound_counts_in_the_wait() {
+    let clock = ManualClock::new();
+    let secs = Duration::from_secs;
+    let global = RateLimiter::with_clock(Quota::new(1, 1, secs(1)).unwrap(), clock.clone());
+    let per_key = KeyedLimiter::<String>::builder(Quota::new(2, 1, secs(60)).unwrap())
+        .clock(clock.clone())
+        .max_keys(1)
+        .shards(1)
+        .build()
+        .unwrap();
+    assert!(per_key.try_acquire("x").is_allowed());
+    assert!(global.try_acquire().is_allowed());
+    let denied = chain::try_acquire(&[&global as &dyn Stage, &per_key.stage("y")]);
+    assert_eq!(denied.denied_by(), Some(0));
+    let wait = denied.decision().retry_after().unwrap().duration();
+    assert_eq!(
+        wait,
+        secs(120),
+        "the key bound's wait, not the global one's"
+    );
+    clock.advance(wait);
+    let admitted = chain::try_acquire(&[&global as &dyn Stage, &per_key.stage("y")]);
+    assert!(admitted.decision().is_allowed(), "{admitted:?}");
+
+    // A key the stage holds peeks its own bucket, bound or not.
+    clock.advance(secs(1));
+    assert!(global.try_acquire().is_allowed());
+    let denied = chain::try_acquire(&[&global as &dyn Stage, &per_key.stage("y")]);
+    assert_eq!(denied.decision().retry_after().unwrap().duration(), secs(1));
+}

@@ -16,7 +16,7 @@ use crate::chain::{Admission, KeyedStage, admit};
 /// [`Admission::refund`] ([`KeyedLimiter::try_acquire_refundable`]).
 pub type KeyedAdmission<'a, K, Q, A, C, S> = Admission<KeyedStage<'a, K, Q, A, C, S>>;
 use crate::clock::{Clock, RealClock, saturating_nanos};
-use crate::decision::{Decision, KeyedDecision, NotYet, RetryAfter};
+use crate::decision::{KeyedDecision, NotYet, RetryAfter};
 use crate::error::{AcquireError, KeyedConfigError, QuotaError};
 use crate::limiter::check_permits;
 use crate::live::LiveTokenBucket;
@@ -530,7 +530,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let inner = &*self.inner;
-        inner.on_word(key, |word, now| inner.algorithm.remaining(word, now))
+        inner.on_word(key, |word, now, _| inner.algorithm.remaining(word, now))
     }
 
     /// Sweep every shard, one at a time: evict the keys whose words are
@@ -631,13 +631,24 @@ where
 
     /// The decision `key` would get for `n` permits now, taking nothing and
     /// storing nothing.
-    pub(crate) fn peek<Q>(&self, key: &Q, n: u32) -> Decision
+    pub(crate) fn peek<Q>(&self, key: &Q, n: u32) -> KeyedDecision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let inner = &*self.inner;
-        inner.on_word(key, |word, now| inner.algorithm.decide(word, now, n).0)
+        inner.on_word(key, |word, now, held| {
+            // A key not held meets the key bound first when it is full. (A
+            // request might still find a sweepable key to make room; the
+            // peek takes nothing, so it answers with the bound's wait, an
+            // upper bound on when room is certain.)
+            if !held && inner.len() >= inner.max_keys {
+                return KeyedDecision::KeyLimit {
+                    retry_after: inner.key_limit_wait(),
+                };
+            }
+            inner.algorithm.decide(word, now, n).0.into()
+        })
     }
 
     /// Give back `n` permits an admission for `key` took (see
@@ -737,7 +748,9 @@ where
 
     /// `f` on `key`'s word and a reading taken after it was found; for a key not
     /// held, on a fresh word. Stores nothing.
-    fn on_word<Q, R>(&self, key: &Q, f: impl FnOnce(u64, u64) -> R) -> R
+    /// `f(word, now, held)` on `key`'s word: the one it holds (linked, or in
+    /// limbo), or a fresh one with `held` false.
+    fn on_word<Q, R>(&self, key: &Q, f: impl FnOnce(u64, u64, bool) -> R) -> R
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -748,20 +761,19 @@ where
             let guard = self.collector.pin();
             if let Some(cell) = shard.find(hash, key, &guard) {
                 let word = cell.load();
-                return f(word, self.clock.now());
+                return f(word, self.clock.now(), true);
             }
         }
         // Not linked: it may wait in limbo with a word that still counts.
         let locked = shard.lock();
         let now = self.clock.now();
-        let word = match locked
+        match locked
             .find(hash, key)
             .or_else(|| locked.find_in_limbo(hash, key))
         {
-            Some(entry) => locked.cell(entry).load(),
-            None => self.algorithm.fresh(),
-        };
-        f(word, now)
+            Some(entry) => f(locked.cell(entry).load(), now, true),
+            None => f(self.algorithm.fresh(), now, false),
+        }
     }
 
     /// `f` on `key`'s word cell, if the key is linked.
