@@ -64,7 +64,9 @@ impl FixedWindow {
     /// [`QuotaError::ZeroLimit`], [`QuotaError::ZeroWindow`],
     /// [`QuotaError::WindowTooLong`] above `2^47` µs, and
     /// [`QuotaError::WindowTooShort`] when the limit leaves too few bits for the
-    /// window number (only for limits above 65,535 with windows under 65.5 ms).
+    /// window number: the shortest window is `2^(w - 16)` µs for a limit of
+    /// `w` bits, so under a microsecond for limits up to 65,535 (1 µs at
+    /// 65,535, 2 ns at 64), and up to 65.5 ms for the largest limits.
     pub fn new(limit: u32, window: Duration) -> Result<FixedWindow, QuotaError> {
         Ok(FixedWindow {
             windows: Windows::new(limit, window, 1)?,

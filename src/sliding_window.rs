@@ -63,9 +63,9 @@ use crate::window::{Position, Windows};
 /// | `63-2w ..= 0` | the current window's number, modulo `2^(64-2w)` |
 ///
 /// Two counts leave fewer bits for the window number than a fixed window has, so
-/// the shortest window grows faster with the limit: any window for limits up to
-/// 255, 16 µs at 1,023, 4.1 ms at 16,383, 65.5 ms at 65,535
-/// ([`QuotaError::WindowTooShort`] names it). A reading behind the stored window
+/// the shortest window grows faster with the limit: `2^(2w - 16)` µs for a limit
+/// of `w` bits, so 250 ns at 100, 1 µs at 255, 16 µs at 1,023, 4.1 ms at
+/// 16,383, 65.5 ms at 65,535 ([`QuotaError::WindowTooShort`] names it). A reading behind the stored window
 /// is decided at the stored window's start, where the estimate is largest: it
 /// never admits more than a reading in that window would (for a reading behind
 /// by less than half the window number's span, at least 4.46 years; see

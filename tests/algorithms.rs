@@ -832,3 +832,29 @@ fn gcra_peeks_what_it_would_admit_at_the_end_of_the_clock() {
     }
     assert_eq!(gcra.remaining(gcra.fresh(), u64::MAX - 3 * second), 3);
 }
+
+/// The shortest windows the documentation gives for each window type.
+#[test]
+fn window_minimums_are_as_documented() {
+    let short = |r: Result<(), QuotaError>| match r {
+        Err(QuotaError::WindowTooShort { min, .. }) => Some(min),
+        _ => None,
+    };
+    let fixed = |limit, window| short(FixedWindow::new(limit, window).map(|_| ()));
+    let sliding = |limit, window| short(SlidingWindow::new(limit, window).map(|_| ()));
+    let (ns, us, ms) = (
+        Duration::from_nanos,
+        Duration::from_micros,
+        Duration::from_millis,
+    );
+    assert_eq!(fixed(64, ns(1)), Some(ns(2)));
+    assert_eq!(fixed(64, ns(2)), None);
+    assert_eq!(fixed(65_535, ns(999)), Some(us(1)));
+    assert_eq!(fixed(65_535, us(1)), None);
+    assert_eq!(fixed(u32::MAX, ms(65)), Some(us(65_536)));
+    assert_eq!(sliding(100, ns(100)), Some(ns(250)));
+    assert_eq!(sliding(255, ns(999)), Some(us(1)));
+    assert_eq!(sliding(1_023, us(15)), Some(us(16)));
+    assert_eq!(sliding(65_535, ms(65)), Some(us(65_536)));
+    assert_eq!(sliding(65_535, us(65_536)), None);
+}
