@@ -120,8 +120,8 @@ const MICROSECOND_CEILING: u32 = 65_535;
 /// bucket reads its own field; beyond that it picks the slot (a shift and a
 /// mask), loads the slot's sequence number (checked only for a denial), and
 /// sets the generation bit in a word it packs anew. No locked instruction.
-/// Callgrind counts 66 instructions per admission against the bucket's 54,
-/// and 94 per denial against 67: BENCHMARKS.md, "Live reconfiguration".
+/// Callgrind counts 63 instructions per admission against the bucket's 54,
+/// and 92 per denial against 68: BENCHMARKS.md, "Live reconfiguration".
 pub struct LiveTokenBucket {
     layout: Layout,
     /// `layout.half_range()`, computed once.
