@@ -33,9 +33,11 @@ pub enum FairError {
     /// The permits could not be had within the deadline.
     DeadlineExceeded {
         /// The wait the limiter reported to the head when it gave up at once
-        /// (the rest of the wait was predictable and too long); `None` when
-        /// the deadline passed while still queued (or, for the bulkhead,
-        /// while waiting for a permit to be dropped).
+        /// (the rest of the wait was predictable and too long, or a simulated
+        /// clock could not move forward any more: then `deadline` is
+        /// `Duration::MAX` if none was set); `None` when the deadline passed
+        /// while still queued (or, for the bulkhead, while waiting for a
+        /// permit to be dropped).
         needed: Option<RetryAfter>,
         /// The time already spent waiting.
         waited: Duration,
@@ -314,11 +316,14 @@ impl<A: Algorithm, C: Clock, M: Counter> Fair<RateLimiter<A, C, M>> {
                         return Ok(elapsed);
                     }
                     Decision::Denied { retry_after } => {
-                        if let Err(e) = fits(deadline, elapsed, retry_after) {
+                        let slept = match fits(deadline, elapsed, retry_after) {
+                            Ok(()) => sleep(limiter.clock(), retry_after, elapsed, deadline).await,
+                            Err(e) => Err(e),
+                        };
+                        if let Err(e) = slept {
                             limiter.count(false);
                             return Err(e);
                         }
-                        sleep(limiter.clock(), retry_after.duration()).await;
                     }
                 }
             }
@@ -414,7 +419,7 @@ where
                     }
                     KeyedDecision::Denied { retry_after } => {
                         fits(deadline, elapsed, retry_after)?;
-                        sleep(limiter.clock(), retry_after.duration()).await;
+                        sleep(limiter.clock(), retry_after, elapsed, deadline).await?;
                     }
                 }
             }
@@ -593,14 +598,32 @@ fn fits(deadline: Option<Duration>, waited: Duration, needed: RetryAfter) -> Res
     }
 }
 
-/// Sleep `d` on tokio's timer, or skip it on a simulated clock (and let other
-/// tasks run).
-async fn sleep<C: Clock>(clock: &C, d: Duration) {
+/// Sleep `needed` on tokio's timer, or skip it on a simulated clock (and let
+/// other tasks run). A simulated clock that cannot move any more (a
+/// [`ManualClock`](crate::ManualClock) at the end of its range) would keep the
+/// head trying for ever: it gives up as past its deadline instead
+/// (`Duration::MAX` when it has none).
+async fn sleep<C: Clock>(
+    clock: &C,
+    needed: RetryAfter,
+    waited: Duration,
+    deadline: Option<Duration>,
+) -> Result<(), FairError> {
+    let d = needed.duration();
+    let before = clock.now();
     if clock.skip(d) {
+        if !d.is_zero() && clock.now() <= before {
+            return Err(FairError::DeadlineExceeded {
+                needed: Some(needed),
+                waited,
+                deadline: deadline.unwrap_or(Duration::MAX),
+            });
+        }
         tokio::task::yield_now().await;
     } else {
         tokio::time::sleep(d).await;
     }
+    Ok(())
 }
 
 /// One waiter's place in a queue.

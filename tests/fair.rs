@@ -595,3 +595,37 @@ async fn a_paused_clock_model_admits_on_the_ideal_schedule_in_order() {
     let stats = fair.inner().stats();
     assert_eq!((stats.admitted, stats.denied), (ids.len() as u64, 0));
 }
+
+/// A waiter on a manual clock at the end of its range, where skipping a sleep
+/// cannot move the clock, gives up instead of trying for ever.
+#[tokio::test]
+async fn a_waiter_on_a_clock_that_cannot_move_gives_up() {
+    let clock = ManualClock::new();
+    clock.set_nanos(u64::MAX);
+    let quota = Quota::new(1, 1, Duration::from_secs(1)).unwrap();
+    let direct = Fair::new(RateLimiter::with_clock(quota, clock.clone()), 10).unwrap();
+    assert!(direct.acquire_n(1, None).await.is_ok());
+    for deadline in [None, Some(Duration::MAX)] {
+        match direct.acquire_n(1, deadline).await {
+            Err(FairError::DeadlineExceeded {
+                needed: Some(_),
+                deadline,
+                ..
+            }) => assert_eq!(deadline, Duration::MAX),
+            other => panic!("{other:?}"),
+        }
+    }
+    let keyed = Fair::new(
+        KeyedLimiter::<u64>::builder(quota)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+        10,
+    )
+    .unwrap();
+    assert!(keyed.acquire_n(&1, 1, None).await.is_ok());
+    assert!(matches!(
+        keyed.acquire_n(&1, 1, None).await,
+        Err(FairError::DeadlineExceeded { .. })
+    ));
+}
