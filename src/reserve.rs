@@ -265,7 +265,7 @@ impl<A: Lend, C: Clock, M: Counter> RateLimiter<A, C, M> {
     ) -> Result<Reservation<'_, C, M, A>, ReserveError> {
         let bucket = self.algorithm();
         check_permits(n, bucket.capacity())?;
-        let lender = Lender::new(bucket, max_delay);
+        let lender = Lender::new(bucket, max_delay, &|_| {});
         // Before the loan: a change that starts after this count can convert
         // the loan's word, and a cancel then sees a later count.
         let changes = bucket.changes();
@@ -335,12 +335,16 @@ struct Lender<'a, A> {
     max_ahead: u64,
     replaced: Cell<u64>,
     wait: Cell<u64>,
+    /// Told how far ahead of the clock a loan stamps its word, before the
+    /// compare-and-swap that writes it.
+    on_loan: &'a dyn Fn(u64),
 }
 
-impl<A: Lend> Lender<'_, A> {
-    fn new(bucket: &A, max_delay: Duration) -> Lender<'_, A> {
+impl<'a, A: Lend> Lender<'a, A> {
+    fn new(bucket: &'a A, max_delay: Duration, on_loan: &'a dyn Fn(u64)) -> Lender<'a, A> {
         Lender {
             bucket,
+            on_loan,
             // At most one fill time ahead: the word's time stays within its span.
             max_ahead: saturating_nanos(max_delay).min(saturating_nanos(bucket.lend_limit())),
             replaced: Cell::new(0),
@@ -363,6 +367,9 @@ impl<A: Lend> Algorithm for Lender<'_, A> {
         match self.bucket.lend(word, now, n, self.max_ahead) {
             Ok((decision, next, wait)) => {
                 self.wait.set(wait);
+                if wait > 0 {
+                    (self.on_loan)(wait);
+                }
                 (decision, Some(next))
             }
             Err(wait) => (
@@ -449,10 +456,12 @@ where
     {
         let bucket = self.algorithm();
         check_permits(n, bucket.capacity())?;
-        let lender = Lender::new(bucket, max_delay);
+        // A loan stamps its key's word ahead of the clock; key-limit denials
+        // learn how far before the word is written.
+        let note = |ahead| self.note_loan(ahead);
+        let lender = Lender::new(bucket, max_delay, &note);
         // As in `RateLimiter::reserve_n`.
         let changes = bucket.changes();
-        self.note_loan(lender.max_ahead);
         match self.take_with(&lender, key, n) {
             (KeyedDecision::Allowed { .. }, Some(written)) => Ok(KeyedReservation {
                 limiter: self,

@@ -578,9 +578,9 @@ where
         self.inner.take(key, n, true)
     }
 
-    /// Note that a reservation may stamp a word up to `ahead` nanoseconds
-    /// ahead of the clock, before it does: key-limit denials wait that much
-    /// longer for idle keys to become sweepable.
+    /// Note that a reservation stamps a word `ahead` nanoseconds ahead of the
+    /// clock, before its compare-and-swap writes it: key-limit denials wait
+    /// that much longer for idle keys to become sweepable.
     pub(crate) fn note_loan(&self, ahead: u64) {
         self.inner.note_loan(ahead);
     }
@@ -1024,7 +1024,8 @@ where
         )
     }
 
-    /// Note, before a loan, how far ahead of the clock it may stamp a word.
+    /// Note, before a loan's word is written, how far ahead of the clock it
+    /// stamps it.
     fn note_loan(&self, ahead: u64) {
         // Relaxed: a bound read by key-limit denials; a denial that races the
         // first loan of a longer reach may still give the shorter wait, as it
