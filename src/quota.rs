@@ -53,8 +53,11 @@ impl Quota {
     /// `amount` tokens arrive together at the end of each whole period (the
     /// rate-limiter pattern's and .NET's token bucket). With `amount = 1` the
     /// bucket admits at most `capacity + floor(T / period)` requests in any
-    /// interval `T` (RFC 1363's `B + R·T`); with a larger amount, a batch
-    /// arriving just after a burst can add up to `amount - 1` more.
+    /// interval `T` (RFC 1363's `B + R·T`), with `T` rounded up to the
+    /// [time unit](Quota::time_unit) (the bucket counts from the start of the
+    /// unit a request lands in, so a refill can come up to one unit early);
+    /// with a larger amount, a batch arriving just after a burst can add up to
+    /// `amount - 1` more.
     ///
     /// # Errors
     ///

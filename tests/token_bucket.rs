@@ -372,3 +372,32 @@ fn check_agrees_with_try_acquire_and_defers_the_exact_wait() {
     compare(FixedWindow::new(5, std::time::Duration::from_millis(700)).unwrap());
     compare(SlidingWindow::new(5, std::time::Duration::from_millis(700)).unwrap());
 }
+
+/// The bucket counts from the start of the time unit a request lands in: a
+/// refill can come up to one unit early, never more (the README's
+/// "Semantics" and `Quota::new` say so).
+#[test]
+fn a_refill_comes_at_most_one_time_unit_early() {
+    use std::time::Duration;
+    use turnstile::{ManualClock, Quota, RateLimiter};
+    for (capacity, period, at) in [
+        (1_u32, Duration::from_secs(1), Duration::from_nanos(999)),
+        (
+            1_048_575,
+            Duration::from_millis(16),
+            Duration::from_millis(1),
+        ),
+    ] {
+        let quota = Quota::new(capacity, 1, period).unwrap();
+        let unit = quota.time_unit();
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::with_clock(quota, clock.clone());
+        clock.set(at);
+        assert!(limiter.try_acquire_n(capacity).unwrap().is_allowed());
+        let wait = limiter.try_acquire().retry_after().unwrap().duration();
+        assert!(
+            wait <= period && period - wait < unit,
+            "{capacity}: {wait:?}"
+        );
+    }
+}
