@@ -217,6 +217,30 @@ fn a_lease_of_l_tokens_costs_one_call_per_l_decisions() {
     }
 }
 
+/// Lease times count from the limiter's build, not from its clock's epoch
+/// (the TSC's is the host's boot): on a clock already past 208 days, leases
+/// still last and amortize their calls.
+#[test]
+fn leases_count_time_from_the_build_not_the_clock_epoch() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let clock = turnstile::ManualClock::new();
+    clock.set_nanos((1 << 54) + 1_000_000_000);
+    let global = bucket("epoch", 1_000_000, 10_000, 10 * MS);
+    let limiter = LeasedBuilder::new(global, 100)
+        .unwrap()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let decisions = 2_000u64;
+    for _ in 0..decisions {
+        assert!(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+        clock.advance(Duration::from_micros(10));
+    }
+    let stats = limiter.stats();
+    assert!(stats.redis_calls() <= decisions / 100 + 8, "{stats:?}");
+}
+
 /// Exact and leased processes share one bucket: with no refill, together they
 /// admit exactly its capacity, and Redis' count agrees.
 #[test]

@@ -42,9 +42,12 @@ const MAX_LIFETIME: Duration = Duration::from_secs(3_600);
 /// | 63      | `FETCHING`: a request is taking the next lease              |
 ///
 /// The fresh word is 0: no tokens, size code 0, no flags. The time field
-/// saturates after `2^54` ns (208 days) of the local clock; from then on every
-/// lease reads as expired, and each request takes a lease of its own (a call
-/// per decision, never more than the bucket grants).
+/// counts the local clock's nanoseconds since the limiter was built and
+/// saturates after `2^54` ns (208 days); from then on every lease reads as
+/// expired, and each request takes a lease of its own: a call per decision,
+/// never more than the bucket grants, but each lease's tokens beyond the one
+/// spent are stranded (not given back), so the process admits less than its
+/// share. Rebuild a leased limiter that serves longer than that.
 mod word {
     pub(super) const TOKENS_MASK: u64 = (1 << 24) - 1;
     pub(super) const SIZE_SHIFT: u32 = 24;
@@ -368,7 +371,14 @@ impl<C: Clock> LeasedBuilder<C> {
             capacity: self.bucket.capacity(),
             lifetime: self.lifetime,
         };
-        let mut builder = KeyedBuilder::new(algorithm).clock(self.clock);
+        // Leases count time from now, not from the clock's epoch (the TSC's is
+        // the host's boot): the word's time field spans 208 days from here.
+        let start = self.clock.now();
+        let clock = Since {
+            clock: self.clock,
+            start,
+        };
+        let mut builder = KeyedBuilder::new(algorithm).clock(clock);
         if let Some(max_keys) = self.max_keys {
             builder = builder.max_keys(max_keys.max(1));
         }
@@ -389,6 +399,24 @@ impl<C: Clock> LeasedBuilder<C> {
             retry_at: AtomicU64::new(0),
             counters: Counters::default(),
         })
+    }
+}
+
+/// A clock's readings since `start`: what the lease words count in.
+#[derive(Clone, Debug)]
+struct Since<C> {
+    clock: C,
+    start: u64,
+}
+
+impl<C: Clock> Clock for Since<C> {
+    #[inline]
+    fn now(&self) -> u64 {
+        self.clock.now().saturating_sub(self.start)
+    }
+
+    fn skip(&self, duration: Duration) -> bool {
+        self.clock.skip(duration)
     }
 }
 
@@ -508,7 +536,7 @@ pub struct LeasedLimiter<C = RealClock> {
     max_lease: u32,
     lifetime_units: u64,
     idle: Duration,
-    local: KeyedLimiter<Vec<u8>, LeaseWord, C>,
+    local: KeyedLimiter<Vec<u8>, LeaseWord, Since<C>>,
     /// Keys that took a lease since the last give-back pass.
     holders: Mutex<HashSet<Vec<u8>>>,
     /// The refresher's queue, once one is started: prefetches go there
