@@ -495,9 +495,11 @@ fn saturating_nanos(d: Duration) -> u64 {
 ///   what it left is lost to the bucket, which refills it at its own rate.
 /// - **Redis calls.** Once the lease size has grown to `L`, one call brings
 ///   `L` tokens: at most one call per `L` admissions while the bucket has
-///   tokens, and per quarter lease while it is dry; a denial costs one call
-///   per wait (at most one lease lifetime) per process; a request that misses
-///   while another fetches costs one.
+///   tokens. While it is dry, a lease brings only what has refilled, and costs
+///   two calls: the one that grants it and a prefetch at its low-water mark
+///   that finds the bucket dry (then none until the lease runs out). A denial
+///   costs one call per wait (at most one lease lifetime) per process; a
+///   request that misses while another fetches costs one.
 ///
 /// # Failures
 ///
