@@ -745,7 +745,23 @@ fn a_key_written_by_something_else_never_panics() {
     let mut plain = server.plain();
     // A string that is not a state: the call fails, naming the key, and the
     // value stays (taken as fresh, it could admit a whole burst more).
-    for foreign in ["not:a:state:at:all", "1:2", "-1:2:3", "1.5:2:3", ""] {
+    for foreign in [
+        "not:a:state:at:all",
+        "1:2",
+        "-1:2:3",
+        "1.5:2:3",
+        "",
+        // Numbers Lua's tonumber would take, that no limiter writes.
+        "inf:0:0",
+        "1e400:0:0",
+        "0x10:0:0",
+        " 5:0:0",
+        "-0:0:0",
+        "5::0:0",
+        ":5:0:0",
+        "5:0:0:",
+        "99999999999999999999:0:0",
+    ] {
         let _: () = redis::cmd("SET")
             .arg(limiter.redis_key("text"))
             .arg(foreign)

@@ -43,12 +43,20 @@ local function load_state(fields)
         return nil
     end
     local state, i = {}, 0
-    for field in string.gmatch(value, '[^:]+') do
-        i = i + 1
-        state[i] = tonumber(field)
-        if state[i] == nil or state[i] < 0 or state[i] ~= math.floor(state[i]) then
-            i = -1
-            break
+    -- Decimal digits only, in fields joined by single ':' (no sign, space,
+    -- exponent, hex, 'inf' or empty field, which tonumber would take), each
+    -- below 2^53 so that it is the exact number written.
+    if not string.find(value, '^[0-9:]+$') or string.find(value, '^:')
+        or string.find(value, ':$') or string.find(value, '::', 1, true) then
+        i = -1
+    else
+        for field in string.gmatch(value, '[^:]+') do
+            i = i + 1
+            state[i] = tonumber(field)
+            if state[i] == nil or state[i] >= 9007199254740992 then
+                i = -1
+                break
+            end
         end
     end
     if i ~= fields then
