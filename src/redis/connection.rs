@@ -10,7 +10,15 @@ use ::redis::{Client, Cmd, Connection, ConnectionLike, RedisResult, Value};
 /// The defaults, 50 ms to connect and 5 ms per reply, suit a Redis on the same
 /// network; a slow link or a loaded server needs more. A decision that misses
 /// its deadline is an error, so a dead Redis costs a request at most the
-/// deadline.
+/// deadline, with two longer cases, both inside redis-rs:
+///
+/// - connecting a blocking connection to a Redis that accepts but does not
+///   answer (a hung process) can take about twice the connect deadline:
+///   redis-rs reads each reply of its connection set-up (`CLIENT SETINFO`)
+///   against the connect deadline, then the call waits its response deadline;
+/// - the first call of a script after Redis lost its scripts (a restart, a
+///   `SCRIPT FLUSH`) makes three round trips (`EVALSHA`, `SCRIPT LOAD`,
+///   `EVALSHA`), each with the response deadline.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -212,8 +220,9 @@ impl ConnectionLike for BlockingConnection {
 /// [`Deadlines::reconnecting`], which builds it (feature `tokio` too). Clones
 /// share one connection.
 ///
-/// A call takes at most the response deadline on a live connection; a call
-/// that has to connect first takes at most the connect deadline more. A
+/// A call takes at most the response deadline on a live connection (three,
+/// for a script's first call after Redis lost its scripts; see [`Deadlines`]);
+/// a call that has to connect first takes at most the connect deadline more. A
 /// call that fails because the connection dropped (or in a way after which
 /// the connection must be replaced) drops it, and the next call connects:
 /// the call itself is not sent again (it may have been decided). Use it

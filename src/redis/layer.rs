@@ -235,7 +235,8 @@ pub struct RedisLayerStats {
 /// - exact mode: every request awaits one call, except while the limit backs
 ///   off from a failure, when its policy answers at once.
 ///
-/// A call takes at most the connection's response deadline, plus its connect
+/// A call takes at most the connection's response deadline (three for a
+/// script's first call after Redis lost its scripts), plus its connect
 /// deadline when it has to connect first ([`ReconnectingConnection`]). A
 /// call that fails is answered by the limit's failure policy
 /// ([`OnFailure`](super::OnFailure): 429 when failing closed, the local limit
