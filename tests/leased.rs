@@ -512,6 +512,33 @@ fn redis_killed_mid_run_fails_as_configured_and_recovers() {
 
 /// With a refresher thread, prefetches are made on its connection, and idle
 /// leases go back by themselves.
+/// Dropping a refresher's handle wakes its thread: it does not wait out the
+/// idle time (a minute here) before it stops.
+#[test]
+fn dropping_a_refresher_stops_its_thread_without_waiting_out_the_idle_time() {
+    let Some(server) = server() else { return };
+    let global = bucket("refresher-drop", 100, 1, Duration::from_secs(60));
+    let limiter = Arc::new(
+        LeasedBuilder::new(global, 64)
+            .unwrap()
+            .idle(Duration::from_secs(60))
+            .build()
+            .unwrap(),
+    );
+    let refresher = limiter
+        .start_refresher(server.connection())
+        .unwrap()
+        .expect("the first refresher");
+    thread::sleep(20 * MS);
+    let began = Instant::now();
+    drop(refresher);
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        began.elapsed()
+    );
+}
+
 #[test]
 fn a_refresher_prefetches_off_the_request_path_and_gives_back_idle_leases() {
     let Some(server) = server() else { return };

@@ -944,7 +944,15 @@ impl<C: Clock> LeasedLimiter<C> {
                         // request fetches, as without a refresher.
                         Some(queue) => match queue.send(key, fetch) {
                             Ok(()) => Step::Done(decision),
-                            Err(fetch) => Step::Lease(fetch),
+                            Err(Some(fetch)) => Step::Lease(fetch),
+                            Err(None) => {
+                                // Not reached (see `Queue::send`); were it,
+                                // the claim is released, and a later request
+                                // prefetches.
+                                self.local
+                                    .transform_linked(key, |w| Some(w & !word::FETCHING));
+                                Step::Done(decision)
+                            }
                         },
                     },
                     _ => Step::Done(decision),
@@ -1266,6 +1274,9 @@ impl<C: Clock> LeasedLimiter<C> {
 /// queue is full) the requests make their prefetches themselves.
 pub struct Refresher {
     stop: Arc<AtomicBool>,
+    /// Wakes the thread from its wait for work, so that dropping the handle
+    /// does not wait out the idle time.
+    wake: SyncSender<Option<(Vec<u8>, Fetch)>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -1282,6 +1293,9 @@ impl Drop for Refresher {
         // Relaxed: the flag publishes no other data; the thread sees it at
         // its next wake-up at the latest.
         self.stop.store(true, Ordering::Relaxed);
+        // A full queue means the thread is busy and checks the flag after
+        // the fetch in hand; a disconnected one, that it has stopped.
+        let _ = self.wake.try_send(None);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -1302,7 +1316,8 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
         self: &Arc<Self>,
         mut con: BlockingConnection,
     ) -> std::io::Result<Option<Refresher>> {
-        let (queue, requests) = mpsc::sync_channel::<(Vec<u8>, Fetch)>(QUEUE);
+        let (queue, requests) = mpsc::sync_channel::<Option<(Vec<u8>, Fetch)>>(QUEUE);
+        let wake = queue.clone();
         if self.refresher.set(Queue::Thread(queue)).is_err() {
             return Ok(None);
         }
@@ -1317,7 +1332,9 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
                 // Relaxed: see `Refresher::drop`.
                 while !stopped.load(Ordering::Relaxed) {
                     match requests.recv_timeout(tick) {
-                        Ok((key, fetch)) => {
+                        // The handle dropped: the loop's test ends it.
+                        Ok(None) => {}
+                        Ok(Some((key, fetch))) => {
                             let result = fetch.invocation.invoke(&mut con);
                             let _ = limiter.finish_lease(
                                 &key,
@@ -1338,6 +1355,7 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
             })?;
         Ok(Some(Refresher {
             stop,
+            wake,
             thread: Some(thread),
         }))
     }
@@ -1348,7 +1366,7 @@ const QUEUE: usize = 1_024;
 
 /// A refresher's queue.
 enum Queue {
-    Thread(SyncSender<(Vec<u8>, Fetch)>),
+    Thread(SyncSender<Option<(Vec<u8>, Fetch)>>),
     #[cfg(feature = "tokio")]
     Task(tokio::sync::mpsc::Sender<(Vec<u8>, Fetch)>),
 }
@@ -1356,15 +1374,22 @@ enum Queue {
 impl Queue {
     /// Queue `key`'s fetch, or give it back when the queue is full or its
     /// refresher stopped.
-    fn send(&self, key: &[u8], fetch: Fetch) -> Result<(), Fetch> {
+    /// (`Err(None)` only in form: what comes back is what was sent, `Some`.)
+    fn send(&self, key: &[u8], fetch: Fetch) -> Result<(), Option<Fetch>> {
         match self {
-            Queue::Thread(queue) => queue.try_send((key.to_vec(), fetch)).map_err(|e| match e {
-                TrySendError::Full((_, fetch)) | TrySendError::Disconnected((_, fetch)) => fetch,
-            }),
+            Queue::Thread(queue) => {
+                queue
+                    .try_send(Some((key.to_vec(), fetch)))
+                    .map_err(|e| match e {
+                        TrySendError::Full(sent) | TrySendError::Disconnected(sent) => {
+                            sent.map(|(_, fetch)| fetch)
+                        }
+                    })
+            }
             #[cfg(feature = "tokio")]
             Queue::Task(queue) => queue.try_send((key.to_vec(), fetch)).map_err(|e| match e {
                 tokio::sync::mpsc::error::TrySendError::Full((_, fetch))
-                | tokio::sync::mpsc::error::TrySendError::Closed((_, fetch)) => fetch,
+                | tokio::sync::mpsc::error::TrySendError::Closed((_, fetch)) => Some(fetch),
             }),
         }
     }
