@@ -103,6 +103,31 @@ pub trait Clock: Send + Sync {
     }
 }
 
+/// What [`skip_sleep`] did with a sleep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Skip {
+    /// A real clock: the caller sleeps.
+    Sleep,
+    /// A simulated clock moved forward instead.
+    Skipped,
+    /// A simulated clock that cannot move any more (a [`ManualClock`] at the
+    /// end of its range): a wait on it would never end.
+    Stuck,
+}
+
+/// A wait's sleep of `d` on `clock`: skipped on a simulated clock
+/// ([`Clock::skip`]), and `Stuck` when skipping left the clock where it was.
+pub(crate) fn skip_sleep<C: Clock + ?Sized>(clock: &C, d: Duration) -> Skip {
+    let before = clock.now();
+    if !clock.skip(d) {
+        Skip::Sleep
+    } else if d.is_zero() || clock.now() > before {
+        Skip::Skipped
+    } else {
+        Skip::Stuck
+    }
+}
+
 impl<C: Clock + ?Sized> Clock for &C {
     #[inline]
     fn now(&self) -> u64 {

@@ -13,7 +13,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use crate::algorithm::Algorithm;
-use crate::clock::Clock;
+use crate::clock::{Clock, Skip, skip_sleep};
 use crate::concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::{AcquireError, QuotaError};
@@ -609,19 +609,16 @@ async fn sleep<C: Clock>(
     waited: Duration,
     deadline: Option<Duration>,
 ) -> Result<(), FairError> {
-    let d = needed.duration();
-    let before = clock.now();
-    if clock.skip(d) {
-        if !d.is_zero() && clock.now() <= before {
+    match skip_sleep(clock, needed.duration()) {
+        Skip::Sleep => tokio::time::sleep(needed.duration()).await,
+        Skip::Skipped => tokio::task::yield_now().await,
+        Skip::Stuck => {
             return Err(FairError::DeadlineExceeded {
                 needed: Some(needed),
                 waited,
                 deadline: deadline.unwrap_or(Duration::MAX),
             });
         }
-        tokio::task::yield_now().await;
-    } else {
-        tokio::time::sleep(d).await;
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
 use crate::algorithm::Algorithm;
-use crate::clock::{Clock, saturating_nanos};
+use crate::clock::{Clock, Skip, saturating_nanos, skip_sleep};
 use crate::decision::{KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
 use crate::keyed::KeyedLimiter;
@@ -237,20 +237,18 @@ fn skip<W: Waitable>(
     start: u64,
     options: &WaitOptions,
 ) -> Result<bool, WaitError> {
-    let clock = w.wait_clock();
-    let before = clock.now();
-    if !clock.skip(d) {
-        return Ok(false);
+    match skip_sleep(w.wait_clock(), d) {
+        Skip::Sleep => Ok(false),
+        Skip::Skipped => Ok(true),
+        Skip::Stuck => {
+            w.count(false);
+            Err(WaitError::DeadlineExceeded {
+                needed: RetryAfter::from_nanos(saturating_nanos(d)),
+                waited: Duration::from_nanos(w.wait_clock().now().saturating_sub(start)),
+                deadline: options.deadline.unwrap_or(Duration::MAX),
+            })
+        }
     }
-    if d.is_zero() || clock.now() > before {
-        return Ok(true);
-    }
-    w.count(false);
-    Err(WaitError::DeadlineExceeded {
-        needed: RetryAfter::from_nanos(saturating_nanos(d)),
-        waited: Duration::from_nanos(before.saturating_sub(start)),
-        deadline: options.deadline.unwrap_or(Duration::MAX),
-    })
 }
 
 /// An asynchronous wait for `n` permits (`n` already checked).

@@ -746,10 +746,9 @@ where
         self.insert_and_decide(algorithm, key, hash, shard, now, n, counted)
     }
 
-    /// `f` on `key`'s word and a reading taken after it was found; for a key not
-    /// held, on a fresh word. Stores nothing.
-    /// `f(word, now, held)` on `key`'s word: the one it holds (linked, or in
-    /// limbo), or a fresh one with `held` false.
+    /// `f(word, now, held)` on `key`'s word (linked, or in limbo) and a reading
+    /// taken after it was found; for a key not held, on a fresh word with
+    /// `held` false. Stores nothing.
     fn on_word<Q, R>(&self, key: &Q, f: impl FnOnce(u64, u64, bool) -> R) -> R
     where
         K: Borrow<Q>,
