@@ -359,13 +359,15 @@ pub struct Gate<K, A = TokenBucket, C = RealClock, S = ahash::RandomState> {
     limiter: KeyedLimiter<K, A, C, S>,
     policy: Option<RateLimitPolicy>,
     shadow: AtomicBool,
-    counts: Tally<3>,
+    counts: Tally<5>,
 }
 
 /// The gate's own counters, beside the limiter's.
 const UNAUTHORIZED: usize = 0;
 const SHADOWED_RATE: usize = 1;
 const SHADOWED_KEY_LIMIT: usize = 2;
+const TOO_MANY: usize = 3;
+const UNAVAILABLE: usize = 4;
 
 /// What a [`Gate`] answered ([`Gate::stats`]). Each counter is read in turn,
 /// not all at one instant.
@@ -401,7 +403,12 @@ impl<K, A, C, S> Gate<K, A, C, S> {
         }
     }
 
-    /// This gate in shadow mode: decide and count every request, deny none.
+    /// This gate in shadow mode: decide and count every request, and deny none
+    /// for its rate: a 429 or 503 is answered 200 and counted as shadowed. A
+    /// request without a valid key is still answered 401: it has no key to be
+    /// limited under, so letting it through would let it past the limit once
+    /// enforced too (and a layer still answers 500 for a missing peer
+    /// address).
     ///
     /// ```
     /// use turnstile::{Gate, KeyedLimiter, Quota};
@@ -414,6 +421,8 @@ impl<K, A, C, S> Gate<K, A, C, S> {
     /// assert_eq!(stats.shadowed_too_many_requests, 1);
     /// gate.set_shadow(false);
     /// assert_eq!(gate.check(Some("alice")).status(), 429);
+    /// gate.set_shadow(true);
+    /// assert_eq!(gate.check(None::<&str>).status(), 401); // no key: not a rate decision
     /// # Ok::<(), turnstile::QuotaError>(())
     /// ```
     pub fn shadow(self) -> Gate<K, A, C, S> {
@@ -511,10 +520,8 @@ where
         GateStats {
             admitted: limiter.admitted + shadowed_rate + shadowed_key_limit,
             unauthorized: self.counts.sum(UNAUTHORIZED),
-            // Read one after the other, a shadowed count may run ahead of the
-            // limiter's count of the same denial for an instant.
-            too_many_requests: limiter.denied.saturating_sub(shadowed_rate),
-            unavailable: limiter.denied_key_limit.saturating_sub(shadowed_key_limit),
+            too_many_requests: self.counts.sum(TOO_MANY),
+            unavailable: self.counts.sum(UNAVAILABLE),
             shadowed_too_many_requests: shadowed_rate,
             shadowed_unavailable: shadowed_key_limit,
             keys: limiter.keys,
@@ -523,21 +530,27 @@ where
     }
 
     /// The outcome to answer for the limiter's `outcome`, counted.
+    ///
+    /// The gate counts the 429s and 503s it answers itself rather than
+    /// deriving them from the limiter's denials less the shadowed ones: each
+    /// count then only grows, as a counter must, even while shadowed denials
+    /// are being counted between two reads.
     #[inline]
     fn answer(&self, outcome: Outcome) -> Outcome {
-        let which = match outcome {
+        let (enforced, shadowed) = match outcome {
             Outcome::Admitted { .. } => return outcome,
             Outcome::Unauthorized => {
                 self.counts.add(UNAUTHORIZED, thread_slot());
                 return outcome;
             }
-            Outcome::TooManyRequests { .. } => SHADOWED_RATE,
-            Outcome::Unavailable { .. } => SHADOWED_KEY_LIMIT,
+            Outcome::TooManyRequests { .. } => (TOO_MANY, SHADOWED_RATE),
+            Outcome::Unavailable { .. } => (UNAVAILABLE, SHADOWED_KEY_LIMIT),
         };
         if !self.is_shadow() {
+            self.counts.add(enforced, thread_slot());
             return outcome;
         }
-        self.counts.add(which, thread_slot());
+        self.counts.add(shadowed, thread_slot());
         Outcome::Admitted { remaining: 0 }
     }
 

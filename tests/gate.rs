@@ -146,3 +146,43 @@ fn outcomes_map_from_decisions() {
         Some(1)
     );
 }
+
+/// The 429 count is published as a counter, so it must never go down. It was
+/// the limiter's denials less the shadowed ones, read one after the other: with
+/// shadowed denials counted between the two reads, it fell (from 1,000 to as
+/// low as 0 in runs of this test).
+#[test]
+fn the_429_count_never_goes_down_while_shadowed_denials_are_counted() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let gate = Arc::new(Gate::new(KeyedLimiter::<String>::new(
+        Quota::per_hour(1).expect("a valid quota"),
+    )));
+    let _ = gate.check(Some("a"));
+    for _ in 0..1_000 {
+        assert_eq!(gate.check(Some("a")).status(), 429);
+    }
+    gate.set_shadow(true);
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammer = {
+        let (gate, stop) = (Arc::clone(&gate), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            // Relaxed: only ends the loop.
+            while !stop.load(Ordering::Relaxed) {
+                let _ = gate.check(Some("a"));
+            }
+        })
+    };
+    let start = std::time::Instant::now();
+    let mut lowest = u64::MAX;
+    while start.elapsed() < Duration::from_millis(500) {
+        lowest = lowest.min(gate.stats().too_many_requests);
+    }
+    stop.store(true, Ordering::Relaxed);
+    hammer.join().expect("the hammering thread");
+    assert_eq!(lowest, 1_000, "the 429 count went down");
+    let stats = gate.stats();
+    assert_eq!(stats.too_many_requests, 1_000);
+    assert!(stats.shadowed_too_many_requests > 0);
+}
