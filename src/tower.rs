@@ -578,6 +578,18 @@ impl FromStr for IpNet {
         if prefix > max {
             return Err(err());
         }
+        // An IPv4-mapped network (`::ffff:a.b.c.d/n`, n >= 96) is the IPv4
+        // network it maps: `contains` compares mapped addresses as IPv4, so
+        // kept as IPv6 it would match nothing.
+        if let IpAddr::V6(v6) = addr
+            && prefix >= 96
+            && let Some(v4) = v6.to_ipv4_mapped()
+        {
+            return Ok(IpNet {
+                addr: IpAddr::V4(v4),
+                prefix: prefix - 96,
+            });
+        }
         Ok(IpNet { addr, prefix })
     }
 }
@@ -744,8 +756,8 @@ impl<T: Send + Sync + 'static> KeyExtractor for ForwardedFor<T> {
                         .get_all("x-forwarded-for")
                         .iter()
                         .rev()
-                        .flat_map(|v| v.to_str().unwrap_or("?").rsplit(','))
-                        .map(parse_node);
+                        .flat_map(|v| v.as_bytes().rsplit(|&b| b == b','))
+                        .map(|entry| core::str::from_utf8(entry).ok().and_then(parse_node));
                     self.walk(peer, hops)
                 }
                 ForwardHeader::Forwarded => {
@@ -753,7 +765,8 @@ impl<T: Send + Sync + 'static> KeyExtractor for ForwardedFor<T> {
                     // left to right; only the last MAX_HOPS elements are kept.
                     let mut hops = VecDeque::new();
                     for line in request.headers.get_all(http::header::FORWARDED) {
-                        for element in split_unquoted(line.to_str().unwrap_or("?"), b',') {
+                        let line = String::from_utf8_lossy(line.as_bytes());
+                        for element in split_unquoted(&line, b',') {
                             if hops.len() == MAX_HOPS {
                                 hops.pop_front();
                             }

@@ -624,3 +624,86 @@ mod any_input {
         }
     }
 }
+
+/// A proxy behind `10.0.0.1` that appends to the client's own
+/// `X-Forwarded-For` line (nginx's `$proxy_add_x_forwarded_for`).
+fn via_proxy(name: &'static str, value: &[u8]) -> Request<()> {
+    let mut request = Request::builder()
+        .header(
+            name,
+            HeaderValue::from_bytes(value).expect("a header value"),
+        )
+        .body(())
+        .expect("a request");
+    request
+        .extensions_mut()
+        .insert("10.0.0.1:443".parse::<SocketAddr>().expect("an address"));
+    request
+}
+
+/// A byte that is not UTF-8 in the client's part of the line made the whole
+/// line unreadable, so the trusted proxy's own entry was lost and the request
+/// was keyed by the proxy's address: one client could spend the allowance of
+/// everyone behind the proxy, its health checks included.
+#[tokio::test]
+async fn a_non_utf8_client_entry_does_not_hide_the_proxys_entry() {
+    let trusted = ["10.0.0.0/8".parse::<IpNet>().expect("a network")];
+    let client = Some("203.0.113.9".parse::<IpAddr>().expect("an address"));
+    let xff = ForwardedFor::new(PeerIp::new(), trusted);
+    let request = via_proxy("x-forwarded-for", b"\xff, 203.0.113.9");
+    assert_eq!(
+        xff.extract(&RequestHead::of(&request))
+            .map(|k| k.into_owned()),
+        client
+    );
+    let forwarded = ForwardedFor::rfc7239(PeerIp::new(), trusted);
+    let request = via_proxy("forwarded", b"for=\"\xff\", for=203.0.113.9");
+    assert_eq!(
+        forwarded
+            .extract(&RequestHead::of(&request))
+            .map(|k| k.into_owned()),
+        client
+    );
+
+    // Through the layer: the client's request does not spend the proxy's own
+    // allowance.
+    let service = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(
+            Gate::new(KeyedLimiter::<IpAddr>::new(
+                Quota::per_minute(1).expect("a valid quota"),
+            )),
+            ForwardedFor::new(PeerIp::new(), trusted),
+        ))
+        .service(service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }));
+    let response = service
+        .clone()
+        .oneshot(via_proxy("x-forwarded-for", b"\x80, 203.0.113.9"))
+        .await
+        .expect("infallible");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut health_check = Request::new(());
+    health_check
+        .extensions_mut()
+        .insert("10.0.0.1:2".parse::<SocketAddr>().expect("an address"));
+    let response = service.oneshot(health_check).await.expect("infallible");
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+/// A network written as an IPv4-mapped address (as dual-stack listeners log
+/// IPv4 peers) matched nothing, not even its own address, so a proxy named
+/// that way was never trusted.
+#[test]
+fn an_ipv4_mapped_network_is_its_ipv4_network() {
+    let net: IpNet = "::ffff:10.0.0.1".parse().expect("a network");
+    assert!(net.contains("::ffff:10.0.0.1".parse().expect("an address")));
+    assert!(net.contains("10.0.0.1".parse().expect("an address")));
+    assert!(!net.contains("10.0.0.2".parse().expect("an address")));
+    let net: IpNet = "::ffff:10.0.0.0/104".parse().expect("a network");
+    assert_eq!(net, "10.0.0.0/8".parse().expect("a network"));
+    assert!(net.contains("::ffff:10.9.9.9".parse().expect("an address")));
+    // Not mapped: an IPv6 network as it was.
+    let net: IpNet = "2001:db8::/32".parse().expect("a network");
+    assert!(net.contains("2001:db8::1".parse().expect("an address")));
+}
