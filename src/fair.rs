@@ -294,7 +294,8 @@ impl<A: Algorithm, C: Clock, M: Counter> Fair<RateLimiter<A, C, M>> {
     /// [`FairError::QueueFull`] at once when `max_waiters` are waiting,
     /// [`FairError::DeadlineExceeded`] as described in the
     /// [type's documentation](Fair), and [`FairError::Acquire`] for `n = 0` or
-    /// `n` above the capacity.
+    /// `n` above the capacity (at the start, or at the head's next try when a
+    /// live quota lowered the capacity below `n` while it waited).
     pub async fn acquire_n(
         &self,
         n: u32,
@@ -316,6 +317,12 @@ impl<A: Algorithm, C: Clock, M: Counter> Fair<RateLimiter<A, C, M>> {
                         return Ok(elapsed);
                     }
                     Decision::Denied { retry_after } => {
+                        // A live quota lowered below `n` since the wait began
+                        // would deny it for ever: refused as at the start.
+                        if let Err(e) = check_permits(n, limiter.capacity()) {
+                            limiter.count(false);
+                            return Err(e.into());
+                        }
                         let slept = match fits(deadline, elapsed, retry_after) {
                             Ok(()) => sleep(limiter.clock(), retry_after, elapsed, deadline).await,
                             Err(e) => Err(e),
@@ -536,8 +543,9 @@ impl Fair<Arc<ConcurrencyLimiter>> {
             poll_fn(|cx| ticket.poll_head(cx)).await;
             // Declared after the ticket, so dropped before it: the head stops
             // listening for releases before it hands over.
-            let _listening = Listening(signal);
-            Ok(poll_fn(|cx| poll_permit(signal, cx, &take)).await)
+            let owner = core::ptr::from_ref(self).addr();
+            let _listening = Listening { signal, owner };
+            Ok(poll_fn(|cx| poll_permit(signal, owner, cx, &take)).await)
         })
         .await;
         drop(ticket);
@@ -545,17 +553,18 @@ impl Fair<Arc<ConcurrencyLimiter>> {
     }
 }
 
-/// One poll of the bulkhead's head: the permits, or a promise to be woken
-/// by the next release.
+/// One poll of the head of wrapper `owner`'s queue: the permits, or a
+/// promise to be woken by the next release.
 fn poll_permit<P>(
     signal: &ReleaseSignal,
+    owner: usize,
     cx: &mut Context<'_>,
     take: &impl Fn() -> Option<P>,
 ) -> Poll<P> {
     if let Some(permit) = take() {
         return Poll::Ready(permit);
     }
-    signal.listen(cx.waker());
+    signal.listen(owner, cx.waker());
     // A permit dropped between the first try and `listen` saw no listener:
     // try again (see `ReleaseSignal`).
     match take() {
@@ -752,24 +761,33 @@ impl<K: Hash + Eq> Drop for Ticket<'_, K> {
     }
 }
 
-/// How a dropped bulkhead permit wakes the head of the bulkhead's fair queue:
-/// the head's waker, and a flag that says whether one is listening, so that a
-/// release takes the lock only while a fair waiter waits.
+/// How a dropped bulkhead permit wakes the heads of the bulkhead's fair
+/// queues: one waker per listening head, and a flag that says whether any is
+/// listening, so that a release takes the lock only while a fair waiter waits.
+///
+/// Each [`Fair`] wrapper has its own queue and so its own head, and several
+/// wrappers may share one bulkhead (it comes in an `Arc`): each head files its
+/// waker under its wrapper, a release wakes them all (each tries again), and a
+/// head that leaves takes away only its own.
 ///
 /// # Orderings
 ///
 /// A release subtracts with `SeqCst` and then loads the flag with `SeqCst`;
-/// the head stores its waker, sets the flag with `SeqCst`, issues a `SeqCst`
+/// a head stores its waker, sets the flag with `SeqCst`, issues a `SeqCst`
 /// fence and then tries for permits again. Either the release's load comes
 /// after the head's store in the single total order of `SeqCst` operations and
 /// sees the flag (and wakes the head), or it comes before: then the release's
 /// subtraction precedes the fence, and the head's retry, sequenced after the
-/// fence, sees the freed permits. So the head never sleeps through a release
-/// (the store-buffering pattern that needs `SeqCst` on both sides).
+/// fence, sees the freed permits. So no head sleeps through a release (the
+/// store-buffering pattern that needs `SeqCst` on both sides). The flag is
+/// stored only under the lock, true while a waker is filed and false only
+/// when the last listening head leaves, so a head's `true` is never undone by
+/// another head leaving.
 #[derive(Debug, Default)]
 pub(crate) struct ReleaseSignal {
     listening: AtomicBool,
-    waker: Mutex<Option<Waker>>,
+    /// The listening heads' wakers, each under its wrapper's address.
+    wakers: Mutex<Vec<(usize, Waker)>>,
 }
 
 impl ReleaseSignal {
@@ -778,34 +796,50 @@ impl ReleaseSignal {
     pub(crate) fn notify(&self) {
         // SeqCst: see the type's documentation.
         if self.listening.load(Ordering::SeqCst) {
-            let waker = lock(&self.waker).take();
-            if let Some(waker) = waker {
+            let wakers = core::mem::take(&mut *lock(&self.wakers));
+            // Woken outside the lock: a woken head's poll takes it.
+            for (_, waker) in wakers {
                 waker.wake();
             }
         }
     }
 
-    /// Wake `waker` at the next release; the caller must try again after.
-    fn listen(&self, waker: &Waker) {
-        *lock(&self.waker) = Some(waker.clone());
-        // SeqCst, and the fence: see the type's documentation.
-        self.listening.store(true, Ordering::SeqCst);
+    /// Wake `waker`, the head of the queue of wrapper `owner`, at the next
+    /// release; the caller must try again after.
+    fn listen(&self, owner: usize, waker: &Waker) {
+        {
+            let mut wakers = lock(&self.wakers);
+            match wakers.iter_mut().find(|(o, _)| *o == owner) {
+                Some((_, filed)) => filed.clone_from(waker),
+                None => wakers.push((owner, waker.clone())),
+            }
+            // SeqCst: see the type's documentation. Under the lock, so that it
+            // is ordered with a leaving head's store of `false`.
+            self.listening.store(true, Ordering::SeqCst);
+        }
+        // SeqCst: see the type's documentation.
         fence(Ordering::SeqCst);
     }
 }
 
-/// Stops listening for releases when the head leaves (admitted, given up or
-/// cancelled). Relaxed suffices for the store: a release that still sees the
-/// flag takes the lock and finds no waker, or the next head's.
-struct Listening<'a>(&'a ReleaseSignal);
+/// Stops a head listening for releases when it leaves (admitted, given up or
+/// cancelled): its waker is taken away, and the flag cleared if no other
+/// wrapper's head listens.
+struct Listening<'a> {
+    signal: &'a ReleaseSignal,
+    owner: usize,
+}
 
 impl Drop for Listening<'_> {
     fn drop(&mut self) {
-        // Relaxed: see the type's documentation; the next head's store of
-        // `true` comes after this one in the flag's modification order, since
-        // it becomes the head only after this ticket leaves under the lock.
-        self.0.listening.store(false, Ordering::Relaxed);
-        lock(&self.0.waker).take();
+        let mut wakers = lock(&self.signal.wakers);
+        wakers.retain(|(o, _)| *o != self.owner);
+        if wakers.is_empty() {
+            // Relaxed: under the lock, after every store of `true` by a head
+            // that listened before; a release that still sees the flag takes
+            // the lock and finds no waker, or a later head's.
+            self.signal.listening.store(false, Ordering::Relaxed);
+        }
     }
 }
 
@@ -885,7 +919,10 @@ mod tests {
         let limiter = ConcurrencyLimiter::new(1).unwrap();
         let held = std::cell::RefCell::new(limiter.try_acquire());
         let (count, w) = waker();
-        let _listening = Listening(&limiter.released);
+        let _listening = Listening {
+            signal: &limiter.released,
+            owner: 1,
+        };
         // The first try finds no permit; the holder drops it right then,
         // before the head listens, so the release wakes nobody.
         let take = || {
@@ -895,7 +932,7 @@ mod tests {
             }
             permit
         };
-        let polled = poll_permit(&limiter.released, &mut Context::from_waker(&w), &take);
+        let polled = poll_permit(&limiter.released, 1, &mut Context::from_waker(&w), &take);
         assert!(
             polled.is_ready(),
             "the retry after listening finds the permit"
@@ -906,7 +943,7 @@ mod tests {
         drop(polled);
         assert_eq!(wakes(&count), 1);
         let _held = limiter.try_acquire().unwrap();
-        let polled = poll_permit(&limiter.released, &mut Context::from_waker(&w), &|| {
+        let polled = poll_permit(&limiter.released, 1, &mut Context::from_waker(&w), &|| {
             limiter.try_acquire()
         });
         assert!(polled.is_pending());
@@ -920,14 +957,40 @@ mod tests {
         let (count, w) = waker();
         signal.notify();
         {
-            let _listening = Listening(&signal);
-            signal.listen(&w);
+            let _listening = Listening {
+                signal: &signal,
+                owner: 1,
+            };
+            signal.listen(1, &w);
             signal.notify();
             signal.notify(); // the waker was taken: woken once
             assert_eq!(wakes(&count), 1);
-            signal.listen(&w);
+            signal.listen(1, &w);
         }
         signal.notify();
         assert_eq!(wakes(&count), 1);
+    }
+
+    /// Two wrappers' heads on one bulkhead: one leaving must not stop the
+    /// other being woken (a single waker slot, cleared by whichever head left,
+    /// lost the other's wake-up).
+    #[test]
+    fn a_head_leaving_does_not_silence_another_wrappers_head() {
+        let signal = ReleaseSignal::default();
+        let (count_a, a) = waker();
+        let (count_b, b) = waker();
+        let leaving = Listening {
+            signal: &signal,
+            owner: 1,
+        };
+        signal.listen(1, &a);
+        let _staying = Listening {
+            signal: &signal,
+            owner: 2,
+        };
+        signal.listen(2, &b);
+        drop(leaving);
+        signal.notify();
+        assert_eq!((wakes(&count_a), wakes(&count_b)), (0, 1));
     }
 }

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use turnstile::{
-    Clock, ConcurrencyLimiter, Fair, FairError, KeyedLimiter, ManualClock, Quota, RateLimiter,
-    RealClock, TokenBucket,
+    Clock, ConcurrencyLimiter, Fair, FairError, KeyedLimiter, LiveTokenBucket, ManualClock, Quota,
+    RateLimiter, RealClock, TokenBucket,
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -628,4 +628,77 @@ async fn a_waiter_on_a_clock_that_cannot_move_gives_up() {
         keyed.acquire_n(&1, 1, None).await,
         Err(FairError::DeadlineExceeded { .. })
     ));
+}
+
+/// Two `Fair` wrappers on one bulkhead each have a head. The bulkhead kept a
+/// single waker: the second head's replaced the first's, and the first to
+/// leave cleared it for both, so the other head never woke with every permit
+/// free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_fair_wrappers_on_one_bulkhead_both_wake() {
+    let bulkhead = Arc::new(ConcurrencyLimiter::new(1).expect("a valid limit"));
+    let a = Arc::new(Fair::new(Arc::clone(&bulkhead), 8).expect("a valid queue"));
+    let b = Arc::new(Fair::new(Arc::clone(&bulkhead), 8).expect("a valid queue"));
+    let held = bulkhead.try_acquire_owned().expect("a free permit");
+    let first = tokio::spawn({
+        let a = Arc::clone(&a);
+        async move { a.acquire_owned(None).await.map(drop) }
+    });
+    while a.waiting() == 0 {
+        tokio::time::sleep(MS).await;
+    }
+    tokio::time::sleep(20 * MS).await;
+    let second = tokio::spawn({
+        let b = Arc::clone(&b);
+        async move { b.acquire_owned(None).await.map(drop) }
+    });
+    while b.waiting() == 0 {
+        tokio::time::sleep(MS).await;
+    }
+    tokio::time::sleep(20 * MS).await;
+    drop(held);
+    let both = tokio::time::timeout(Duration::from_secs(5), async {
+        first.await.expect("no panic").expect("admitted");
+        second.await.expect("no panic").expect("admitted");
+    })
+    .await;
+    assert!(both.is_ok(), "a head never woke with the permit free");
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+fn live(capacity: u32, start: tokio::time::Instant) -> RateLimiter<LiveTokenBucket, TokioClock> {
+    RateLimiter::from_parts(
+        LiveTokenBucket::new(Quota::new(capacity, 1, 10 * MS).expect("a valid quota"))
+            .expect("a valid live bucket"),
+        TokioClock(start),
+    )
+}
+
+/// A live quota lowered below a waiting head's `n` denied it for ever: with no
+/// deadline the head, and everyone queued behind it, waited for ever. It is
+/// now refused as `n` above the capacity is at the start.
+#[tokio::test(start_paused = true)]
+async fn a_head_whose_n_a_live_change_put_above_the_capacity_is_refused() {
+    let limiter = live(4, tokio::time::Instant::now());
+    assert!(limiter.try_acquire_n(4).expect("a valid n").is_allowed());
+    let fair = Arc::new(Fair::new(limiter, 8).expect("a valid queue"));
+    let head = tokio::spawn({
+        let fair = Arc::clone(&fair);
+        async move { fair.acquire_n(4, None).await }
+    });
+    let behind = tokio::spawn({
+        let fair = Arc::clone(&fair);
+        async move { fair.acquire_n(1, None).await }
+    });
+    tokio::task::yield_now().await;
+    fair.inner()
+        .set_quota(Quota::new(2, 1, 10 * MS).expect("a valid quota"))
+        .expect("a valid change");
+    let head = tokio::time::timeout(Duration::from_secs(3_600), head).await;
+    assert!(
+        matches!(head, Ok(Ok(Err(FairError::Acquire(_))))),
+        "{head:?}"
+    );
+    let behind = tokio::time::timeout(Duration::from_secs(3_600), behind).await;
+    assert!(matches!(behind, Ok(Ok(Ok(_)))), "{behind:?}");
 }
