@@ -52,7 +52,10 @@ impl WaitOptions {
     /// clients denied together do not all come back at the same instant (a
     /// thundering herd). Jitter only lengthens a sleep, never shortens it (a
     /// client never wakes before its permits are due), and never past the
-    /// deadline.
+    /// deadline: it is cut so that the sleep is due at least a millisecond
+    /// (a tick of tokio's timer) before it, and left out when there is no such
+    /// room. (A sleep may still overrun by the operating system's scheduling,
+    /// jittered or not.)
     pub const fn jitter(self, max: Duration) -> WaitOptions {
         WaitOptions {
             jitter: max,
@@ -60,6 +63,10 @@ impl WaitOptions {
         }
     }
 }
+
+/// How long before the deadline a jittered sleep is due at the latest: one
+/// tick of tokio's timer, which rounds sleeps up to whole milliseconds.
+const JITTER_MARGIN: Duration = Duration::from_millis(1);
 
 /// Why a wait gave up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +86,9 @@ pub enum WaitError {
         /// The deadline.
         deadline: Duration,
     },
-    /// The request can never be admitted (`n = 0`, or more than the capacity).
+    /// The request can never be admitted (`n = 0`, or more than the capacity,
+    /// also when a live quota change lowered the capacity below `n` during
+    /// the wait).
     Acquire(AcquireError),
     /// The key is new and the keyed limiter is full (its key bound), and room
     /// is not certain within the deadline. Nothing was taken or stored, and
@@ -162,6 +171,10 @@ trait Waitable {
 
     /// Count the outcome: admitted, or refused by the deadline.
     fn count(&self, admitted: bool);
+
+    /// The most permits one decision can admit now (a live quota may lower
+    /// it while a wait sleeps).
+    fn capacity(&self) -> u32;
 }
 
 impl<A: Algorithm, C: Clock, M: Counter> Waitable for RateLimiter<A, C, M> {
@@ -178,6 +191,10 @@ impl<A: Algorithm, C: Clock, M: Counter> Waitable for RateLimiter<A, C, M> {
 
     fn count(&self, admitted: bool) {
         RateLimiter::count(self, admitted);
+    }
+
+    fn capacity(&self) -> u32 {
+        RateLimiter::capacity(self)
     }
 }
 
@@ -208,6 +225,10 @@ where
 
     fn count(&self, admitted: bool) {
         self.limiter.count_outcome(admitted);
+    }
+
+    fn capacity(&self) -> u32 {
+        self.limiter.algorithm().capacity()
     }
 }
 
@@ -292,7 +313,15 @@ fn step<W: Waitable>(w: &W, n: u32, start: u64, options: &WaitOptions) -> Result
             w.count(true);
             return Ok(Step::Done(waited));
         }
-        KeyedDecision::Denied { retry_after } => (retry_after, false),
+        KeyedDecision::Denied { retry_after } => {
+            // A live quota lowered below `n` since the wait began would deny
+            // it for ever: refused as at the start.
+            if let Err(e) = check_permits(n, w.capacity()) {
+                w.count(false);
+                return Err(e.into());
+            }
+            (retry_after, false)
+        }
         KeyedDecision::KeyLimit { retry_after } => (retry_after, true),
     };
     let mut sleep = needed.duration();
@@ -315,7 +344,10 @@ fn step<W: Waitable>(w: &W, n: u32, start: u64, options: &WaitOptions) -> Result
                 deadline,
             });
         }
-        jitter = jitter.min(left - sleep);
+        // Cut so that the jittered sleep is due a timer tick before the
+        // deadline: tokio's timer rounds a sleep up to its next millisecond,
+        // so one planned to end on the deadline itself returned past it.
+        jitter = jitter.min((left - sleep).saturating_sub(JITTER_MARGIN));
     }
     if !jitter.is_zero() {
         // Up to the jitter itself, inclusive; a jitter of 584 years or more
@@ -364,7 +396,8 @@ impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
     ///
     /// [`WaitError::DeadlineExceeded`] when a denial's wait would end past the
     /// deadline (returned before sleeping), and [`WaitError::Acquire`] for
-    /// `n = 0` or `n` above the capacity.
+    /// `n = 0` or `n` above the capacity, at the start or, if a live quota
+    /// lowers the capacity below `n` while the wait sleeps, at its next try.
     pub fn wait_n(&self, n: u32, options: WaitOptions) -> Result<Duration, WaitError> {
         check_permits(n, self.capacity())?;
         block(self, n, &options)
@@ -457,7 +490,9 @@ where
     /// [`WaitError::DeadlineExceeded`] when a rate denial's wait would end past
     /// the deadline, [`WaitError::KeyLimit`] when a key-bound refusal's would
     /// (both returned before sleeping), and [`WaitError::Acquire`] for `n = 0`
-    /// or `n` above the capacity (touching nothing).
+    /// or `n` above the capacity (touching nothing), at the start or, if a
+    /// live quota lowers the capacity below `n` while the wait sleeps, at its
+    /// next try.
     pub fn wait_n<Q>(&self, key: &Q, n: u32, options: WaitOptions) -> Result<Duration, WaitError>
     where
         K: Borrow<Q>,

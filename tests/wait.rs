@@ -417,3 +417,112 @@ async fn async_keyed_waits_share_a_current_thread_runtime() {
     let stats = limiter.stats();
     assert_eq!((stats.admitted, stats.denied), (8, 0));
 }
+
+/// tokio's clock as a limiter's clock: under a paused runtime it moves only
+/// when every task is idle, straight to the next timer.
+#[derive(Clone, Debug)]
+struct TokioClock(tokio::time::Instant);
+
+impl turnstile::Clock for TokioClock {
+    fn now(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+fn live_bucket(capacity: u32, period: Duration) -> turnstile::LiveTokenBucket {
+    turnstile::LiveTokenBucket::new(Quota::new(capacity, 1, period).unwrap()).unwrap()
+}
+
+/// A live quota lowered below a waiting `n` denied the wait for ever; with no
+/// deadline it never returned. It is now refused as `n` above the capacity is
+/// at the start.
+#[test]
+fn a_blocking_wait_whose_n_a_live_change_put_above_the_capacity_is_refused() {
+    let limiter = std::sync::Arc::new(RateLimiter::from_parts(
+        live_bucket(4, Duration::from_millis(100)),
+        RealClock::new(),
+    ));
+    assert!(limiter.try_acquire_n(4).unwrap().is_allowed());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiting = std::sync::Arc::clone(&limiter);
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(waiting.wait_n(4, WaitOptions::new()));
+    });
+    // The wait sleeps its first 400 ms meanwhile.
+    std::thread::sleep(Duration::from_millis(100));
+    limiter
+        .set_quota(Quota::new(2, 1, Duration::from_millis(100)).unwrap())
+        .unwrap();
+    let result = rx.recv_timeout(Duration::from_secs(5));
+    assert!(
+        matches!(
+            result,
+            Ok(Err(WaitError::Acquire(
+                AcquireError::InsufficientCapacity {
+                    requested: 4,
+                    capacity: 2
+                }
+            )))
+        ),
+        "{result:?}"
+    );
+    waiter.join().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_async_wait_whose_n_a_live_change_put_above_the_capacity_is_refused() {
+    let start = tokio::time::Instant::now();
+    let limiter = std::sync::Arc::new(RateLimiter::from_parts(
+        live_bucket(4, Duration::from_millis(10)),
+        TokioClock(start),
+    ));
+    assert!(limiter.try_acquire_n(4).unwrap().is_allowed());
+    let direct = tokio::spawn({
+        let limiter = std::sync::Arc::clone(&limiter);
+        async move { limiter.wait_n_async(4, WaitOptions::new()).await }
+    });
+    let keyed = std::sync::Arc::new(
+        turnstile::KeyedBuilder::<u32, _>::new(live_bucket(4, Duration::from_millis(10)))
+            .clock(TokioClock(start))
+            .build()
+            .unwrap(),
+    );
+    assert!(keyed.try_acquire_n(&1, 4).unwrap().is_allowed());
+    let per_key = tokio::spawn({
+        let keyed = std::sync::Arc::clone(&keyed);
+        async move { keyed.wait_n_async(&1, 4, WaitOptions::new()).await }
+    });
+    tokio::task::yield_now().await;
+    let lower = Quota::new(2, 1, Duration::from_millis(10)).unwrap();
+    limiter.set_quota(lower).unwrap();
+    keyed.set_quota(lower).unwrap();
+    for wait in [direct, per_key] {
+        let result = tokio::time::timeout(Duration::from_secs(3_600), wait).await;
+        assert!(
+            matches!(result, Ok(Ok(Err(WaitError::Acquire(_))))),
+            "{result:?}"
+        );
+    }
+}
+
+/// Jitter was cut to end the sleep on the deadline itself, and tokio's timer
+/// rounds a sleep up to its next millisecond, so a jittered wait returned
+/// admitted past its deadline (8 ms against 7.5).
+#[tokio::test(start_paused = true)]
+async fn a_jittered_async_wait_returns_within_its_deadline() {
+    let deadline = Duration::from_micros(7_500);
+    for jitter in [Duration::ZERO, Duration::from_millis(5)] {
+        for _ in 0..20 {
+            let limiter = RateLimiter::with_clock(
+                Quota::new(1, 1, Duration::from_millis(7)).unwrap(),
+                TokioClock(tokio::time::Instant::now()),
+            );
+            assert!(limiter.try_acquire().is_allowed());
+            let waited = limiter
+                .wait_async(WaitOptions::new().deadline(deadline).jitter(jitter))
+                .await
+                .unwrap();
+            assert!(waited <= deadline, "jitter {jitter:?}: waited {waited:?}");
+        }
+    }
+}
