@@ -56,4 +56,28 @@ pub trait Algorithm {
     /// is full tells a new key to retry after this long: by then every bucket left
     /// idle can be swept.
     fn fresh_after_idle(&self) -> Duration;
+
+    /// How many times the parameters have changed (a live bucket's quota
+    /// changes); 0 for parameters that never change. An admission that may be
+    /// refunded notes it before it decides.
+    #[doc(hidden)]
+    fn epoch(&self) -> u64 {
+        0
+    }
+
+    /// Run `refund` with changes of the parameters held off, if none has
+    /// happened since [`epoch`](Self::epoch) returned `epoch`; `false`
+    /// without running it otherwise. A refund's test of the word against the
+    /// one its admission wrote proves nothing across changes: two can convert
+    /// a word away and back to the same generation.
+    #[doc(hidden)]
+    fn refund_unless_changed(&self, _epoch: u64, refund: &mut dyn FnMut() -> bool) -> bool {
+        refund()
+    }
+
+    /// Whether a denial's wait may be worked out later, from the word and the
+    /// reading it was decided on ([`NotYet`](crate::NotYet)): true unless the
+    /// parameters a word names can be rewritten meanwhile (a live bucket's).
+    #[doc(hidden)]
+    const DEFERRED_WAIT: bool = true;
 }

@@ -92,6 +92,9 @@ pub struct Receipt {
     /// The word the admission wrote.
     written: u64,
     n: u32,
+    /// The stage's count of parameter changes, read before the take
+    /// ([`Algorithm::epoch`]): a refund after any change declines.
+    epoch: u64,
 }
 
 /// One stage of a chain: a [`RateLimiter`], or one key of a [`KeyedLimiter`]
@@ -146,12 +149,13 @@ impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
 
     #[inline]
     fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        let epoch = self.algorithm().epoch();
         let now = self.clock().now();
         let (decision, written) = self.cell().take(self.algorithm(), now, n);
         self.count(decision.is_allowed());
         (
             decision.into(),
-            written.map(|written| Receipt { written, n }),
+            written.map(|written| Receipt { written, n, epoch }),
         )
     }
 
@@ -161,8 +165,11 @@ impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
     }
 
     fn give_back(&self, receipt: Receipt) -> bool {
-        self.cell()
-            .refund(self.algorithm(), receipt.written, receipt.n)
+        let cell = self.cell();
+        self.algorithm()
+            .refund_unless_changed(receipt.epoch, &mut || {
+                cell.refund(self.algorithm(), receipt.written, receipt.n)
+            })
     }
 }
 
@@ -200,8 +207,12 @@ where
     #[inline]
     fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
         // The limiter reads the clock itself, after it has found the key's word.
+        let epoch = self.limiter.algorithm().epoch();
         let (decision, written) = self.limiter.take(self.key, n);
-        (decision, written.map(|written| Receipt { written, n }))
+        (
+            decision,
+            written.map(|written| Receipt { written, n, epoch }),
+        )
     }
 
     fn peek(&self, n: u32) -> KeyedDecision {
@@ -209,7 +220,12 @@ where
     }
 
     fn give_back(&self, receipt: Receipt) -> bool {
-        self.limiter.refund(self.key, receipt.written, receipt.n)
+        let (limiter, key) = (self.limiter, self.key);
+        limiter
+            .algorithm()
+            .refund_unless_changed(receipt.epoch, &mut || {
+                limiter.refund(key, receipt.written, receipt.n)
+            })
     }
 }
 
@@ -379,6 +395,9 @@ impl<T: Stage> Admission<T> {
     ///   admission and either the refund fills the bucket or no later admission
     ///   still stands on the word;
     /// - **GCRA**: when no other decision changed the word since the admission;
+    /// - **live token bucket**: as the token bucket, when the quota has not
+    ///   been changed since the admission (after any change it declines: the
+    ///   change settled the bucket with the permits spent);
     /// - **one key of a keyed limiter**: as its algorithm, on the key's word.
     ///   A key evicted since (its word fresh-equivalent, the permits spent or
     ///   not) declines: while it is not held, and once it is created again

@@ -592,7 +592,9 @@ impl Algorithm for LiveTokenBucket {
     fn refund(&self, word: u64, written: u64, n: u32) -> Option<u64> {
         if (word ^ written) & self.generation_bit != 0 {
             // The quota changed since: the conversion settled the bucket with
-            // the permits spent.
+            // the permits spent. (Two changes bring the generation bit back;
+            // a refund runs only through `refund_unless_changed`, which
+            // declines after any change.)
             return None;
         }
         self.bucket_of(word)
@@ -609,6 +611,19 @@ impl Algorithm for LiveTokenBucket {
         self.bucket_of(word)
             .is_fresh_equivalent(word & !self.generation_bit, now)
     }
+
+    fn epoch(&self) -> u64 {
+        self.changes()
+    }
+
+    fn refund_unless_changed(&self, epoch: u64, refund: &mut dyn FnMut() -> bool) -> bool {
+        self.unless_changed(epoch, refund).unwrap_or(false)
+    }
+
+    // A change rewrites the slot of the parity it leaves behind, which a word
+    // decided on before two changes still names: its wait must be worked out
+    // at the denial.
+    const DEFERRED_WAIT: bool = false;
 
     fn fresh_after_idle(&self) -> Duration {
         // Either slot's words may still be held while a change runs.

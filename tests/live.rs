@@ -375,3 +375,77 @@ fn a_stale_reading_after_a_change_does_not_move_a_full_bucket_back() {
     // at the change; the next refill is due at 2 s.
     assert_eq!(admitted, 1);
 }
+
+/// Two changes bring a word's generation bit back, and a refund checked only
+/// that bit: given back after the bucket had been clamped to the new capacity
+/// (twice to the same quota, as a configuration reload does), it filled the
+/// bucket again and four were admitted at one instant under capacity 2.
+#[test]
+fn a_refund_after_two_changes_declines() {
+    use turnstile::chain;
+    let five = Quota::new(5, 1, Duration::from_secs(1)).unwrap();
+    let two = Quota::new(2, 1, Duration::from_secs(1)).unwrap();
+    let clock = ManualClock::new();
+    // Direct.
+    let direct = RateLimiter::from_parts(LiveTokenBucket::new(five).unwrap(), clock.clone());
+    let admission = direct.try_acquire_n_refundable(3).unwrap().unwrap(); // 2 left
+    direct.set_quota(two).unwrap();
+    direct.set_quota(two).unwrap();
+    assert!(direct.try_acquire_n(2).unwrap().is_allowed()); // none left
+    assert!(!admission.refund(), "the quota changed since the admission");
+    assert!(!direct.try_acquire_n(2).unwrap().is_allowed());
+    // Keyed.
+    let keyed = KeyedBuilder::<u32, _>::new(LiveTokenBucket::new(five).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let admission = keyed.try_acquire_n_refundable(&7, 3).unwrap().unwrap();
+    keyed.set_quota(two).unwrap();
+    keyed.set_quota(two).unwrap();
+    assert!(keyed.try_acquire_n(&7, 2).unwrap().is_allowed());
+    assert!(!admission.refund());
+    assert!(!keyed.try_acquire_n(&7, 2).unwrap().is_allowed());
+    // A chain.
+    let direct = RateLimiter::from_parts(LiveTokenBucket::new(five).unwrap(), clock.clone());
+    let admitted = chain::try_acquire_n_refundable(&[&direct], 3)
+        .unwrap()
+        .unwrap();
+    direct.set_quota(two).unwrap();
+    direct.set_quota(two).unwrap();
+    assert!(direct.try_acquire_n(2).unwrap().is_allowed());
+    assert!(!admitted.refund());
+    assert!(!direct.try_acquire_n(2).unwrap().is_allowed());
+    // With no change, a refund still goes back exactly.
+    let direct = RateLimiter::from_parts(LiveTokenBucket::new(five).unwrap(), clock);
+    let admission = direct.try_acquire_n_refundable(3).unwrap().unwrap();
+    assert!(admission.refund());
+    assert!(direct.try_acquire_n(5).unwrap().is_allowed());
+}
+
+/// A denial's deferred wait was worked out on the parameters its word's
+/// generation names, which two changes had rewritten: told 100 ms (neither the
+/// denial's wait nor the current one), a caller retrying then was denied.
+#[test]
+fn a_not_yet_keeps_its_wait_across_two_changes() {
+    let clock = ManualClock::new();
+    let slow = Quota::new(1, 1, Duration::from_secs(1)).unwrap();
+    let fast = Quota::new(1, 1, Duration::from_millis(100)).unwrap();
+    let limiter = RateLimiter::from_parts(LiveTokenBucket::new(slow).unwrap(), clock.clone());
+    assert!(limiter.check().is_ok());
+    let not_yet = limiter.check().unwrap_err(); // try_acquire would say 1 s
+    clock.set(Duration::from_millis(50));
+    limiter.set_quota(slow).unwrap();
+    limiter.set_quota(fast).unwrap(); // the next permit at 150 ms
+    assert_eq!(not_yet.retry_after().duration(), Duration::from_secs(1));
+    // Keyed.
+    let keyed = KeyedBuilder::<u32, _>::new(LiveTokenBucket::new(slow).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(keyed.check(&1).is_ok());
+    let not_yet = keyed.check(&1).unwrap_err();
+    clock.advance(Duration::from_millis(50));
+    keyed.set_quota(slow).unwrap();
+    keyed.set_quota(fast).unwrap();
+    assert_eq!(not_yet.retry_after().duration(), Duration::from_secs(1));
+}
