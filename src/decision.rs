@@ -204,7 +204,9 @@ impl RetryAfter {
 ///
 /// [`retry_after`](Self::retry_after) is exactly the wait the same request
 /// would have got from `try_acquire` at the same moment: it is computed from
-/// the word the denial was decided on and the same clock reading.
+/// the word the denial was decided on and the same clock reading. (On a
+/// [`LiveTokenBucket`](crate::LiveTokenBucket) it is computed at the denial:
+/// a later quota change may rewrite the parameters that word names.)
 #[derive(Clone, Copy)]
 pub struct NotYet<'a, A> {
     algorithm: &'a A,
@@ -218,15 +220,20 @@ pub struct NotYet<'a, A> {
 }
 
 impl<'a, A: crate::Algorithm> NotYet<'a, A> {
-    pub(crate) const fn rate(algorithm: &'a A, word: u64, now: u64, n: u32) -> Self {
-        NotYet {
+    #[inline(always)]
+    pub(crate) fn rate(algorithm: &'a A, word: u64, now: u64, n: u32) -> Self {
+        let denial = NotYet {
             algorithm,
             word,
             now,
             n,
             known: None,
             key_limit: false,
+        };
+        if A::DEFERRED_WAIT {
+            return denial;
         }
+        NotYet::known(algorithm, denial.retry_after(), false)
     }
 
     /// A denial whose wait is already known.
