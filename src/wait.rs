@@ -150,7 +150,9 @@ impl From<AcquireError> for WaitError {
 /// What to do after one try: done, or sleep this long and try again.
 enum Step {
     Done(Duration),
-    Sleep(Duration),
+    /// Sleep this long; `true` when the denial was a refusal at a keyed
+    /// limiter's key bound (counted there already).
+    Sleep(Duration, bool),
 }
 
 /// What a wait needs from a limiter: its clock, one try that is not counted,
@@ -238,8 +240,8 @@ fn block<W: Waitable>(w: &W, n: u32, options: &WaitOptions) -> Result<Duration, 
     loop {
         match step(w, n, start, options)? {
             Step::Done(waited) => return Ok(waited),
-            Step::Sleep(d) => {
-                if !skip(w, d, start, options)? {
+            Step::Sleep(d, key_limit) => {
+                if !skip(w, d, key_limit, start, options)? {
                     std::thread::sleep(d);
                 }
             }
@@ -251,10 +253,12 @@ fn block<W: Waitable>(w: &W, n: u32, options: &WaitOptions) -> Result<Duration, 
 /// forward instead of sleeping, `Ok(false)` if the caller must sleep. A
 /// simulated clock that cannot move any more (a [`ManualClock`](crate::ManualClock)
 /// at the end of its range) would make the wait spin for ever: it gives up as
-/// past its deadline instead.
+/// past its deadline instead (at the key bound, with [`WaitError::KeyLimit`],
+/// which the bound has counted already).
 fn skip<W: Waitable>(
     w: &W,
     d: Duration,
+    key_limit: bool,
     start: u64,
     options: &WaitOptions,
 ) -> Result<bool, WaitError> {
@@ -262,11 +266,21 @@ fn skip<W: Waitable>(
         Skip::Sleep => Ok(false),
         Skip::Skipped => Ok(true),
         Skip::Stuck => {
+            let needed = RetryAfter::from_nanos(saturating_nanos(d));
+            let waited = Duration::from_nanos(w.wait_clock().now().saturating_sub(start));
+            let deadline = options.deadline.unwrap_or(Duration::MAX);
+            if key_limit {
+                return Err(WaitError::KeyLimit {
+                    needed,
+                    waited,
+                    deadline,
+                });
+            }
             w.count(false);
             Err(WaitError::DeadlineExceeded {
-                needed: RetryAfter::from_nanos(saturating_nanos(d)),
-                waited: Duration::from_nanos(w.wait_clock().now().saturating_sub(start)),
-                deadline: options.deadline.unwrap_or(Duration::MAX),
+                needed,
+                waited,
+                deadline,
             })
         }
     }
@@ -283,8 +297,8 @@ async fn sleep_until_admitted<W: Waitable>(
     loop {
         match step(w, n, start, options)? {
             Step::Done(waited) => return Ok(waited),
-            Step::Sleep(d) => {
-                if !skip(w, d, start, options)? {
+            Step::Sleep(d, key_limit) => {
+                if !skip(w, d, key_limit, start, options)? {
                     tokio::time::sleep(d).await;
                 } else {
                     // Let other tasks run between simulated sleeps.
@@ -355,7 +369,7 @@ fn step<W: Waitable>(w: &W, n: u32, start: u64, options: &WaitOptions) -> Result
         let spread = saturating_nanos(jitter).saturating_add(1);
         sleep = sleep.saturating_add(Duration::from_nanos(random_below(spread)));
     }
-    Ok(Step::Sleep(sleep))
+    Ok(Step::Sleep(sleep, key_limit))
 }
 
 impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
@@ -587,7 +601,9 @@ mod tests {
             WaitOptions::new().jitter(Duration::from_nanos(u64::MAX)),
         ] {
             match step(&limiter, 1, 0, &options) {
-                Ok(Step::Sleep(sleep)) => assert!(sleep >= Duration::from_secs(1), "{sleep:?}"),
+                Ok(Step::Sleep(sleep, key_limit)) => {
+                    assert!(sleep >= Duration::from_secs(1), "{sleep:?}")
+                }
                 Ok(Step::Done(_)) => panic!("the permit was spent"),
                 Err(e) => panic!("{options:?}: {e}"),
             }

@@ -526,3 +526,25 @@ async fn a_jittered_async_wait_returns_within_its_deadline() {
         }
     }
 }
+
+/// A keyed wait refused at the key bound on a clock stuck at the end of its
+/// range gave up as a rate denial: counted twice (the bound's own count and
+/// a denial) and reported as `DeadlineExceeded`.
+#[test]
+fn a_key_bound_refusal_on_a_stuck_clock_is_reported_and_counted_once() {
+    let clock = ManualClock::new();
+    clock.set_nanos(u64::MAX);
+    let keyed = KeyedLimiter::<u64>::builder(Quota::new(1, 1, Duration::from_secs(1)).unwrap())
+        .clock(clock)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    assert!(keyed.try_acquire(&1).is_allowed());
+    let result = keyed.wait(&2, WaitOptions::new());
+    assert!(
+        matches!(result, Err(WaitError::KeyLimit { .. })),
+        "{result:?}"
+    );
+    let stats = keyed.stats();
+    assert_eq!((stats.denied, stats.denied_key_limit), (0, 1), "{stats:?}");
+}
