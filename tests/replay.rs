@@ -235,3 +235,25 @@ fn a_new_key_at_the_bound_takes_the_room_of_an_idle_key() {
         );
     }
 }
+
+/// A line earlier than the one before was decided on a clock gone back
+/// (`1000 a denied 2000`, where the sorted trace admits all three), with no
+/// word of it: it is now reported and skipped.
+#[test]
+fn a_line_before_the_previous_one_is_reported_and_skipped() {
+    let (out, err) = run(
+        &["--capacity", "1", "--period-ms", "1000"],
+        b"0,a\n2000,a\n1000,a\n3000,a\n",
+    )
+    .unwrap();
+    assert_eq!(
+        err,
+        "line 3: time 1000 ms is before the previous request's 2000 ms (sort the trace by \
+         time); skipped\n"
+    );
+    assert!(!out.contains("1000 a"), "{out}");
+    assert!(
+        out.starts_with("0 a allowed 0\n2000 a allowed 0\n3000 a allowed 0\n"),
+        "{out}"
+    );
+}

@@ -19,7 +19,9 @@ usage: replay [OPTIONS] < trace.csv
 
 Replays recorded requests through a per-key rate limiter on a simulated clock.
 Input lines are `time_ms,key,n`: an empty key is a request without one (401), n
-defaults to 1, and lines starting with # are ignored.
+defaults to 1, and lines starting with # are ignored. Lines come in time order
+(sort a merged log first): one earlier than the line before is reported and
+skipped, since deciding it would turn the clock back.
 
 options:
   --algorithm A    token-bucket (default), fixed-window, sliding-window or gcra
@@ -224,6 +226,8 @@ fn replay<A: Algorithm>(
     let mut unauthorized = 0u64;
     let mut bytes = Vec::new();
     let mut number = 0u64;
+    // The latest time decided on: the simulated clock's reading.
+    let mut latest_ms = 0u64;
     loop {
         bytes.clear();
         if input.read_until(b'\n', &mut bytes)? == 0 {
@@ -245,6 +249,18 @@ fn replay<A: Algorithm>(
                 continue;
             }
         };
+        // A real clock never goes back; a trace out of order would decide on
+        // one that does (readings behind a word admit less), silently.
+        if request.time_ms < latest_ms {
+            writeln!(
+                err,
+                "line {number}: time {} ms is before the previous request's {latest_ms} ms \
+                 (sort the trace by time); skipped",
+                request.time_ms
+            )?;
+            continue;
+        }
+        latest_ms = request.time_ms;
         let Some(key) = request.key else {
             writeln!(out, "{} - unauthorized", request.time_ms)?;
             unauthorized += 1;
