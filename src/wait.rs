@@ -601,7 +601,7 @@ mod tests {
             WaitOptions::new().jitter(Duration::from_nanos(u64::MAX)),
         ] {
             match step(&limiter, 1, 0, &options) {
-                Ok(Step::Sleep(sleep, key_limit)) => {
+                Ok(Step::Sleep(sleep, _)) => {
                     assert!(sleep >= Duration::from_secs(1), "{sleep:?}")
                 }
                 Ok(Step::Done(_)) => panic!("the permit was spent"),
