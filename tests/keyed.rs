@@ -779,3 +779,111 @@ fn a_key_bound_under_pressure_from_two_threads_never_over_admits() {
     assert!(stats.denied_key_limit > 0, "the bound was never reached");
     assert!(stats.evicted > 0);
 }
+
+/// A hasher that hashes a `u64` key to itself, to place keys in chosen shards.
+#[derive(Default)]
+struct IdentityHasher(u64);
+
+impl std::hash::Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("u64 keys only")
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Identity = std::hash::BuildHasherDefault<IdentityHasher>;
+
+/// With two shards, the top bit of the hash picks the shard.
+const SHARD_1: u64 = 1 << 63;
+
+fn two_shards_one_key(
+    quota: Quota,
+    clock: &ManualClock,
+) -> KeyedLimiter<u64, TokenBucket, ManualClock, Identity> {
+    KeyedLimiter::<u64>::builder(quota)
+        .clock(clock.clone())
+        .hasher(Identity::default())
+        .shards(2)
+        .max_keys(1)
+        .build()
+        .unwrap()
+}
+
+/// Limbo is bounded for the whole limiter, but each shard freed only its own,
+/// at the start of its own sweep: with the limbo full of an entry in one
+/// shard, a sweep or a look for room that reached the shard of an idle key
+/// first could not unlink it, and a new key was refused though the only key
+/// held was idle.
+#[test]
+fn limbo_full_in_another_shard_does_not_stop_reclaiming_an_idle_key() {
+    let _serial = serial();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1));
+    let quota = Quota::new(1, 1, Duration::from_millis(100)).unwrap();
+    let limiter = two_shards_one_key(quota, &clock);
+    assert!(limiter.try_acquire(&1).is_allowed()); // shard 0
+    clock.advance(Duration::from_secs(1));
+    assert!(limiter.try_acquire(&(SHARD_1 | 2)).is_allowed()); // key 1 into limbo
+    clock.advance(Duration::from_secs(1)); // key 2 idle for ten fill times
+    let decision = limiter.try_acquire(&(SHARD_1 | 3));
+    assert!(decision.is_allowed(), "{decision:?} {:?}", limiter.stats());
+
+    let limiter = two_shards_one_key(quota, &clock);
+    assert!(limiter.try_acquire(&(SHARD_1 | 1)).is_allowed());
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(limiter.sweep(), 1); // key 1 into limbo, in shard 1
+    assert!(limiter.try_acquire(&2).is_allowed()); // shard 0
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(limiter.sweep(), 1, "an idle key left unswept");
+}
+
+/// A look for room at the bound only tried the other shards' locks and
+/// skipped those another thread held (here a thread reading `stats`), then
+/// refused every new key for a millisecond: new keys were refused though the
+/// only key held was idle, some again after waiting the `retry_after` given.
+#[test]
+fn a_shard_busy_elsewhere_does_not_make_the_bound_refuse_room() {
+    // Serial: limbo is freed after a grace period, which waits for readers
+    // pinned anywhere in the process; other tests' threads would make it late.
+    let _serial = serial();
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1));
+    let limiter = two_shards_one_key(Quota::new(1, 1, Duration::from_millis(1)).unwrap(), &clock);
+    let stop = AtomicBool::new(false);
+    let (mut refused, mut refused_again) = (0, 0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Relaxed: only ends the loop.
+            while !stop.load(Ordering::Relaxed) {
+                let _ = limiter.stats();
+            }
+        });
+        for i in 0..20_000u64 {
+            // The key held is in the other shard each time.
+            let key = if i % 2 == 0 { i } else { SHARD_1 | i };
+            if let KeyedDecision::KeyLimit { retry_after } = limiter.try_acquire(&key) {
+                refused += 1;
+                clock.advance(retry_after.duration());
+                if !limiter.try_acquire(&key).is_allowed() {
+                    refused_again += 1;
+                }
+            }
+            // Empty limbo while the new key is still busy, then let it idle.
+            limiter.sweep();
+            limiter.sweep();
+            clock.advance(Duration::from_millis(1));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(
+        (refused, refused_again),
+        (0, 0),
+        "(refused, refused again after retry_after)"
+    );
+}

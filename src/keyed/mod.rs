@@ -815,30 +815,57 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut locked = shard.lock();
-        // Read under the lock: after every sweep of this shard that came before,
-        // so never older than a reading that judged this key's last word.
-        #[cfg(not(turnstile_mutant = "stale_insert_reading"))]
-        let now = self.clock.now();
-        #[cfg(turnstile_mutant = "stale_insert_reading")]
-        let now = _early;
-        if let Some(entry) = locked.find(hash, key) {
-            return self.decide_on(algorithm, locked.cell(entry), now, n, counted);
-        }
-        if locked.find_in_limbo(hash, key).is_none() {
-            let (decision, next) = algorithm.decide(self.algorithm.fresh(), now, n);
-            if next.is_none() {
-                // The word would stay fresh: nothing to remember.
-                if counted {
-                    self.tally.count(decision, self.collector.slot());
-                }
-                return (decision.into(), None);
+        // Busy shards a first look at the bound could not sweep: swept after
+        // this shard's lock is let go, and the insert starts over, once.
+        let mut busy = Vec::new();
+        let mut locked = loop {
+            let mut locked = shard.lock();
+            // Read under the lock: after every sweep of this shard that came
+            // before, so never older than a reading that judged this key's
+            // last word.
+            #[cfg(not(turnstile_mutant = "stale_insert_reading"))]
+            let now = self.clock.now();
+            #[cfg(turnstile_mutant = "stale_insert_reading")]
+            let now = _early;
+            if let Some(entry) = locked.find(hash, key) {
+                return self.decide_on(algorithm, locked.cell(entry), now, n, counted);
             }
-        }
-        if locked.writer().inserts_since_sweep >= locked.writer().sweep_threshold {
-            self.sweep_shard(&mut locked, now, usize::MAX);
-        }
-        if !self.reserve_key() && !self.reclaim(&mut locked, now) {
+            if locked.find_in_limbo(hash, key).is_none() {
+                let (decision, next) = algorithm.decide(self.algorithm.fresh(), now, n);
+                if next.is_none() {
+                    // The word would stay fresh: nothing to remember.
+                    if counted {
+                        self.tally.count(decision, self.collector.slot());
+                    }
+                    return (decision.into(), None);
+                }
+            }
+            if locked.writer().inserts_since_sweep >= locked.writer().sweep_threshold {
+                self.sweep_shard(&mut locked, now, usize::MAX);
+            }
+            let retried = !busy.is_empty();
+            if self.reserve_key() || self.reclaim(&mut locked, shard, now, &mut busy) {
+                break (locked, now);
+            }
+            if !retried && !busy.is_empty() {
+                // Other threads held shards the look skipped (a sweep, a
+                // stats reading, another insert): a key sweepable there must
+                // not be missed. This thread lets its own lock go, so waiting
+                // for theirs cannot deadlock, sweeps them and starts over.
+                drop(locked);
+                for &index in &busy {
+                    let mut other = self.shards[index].lock();
+                    let now = self.clock.now();
+                    self.sweep_shard(&mut other, now, RECLAIM_BUDGET);
+                }
+                continue;
+            }
+            if !busy.is_empty() {
+                // The second look found shards busy again: refuse, and let the
+                // next new keys refuse without looking for a while (a look
+                // that skipped nothing has started the pause itself).
+                self.start_reclaim_cooldown(now);
+            }
             locked.writer().denied_key_limit += 1;
             #[cfg(feature = "tracing")]
             self.log_key_limit(now);
@@ -848,7 +875,8 @@ where
                 },
                 None,
             );
-        }
+        };
+        let (ref mut locked, now) = locked;
         // Looked up again: the sweeps above may have freed the key's entry from
         // limbo, which they do only when its word is fresh-equivalent at `now`,
         // so a fresh word decided at `now` then loses nothing.
@@ -882,14 +910,36 @@ where
     }
 
     /// Room for one more key at the bound: look for sweepable keys, with
-    /// bounded work, in this shard and then the others. `true` once a key slot
-    /// is reserved.
+    /// bounded work, in this shard (`own`, locked) and then the others. `true`
+    /// once a key slot is reserved. Shards another thread holds are skipped
+    /// and noted in `busy`, for the caller to sweep once it has let its own
+    /// lock go.
     #[cold]
-    fn reclaim(&self, own: &mut Locked<'_, K>, now: u64) -> bool {
+    fn reclaim(
+        &self,
+        own: &mut Locked<'_, K>,
+        own_shard: &Shard<K>,
+        now: u64,
+        busy: &mut Vec<usize>,
+    ) -> bool {
+        busy.clear();
         // Relaxed: a hint about when to look again; a stale value costs one
         // extra look or one refusal within the cooldown.
         if now < self.reclaim_idle_until.load(Ordering::Relaxed) {
             return false;
+        }
+        // A full limbo stops a sweep unlinking anything; its entries may wait
+        // in any shard, so free them everywhere first (a sweep of budget 0
+        // only frees limbo).
+        // Relaxed: a count, as in `reserve_key`.
+        if self.limbo.load(Ordering::Relaxed) >= self.max_keys {
+            self.sweep_shard(own, now, 0);
+            for shard in self.shards.iter() {
+                if let Some(mut other) = shard.try_lock() {
+                    let now = self.clock.now();
+                    self.sweep_shard(&mut other, now, 0);
+                }
+            }
         }
         let mut budget = RECLAIM_BUDGET;
         budget -= self.sweep_shard(own, now, budget).min(budget);
@@ -903,11 +953,15 @@ where
             if budget == 0 {
                 break;
             }
-            let shard = &self.shards[(start + i) & self.shard_mask];
+            let index = (start + i) & self.shard_mask;
+            let shard = &self.shards[index];
+            if core::ptr::eq(&**shard, own_shard) {
+                continue;
+            }
             // `try_lock`: this thread holds its own shard's lock, so it must not
-            // wait for another's (that thread may be waiting for ours); its own
-            // shard fails here and is skipped.
+            // wait for another's (that thread may be waiting for ours).
             let Some(mut other) = shard.try_lock() else {
+                busy.push(index);
                 continue;
             };
             let now = self.clock.now();
@@ -917,11 +971,20 @@ where
                 return true;
             }
         }
+        if busy.is_empty() {
+            self.start_reclaim_cooldown(now);
+        }
+        false
+    }
+
+    /// Let new keys at the bound refuse without looking for room until a
+    /// little after `now`: a flood of new keys does not make each one pay for
+    /// a look that just found nothing.
+    fn start_reclaim_cooldown(&self, now: u64) {
         let cooldown = saturating_nanos(self.algorithm.fresh_after_idle()).min(RECLAIM_COOLDOWN_NS);
-        // Relaxed: as above.
+        // Relaxed: as in `reclaim`.
         self.reclaim_idle_until
             .store(now.saturating_add(cooldown), Ordering::Relaxed);
-        false
     }
 
     /// Sweep up to `budget` index slots of a locked shard at `now` (read under
@@ -958,6 +1021,14 @@ where
     }
 
     fn sweep(&self) -> usize {
+        // A full limbo stops a sweep unlinking anything, and its entries may
+        // wait in a shard visited after the one with idle keys: free every
+        // shard's limbo first (a sweep of budget 0 only frees limbo).
+        for shard in self.shards.iter() {
+            let mut locked = shard.lock();
+            let now = self.clock.now();
+            self.sweep_shard(&mut locked, now, 0);
+        }
         let evicted = self
             .shards
             .iter()
