@@ -95,8 +95,12 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 ///
 /// At most `max_keys` keys are linked at once. A new key at the bound reclaims
 /// room with bounded work: it sweeps up to 4,096 index slots, its own shard's
-/// first and then the other shards' from a rotating start, so a key that is
-/// sweepable anywhere is found by the requests that need the room. If none is
+/// first and then the other shards' from a rotating start (a shard another
+/// thread holds at that moment is swept once the request has let go of its
+/// own, and the request starts over), so a key that is sweepable anywhere is
+/// found by the requests that need the room. With the keys waiting out their
+/// grace period (below) as many as `max_keys`, every shard's are freed first.
+/// If none is
 /// found the request is denied with [`KeyedDecision::KeyLimit`], distinct from
 /// a rate denial, and nothing is stored; for the next millisecond (or the
 /// algorithm's idle-to-fresh time, if shorter) further new keys are refused
