@@ -265,24 +265,38 @@ fn skip<W: Waitable>(
     match skip_sleep(w.wait_clock(), d) {
         Skip::Sleep => Ok(false),
         Skip::Skipped => Ok(true),
-        Skip::Stuck => {
-            let needed = RetryAfter::from_nanos(saturating_nanos(d));
-            let waited = Duration::from_nanos(w.wait_clock().now().saturating_sub(start));
-            let deadline = options.deadline.unwrap_or(Duration::MAX);
-            if key_limit {
-                return Err(WaitError::KeyLimit {
-                    needed,
-                    waited,
-                    deadline,
-                });
-            }
-            w.count(false);
-            Err(WaitError::DeadlineExceeded {
-                needed,
-                waited,
-                deadline,
-            })
-        }
+        Skip::Stuck => Err(give_up(
+            w,
+            RetryAfter::from_nanos(saturating_nanos(d)),
+            key_limit,
+            Duration::from_nanos(w.wait_clock().now().saturating_sub(start)),
+            options.deadline.unwrap_or(Duration::MAX),
+        )),
+    }
+}
+
+/// The error of a wait that gives up needing `needed` more: at the key bound
+/// (`key_limit`, which counted its own refusal) or for the rate, counted once
+/// as a denial.
+fn give_up<W: Waitable>(
+    w: &W,
+    needed: RetryAfter,
+    key_limit: bool,
+    waited: Duration,
+    deadline: Duration,
+) -> WaitError {
+    if key_limit {
+        return WaitError::KeyLimit {
+            needed,
+            waited,
+            deadline,
+        };
+    }
+    w.count(false);
+    WaitError::DeadlineExceeded {
+        needed,
+        waited,
+        deadline,
     }
 }
 
@@ -343,20 +357,7 @@ fn step<W: Waitable>(w: &W, n: u32, start: u64, options: &WaitOptions) -> Result
     if let Some(deadline) = options.deadline {
         let left = deadline.saturating_sub(waited);
         if sleep > left {
-            if key_limit {
-                // The key bound counted its own refusal.
-                return Err(WaitError::KeyLimit {
-                    needed,
-                    waited,
-                    deadline,
-                });
-            }
-            w.count(false);
-            return Err(WaitError::DeadlineExceeded {
-                needed,
-                waited,
-                deadline,
-            });
+            return Err(give_up(w, needed, key_limit, waited, deadline));
         }
         // Cut so that the jittered sleep is due a timer tick before the
         // deadline: tokio's timer rounds a sleep up to its next millisecond,
