@@ -629,7 +629,7 @@ fn failing_closed_denies_until_redis_is_tried_again() {
     let Some(server) = server() else { return };
     let global = RedisLimiter::new("c", FixedWindow::new(3, 60 * 1_000 * MS).unwrap()).unwrap();
     let backoff = Duration::from_secs(5);
-    let guarded: Guarded = Guarded::new(global, OnFailure::Deny, backoff);
+    let guarded = Guarded::fail_closed(global, backoff);
     let mut con = server.connection();
     assert_eq!(
         guarded.try_acquire_n(&mut con, "k", 3),

@@ -142,9 +142,31 @@ enum Turn {
     Skip { wait: Duration },
 }
 
+impl Guarded {
+    /// `limiter` failing closed ([`OnFailure::Deny`]) with a backoff of
+    /// `backoff` after each failure: `Guarded::new(limiter, OnFailure::Deny,
+    /// backoff)` without naming the policy's unused type parameters.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::redis::{Guarded, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(100)?))?;
+    /// let limiter = Guarded::fail_closed(global, Duration::from_secs(1));
+    /// assert!(!limiter.is_backing_off());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fail_closed(limiter: RedisLimiter, backoff: Duration) -> Guarded {
+        Guarded::new(limiter, OnFailure::Deny, backoff)
+    }
+}
+
 impl<A, C> Guarded<A, C> {
     /// `limiter` with the policy `on_failure` and a backoff of `backoff` after
-    /// each failure.
+    /// each failure. With [`OnFailure::Deny`] the policy's type parameters are
+    /// not inferred: use [`Guarded::fail_closed`] (or name the type,
+    /// `Guarded::<TokenBucket>::new`).
     pub fn new(limiter: RedisLimiter, on_failure: OnFailure<A, C>, backoff: Duration) -> Self {
         Guarded {
             limiter,
