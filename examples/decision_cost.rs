@@ -41,8 +41,13 @@
 //! - `algorithm allow|deny token-bucket|fixed-window|sliding-window|gcra|governor N`:
 //!   one algorithm's direct decision on a manual clock (governor's GCRA on its
 //!   fake clock), so that callgrind counts the algorithm without a clock read.
-//! - `keyed-hot turnstile|turnstile-tiered N`: N decisions on one key, on a
-//!   keyed limiter or on per-key quotas (`Tiered`, two tiers), for callgrind.
+//! - `keyed-hot turnstile|turnstile-tiered|turnstile-admitted|turnstile-admitted-coarse|floor-admitted-coarse N`:
+//!   N decisions on one key, on a keyed limiter or on per-key quotas
+//!   (`Tiered`, two tiers), for callgrind; the first two on a quota that denies
+//!   most of them, `turnstile-admitted` (precise clock) and
+//!   `turnstile-admitted-coarse` on one that admits every check, as the
+//!   `keyed_hot_key` benchmark does, and `floor-admitted-coarse` the floor
+//!   (see `paired-keyed`) on the same quota.
 //! - `keyed-1m turnstile|turnstile-tiered|governor|governor-ahash|floor N`: fills a keyed limiter
 //!   (or the floor) with 1,000,000 keys, then makes `N` checks in a shuffled
 //!   order inside `measured`; under callgrind with `--cache-sim=yes` it counts
@@ -556,8 +561,25 @@ fn run_keyed_hot(who: &str, n: u64) -> ExitCode {
             let l = tiered(quota);
             measured(n, || l.try_acquire(&42));
         }
+        "turnstile-admitted" => {
+            let q = turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota");
+            let l = ours_keyed(q, turnstile::RealClock::new());
+            measured(n, || l.try_acquire(&42));
+        }
+        "turnstile-admitted-coarse" => {
+            let q = turnstile::Quota::per_second(ALLOW_RATE).expect("a valid quota");
+            let l = ours_keyed(q, turnstile::CoarseClock::new().expect("upkeep thread"));
+            measured(n, || l.try_acquire(&42));
+        }
+        "floor-admitted-coarse" => {
+            let clock = turnstile::CoarseClock::new().expect("upkeep thread");
+            let f = Floor::new([42], clock, 1, u64::from(ALLOW_RATE));
+            measured(n, || f.check(42));
+        }
         other => {
-            eprintln!("unknown limiter {other:?}: turnstile|turnstile-tiered");
+            eprintln!(
+                "unknown limiter {other:?}: turnstile|turnstile-tiered|turnstile-admitted|turnstile-admitted-coarse|floor-admitted-coarse"
+            );
             return ExitCode::FAILURE;
         }
     }
@@ -857,7 +879,7 @@ usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cos
   paired-algorithms: each algorithm against governor's GCRA, direct, coarse clocks, alternating blocks
   algorithm allow|deny token-bucket|live-token-bucket|fixed-window|sliding-window|gcra|governor N: N decisions on a manual clock inside `measured`
   keyed-1m turnstile|turnstile-tiered|governor|governor-ahash|floor N: 1,000,000 keys, then N shuffled checks inside `measured`
-  keyed-hot turnstile|turnstile-tiered N: N decisions on one key inside `measured` (tiered: two tiers, per-key quotas)
+  keyed-hot turnstile|turnstile-tiered|turnstile-admitted|turnstile-admitted-coarse|floor-admitted-coarse N: N decisions on one key inside `measured` (tiered: two tiers, per-key quotas; admitted: every check admitted, as in the keyed_hot_key benchmark)
   layer bare|turnstile-admitted|turnstile-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router
   clock read|decide tsc|real|monotonic|coarse N: N readings of a clock, or N admitted decisions on it, inside `measured`
   paired-clocks: each clock's reading and admitted decision, timed in alternating blocks";
