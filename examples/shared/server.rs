@@ -37,10 +37,10 @@ pub const API_KEY_MAX_LEN: usize = 64;
 pub const API_KEY_MEMORY: usize = 16 << 20;
 
 /// The most bytes one `/api` key can cost: the keyed map measured about 35
-/// bytes per key besides the key itself, and the key is a `String` (24 bytes
-/// inline) whose heap block holds at most `API_KEY_MAX_LEN` = 64 bytes, which
-/// the allocator may round up by about 16. 35 + 24 + 64 + 16 = 139, rounded up
-/// to 144.
+/// bytes per `u64` key, its 8 bytes included; a `String` key takes 24 bytes
+/// inline instead (so 51), and its heap block holds at most
+/// `API_KEY_MAX_LEN` = 64 bytes, which the allocator may round up by about 16.
+/// 51 + 64 + 16 = 131, rounded up to 144 for margin.
 pub const API_BYTES_PER_KEY: usize = 144;
 
 /// The `/api` key bound that keeps the limiter within `API_KEY_MEMORY`:
