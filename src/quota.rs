@@ -71,6 +71,21 @@ impl Quota {
             return Err(QuotaError::ZeroPeriod);
         }
         let nanos = period.as_nanos();
+        if capacity != 0 && amount != 0 {
+            // A fill time the word cannot measure is the fault whatever the
+            // period's resolution, and is judged on the period asked for (a
+            // period beyond u64 microseconds must not be reported as another).
+            let layout = Layout::for_capacity(capacity);
+            let max_micros = layout.half_range_micros();
+            let fill_nanos = u128::from(capacity.div_ceil(amount)).saturating_mul(nanos);
+            if fill_nanos > u128::from(max_micros) * 1_000 {
+                return Err(QuotaError::FillTimeTooLong {
+                    capacity,
+                    fill_time: saturating_duration(fill_nanos),
+                    max: Duration::from_micros(max_micros),
+                });
+            }
+        }
         if !nanos.is_multiple_of(1_000) {
             let unit = Layout::for_capacity(capacity).unit_micros();
             return Err(QuotaError::PeriodResolution {
@@ -213,7 +228,7 @@ impl Quota {
         if fill > u128::from(max) {
             return Err(QuotaError::FillTimeTooLong {
                 capacity,
-                fill_time: Duration::from_micros(u64::try_from(fill).unwrap_or(u64::MAX)),
+                fill_time: saturating_duration(fill.saturating_mul(1_000)),
                 max: Duration::from_micros(max),
             });
         }
@@ -234,6 +249,17 @@ impl Quota {
         let amount = u32::try_from(amount).unwrap_or(u32::MAX);
         Quota::from_micros(rate, amount, period)
     }
+}
+
+/// `nanos` as a `Duration`, `Duration::MAX` beyond it.
+fn saturating_duration(nanos: u128) -> Duration {
+    let secs = u64::try_from(nanos / 1_000_000_000).unwrap_or(u64::MAX);
+    // The remainder is below 10^9: it fits.
+    let subsec = u32::try_from(nanos % 1_000_000_000).unwrap_or(0);
+    if secs == u64::MAX {
+        return Duration::MAX;
+    }
+    Duration::new(secs, subsec)
 }
 
 /// `ceil(capacity / amount) * period`, in the period's unit. Validated quotas keep

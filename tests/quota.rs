@@ -136,16 +136,41 @@ fn absurd_periods_are_refused_not_panicked_on() {
         );
         assert!(!err.to_string().is_empty());
     }
-    // Duration::MAX has a sub-microsecond part as well.
+    // Duration::MAX has a sub-microsecond part as well: the fill time is still
+    // the fault, reported as asked, not a resolution error about a period
+    // clamped to u64 microseconds.
     let err = Quota::new(1, 1, Duration::MAX).unwrap_err();
     assert_eq!(
         err,
-        QuotaError::PeriodResolution {
-            period: Duration::MAX,
-            unit: Duration::from_micros(1)
+        QuotaError::FillTimeTooLong {
+            capacity: 1,
+            fill_time: Duration::MAX,
+            max: Quota::per_second(1).unwrap().max_fill_time(),
         }
     );
     assert!(!err.to_string().is_empty());
+}
+
+#[test]
+fn a_period_beyond_u64_microseconds_is_a_fill_time_error_for_every_capacity() {
+    // Capacities whose time unit is coarser than 1 µs used to get a resolution
+    // error naming a period that was never asked for (the clamped one) and
+    // suggesting another that was no valid period either.
+    for capacity in [1, 65_535, 65_536, 1 << 20, u32::MAX] {
+        let period = Duration::from_secs(u64::MAX);
+        let err = Quota::new(capacity, 1, period).unwrap_err();
+        let QuotaError::FillTimeTooLong {
+            capacity: c,
+            fill_time,
+            max,
+        } = err
+        else {
+            panic!("capacity {capacity}: {err:?}");
+        };
+        assert_eq!(c, capacity);
+        assert!(fill_time >= period, "{fill_time:?}");
+        assert_eq!(max, Quota::per_second(capacity).unwrap().max_fill_time());
+    }
 }
 
 #[test]
