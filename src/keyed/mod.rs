@@ -528,13 +528,40 @@ where
 
     /// The permits `key` could get now, without taking any and without storing
     /// the key.
+    ///
+    /// A key not held while the key bound is full gets 0: a request for it
+    /// would meet the bound first. (The request might still make room by
+    /// evicting an idle key, which a look that takes nothing does not do; 0 is
+    /// the answer that never promises a permit the request would not get.)
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{KeyedBuilder, ManualClock, Quota, TokenBucket};
+    ///
+    /// let bucket = TokenBucket::new(Quota::new(5, 1, Duration::from_secs(1))?);
+    /// let limiter = KeyedBuilder::new(bucket)
+    ///     .clock(ManualClock::new())
+    ///     .max_keys(1)
+    ///     .build()?;
+    /// assert_eq!(limiter.remaining("b"), 5); // room for a new key
+    /// assert!(limiter.try_acquire("a").is_allowed()); // the bound is full now
+    /// assert_eq!(limiter.remaining("a"), 4);
+    /// assert_eq!(limiter.remaining("b"), 0);
+    /// assert!(limiter.try_acquire("b").is_key_limit());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn remaining<Q>(&self, key: &Q) -> u32
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let inner = &*self.inner;
-        inner.on_word(key, |word, now, _| inner.algorithm.remaining(word, now))
+        inner.on_word(key, |word, now, held| {
+            if !held && inner.len() >= inner.max_keys {
+                return 0;
+            }
+            inner.algorithm.remaining(word, now)
+        })
     }
 
     /// Sweep every shard, one at a time: evict the keys whose words are
