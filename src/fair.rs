@@ -67,12 +67,7 @@ impl fmt::Display for FairError {
                 needed: Some(needed),
                 waited,
                 deadline,
-            } => write!(
-                f,
-                "the permits need another {:?} after {waited:?} of waiting, past the \
-                 deadline of {deadline:?}",
-                needed.duration()
-            ),
+            } => crate::wait::write_gave_up(f, needed.duration(), *waited, *deadline),
             FairError::DeadlineExceeded {
                 needed: None,
                 waited,

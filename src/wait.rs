@@ -110,12 +110,7 @@ impl fmt::Display for WaitError {
                 needed,
                 waited,
                 deadline,
-            } => write!(
-                f,
-                "the permits need another {:?} after {waited:?} of waiting, past the \
-                 deadline of {deadline:?}",
-                needed.duration()
-            ),
+            } => write_gave_up(f, needed.duration(), *waited, *deadline),
             WaitError::Acquire(e) => e.fmt(f),
             WaitError::KeyLimit {
                 needed,
@@ -129,6 +124,36 @@ impl fmt::Display for WaitError {
                 needed.duration()
             ),
         }
+    }
+}
+
+/// The message of a wait that gave up with `needed` still to wait after
+/// `waited`: past its deadline, or (when the rest fits within the deadline, or
+/// there is none) on a simulated clock that cannot move forward any more.
+pub(crate) fn write_gave_up(
+    f: &mut fmt::Formatter<'_>,
+    needed: Duration,
+    waited: Duration,
+    deadline: Duration,
+) -> fmt::Result {
+    if waited.saturating_add(needed) > deadline {
+        write!(
+            f,
+            "the permits need another {needed:?} after {waited:?} of waiting, past the \
+             deadline of {deadline:?}"
+        )
+    } else if deadline == Duration::MAX {
+        write!(
+            f,
+            "the permits need another {needed:?} after {waited:?} of waiting, and the \
+             simulated clock cannot move forward any more"
+        )
+    } else {
+        write!(
+            f,
+            "the permits need another {needed:?} after {waited:?} of waiting, within the \
+             deadline of {deadline:?}, but the simulated clock cannot move forward any more"
+        )
     }
 }
 

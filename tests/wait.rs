@@ -548,3 +548,35 @@ fn a_key_bound_refusal_on_a_stuck_clock_is_reported_and_counted_once() {
     let stats = keyed.stats();
     assert_eq!((stats.denied, stats.denied_key_limit), (0, 1), "{stats:?}");
 }
+
+#[test]
+fn a_stuck_clock_is_not_reported_as_a_passed_deadline() {
+    // The clock can move only 500 ms more; the next token is a second away
+    // after the first is spent.
+    let clock = ManualClock::new();
+    clock.set_nanos(u64::MAX - 500_000_000);
+    let limiter = RateLimiter::with_clock(Quota::new(1, 1, SECOND).unwrap(), clock);
+    assert!(limiter.try_acquire().is_allowed());
+    let err = limiter
+        .wait(WaitOptions::new().deadline(10 * SECOND))
+        .unwrap_err();
+    let WaitError::DeadlineExceeded {
+        needed,
+        waited,
+        deadline,
+    } = err
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!(deadline, 10 * SECOND);
+    assert!(waited + needed.duration() <= deadline, "{err:?}");
+    let message = err.to_string();
+    assert!(!message.contains("past the deadline"), "{message}");
+    assert!(message.contains("cannot move forward"), "{message}");
+
+    // Without a deadline, likewise.
+    let err = limiter.wait(WaitOptions::new()).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("cannot move forward"), "{message}");
+    assert!(!message.contains("deadline"), "{message}");
+}
