@@ -39,6 +39,9 @@ pub enum QuotaError {
     },
     /// A window algorithm's limit (or a concurrency limit) was 0.
     ZeroLimit,
+    /// A fair queue ([`Fair::new`](crate::Fair::new)) was given room for 0
+    /// waiters; it must hold at least one.
+    ZeroWaiters,
     /// A window was zero long.
     ZeroWindow,
     /// The window is too short for the limit: the word keeps the count(s) in as
@@ -112,6 +115,9 @@ impl fmt::Display for QuotaError {
             QuotaError::ZeroLimit => {
                 f.write_str("limit is 0; it must be between 1 and 4294967295 permits")
             }
+            QuotaError::ZeroWaiters => f.write_str(
+                "a fair queue's max_waiters is 0; it must be at least 1 waiter (up to usize::MAX)",
+            ),
             QuotaError::ZeroWindow => {
                 f.write_str("window is zero; it must be at least 1 nanosecond")
             }

@@ -223,10 +223,10 @@ impl<L: FairTarget> Fair<L> {
     ///
     /// # Errors
     ///
-    /// [`QuotaError::ZeroLimit`] for 0: such a queue would refuse every wait.
+    /// [`QuotaError::ZeroWaiters`] for 0: such a queue would refuse every wait.
     pub fn new(inner: L, max_waiters: usize) -> Result<Fair<L>, QuotaError> {
         if max_waiters == 0 {
-            return Err(QuotaError::ZeroLimit);
+            return Err(QuotaError::ZeroWaiters);
         }
         Ok(Fair {
             inner,

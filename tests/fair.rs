@@ -702,3 +702,16 @@ async fn a_head_whose_n_a_live_change_put_above_the_capacity_is_refused() {
     let behind = tokio::time::timeout(Duration::from_secs(3_600), behind).await;
     assert!(matches!(behind, Ok(Ok(Ok(_)))), "{behind:?}");
 }
+
+#[test]
+fn a_queue_for_no_waiters_is_refused_with_its_own_error() {
+    let limiter = RateLimiter::new(Quota::per_second(1).unwrap());
+    let Err(err) = Fair::new(limiter, 0) else {
+        panic!("a queue for no waiters was built");
+    };
+    assert_eq!(err, turnstile::QuotaError::ZeroWaiters);
+    // The message is about waiters, not about a limit of permits.
+    let message = err.to_string();
+    assert!(message.contains("max_waiters"), "{message}");
+    assert!(!message.contains("permits"), "{message}");
+}
