@@ -762,3 +762,260 @@ fn an_async_refresher_task_prefetches_and_gives_back() {
         "{stats:?}"
     );
 }
+
+/// Blocks the whole Redis of `server` for `secs` (`DEBUG SLEEP`), from a
+/// thread of its own; returns once the sleep has begun.
+fn hang(server: &Server, secs: f64) -> thread::JoinHandle<()> {
+    let mut other = server.plain();
+    let sleeper = thread::spawn(move || {
+        let _: redis::RedisResult<()> =
+            redis::cmd("DEBUG").arg("SLEEP").arg(secs).query(&mut other);
+    });
+    thread::sleep(50 * MS);
+    sleeper
+}
+
+/// Warm `keys`: each takes leases until it holds at least `min` tokens.
+fn warm(limiter: &LeasedLimiter, con: &mut dyn ConnectionLike, keys: &[String], min: u32) {
+    for key in keys {
+        for _ in 0..200 {
+            if limiter.held(key) >= min {
+                break;
+            }
+            assert!(limiter.try_acquire(&mut *con, key).unwrap().is_allowed());
+        }
+        assert!(limiter.held(key) >= min, "{key}: {}", limiter.held(key));
+    }
+}
+
+/// Prefetches still queued when a refresher stops (its handle dropped while
+/// its connection hangs) release their keys: the keys' next requests take
+/// leases, not an exact call each for ever (which they did when the queued
+/// claims were dropped with the queue).
+#[test]
+fn a_stopped_refresher_releases_the_prefetches_it_had_queued() {
+    let Some(server) = server() else { return };
+    let global = bucket("refresher-stopped", 100_000, 100, MS);
+    let limiter = Arc::new(
+        LeasedBuilder::new(global, 64)
+            .unwrap()
+            .idle(Duration::from_secs(60))
+            .on_failure(OnFailure::Deny, 100 * MS)
+            .build()
+            .unwrap(),
+    );
+    let mut con = server.connection();
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    warm(&limiter, &mut con, &keys, 32);
+    // The refresher's connection, connected before Redis hangs.
+    let mut refresher_con = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .response(200 * MS)
+        .blocking(server.client());
+    let _: () = redis::cmd("PING").query(&mut refresher_con).unwrap();
+    let refresher = limiter
+        .start_refresher(refresher_con)
+        .unwrap()
+        .expect("the first refresher");
+    let sleeper = hang(&server, 0.6);
+    // Spend every key to just past its low-water mark (the prefetch queued)
+    // and not to empty (which would call Redis here).
+    for key in &keys {
+        while limiter.held(key) > 2 {
+            assert!(limiter.try_acquire(&mut con, key).unwrap().is_allowed());
+        }
+    }
+    // The refresher is stuck in its first fetch; dropping it waits for that
+    // call's deadline, then stops the thread with the rest still queued.
+    drop(refresher);
+    sleeper.join().unwrap();
+    thread::sleep(150 * MS); // the backoff after the refresher's failure
+    let before = limiter.stats();
+    let mut admitted = 0;
+    for _ in 0..20 {
+        for key in &keys {
+            admitted += u32::from(limiter.try_acquire(&mut con, key).unwrap().is_allowed());
+        }
+    }
+    let after = limiter.stats();
+    assert_eq!(admitted, 400, "{after:?}");
+    let exact = after.exact_calls - before.exact_calls;
+    let leases = after.lease_calls - before.lease_calls;
+    assert!(
+        exact < keys.len() as u64,
+        "{exact} exact calls, {leases} lease calls: keys left claimed"
+    );
+    assert!(leases >= keys.len() as u64, "{leases} lease calls");
+}
+
+/// The async refresher aborted with prefetches queued: the same.
+#[test]
+fn an_aborted_refresher_task_releases_the_prefetches_it_had_queued() {
+    let Some(server) = server() else { return };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let global = bucket("task-aborted", 100_000, 100, MS);
+    let limiter = Arc::new(
+        LeasedBuilder::new(global, 64)
+            .unwrap()
+            .idle(Duration::from_secs(60))
+            .on_failure(OnFailure::Deny, 100 * MS)
+            .build()
+            .unwrap(),
+    );
+    let mut con = server.connection();
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    warm(&limiter, &mut con, &keys, 32);
+    let client = server.client();
+    let deadlines = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .response(Duration::from_secs(5));
+    let task_con = runtime.block_on(deadlines.multiplexed(&client)).unwrap();
+    let task = runtime
+        .block_on(async { limiter.start_refresher_async(task_con) })
+        .expect("the first");
+    let sleeper = hang(&server, 0.6);
+    for key in &keys {
+        while limiter.held(key) > 2 {
+            assert!(limiter.try_acquire(&mut con, key).unwrap().is_allowed());
+        }
+    }
+    // Aborted with one fetch in flight (Redis is asleep) and the rest queued.
+    task.abort();
+    let _ = runtime.block_on(task);
+    sleeper.join().unwrap();
+    let before = limiter.stats();
+    let mut admitted = 0;
+    for _ in 0..20 {
+        for key in &keys {
+            admitted += u32::from(limiter.try_acquire(&mut con, key).unwrap().is_allowed());
+        }
+    }
+    let after = limiter.stats();
+    assert_eq!(admitted, 400, "{after:?}");
+    let exact = after.exact_calls - before.exact_calls;
+    assert_eq!(exact, 0, "{after:?}: keys left claimed");
+}
+
+/// A give-back pass against a hung Redis stops at its first failure (the
+/// backoff it starts), instead of paying a deadline for every key.
+#[test]
+fn a_give_back_pass_stops_at_the_first_failure() {
+    let Some(server) = server() else { return };
+    let global = bucket("give-back-hung", 100_000, 100, MS);
+    let limiter = LeasedBuilder::new(global, 64)
+        .unwrap()
+        .on_failure(OnFailure::Deny, Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut con = server.connection();
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    warm(&limiter, &mut con, &keys, 4);
+    let mut short = Deadlines::default()
+        .connect(50 * MS)
+        .response(50 * MS)
+        .blocking(server.client());
+    let _: () = redis::cmd("PING").query(&mut short).unwrap();
+    let sleeper = hang(&server, 1.5);
+    let start = Instant::now();
+    let given = limiter.give_back_all(&mut short);
+    let took = start.elapsed();
+    let stats = limiter.stats();
+    // The leases not reached are kept, for a later pass.
+    let held: u32 = keys.iter().map(|k| limiter.held(k)).sum();
+    sleeper.join().unwrap();
+    assert_eq!(given, 0);
+    assert_eq!(stats.failures, 1, "{stats:?}");
+    assert!(took < 600 * MS, "took {took:?}");
+    assert!(held >= 4 * (keys.len() as u32 - 1), "{held}");
+}
+
+/// A connection that runs `hook` just before sending its first script call.
+struct BeforeScript<F: FnMut()> {
+    inner: BlockingConnection,
+    hook: Option<F>,
+}
+
+impl<F: FnMut()> BeforeScript<F> {
+    fn fire(&mut self, command: &[u8]) {
+        if command.windows(7).any(|w| w == b"EVALSHA")
+            && let Some(mut hook) = self.hook.take()
+        {
+            hook();
+        }
+    }
+}
+
+impl<F: FnMut()> ConnectionLike for BeforeScript<F> {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<redis::Value> {
+        self.fire(cmd);
+        self.inner.req_packed_command(cmd)
+    }
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        self.fire(cmd);
+        self.inner.req_packed_commands(cmd, offset, count)
+    }
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+    fn check_connection(&mut self) -> bool {
+        self.inner.check_connection()
+    }
+    fn is_open(&self) -> bool {
+        self.inner.is_open()
+    }
+}
+
+/// A request for 2 that finds 1 token here asks Redis for a lease; when the
+/// token it counted on is gone by the time the lease comes (expired here, or
+/// spent by another request), it is denied, and never with a wait of 0
+/// (`Retry-After: 0` would say it was due already).
+#[test]
+fn a_miss_whose_held_tokens_went_meanwhile_is_denied_with_a_wait() {
+    let Some(server) = server() else { return };
+    for spend_instead in [false, true] {
+        let name = format!("race-{spend_instead}");
+        let global = bucket(&name, 10, 1, Duration::from_secs(10));
+        let clock = turnstile::ManualClock::new();
+        let limiter = LeasedBuilder::new(global.clone(), 8)
+            .unwrap()
+            .lifetime(Duration::from_secs(1))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let mut con = server.connection();
+        // A lease of 1, spent; a lease of 2, one spent: 1 held here.
+        assert!(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+        assert!(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+        assert_eq!(limiter.held("k"), 1);
+        // The bucket in Redis down to 1 token.
+        while global.try_acquire(&mut con, "k").unwrap().remaining() != Some(1) {}
+        let mut other = server.connection();
+        let mut hooked = BeforeScript {
+            inner: server.connection(),
+            hook: Some(|| {
+                if spend_instead {
+                    // Another request spends the held token.
+                    assert!(limiter.try_acquire(&mut other, "k").unwrap().is_allowed());
+                } else {
+                    // The lease expires.
+                    clock.advance(Duration::from_secs(2));
+                }
+            }),
+        };
+        let decision = limiter.try_acquire_n(&mut hooked, "k", 2).unwrap();
+        let turnstile::Decision::Denied { retry_after } = decision else {
+            panic!("{decision:?}");
+        };
+        assert!(retry_after.as_nanos() > 0, "{decision:?}");
+        assert!(retry_after.header_secs() >= 1);
+    }
+}

@@ -873,3 +873,44 @@ fn a_redis_decision_answers_through_the_gates_outcome() {
         "no key"
     );
 }
+
+/// Failing closed with no backoff still tells a client to come back
+/// (`Retry-After: 1`), never that it was due already: the blocking and
+/// leased limiters alike, against a port where nothing listens.
+#[test]
+fn failing_closed_without_a_backoff_denies_with_a_wait() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let client = Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut con = Deadlines::default()
+        .connect(Duration::from_millis(200))
+        .response(Duration::from_millis(200))
+        .blocking(client);
+    let global =
+        RedisLimiter::new("nobody", TokenBucket::new(Quota::per_second(10).unwrap())).unwrap();
+    let guarded = Guarded::fail_closed(global.clone(), Duration::ZERO);
+    for _ in 0..3 {
+        let decision = guarded.try_acquire(&mut con, "k").unwrap();
+        let Decision::Denied { retry_after } = decision else {
+            panic!("{decision:?}");
+        };
+        assert!(retry_after.as_nanos() > 0, "{decision:?}");
+        assert_eq!(retry_after.header_secs(), 1);
+    }
+    let leased = turnstile::redis::LeasedBuilder::new(global, 8)
+        .unwrap()
+        .on_failure(OnFailure::Deny, Duration::ZERO)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let decision = leased.try_acquire(&mut con, "k").unwrap();
+        let Decision::Denied { retry_after } = decision else {
+            panic!("{decision:?}");
+        };
+        assert!(retry_after.as_nanos() > 0, "{decision:?}");
+        assert_eq!(retry_after.header_secs(), 1);
+    }
+}

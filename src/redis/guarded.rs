@@ -373,9 +373,11 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
     fn fallback(&self, key: &[u8], n: u32, wait: Duration) -> Decision {
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
         match &self.on_failure {
+            // At least 1 ns: a backoff of zero still tells a client to come
+            // back (Retry-After: 1), never that it was due already.
             OnFailure::Deny => Decision::Denied {
                 retry_after: RetryAfter::from_nanos(
-                    u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX),
+                    u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX).max(1),
                 ),
             },
             OnFailure::Local(local) => {
@@ -383,7 +385,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
                 // `n` outright: deny, with the wait until Redis is tried.
                 let deny = || Decision::Denied {
                     retry_after: RetryAfter::from_nanos(
-                        u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX),
+                        u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX).max(1),
                     ),
                 };
                 match local.try_acquire_n(key, n) {

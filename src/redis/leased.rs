@@ -5,7 +5,7 @@ use core::time::Duration;
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -391,7 +391,10 @@ impl<C: Clock> LeasedBuilder<C> {
             lifetime_units,
             idle: self.idle,
             local,
-            holders: Mutex::new(HashSet::new()),
+            holders: Mutex::new(Holders {
+                keys: HashSet::new(),
+                prune_at: MIN_PRUNE,
+            }),
             refresher: OnceLock::new(),
             on_failure: self.on_failure,
             backoff: self.backoff,
@@ -541,7 +544,7 @@ pub struct LeasedLimiter<C = RealClock> {
     idle: Duration,
     local: KeyedLimiter<Vec<u8>, LeaseWord, Since<C>>,
     /// Keys that took a lease since the last give-back pass.
-    holders: Mutex<HashSet<Vec<u8>>>,
+    holders: Mutex<Holders>,
     /// The refresher's queue, once one is started: prefetches go there
     /// instead of being made by the request that claimed them.
     refresher: OnceLock<Queue>,
@@ -695,7 +698,14 @@ impl<C: Clock> LeasedLimiter<C> {
     /// here when it has them (no call), else from Redis in at most one call on
     /// `con`, or from the failure policy while Redis fails. An admission's
     /// `remaining` is what the lease held here has left, not the global
-    /// bucket.
+    /// bucket, except for a request decided in Redis itself (exact mode: `n`
+    /// above `max_lease`, or a miss while another request fetches this key's
+    /// lease), whose `remaining` is the global bucket's.
+    ///
+    /// A request that finds too few tokens here asks Redis for a lease; if
+    /// the tokens it counted on are spent by other requests while it waits,
+    /// it is denied with the least wait there is (1 ns; `Retry-After: 1`),
+    /// and a retry takes another lease.
     ///
     /// # Errors
     ///
@@ -812,8 +822,16 @@ impl<C: Clock> LeasedLimiter<C> {
         &self,
         con: &mut Con,
     ) -> u64 {
+        let idle = Some(self.idle);
         let mut total = 0;
-        for (key, tokens) in self.take_idle(Some(self.idle)) {
+        for key in self.idle_keys(idle) {
+            // A failure starts a backoff: the rest wait for the next pass.
+            if self.is_backing_off() {
+                break;
+            }
+            let Some(tokens) = self.take_lease(&key, idle) else {
+                continue;
+            };
             let result = self
                 .give_back_invocation(&key, tokens)
                 .invoke_async(con)
@@ -825,53 +843,96 @@ impl<C: Clock> LeasedLimiter<C> {
 
     fn give_back(&self, con: &mut dyn ConnectionLike, idle: Option<Duration>) -> u64 {
         let mut total = 0;
-        for (key, tokens) in self.take_idle(idle) {
+        for key in self.idle_keys(idle) {
+            // A failure starts a backoff: the rest wait for the next pass,
+            // so that a dead Redis costs one call's deadlines, not one per key.
+            if self.is_backing_off() {
+                break;
+            }
+            let Some(tokens) = self.take_lease(&key, idle) else {
+                continue;
+            };
             let result = self.give_back_invocation(&key, tokens).invoke(con);
             total += self.settle_give_back(tokens, result);
         }
         total
     }
 
-    /// Empty the idle leases' words, returning what each held.
-    fn take_idle(&self, idle: Option<Duration>) -> Vec<(Vec<u8>, u32)> {
+    /// The keys whose leases are idle (all that hold tokens, for `None`);
+    /// forget those whose leases are spent or expired.
+    fn idle_keys(&self, idle: Option<Duration>) -> Vec<Vec<u8>> {
         if self.is_backing_off() {
             return Vec::new();
         }
         let now = self.local.clock().now();
-        let now_units = word::units_down(now);
-        let idle_units = idle.map_or(0, |d| word::units_up(saturating_nanos(d)));
-        let lifetime = self.lifetime_units;
         let mut holders = self.holders.lock().unwrap_or_else(|e| e.into_inner());
-        let mut taken = Vec::new();
-        holders.retain(|key| {
-            let mut took = 0;
-            let mut keep = false;
+        let mut keys = Vec::new();
+        holders.keys.retain(|key| {
+            let mut state = Lease::Spent;
             self.local.transform_linked(key.as_slice(), |w| {
-                took = 0;
-                keep = false;
-                let tokens = LeaseWord::usable(w, now);
-                if tokens == 0 {
-                    return None;
-                }
-                keep = true;
-                if w & word::FETCHING != 0 {
-                    return None;
-                }
-                // The lease was granted a lifetime before its expiry.
-                let granted = word::time(w).saturating_sub(lifetime);
-                if now_units < granted.saturating_add(idle_units) && idle.is_some() {
-                    return None;
-                }
-                took = tokens;
-                keep = false;
-                Some(word::with_tokens(w, 0))
+                state = self.lease_state(w, now, idle);
+                None
             });
-            if took > 0 {
-                taken.push((key.clone(), took));
+            if state == Lease::Idle(true) {
+                keys.push(key.clone());
             }
-            keep
+            state != Lease::Spent
         });
-        taken
+        keys
+    }
+
+    /// Empty `key`'s lease word if its lease is still idle, and forget the
+    /// key; the tokens it held.
+    fn take_lease(&self, key: &[u8], idle: Option<Duration>) -> Option<u32> {
+        let now = self.local.clock().now();
+        let mut took = 0;
+        self.local.transform_linked(key, |w| {
+            took = 0;
+            if self.lease_state(w, now, idle) != Lease::Idle(true) {
+                return None;
+            }
+            took = LeaseWord::usable(w, now);
+            Some(word::with_tokens(w, 0))
+        });
+        if took == 0 {
+            return None;
+        }
+        let mut holders = self.holders.lock().unwrap_or_else(|e| e.into_inner());
+        holders.keys.remove(key);
+        Some(took)
+    }
+
+    /// Forget the keys whose leases are spent, expired or gone, and prune
+    /// again when the keys left have doubled: the set stays within twice the
+    /// keys that hold tokens (so within twice `max_keys`), at a cost per
+    /// insert that is constant on average, with or without give-back passes.
+    fn prune(&self, holders: &mut Holders, now: u64) {
+        holders.keys.retain(|key| {
+            let mut usable = 0;
+            self.local.transform_linked(key.as_slice(), |w| {
+                usable = LeaseWord::usable(w, now);
+                None
+            });
+            usable > 0
+        });
+        holders.prune_at = holders.keys.len().saturating_mul(2).max(MIN_PRUNE);
+    }
+
+    /// What a give-back pass does with lease word `w` at `now`.
+    fn lease_state(&self, w: u64, now: u64, idle: Option<Duration>) -> Lease {
+        if LeaseWord::usable(w, now) == 0 {
+            return Lease::Spent;
+        }
+        if w & word::FETCHING != 0 {
+            return Lease::Idle(false);
+        }
+        let Some(idle) = idle else {
+            return Lease::Idle(true);
+        };
+        // The lease was granted a lifetime before its expiry.
+        let granted = word::time(w).saturating_sub(self.lifetime_units);
+        let idle_units = word::units_up(saturating_nanos(idle));
+        Lease::Idle(word::units_down(now) >= granted.saturating_add(idle_units))
     }
 
     fn give_back_invocation(&self, key: &[u8], tokens: u32) -> ScriptInvocation<'static> {
@@ -988,7 +1049,7 @@ impl<C: Clock> LeasedLimiter<C> {
             Ok(invocation) => Step::Exact(invocation),
             // Checked already: n is within 1..=capacity.
             Err(_) => Step::Done(Decision::Denied {
-                retry_after: RetryAfter::from_nanos(0),
+                retry_after: RETRY_AT_ONCE,
             }),
         }
     }
@@ -1137,15 +1198,20 @@ impl<C: Clock> LeasedLimiter<C> {
         Counters::add(&self.counters.tokens_leased, u64::from(granted));
         if granted > 0 {
             let mut holders = self.holders.lock().unwrap_or_else(|e| e.into_inner());
-            if !holders.contains(key) {
-                holders.insert(key.to_vec());
+            if !holders.keys.contains(key) {
+                if holders.keys.len() >= holders.prune_at {
+                    self.prune(&mut holders, now);
+                }
+                holders.keys.insert(key.to_vec());
             }
         }
         let expiry = now_units.saturating_add(self.lifetime_units);
+        // A miss whose word is gone (not linked any more) is denied, to be
+        // tried again at once.
         let mut decision = match purpose {
             Purpose::Prefetch(decision) => decision,
             Purpose::Miss => Decision::Denied {
-                retry_after: RetryAfter::from_nanos(0),
+                retry_after: RETRY_AT_ONCE,
             },
         };
         let lifetime_nanos = word::nanos(self.lifetime_units);
@@ -1179,8 +1245,11 @@ impl<C: Clock> LeasedLimiter<C> {
                     tokens -= n;
                     decision = Decision::Allowed { remaining: tokens };
                 } else {
+                    // The tokens held here when the lease was asked for were
+                    // spent meanwhile (or expired): the request may be tried
+                    // again at once, and will take another lease.
                     decision = Decision::Denied {
-                        retry_after: RetryAfter::from_nanos(0),
+                        retry_after: RETRY_AT_ONCE,
                     };
                 }
             }
@@ -1253,8 +1322,10 @@ impl<C: Clock> LeasedLimiter<C> {
     /// The failure policy's decision; `wait` is left until Redis is tried.
     fn fallback(&self, key: &[u8], n: u32, wait: Duration) -> Decision {
         Counters::add(&self.counters.fallbacks, 1);
+        // At least 1 ns: a backoff of zero still tells a client to come back
+        // (Retry-After: 1), never that it was due already.
         let deny = Decision::Denied {
-            retry_after: RetryAfter::from_nanos(saturating_nanos(wait)),
+            retry_after: RetryAfter::from_nanos(saturating_nanos(wait).max(1)),
         };
         match &self.on_failure {
             OnFailure::Deny => deny,
@@ -1268,6 +1339,13 @@ impl<C: Clock> LeasedLimiter<C> {
     }
 }
 
+/// The wait of a request denied by a race rather than by the bucket (the
+/// tokens it was to be served with were spent by others while its lease was
+/// fetched): the least wait there is, which `Retry-After` rounds up to 1 s.
+/// Never 0, which would tell a client that it was admitted no later than
+/// now.
+const RETRY_AT_ONCE: RetryAfter = RetryAfter::from_nanos(1);
+
 /// A thread that takes the prefetches of a [`LeasedLimiter`] off the request
 /// path, on a connection of its own, and gives back idle leases every idle
 /// time. Stopped (and joined) when dropped; from then on (and whenever its
@@ -1276,7 +1354,7 @@ pub struct Refresher {
     stop: Arc<AtomicBool>,
     /// Wakes the thread from its wait for work, so that dropping the handle
     /// does not wait out the idle time.
-    wake: SyncSender<Option<(Vec<u8>, Fetch)>>,
+    wake: SyncSender<Option<Queued>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -1303,6 +1381,12 @@ impl Drop for Refresher {
 }
 
 impl<C: Clock + 'static> LeasedLimiter<C> {
+    /// This limiter, weakly, as what a queued prefetch releases its claim on.
+    fn owner(self: &Arc<Self>) -> Weak<dyn ReleaseClaim> {
+        let owner: Arc<dyn ReleaseClaim> = Arc::clone(self) as Arc<dyn ReleaseClaim>;
+        Arc::downgrade(&owner)
+    }
+
     /// Start a thread that makes this limiter's prefetches on `con` (the
     /// request that crosses the low-water mark then only queues the key, and
     /// makes no call), and gives back idle leases every idle time (at least
@@ -1316,9 +1400,16 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
         self: &Arc<Self>,
         mut con: BlockingConnection,
     ) -> std::io::Result<Option<Refresher>> {
-        let (queue, requests) = mpsc::sync_channel::<Option<(Vec<u8>, Fetch)>>(QUEUE);
+        let (queue, requests) = mpsc::sync_channel::<Option<Queued>>(QUEUE);
         let wake = queue.clone();
-        if self.refresher.set(Queue::Thread(queue)).is_err() {
+        if self
+            .refresher
+            .set(Queue {
+                to: To::Thread(queue),
+                owner: self.owner(),
+            })
+            .is_err()
+        {
             return Ok(None);
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -1334,16 +1425,7 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
                     match requests.recv_timeout(tick) {
                         // The handle dropped: the loop's test ends it.
                         Ok(None) => {}
-                        Ok(Some((key, fetch))) => {
-                            let result = fetch.invocation.invoke(&mut con);
-                            let _ = limiter.finish_lease(
-                                &key,
-                                1,
-                                fetch.purpose,
-                                fetch.size_code,
-                                result,
-                            );
-                        }
+                        Ok(Some(mut queued)) => queued.make(&limiter, &mut con),
                         Err(RecvTimeoutError::Timeout) => {}
                         Err(RecvTimeoutError::Disconnected) => break,
                     }
@@ -1364,11 +1446,86 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
 /// Prefetches waiting for a refresher, at most.
 const QUEUE: usize = 1_024;
 
-/// A refresher's queue.
-enum Queue {
-    Thread(SyncSender<Option<(Vec<u8>, Fetch)>>),
+/// A refresher's queue, and the limiter whose claims its prefetches hold.
+struct Queue {
+    to: To,
+    owner: Weak<dyn ReleaseClaim>,
+}
+
+/// Where a refresher takes its prefetches from.
+enum To {
+    Thread(SyncSender<Option<Queued>>),
     #[cfg(feature = "tokio")]
-    Task(tokio::sync::mpsc::Sender<(Vec<u8>, Fetch)>),
+    Task(tokio::sync::mpsc::Sender<Queued>),
+}
+
+/// Releases a key's fetch claim: a [`LeasedLimiter`] of any clock, for the
+/// queue, which is not generic.
+trait ReleaseClaim: Send + Sync {
+    fn release(&self, key: &[u8]);
+}
+
+impl<C: Clock> ReleaseClaim for LeasedLimiter<C> {
+    fn release(&self, key: &[u8]) {
+        self.local
+            .transform_linked(key, |w| Some(w & !word::FETCHING));
+    }
+}
+
+/// A prefetch handed to a refresher. Dropped before it was made (its
+/// refresher stopped or its task was aborted with it queued or in flight, or
+/// the queue was discarded), it releases its key's claim, so that the key's
+/// next request can take a lease again.
+struct Queued {
+    key: Vec<u8>,
+    /// `None` once taken back by [`into_fetch`](Self::into_fetch).
+    fetch: Option<Fetch>,
+    /// Set once the fetch's answer is in the key's word.
+    made: bool,
+    owner: Weak<dyn ReleaseClaim>,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if !self.made
+            && self.fetch.is_some()
+            && let Some(owner) = self.owner.upgrade()
+        {
+            owner.release(&self.key);
+        }
+    }
+}
+
+impl Queued {
+    /// The fetch, taken back unmade (the queue refused it): the claim goes
+    /// with it, to the request that makes it.
+    fn into_fetch(mut self) -> Option<Fetch> {
+        self.fetch.take()
+    }
+
+    /// Make the fetch on `con` and put its answer into the key's word.
+    fn make<C: Clock>(&mut self, limiter: &LeasedLimiter<C>, con: &mut dyn ConnectionLike) {
+        if let Some(fetch) = &self.fetch {
+            let result = fetch.invocation.invoke(con);
+            let _ = limiter.finish_lease(&self.key, 1, fetch.purpose, fetch.size_code, result);
+            self.made = true;
+        }
+    }
+
+    /// [`make`](Self::make) on an asynchronous connection. Dropped while it
+    /// awaits the call, `self` is still unmade, and releases the claim.
+    #[cfg(feature = "tokio")]
+    async fn make_async<C: Clock, Con: ::redis::aio::ConnectionLike>(
+        &mut self,
+        limiter: &LeasedLimiter<C>,
+        con: &mut Con,
+    ) {
+        if let Some(fetch) = &self.fetch {
+            let result = fetch.invocation.invoke_async(con).await;
+            let _ = limiter.finish_lease(&self.key, 1, fetch.purpose, fetch.size_code, result);
+            self.made = true;
+        }
+    }
 }
 
 impl Queue {
@@ -1376,20 +1533,22 @@ impl Queue {
     /// refresher stopped.
     /// (`Err(None)` only in form: what comes back is what was sent, `Some`.)
     fn send(&self, key: &[u8], fetch: Fetch) -> Result<(), Option<Fetch>> {
-        match self {
-            Queue::Thread(queue) => {
-                queue
-                    .try_send(Some((key.to_vec(), fetch)))
-                    .map_err(|e| match e {
-                        TrySendError::Full(sent) | TrySendError::Disconnected(sent) => {
-                            sent.map(|(_, fetch)| fetch)
-                        }
-                    })
-            }
+        let queued = Queued {
+            key: key.to_vec(),
+            fetch: Some(fetch),
+            made: false,
+            owner: Weak::clone(&self.owner),
+        };
+        match &self.to {
+            To::Thread(queue) => queue.try_send(Some(queued)).map_err(|e| match e {
+                TrySendError::Full(sent) | TrySendError::Disconnected(sent) => {
+                    sent.and_then(Queued::into_fetch)
+                }
+            }),
             #[cfg(feature = "tokio")]
-            Queue::Task(queue) => queue.try_send((key.to_vec(), fetch)).map_err(|e| match e {
-                tokio::sync::mpsc::error::TrySendError::Full((_, fetch))
-                | tokio::sync::mpsc::error::TrySendError::Closed((_, fetch)) => Some(fetch),
+            To::Task(queue) => queue.try_send(queued).map_err(|e| match e {
+                tokio::sync::mpsc::error::TrySendError::Full(queued)
+                | tokio::sync::mpsc::error::TrySendError::Closed(queued) => queued.into_fetch(),
             }),
         }
     }
@@ -1409,8 +1568,15 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
     where
         Con: ::redis::aio::ConnectionLike + Send + 'static,
     {
-        let (queue, mut requests) = tokio::sync::mpsc::channel::<(Vec<u8>, Fetch)>(QUEUE);
-        if self.refresher.set(Queue::Task(queue)).is_err() {
+        let (queue, mut requests) = tokio::sync::mpsc::channel::<Queued>(QUEUE);
+        if self
+            .refresher
+            .set(Queue {
+                to: To::Task(queue),
+                owner: self.owner(),
+            })
+            .is_err()
+        {
             return None;
         }
         let limiter = Arc::clone(self);
@@ -1419,11 +1585,9 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
             let mut last_give_back = Instant::now();
             loop {
                 match tokio::time::timeout(tick, requests.recv()).await {
-                    Ok(Some((key, fetch))) => {
-                        let result = fetch.invocation.invoke_async(&mut con).await;
-                        let _ =
-                            limiter.finish_lease(&key, 1, fetch.purpose, fetch.size_code, result);
-                    }
+                    // Aborted while this awaits, `queued` is dropped unmade
+                    // and releases the key's claim.
+                    Ok(Some(mut queued)) => queued.make_async(&limiter, &mut con).await,
                     Ok(None) => break,
                     Err(_) => {}
                 }
@@ -1434,6 +1598,26 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
             }
         }))
     }
+}
+
+/// The keys that may hold a lease here, for give-back passes.
+struct Holders {
+    keys: HashSet<Vec<u8>>,
+    /// The size at which an insert first forgets the keys holding nothing.
+    prune_at: usize,
+}
+
+/// The least size at which [`Holders`] is pruned.
+const MIN_PRUNE: usize = 1_024;
+
+/// A lease word as a give-back pass sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lease {
+    /// No usable tokens: nothing to give back, and the key can be forgotten.
+    Spent,
+    /// Tokens held: given back (`true`) or kept (`false`: in use, or a fetch
+    /// is under way).
+    Idle(bool),
 }
 
 /// How a claim went.
@@ -1550,5 +1734,34 @@ mod tests {
         ] {
             assert!(parse_lease(&bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_keys_kept_for_give_back_passes_stay_bounded_without_them() {
+        use crate::clock::ManualClock;
+        let clock = ManualClock::new();
+        let global = RedisLimiter::new(
+            "holders",
+            TokenBucket::new(crate::Quota::per_second(1_000).unwrap()),
+        )
+        .unwrap();
+        let limiter = LeasedBuilder::new(global, 8)
+            .unwrap()
+            .lifetime(Duration::from_secs(1))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let granted = Value::Array([4, 0, 0, 0].into_iter().map(Value::Int).collect());
+        let mut most = 0;
+        for i in 0..20_000u32 {
+            // Every key takes one lease, which expires before the next key's:
+            // no give-back pass ever runs.
+            let key = i.to_be_bytes();
+            let _ = limiter.finish_lease(&key, 1, Purpose::Miss, 2, Ok(granted.clone()));
+            clock.advance(Duration::from_secs(2));
+            let held = limiter.holders.lock().unwrap().keys.len();
+            most = most.max(held);
+        }
+        assert!(most <= MIN_PRUNE, "{most}");
     }
 }
