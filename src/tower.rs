@@ -127,7 +127,6 @@ use core::pin::Pin;
 use core::str::FromStr;
 use core::task::{Context, Poll};
 use std::borrow::Cow;
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
@@ -251,10 +250,13 @@ type Validator = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 /// authenticated (put this layer after the authentication, or validate keys
 /// with [`validate`](ApiKeyHeader::validate)).
 ///
-/// A missing header, a value that is not visible ASCII, an empty one or one
-/// longer than the maximum (128 bytes by default) has no key: 401, with the
-/// challenge `ApiKey header="NAME"` in `WWW-Authenticate`. The bound keeps a
-/// client from making the limiter store megabyte keys. The key is borrowed from
+/// A missing header, a value that is not visible ASCII (spaces around it
+/// are trimmed; none may be inside), an empty one or one longer than the
+/// maximum (128 bytes by default; raise it with
+/// [`max_len`](ApiKeyHeader::max_len) for longer credentials such as tokens)
+/// has no key: 401, with the challenge `ApiKey header="NAME"` in
+/// `WWW-Authenticate`. The bound keeps a client from making the limiter store
+/// megabyte keys. The key is borrowed from
 /// the request; a `String` is made only for a new key.
 #[derive(Clone)]
 pub struct ApiKeyHeader {
@@ -321,7 +323,8 @@ impl KeyExtractor for ApiKeyHeader {
 
     fn extract<'r>(&self, request: &RequestHead<'r>) -> Option<Cow<'r, str>> {
         let value = request.headers.get(&self.name)?.to_str().ok()?.trim();
-        if value.is_empty() || value.len() > self.max_len {
+        // `to_str` lets spaces and tabs through; a key has none inside.
+        if value.is_empty() || value.len() > self.max_len || value.contains([' ', '\t']) {
             return None;
         }
         if let Some(validate) = &self.validate
@@ -565,15 +568,19 @@ impl FromStr for IpNet {
 
     fn from_str(s: &str) -> Result<IpNet, IpNetError> {
         let err = || IpNetError(s.chars().take(80).collect());
-        let (addr, prefix) = match s.split_once('/') {
+        let (addr, prefix) = match s.trim().split_once('/') {
             Some((addr, prefix)) => (addr, Some(prefix)),
-            None => (s, None),
+            None => (s.trim(), None),
         };
-        let addr: IpAddr = addr.trim().parse().map_err(|_| err())?;
+        let addr: IpAddr = addr.parse().map_err(|_| err())?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => max,
-            Some(p) => p.trim().parse::<u8>().map_err(|_| err())?,
+            // Digits only: no sign, no spaces around the slash.
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+                p.parse::<u8>().map_err(|_| err())?
+            }
+            Some(_) => return Err(err()),
         };
         if prefix > max {
             return Err(err());
@@ -596,9 +603,15 @@ impl FromStr for IpNet {
 
 impl IpNet {
     /// Whether `ip` is in this network. An IPv4-mapped IPv6 address
-    /// (`::ffff:10.0.0.1`) is compared as its IPv4 address.
+    /// (`::ffff:10.0.0.1`) is compared as its IPv4 address, and an IPv4
+    /// address is in an IPv6 network that holds its mapped form (`::/0`
+    /// holds every address).
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip.to_canonical()) {
+        let ip = match (self.addr, ip.to_canonical()) {
+            (IpAddr::V6(_), IpAddr::V4(v4)) => IpAddr::V6(v4.to_ipv6_mapped()),
+            (_, ip) => ip,
+        };
+        match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
                 let mask = u32::MAX
                     .checked_shl(32 - u32::from(self.prefix))
@@ -761,19 +774,24 @@ impl<T: Send + Sync + 'static> KeyExtractor for ForwardedFor<T> {
                     self.walk(peer, hops)
                 }
                 ForwardHeader::Forwarded => {
-                    // Quoted strings may hold commas, so each line is read
-                    // left to right; only the last MAX_HOPS elements are kept.
-                    let mut hops = VecDeque::new();
-                    for line in request.headers.get_all(http::header::FORWARDED) {
-                        let line = String::from_utf8_lossy(line.as_bytes());
-                        for element in split_unquoted(&line, b',') {
-                            if hops.len() == MAX_HOPS {
-                                hops.pop_front();
-                            }
-                            hops.push_back(forwarded_for(element));
-                        }
-                    }
-                    self.walk(peer, hops.into_iter().rev())
+                    // Quoted strings may hold commas, so the elements are
+                    // found by a quote-aware scan, and from the right: the
+                    // elements a proxy appended are well-formed and lie right
+                    // of anything the client sent, so a client's unclosed
+                    // quote (which a left-to-right scan would run on through
+                    // the proxy's element) cannot reach them.
+                    let mut lines: Vec<_> = request
+                        .headers
+                        .get_all(http::header::FORWARDED)
+                        .iter()
+                        .map(|line| String::from_utf8_lossy(line.as_bytes()))
+                        .collect();
+                    lines.reverse();
+                    let hops = lines
+                        .iter()
+                        .flat_map(|line| rsplit_unquoted(line, b','))
+                        .map(forwarded_for);
+                    self.walk(peer, hops)
                 }
             }
         };
@@ -807,6 +825,42 @@ fn split_unquoted(s: &str, sep: u8) -> impl Iterator<Item = &str> {
                 // `sep` is ASCII, so `i` and `i + 1` are character boundaries.
                 rest = s.get(i + 1..);
                 return s.get(..i);
+            }
+        }
+        rest = None;
+        Some(s)
+    })
+}
+
+/// The pieces of `s` between `sep` bytes that are outside quoted strings,
+/// last first: scanned from the right, a `"` closes a quoted string (read
+/// backwards) and the next `"` not escaped by an odd run of backslashes
+/// opens it. On well-formed input the pieces are `split_unquoted`'s; on a
+/// line whose left part is malformed, the well-formed pieces right of it
+/// still come out whole.
+fn rsplit_unquoted(s: &str, sep: u8) -> impl Iterator<Item = &str> {
+    let mut rest = Some(s);
+    core::iter::from_fn(move || {
+        let s = rest?;
+        let bytes = s.as_bytes();
+        let mut quoted = false;
+        let mut i = bytes.len();
+        while i > 0 {
+            i -= 1;
+            let b = bytes[i];
+            if quoted {
+                if b == b'"' {
+                    let backslashes = bytes[..i].iter().rev().take_while(|&&c| c == b'\\').count();
+                    if backslashes % 2 == 0 {
+                        quoted = false;
+                    }
+                }
+            } else if b == b'"' {
+                quoted = true;
+            } else if b == sep {
+                // `sep` is ASCII, so `i` and `i + 1` are character boundaries.
+                rest = s.get(..i);
+                return s.get(i + 1..);
             }
         }
         rest = None;

@@ -707,3 +707,98 @@ fn an_ipv4_mapped_network_is_its_ipv4_network() {
     let net: IpNet = "2001:db8::/32".parse().expect("a network");
     assert!(net.contains("2001:db8::1".parse().expect("an address")));
 }
+
+/// A client's unclosed quote in its part of a `Forwarded` line, with the
+/// trusted proxy's element appended after a comma, used to swallow that
+/// element (a left-to-right scan ran the quoted string on to the end), so the
+/// client's own `for=` became the key: any address it liked, a fresh one per
+/// request, or a victim's. The elements are found from the right now.
+#[test]
+fn an_unclosed_quote_in_the_clients_forwarded_part_does_not_choose_the_key() {
+    let trusted = ["10.0.0.0/8".parse::<IpNet>().expect("a network")];
+    let client = Some("203.0.113.9".parse::<IpAddr>().expect("an address"));
+    let forwarded = ForwardedFor::rfc7239(PeerIp::new(), trusted);
+    let key = |line: &[u8]| {
+        forwarded
+            .extract(&RequestHead::of(&via_proxy("forwarded", line)))
+            .map(|k| k.into_owned())
+    };
+    for line in [
+        &b"for=203.0.113.9"[..],
+        b"for=6.6.6.1;x=\", for=203.0.113.9",
+        b"for=6.6.6.2;by=\", for=203.0.113.9",
+        b"for=\"6.6.6.6, for=203.0.113.9",
+        b"for=\"6.6.6.6\\\", for=203.0.113.9",
+        b"for=\"6.6.6.6\\\\\", for=203.0.113.9",
+        b"for=x;y=\", for=\"203.0.113.9\"",
+        b"for=x;y=\", for=\"203.0.113.9:443\"",
+        // Well-formed quoted strings with commas and escapes, left of the
+        // proxy's element.
+        b"for=\"a,b\";x=\"c\\\"d,e\", for=203.0.113.9",
+        // A trusted hop between the client's element and the peer.
+        b"for=6.6.6.7;x=\", for=203.0.113.9, for=10.1.1.1",
+    ] {
+        assert_eq!(key(line), client, "{}", String::from_utf8_lossy(line));
+    }
+    // Several field lines, the last the proxy's: the same.
+    let mut request = via_proxy("forwarded", b"for=6.6.6.8;x=\"");
+    request
+        .headers_mut()
+        .append("forwarded", HeaderValue::from_static("for=203.0.113.9"));
+    assert_eq!(
+        forwarded
+            .extract(&RequestHead::of(&request))
+            .map(|k| k.into_owned()),
+        client
+    );
+}
+
+/// An IPv6 network that holds the IPv4-mapped range holds IPv4 peers.
+#[test]
+fn an_ipv6_network_holding_mapped_addresses_holds_ipv4_peers() {
+    let all: IpNet = "::/0".parse().expect("a network");
+    assert!(all.contains("10.0.0.1".parse().expect("an address")));
+    assert!(all.contains("::ffff:10.0.0.1".parse().expect("an address")));
+    let mapped: IpNet = "::ffff:0.0.0.0/95".parse().expect("a network");
+    assert!(mapped.contains("10.0.0.1".parse().expect("an address")));
+    let other: IpNet = "2001:db8::/32".parse().expect("a network");
+    assert!(!other.contains("10.0.0.1".parse().expect("an address")));
+}
+
+/// Prefixes are digits only.
+#[test]
+fn a_network_with_a_signed_or_spaced_prefix_is_refused() {
+    for bad in [
+        "10.0.0.0/+8",
+        "10.0.0.0/ 8",
+        "10.0.0.0 /8",
+        "10.0.0.0/",
+        "10.0.0.0/8 /8",
+    ] {
+        assert!(bad.parse::<IpNet>().is_err(), "{bad}");
+    }
+    assert_eq!(
+        " 10.0.0.0/8 "
+            .parse::<IpNet>()
+            .expect("spaces around are trimmed"),
+        "10.0.0.0/8".parse::<IpNet>().expect("a network")
+    );
+}
+
+/// An API key with a space or a tab inside is not visible ASCII: no key.
+#[test]
+fn an_api_key_with_a_space_or_tab_inside_has_no_key() {
+    let keys = ApiKeyHeader::new(HeaderName::from_static("x-api-key"));
+    let key = |value: &'static str| {
+        let request = Request::builder()
+            .header("x-api-key", value)
+            .body(())
+            .expect("a request");
+        keys.extract(&RequestHead::of(&request))
+            .map(|k| k.into_owned())
+    };
+    assert_eq!(key("k1"), Some("k1".to_owned()));
+    assert_eq!(key("  k1 "), Some("k1".to_owned()));
+    assert_eq!(key("k 1"), None);
+    assert_eq!(key("k\t1"), None);
+}
