@@ -16,7 +16,8 @@ use std::sync::Arc;
 /// rather than by requests per second.
 ///
 /// Acquiring returns a [`Permit`] that gives its share back when dropped, so a
-/// call that panics or returns early cannot leak one. Lock-free: one
+/// call that panics or returns early cannot leak one (a permit passed to
+/// `std::mem::forget` is never dropped, and holds its share for good). Lock-free: one
 /// compare-and-swap on one counter to acquire, one atomic subtraction to release.
 /// A refusal has no retry-after (nobody can say when a call will finish); an HTTP
 /// gate answers it with 503.
