@@ -237,6 +237,31 @@ impl<K> KeyedLimiter<K> {
     }
 }
 
+impl<K> KeyedLimiter<K, LiveTokenBucket> {
+    /// A token-bucket limiter per key whose quota can be changed while it
+    /// serves ([`set_quota`](KeyedLimiter::set_quota)), with the defaults of
+    /// [`KeyedLimiter::new`]; capacities up to 65,535 (or `quota`'s, if
+    /// larger; for more, give [`KeyedBuilder::new`] a
+    /// [`LiveTokenBucket::with_ceiling`]).
+    ///
+    /// ```
+    /// use turnstile::{KeyedLimiter, Quota};
+    ///
+    /// let limiter = KeyedLimiter::live(Quota::per_minute(60)?)?;
+    /// assert!(limiter.try_acquire("alice").is_allowed());
+    /// limiter.set_quota(Quota::per_minute(600)?)?; // raised while serving
+    /// assert_eq!(limiter.remaining("bob"), 600);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LiveTokenBucket::new`].
+    pub fn live(quota: Quota) -> Result<KeyedLimiter<K, LiveTokenBucket>, QuotaError> {
+        Ok(KeyedBuilder::new(LiveTokenBucket::new(quota)?).assemble(default_shards()))
+    }
+}
+
 impl<K, A> KeyedBuilder<K, A> {
     /// A builder for a limiter per key running `algorithm`, with the defaults of
     /// [`KeyedLimiter::new`].
@@ -1302,7 +1327,10 @@ mod sweeper {
 
     /// A background thread sweeping a [`KeyedLimiter`] every interval; dropping
     /// the handle stops it. It holds the limiter weakly, so it also stops once the
-    /// limiter is dropped.
+    /// limiter is dropped. Keep it for as long as the sweeping should go on
+    /// (`let _sweeper = ...`, not `let _ = ...` or a bare statement, both of
+    /// which drop it at once).
+    #[must_use = "dropping the Sweeper stops its thread at once: keep it in a binding"]
     pub struct Sweeper {
         stop: Arc<AtomicBool>,
         thread: Option<JoinHandle<()>>,
@@ -1388,6 +1416,18 @@ mod sweeper {
         /// Start a thread that sweeps every shard, one at a time, every `interval`,
         /// for a limiter shared through an `Arc`; the thread stops when the handle
         /// or the limiter is dropped.
+        ///
+        /// ```
+        /// use std::sync::Arc;
+        /// use std::time::Duration;
+        /// use turnstile::{KeyedLimiter, Quota};
+        ///
+        /// let limiter = Arc::new(KeyedLimiter::<u64>::new(Quota::per_second(10)?));
+        /// // Kept in a binding: the thread sweeps for as long as `_sweeper` lives.
+        /// let _sweeper = limiter.start_sweeper(Duration::from_secs(1))?;
+        /// assert!(limiter.try_acquire(&7).is_allowed());
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
         ///
         /// # Errors
         ///
