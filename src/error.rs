@@ -39,7 +39,7 @@ pub enum QuotaError {
     },
     /// A window algorithm's limit (or a concurrency limit) was 0.
     ZeroLimit,
-    /// A fair queue ([`Fair::new`](crate::Fair::new)) was given room for 0
+    /// A fair queue (`Fair::new`, feature `tokio`) was given room for 0
     /// waiters; it must hold at least one.
     ZeroWaiters,
     /// A window was zero long.

@@ -20,6 +20,40 @@
 //! }
 //! # Ok::<(), turnstile::QuotaError>(())
 //! ```
+//!
+//! # Where to start
+//!
+//! - **One limit** for a process or a resource: [`RateLimiter`]
+//!   ([`try_acquire`](RateLimiter::try_acquire) for a [`Decision`] with the
+//!   exact wait, [`check`](RateLimiter::check) to defer the wait,
+//!   [`wait`](RateLimiter::wait) to pace a client).
+//! - **A limit per key** (API key, user, IP address): [`KeyedLimiter`], its
+//!   memory bounded by `max_keys` and idle keys swept
+//!   ([`with_sweeper`](KeyedLimiter::with_sweeper)). Keys from untrusted
+//!   input can be forged in any number: bound them tightly.
+//! - **Different quotas per key**: [`Tiered`]. **A quota changed while
+//!   serving**: [`LiveTokenBucket`] ([`RateLimiter::live`],
+//!   [`KeyedLimiter::live`], then `set_quota`).
+//! - **HTTP**: [`Gate`] turns decisions into 200/401/429/503 with
+//!   `Retry-After` and `RateLimit` fields for any framework; with feature
+//!   `tower`, `tower::RateLimitLayer` with the key extractors
+//!   `tower::ApiKeyHeader`, `tower::PeerIp` and `tower::ForwardedFor`.
+//! - **Several limits at once**, all or nothing: [`chain`]. **Counting only
+//!   some outcomes** (failed logins): `try_acquire_refundable`, then
+//!   [`Admission::refund`]. **Reserving ahead**: `reserve_n`, [`Reservation`].
+//! - **Calls in flight** rather than calls per second: [`ConcurrencyLimiter`].
+//!   **Waiting in arrival order**: `Fair` (feature `tokio`).
+//! - **Algorithms**: [`TokenBucket`] (the default), [`Gcra`], [`FixedWindow`],
+//!   [`SlidingWindow`]. **Clocks**: [`RealClock`] (the default),
+//!   [`CoarseClock`] (cheaper to read), [`ManualClock`] (for tests).
+//! - **One limit across processes**: the `redis` module (feature `redis`),
+//!   exact or leased.
+//!
+//! The README is the guide: the semantics and bounds of each algorithm, the
+//! hazards the rate-limiter pattern names (unsynchronized counters, unbounded
+//! per-key memory, untrusted keys, counters split across servers) and how the
+//! crate meets each, a table for users of governor and Go's x/time/rate, and
+//! the measurements.
 // `unsafe` lives in the keyed map's lock-free table (`keyed/table.rs`) and in
 // one system call (`membarrier`, `reclaim.rs`), each block with the argument
 // for why it is sound.

@@ -417,7 +417,7 @@ impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
     ///
     /// The rate a waiting loop achieves is at most the quota's, and below it
     /// by each sleep's lateness (the scheduler's, and tokio's millisecond
-    /// timer for [`wait_n_async`](Self::wait_n_async)) and any jitter: with a
+    /// timer for `wait_n_async`) and any jitter: with a
     /// burst of 1 the time a late wake-up loses is never made up. A burst of
     /// 2 or more absorbs it (at the cost of two permits close together after
     /// a late wake-up); keep the burst at 1 where the other side allows no
