@@ -43,6 +43,15 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// The tokens left after an admission, or the denial as an error for `?`.
+    #[inline]
+    pub const fn into_result(self) -> Result<u32, RateLimited> {
+        match self {
+            Decision::Allowed { remaining } => Ok(remaining),
+            Decision::Denied { retry_after } => Err(RateLimited::new(retry_after, false)),
+        }
+    }
+
     /// `true` when the permits were taken.
     #[inline]
     pub const fn is_allowed(&self) -> bool {
@@ -104,6 +113,17 @@ pub enum KeyedDecision {
 }
 
 impl KeyedDecision {
+    /// The tokens left after an admission, or the denial (of either kind) as
+    /// an error for `?`.
+    #[inline]
+    pub const fn into_result(self) -> Result<u32, RateLimited> {
+        match self {
+            KeyedDecision::Allowed { remaining } => Ok(remaining),
+            KeyedDecision::Denied { retry_after } => Err(RateLimited::new(retry_after, false)),
+            KeyedDecision::KeyLimit { retry_after } => Err(RateLimited::new(retry_after, true)),
+        }
+    }
+
     /// `true` when the permits were taken.
     #[inline]
     pub const fn is_allowed(&self) -> bool {
@@ -279,6 +299,89 @@ impl<A> fmt::Debug for NotYet<'_, A> {
             .field("known", &self.known)
             .field("key_limit", &self.key_limit)
             .finish_non_exhaustive()
+    }
+}
+
+/// A denial as an error, owned, for `?`: what
+/// [`Decision::into_result`], [`KeyedDecision::into_result`] and
+/// `RateLimited::from(not_yet)` make of a denial, so that a function
+/// returning `Result<_, Box<dyn Error>>` (or any error type with a `From`
+/// for it) can write `limiter.try_acquire().into_result()?`.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{ManualClock, Quota, RateLimited, RateLimiter};
+///
+/// fn send(limiter: &RateLimiter<turnstile::TokenBucket, ManualClock>) -> Result<u32, Box<dyn std::error::Error>> {
+///     let left = limiter.try_acquire().into_result()?;
+///     // ... send ...
+///     Ok(left)
+/// }
+///
+/// let clock = ManualClock::new();
+/// let limiter = RateLimiter::with_clock(Quota::new(1, 1, Duration::from_secs(2))?, clock);
+/// assert_eq!(send(&limiter)?, 0);
+/// let err = send(&limiter).unwrap_err();
+/// let limited = err.downcast_ref::<RateLimited>().expect("a denial");
+/// assert_eq!(limited.retry_after().header_secs(), 2);
+/// assert_eq!(err.to_string(), "rate limited: retry after 2s");
+///
+/// // `check`'s denial, which borrows the limiter, converts too.
+/// let denial = limiter.check().map_err(RateLimited::from);
+/// assert!(denial.is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RateLimited {
+    retry_after: RetryAfter,
+    key_limit: bool,
+}
+
+impl RateLimited {
+    /// A denial with `retry_after`; `key_limit` when a keyed limiter refused
+    /// a new key at its bound.
+    pub const fn new(retry_after: RetryAfter, key_limit: bool) -> RateLimited {
+        RateLimited {
+            retry_after,
+            key_limit,
+        }
+    }
+
+    /// The wait until the request would be admitted.
+    pub const fn retry_after(&self) -> RetryAfter {
+        self.retry_after
+    }
+
+    /// `true` when a keyed limiter refused a new key at its bound (HTTP 503
+    /// rather than 429).
+    pub const fn is_key_limit(&self) -> bool {
+        self.key_limit
+    }
+}
+
+impl fmt::Display for RateLimited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key_limit {
+            write!(
+                f,
+                "the rate limiter holds its most keys: retry after {}s",
+                self.retry_after.header_secs()
+            )
+        } else {
+            write!(
+                f,
+                "rate limited: retry after {}s",
+                self.retry_after.header_secs()
+            )
+        }
+    }
+}
+
+impl std::error::Error for RateLimited {}
+
+impl<A: crate::Algorithm> From<NotYet<'_, A>> for RateLimited {
+    fn from(denial: NotYet<'_, A>) -> RateLimited {
+        RateLimited::new(denial.retry_after(), denial.is_key_limit())
     }
 }
 

@@ -104,7 +104,7 @@ pub use chain::{Admission, ChainAdmission};
 pub use clock::CoarseClock;
 pub use clock::{Clock, ClockSource, ManualClock, MonotonicClock, RealClock, TscClock};
 pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
-pub use decision::{Decision, KeyedDecision, NotYet, RetryAfter};
+pub use decision::{Decision, KeyedDecision, NotYet, RateLimited, RetryAfter};
 pub use error::{AcquireError, KeyedConfigError, QuotaError};
 #[cfg(feature = "tokio")]
 pub use fair::{Fair, FairError, FairTarget};

@@ -401,3 +401,36 @@ fn a_refill_comes_at_most_one_time_unit_early() {
         );
     }
 }
+
+/// A denial becomes an owned error for `?`, with the wait and its kind; an
+/// admission the tokens left.
+#[test]
+fn decisions_convert_to_results_for_the_question_mark() {
+    use std::time::Duration;
+    use turnstile::{KeyedDecision, KeyedLimiter, ManualClock, Quota, RateLimited, RateLimiter};
+    let clock = ManualClock::new();
+    let quota = Quota::new(2, 1, Duration::from_secs(3)).unwrap();
+    let limiter = RateLimiter::with_clock(quota, clock.clone());
+    assert_eq!(limiter.try_acquire().into_result(), Ok(1));
+    assert_eq!(limiter.try_acquire().into_result(), Ok(0));
+    let err = limiter.try_acquire().into_result().unwrap_err();
+    assert_eq!(err.retry_after().duration(), Duration::from_secs(3));
+    assert!(!err.is_key_limit());
+    assert_eq!(err.to_string(), "rate limited: retry after 3s");
+    let from_check = limiter.check().map_err(RateLimited::from).unwrap_err();
+    assert_eq!(from_check, err);
+    let boxed: Box<dyn std::error::Error> = Box::new(err);
+    assert!(boxed.downcast_ref::<RateLimited>().is_some());
+
+    let keyed = KeyedLimiter::<String, _, _>::builder(quota)
+        .clock(clock)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    assert_eq!(keyed.try_acquire("a").into_result(), Ok(1));
+    let full = keyed.try_acquire("b");
+    assert!(matches!(full, KeyedDecision::KeyLimit { .. }));
+    let err = full.into_result().unwrap_err();
+    assert!(err.is_key_limit());
+    assert!(err.to_string().contains("most keys"), "{err}");
+}
