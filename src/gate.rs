@@ -18,6 +18,7 @@ use crate::reclaim::thread_slot;
 use crate::sliding_window::SlidingWindow;
 use crate::sync::{AtomicBool, Ordering};
 use crate::tally::Tally;
+use crate::tiered::Tiered;
 use crate::token_bucket::TokenBucket;
 
 /// What the gate answers a request.
@@ -354,13 +355,46 @@ impl AdvertisedQuota for SlidingWindow {
 /// [`set_shadow`](Self::set_shadow)) every denial is decided and counted but
 /// answered 200 (with `remaining: 0`): a way to try a limit on live traffic
 /// before enforcing it.
+///
+/// **Tiers.** [`Gate::tiered`] puts a [`Tiered`] set of keyed limiters
+/// (different quotas for different keys) behind the gate instead of one
+/// limiter; `L`, the limiter's type, is then that `Tiered`.
+///
+/// ```
+/// use turnstile::{Gate, KeyedLimiter, Quota, Tiered};
+///
+/// let tiers = Tiered::new(
+///     [
+///         ("free", KeyedLimiter::<String>::new(Quota::per_minute(1)?)),
+///         ("paid", KeyedLimiter::<String>::new(Quota::per_minute(100)?)),
+///     ],
+///     |key: &str| usize::from(key.starts_with("paid_")),
+/// )?;
+/// let gate = Gate::tiered(tiers);
+/// assert_eq!(gate.check(Some("free_1")).status(), 200);
+/// assert_eq!(gate.check(Some("free_1")).status(), 429);
+/// assert_eq!(gate.check(Some("paid_1")).status(), 200);
+/// assert_eq!(gate.check(Some("paid_1")).status(), 200);
+/// assert_eq!(gate.stats().too_many_requests, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
-pub struct Gate<K, A = TokenBucket, C = RealClock, S = ahash::RandomState> {
-    limiter: KeyedLimiter<K, A, C, S>,
+pub struct Gate<
+    K,
+    A = TokenBucket,
+    C = RealClock,
+    S = ahash::RandomState,
+    L = KeyedLimiter<K, A, C, S>,
+> {
+    limiter: L,
+    _limits: Limits<K, A, C, S>,
     policy: Option<RateLimitPolicy>,
     shadow: AtomicBool,
     counts: Tally<5>,
 }
+
+/// The type parameters a [`Gate`] names besides its limiter's type.
+type Limits<K, A, C, S> = core::marker::PhantomData<fn() -> (K, A, C, S)>;
 
 /// The gate's own counters, beside the limiter's.
 const UNAUTHORIZED: usize = 0;
@@ -392,64 +426,108 @@ pub struct GateStats {
     pub evicted: u64,
 }
 
+/// What a [`Gate`] decides with, for keys looked up as `Q`: a
+/// [`KeyedLimiter`] ([`Gate::new`]) or a [`Tiered`] set of them
+/// ([`Gate::tiered`]). Sealed: implemented for those two only.
+pub trait GateLimiter<Q: ?Sized>: LimiterStats {
+    /// One permit for `key`.
+    #[doc(hidden)]
+    fn acquire(&self, key: &Q) -> KeyedDecision;
+    /// `n` permits for `key`.
+    #[doc(hidden)]
+    fn acquire_n(&self, key: &Q, n: u32) -> Result<KeyedDecision, AcquireError>;
+}
+
+/// The counts of the limiter behind a [`Gate`] (for a [`Tiered`] set,
+/// summed over its tiers). Sealed: implemented for [`KeyedLimiter`] and
+/// [`Tiered`] only.
+pub trait LimiterStats: sealed::Sealed {
+    /// The counts now.
+    #[doc(hidden)]
+    fn limiter_stats(&self) -> KeyedStats;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<K, A, C, S> Sealed for crate::keyed::KeyedLimiter<K, A, C, S> {}
+    impl<K, F, A, C, S> Sealed for crate::tiered::Tiered<K, F, A, C, S> {}
+}
+
+impl<K, A, C, S> LimiterStats for KeyedLimiter<K, A, C, S>
+where
+    K: Hash + Eq,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    fn limiter_stats(&self) -> KeyedStats {
+        self.stats()
+    }
+}
+
+impl<K, A, C, S, Q> GateLimiter<Q> for KeyedLimiter<K, A, C, S>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    #[inline]
+    fn acquire(&self, key: &Q) -> KeyedDecision {
+        self.try_acquire(key)
+    }
+
+    #[inline]
+    fn acquire_n(&self, key: &Q, n: u32) -> Result<KeyedDecision, AcquireError> {
+        self.try_acquire_n(key, n)
+    }
+}
+
+impl<K, F, A, C, S> LimiterStats for Tiered<K, F, A, C, S>
+where
+    K: Hash + Eq,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    fn limiter_stats(&self) -> KeyedStats {
+        let mut sum = KeyedStats::default();
+        for (_, stats) in self.tier_stats() {
+            sum.keys += stats.keys;
+            sum.admitted += stats.admitted;
+            sum.denied += stats.denied;
+            sum.denied_key_limit += stats.denied_key_limit;
+            sum.evicted += stats.evicted;
+        }
+        sum
+    }
+}
+
+impl<K, F, A, C, S, Q> GateLimiter<Q> for Tiered<K, F, A, C, S>
+where
+    F: Fn(&Q) -> usize,
+    K: Hash + Eq + Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    #[inline]
+    fn acquire(&self, key: &Q) -> KeyedDecision {
+        self.try_acquire(key)
+    }
+
+    #[inline]
+    fn acquire_n(&self, key: &Q, n: u32) -> Result<KeyedDecision, AcquireError> {
+        self.try_acquire_n(key, n)
+    }
+}
+
 impl<K, A, C, S> Gate<K, A, C, S> {
     /// A gate in front of `limiter`, without `RateLimit` header fields.
     pub fn new(limiter: KeyedLimiter<K, A, C, S>) -> Gate<K, A, C, S> {
-        Gate {
-            limiter,
-            policy: None,
-            shadow: AtomicBool::new(false),
-            counts: Tally::new(),
-        }
-    }
-
-    /// This gate in shadow mode: decide and count every request, and deny none
-    /// for its rate: a 429 or 503 is answered 200 and counted as shadowed. A
-    /// request without a valid key is still answered 401: it has no key to be
-    /// limited under, so letting it through would let it past the limit once
-    /// enforced too (and a layer still answers 500 for a missing peer
-    /// address).
-    ///
-    /// ```
-    /// use turnstile::{Gate, KeyedLimiter, Quota};
-    ///
-    /// let gate = Gate::new(KeyedLimiter::<String>::new(Quota::per_minute(1)?)).shadow();
-    /// assert_eq!(gate.check(Some("alice")).status(), 200);
-    /// assert_eq!(gate.check(Some("alice")).status(), 200); // would be 429
-    /// let stats = gate.stats();
-    /// assert_eq!((stats.admitted, stats.too_many_requests), (2, 0));
-    /// assert_eq!(stats.shadowed_too_many_requests, 1);
-    /// gate.set_shadow(false);
-    /// assert_eq!(gate.check(Some("alice")).status(), 429);
-    /// gate.set_shadow(true);
-    /// assert_eq!(gate.check(None::<&str>).status(), 401); // no key: not a rate decision
-    /// # Ok::<(), turnstile::QuotaError>(())
-    /// ```
-    pub fn shadow(self) -> Gate<K, A, C, S> {
-        self.set_shadow(true);
-        self
-    }
-
-    /// Turn shadow mode on or off, from any thread, while serving.
-    pub fn set_shadow(&self, shadow: bool) {
-        // Relaxed: a switch read on its own; a request decided just after the
-        // change may still see the old mode.
-        self.shadow.store(shadow, Ordering::Relaxed);
-    }
-
-    /// Whether the gate is in shadow mode.
-    pub fn is_shadow(&self) -> bool {
-        // Relaxed: as in `set_shadow`.
-        self.shadow.load(Ordering::Relaxed)
-    }
-
-    /// Add `RateLimit-Policy` and `RateLimit` header fields to every answer
-    /// ([`headers`](Self::headers)).
-    pub fn with_policy(self, policy: RateLimitPolicy) -> Gate<K, A, C, S> {
-        Gate {
-            policy: Some(policy),
-            ..self
-        }
+        Gate::with_limiter(limiter)
     }
 
     /// Add `RateLimit-Policy` and `RateLimit` header fields derived from the
@@ -480,6 +558,81 @@ impl<K, A, C, S> Gate<K, A, C, S> {
     pub fn limiter(&self) -> &KeyedLimiter<K, A, C, S> {
         &self.limiter
     }
+}
+
+impl<K, F, A, C, S> Gate<K, A, C, S, Tiered<K, F, A, C, S>> {
+    /// A gate in front of `tiers`: each key is decided by its tier's limiter
+    /// (see [`Tiered`]), without `RateLimit` header fields (the tiers' quotas
+    /// differ; [`with_policy`](Gate::with_policy) sets one for all).
+    pub fn tiered(tiers: Tiered<K, F, A, C, S>) -> Self {
+        Gate::with_limiter(tiers)
+    }
+
+    /// The tiers behind the gate.
+    pub fn tiers(&self) -> &Tiered<K, F, A, C, S> {
+        &self.limiter
+    }
+}
+
+impl<K, A, C, S, L> Gate<K, A, C, S, L> {
+    fn with_limiter(limiter: L) -> Gate<K, A, C, S, L> {
+        Gate {
+            limiter,
+            _limits: core::marker::PhantomData,
+            policy: None,
+            shadow: AtomicBool::new(false),
+            counts: Tally::new(),
+        }
+    }
+
+    /// This gate in shadow mode: decide and count every request, and deny none
+    /// for its rate: a 429 or 503 is answered 200 and counted as shadowed. A
+    /// request without a valid key is still answered 401: it has no key to be
+    /// limited under, so letting it through would let it past the limit once
+    /// enforced too (and a layer still answers 500 for a missing peer
+    /// address).
+    ///
+    /// ```
+    /// use turnstile::{Gate, KeyedLimiter, Quota};
+    ///
+    /// let gate = Gate::new(KeyedLimiter::<String>::new(Quota::per_minute(1)?)).shadow();
+    /// assert_eq!(gate.check(Some("alice")).status(), 200);
+    /// assert_eq!(gate.check(Some("alice")).status(), 200); // would be 429
+    /// let stats = gate.stats();
+    /// assert_eq!((stats.admitted, stats.too_many_requests), (2, 0));
+    /// assert_eq!(stats.shadowed_too_many_requests, 1);
+    /// gate.set_shadow(false);
+    /// assert_eq!(gate.check(Some("alice")).status(), 429);
+    /// gate.set_shadow(true);
+    /// assert_eq!(gate.check(None::<&str>).status(), 401); // no key: not a rate decision
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn shadow(self) -> Gate<K, A, C, S, L> {
+        self.set_shadow(true);
+        self
+    }
+
+    /// Turn shadow mode on or off, from any thread, while serving.
+    pub fn set_shadow(&self, shadow: bool) {
+        // Relaxed: a switch read on its own; a request decided just after the
+        // change may still see the old mode.
+        self.shadow.store(shadow, Ordering::Relaxed);
+    }
+
+    /// Whether the gate is in shadow mode.
+    pub fn is_shadow(&self) -> bool {
+        // Relaxed: as in `set_shadow`.
+        self.shadow.load(Ordering::Relaxed)
+    }
+
+    /// Add `RateLimit-Policy` and `RateLimit` header fields to every answer
+    /// ([`headers`](Self::headers)).
+    pub fn with_policy(self, policy: RateLimitPolicy) -> Gate<K, A, C, S, L> {
+        Gate {
+            policy: Some(policy),
+            ..self
+        }
+    }
 
     /// The `RateLimit` header policy, if one is set.
     pub fn policy(&self) -> Option<&RateLimitPolicy> {
@@ -505,16 +658,10 @@ impl<K, A, C, S> Gate<K, A, C, S> {
     }
 }
 
-impl<K, A, C, S> Gate<K, A, C, S>
-where
-    K: Hash + Eq,
-    A: Algorithm,
-    C: Clock,
-    S: BuildHasher,
-{
+impl<K, A, C, S, L: LimiterStats> Gate<K, A, C, S, L> {
     /// What the gate has answered so far.
     pub fn stats(&self) -> GateStats {
-        let limiter: KeyedStats = self.limiter.stats();
+        let limiter: KeyedStats = self.limiter.limiter_stats();
         let shadowed_rate = self.counts.sum(SHADOWED_RATE);
         let shadowed_key_limit = self.counts.sum(SHADOWED_KEY_LIMIT);
         GateStats {
@@ -558,11 +705,11 @@ where
     #[inline]
     pub fn check<Q>(&self, key: Option<&Q>) -> Outcome
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        L: GateLimiter<Q>,
+        Q: ?Sized,
     {
         self.answer(Outcome::from_decision(
-            key.map(|key| self.limiter.try_acquire(key)),
+            key.map(|key| self.limiter.acquire(key)),
         ))
     }
 
@@ -574,12 +721,12 @@ where
     /// A request without a key is a 401 whatever `n`.
     pub fn check_n<Q>(&self, key: Option<&Q>, n: u32) -> Result<Outcome, AcquireError>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        L: GateLimiter<Q>,
+        Q: ?Sized,
     {
         let outcome = match key {
             None => Outcome::Unauthorized,
-            Some(key) => Outcome::from_decision(Some(self.limiter.try_acquire_n(key, n)?)),
+            Some(key) => Outcome::from_decision(Some(self.limiter.acquire_n(key, n)?)),
         };
         Ok(self.answer(outcome))
     }

@@ -109,7 +109,10 @@ pub use error::{AcquireError, KeyedConfigError, QuotaError};
 #[cfg(feature = "tokio")]
 pub use fair::{Fair, FairError, FairTarget};
 pub use fixed_window::FixedWindow;
-pub use gate::{AdvertisedQuota, Gate, GateStats, Outcome, PolicyError, RateLimitPolicy};
+pub use gate::{
+    AdvertisedQuota, Gate, GateLimiter, GateStats, LimiterStats, Outcome, PolicyError,
+    RateLimitPolicy,
+};
 pub use gcra::Gcra;
 #[cfg(not(turnstile_loom))]
 pub use keyed::Sweeper;

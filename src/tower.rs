@@ -121,7 +121,7 @@
 use core::borrow::Borrow;
 use core::fmt;
 use core::future::Future;
-use core::hash::{BuildHasher, Hash};
+use core::hash::Hash;
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use core::pin::Pin;
 use core::str::FromStr;
@@ -134,9 +134,9 @@ use http::{Extensions, HeaderMap, Method, Request, Response, StatusCode, Uri};
 pub use tower_layer::Layer;
 pub use tower_service::Service;
 
-use crate::algorithm::Algorithm;
-use crate::clock::{Clock, RealClock};
-use crate::gate::{Gate, GateStats, Outcome, RateLimitPolicy};
+use crate::clock::RealClock;
+use crate::gate::{Gate, GateLimiter, GateStats, LimiterStats, Outcome, RateLimitPolicy};
+use crate::keyed::KeyedLimiter;
 use crate::token_bucket::TokenBucket;
 
 /// What a key extractor may look at: the request without its body.
@@ -1168,22 +1168,30 @@ pub struct RateLimitLayer<
     C = RealClock,
     S = ahash::RandomState,
     R = PlainDenial,
+    L = KeyedLimiter<<X as KeyExtractor>::Key, A, C, S>,
 > {
-    gate: Arc<Gate<X::Key, A, C, S>>,
+    gate: Arc<Gate<X::Key, A, C, S, L>>,
     extractor: X,
     respond: R,
     challenge: Option<HeaderValue>,
     reported: Reported,
 }
 
-impl<X: KeyExtractor, A, C, S> RateLimitLayer<X, A, C, S> {
-    /// A layer limiting requests by the key `extractor` picks, through `gate`.
-    pub fn new(gate: Gate<X::Key, A, C, S>, extractor: X) -> RateLimitLayer<X, A, C, S> {
+impl<X: KeyExtractor, A, C, S, L> RateLimitLayer<X, A, C, S, PlainDenial, L> {
+    /// A layer limiting requests by the key `extractor` picks, through `gate`
+    /// (one keyed limiter, or tiers: [`Gate::tiered`]).
+    pub fn new(
+        gate: Gate<X::Key, A, C, S, L>,
+        extractor: X,
+    ) -> RateLimitLayer<X, A, C, S, PlainDenial, L> {
         RateLimitLayer::shared(Arc::new(gate), extractor)
     }
 
     /// A layer on a gate shared with other code (to read its stats, say).
-    pub fn shared(gate: Arc<Gate<X::Key, A, C, S>>, extractor: X) -> RateLimitLayer<X, A, C, S> {
+    pub fn shared(
+        gate: Arc<Gate<X::Key, A, C, S, L>>,
+        extractor: X,
+    ) -> RateLimitLayer<X, A, C, S, PlainDenial, L> {
         RateLimitLayer {
             gate,
             extractor,
@@ -1194,9 +1202,9 @@ impl<X: KeyExtractor, A, C, S> RateLimitLayer<X, A, C, S> {
     }
 }
 
-impl<X: KeyExtractor, A, C, S, R> RateLimitLayer<X, A, C, S, R> {
+impl<X: KeyExtractor, A, C, S, R, L> RateLimitLayer<X, A, C, S, R, L> {
     /// The gate.
-    pub fn gate(&self) -> &Arc<Gate<X::Key, A, C, S>> {
+    pub fn gate(&self) -> &Arc<Gate<X::Key, A, C, S, L>> {
         &self.gate
     }
 
@@ -1229,7 +1237,7 @@ impl<X: KeyExtractor, A, C, S, R> RateLimitLayer<X, A, C, S, R> {
     /// # })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn deny_with<F, B>(self, respond: F) -> RateLimitLayer<X, A, C, S, DenyWith<F>>
+    pub fn deny_with<F, B>(self, respond: F) -> RateLimitLayer<X, A, C, S, DenyWith<F>, L>
     where
         F: Fn(&Denial) -> Response<B> + Send + Sync + 'static,
     {
@@ -1258,7 +1266,7 @@ impl<X: KeyExtractor, A, C, S, R> RateLimitLayer<X, A, C, S, R> {
     /// # let _ = layer;
     /// # Ok::<(), turnstile::QuotaError>(())
     /// ```
-    pub fn challenge(self, challenge: HeaderValue) -> RateLimitLayer<X, A, C, S, R> {
+    pub fn challenge(self, challenge: HeaderValue) -> RateLimitLayer<X, A, C, S, R, L> {
         RateLimitLayer {
             challenge: Some(challenge),
             ..self
@@ -1266,12 +1274,10 @@ impl<X: KeyExtractor, A, C, S, R> RateLimitLayer<X, A, C, S, R> {
     }
 }
 
-impl<X, A, C, S, R> RateLimitLayer<X, A, C, S, R>
+impl<X, A, C, S, R, L> RateLimitLayer<X, A, C, S, R, L>
 where
     X: KeyExtractor,
-    A: Algorithm,
-    C: Clock,
-    S: BuildHasher,
+    L: LimiterStats,
 {
     /// What this layer and its clones have answered: the gate's counts (shared
     /// with any other user of the gate) and the configuration errors.
@@ -1283,7 +1289,7 @@ where
     }
 }
 
-impl<X: KeyExtractor, A, C, S, R: Clone> Clone for RateLimitLayer<X, A, C, S, R> {
+impl<X: KeyExtractor, A, C, S, R: Clone, L> Clone for RateLimitLayer<X, A, C, S, R, L> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             gate: Arc::clone(&self.gate),
@@ -1295,7 +1301,7 @@ impl<X: KeyExtractor, A, C, S, R: Clone> Clone for RateLimitLayer<X, A, C, S, R>
     }
 }
 
-impl<X: KeyExtractor + fmt::Debug, A, C, S, R> fmt::Debug for RateLimitLayer<X, A, C, S, R> {
+impl<X: KeyExtractor + fmt::Debug, A, C, S, R, L> fmt::Debug for RateLimitLayer<X, A, C, S, R, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("extractor", &self.extractor)
@@ -1304,8 +1310,8 @@ impl<X: KeyExtractor + fmt::Debug, A, C, S, R> fmt::Debug for RateLimitLayer<X, 
     }
 }
 
-impl<Svc, X: KeyExtractor, A, C, S, R: Clone> Layer<Svc> for RateLimitLayer<X, A, C, S, R> {
-    type Service = RateLimit<Svc, X, A, C, S, R>;
+impl<Svc, X: KeyExtractor, A, C, S, R: Clone, L> Layer<Svc> for RateLimitLayer<X, A, C, S, R, L> {
+    type Service = RateLimit<Svc, X, A, C, S, R, L>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
         RateLimit {
@@ -1324,12 +1330,13 @@ pub struct RateLimit<
     C = RealClock,
     S = ahash::RandomState,
     R = PlainDenial,
+    L = KeyedLimiter<<X as KeyExtractor>::Key, A, C, S>,
 > {
     inner: Svc,
-    layer: RateLimitLayer<X, A, C, S, R>,
+    layer: RateLimitLayer<X, A, C, S, R, L>,
 }
 
-impl<Svc: Clone, X: KeyExtractor, A, C, S, R: Clone> Clone for RateLimit<Svc, X, A, C, S, R> {
+impl<Svc: Clone, X: KeyExtractor, A, C, S, R: Clone, L> Clone for RateLimit<Svc, X, A, C, S, R, L> {
     fn clone(&self) -> Self {
         RateLimit {
             inner: self.inner.clone(),
@@ -1338,8 +1345,8 @@ impl<Svc: Clone, X: KeyExtractor, A, C, S, R: Clone> Clone for RateLimit<Svc, X,
     }
 }
 
-impl<Svc: fmt::Debug, X: KeyExtractor + fmt::Debug, A, C, S, R> fmt::Debug
-    for RateLimit<Svc, X, A, C, S, R>
+impl<Svc: fmt::Debug, X: KeyExtractor + fmt::Debug, A, C, S, R, L> fmt::Debug
+    for RateLimit<Svc, X, A, C, S, R, L>
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
@@ -1349,14 +1356,12 @@ impl<Svc: fmt::Debug, X: KeyExtractor + fmt::Debug, A, C, S, R> fmt::Debug
     }
 }
 
-impl<Svc, X, A, C, S, R, ReqBody, ResBody> Service<Request<ReqBody>>
-    for RateLimit<Svc, X, A, C, S, R>
+impl<Svc, X, A, C, S, R, L, ReqBody, ResBody> Service<Request<ReqBody>>
+    for RateLimit<Svc, X, A, C, S, R, L>
 where
     Svc: Service<Request<ReqBody>, Response = Response<ResBody>>,
     X: KeyExtractor,
-    A: Algorithm,
-    C: Clock,
-    S: BuildHasher,
+    L: GateLimiter<X::Lookup>,
     R: DenialResponse<ResBody>,
 {
     type Response = Response<ResBody>;
@@ -1389,7 +1394,7 @@ where
     }
 }
 
-impl<X: KeyExtractor, A, C, S, R> RateLimitLayer<X, A, C, S, R> {
+impl<X: KeyExtractor, A, C, S, R, L> RateLimitLayer<X, A, C, S, R, L> {
     /// The response to `denial`: the hook's, with the layer's status and
     /// fields set over it.
     fn deny<B>(&self, denial: &Denial) -> Response<B>

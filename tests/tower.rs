@@ -802,3 +802,50 @@ fn an_api_key_with_a_space_or_tab_inside_has_no_key() {
     assert_eq!(key("k 1"), None);
     assert_eq!(key("k\t1"), None);
 }
+
+/// Tiers behind the layer: each key decided by its tier's quota, one gate's
+/// counts for all.
+#[tokio::test]
+async fn a_tiered_gate_sits_behind_the_layer() {
+    let tiers = turnstile::Tiered::new(
+        [
+            (
+                "free",
+                KeyedLimiter::<String>::new(Quota::per_hour(1).expect("a valid quota")),
+            ),
+            (
+                "paid",
+                KeyedLimiter::<String>::new(Quota::per_hour(3).expect("a valid quota")),
+            ),
+        ],
+        |key: &str| usize::from(key.starts_with("paid_")),
+    )
+    .expect("two tiers");
+    let layer = RateLimitLayer::new(
+        Gate::tiered(tiers),
+        ApiKeyHeader::new(HeaderName::from_static("x-api-key")),
+    );
+    let service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }));
+    let send = |key: &'static str| {
+        let request = Request::builder()
+            .header("x-api-key", key)
+            .body(())
+            .expect("a request");
+        service.clone().oneshot(request)
+    };
+    let mut statuses = Vec::new();
+    for key in ["free_1", "free_1", "paid_1", "paid_1", "paid_1", "paid_1"] {
+        statuses.push(send(key).await.expect("infallible").status().as_u16());
+    }
+    assert_eq!(statuses, [200, 429, 200, 200, 200, 429]);
+    let denied = send("free_1").await.expect("infallible");
+    assert_eq!(denied.headers()["retry-after"], "3600");
+    let stats = layer.stats().gate;
+    assert_eq!((stats.admitted, stats.too_many_requests), (4, 3));
+    assert_eq!(stats.keys, 2);
+    assert_eq!(layer.gate().tiers().tier_name("paid_9"), "paid");
+}
