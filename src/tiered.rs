@@ -52,6 +52,39 @@ use crate::token_bucket::TokenBucket;
 /// assert_eq!(per_key.tier_name("k_paid_1"), "paid");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// **Naming the type** (to keep tiers in a struct or in a server's state):
+/// `F` is the tier function's type, which a closure cannot name. Pass a
+/// function pointer, `Tiered<String, fn(&str) -> usize>`, or a boxed
+/// closure, `Tiered<String, Box<dyn Fn(&str) -> usize + Send + Sync>>` (a
+/// closure that captures, such as a shared set of paid keys).
+///
+/// ```
+/// use std::collections::HashSet;
+/// use std::sync::Arc;
+/// use turnstile::{KeyedLimiter, Quota, Tiered};
+///
+/// type TierOf = Box<dyn Fn(&str) -> usize + Send + Sync>;
+///
+/// struct AppState {
+///     limits: Tiered<String, TierOf>,
+/// }
+///
+/// let paid: Arc<HashSet<String>> = Arc::new(["k_7".to_owned()].into());
+/// let tier_of: TierOf = Box::new(move |key| usize::from(paid.contains(key)));
+/// let state = AppState {
+///     limits: Tiered::new(
+///         [
+///             ("free", KeyedLimiter::new(Quota::per_minute(3)?)),
+///             ("paid", KeyedLimiter::new(Quota::per_minute(1_000)?)),
+///         ],
+///         tier_of,
+///     )?,
+/// };
+/// assert_eq!(state.limits.tier_name("k_7"), "paid");
+/// assert_eq!(state.limits.tier_name("k_8"), "free");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Tiered<K, F, A = TokenBucket, C = RealClock, S = ahash::RandomState> {
     tiers: Box<[KeyedLimiter<K, A, C, S>]>,
     names: Box<[String]>,
