@@ -254,7 +254,8 @@ where
         self.limiter(key).try_acquire_n(key, n)
     }
 
-    /// The permits `key` could get now in its tier, taking none.
+    /// The permits `key`'s bucket in its tier holds now, taking none (see
+    /// [`KeyedLimiter::remaining`]: a key not held reports a fresh bucket's).
     pub fn remaining<Q>(&self, key: &Q) -> u32
     where
         F: Fn(&Q) -> usize,

@@ -551,13 +551,14 @@ where
         Ok(admit(self.stage(key), n))
     }
 
-    /// The permits `key` could get now, without taking any and without storing
-    /// the key.
-    ///
-    /// A key not held while the key bound is full gets 0: a request for it
-    /// would meet the bound first. (The request might still make room by
-    /// evicting an idle key, which a look that takes nothing does not do; 0 is
-    /// the answer that never promises a permit the request would not get.)
+    /// The permits `key`'s bucket holds now, without taking any and without
+    /// storing the key: what a request for it would be decided on by its
+    /// rate. A key not held reports a fresh bucket's, also while the key
+    /// bound is full: a request for it may then be refused for the bound
+    /// ([`KeyedDecision::KeyLimit`], a 503 rather than a 429) unless it finds
+    /// an idle key to evict, which a look that takes nothing does not try.
+    /// [`len`](Self::len) and [`max_keys`](Self::max_keys) tell when the
+    /// bound is full.
     ///
     /// ```
     /// use std::time::Duration;
@@ -568,11 +569,11 @@ where
     ///     .clock(ManualClock::new())
     ///     .max_keys(1)
     ///     .build()?;
-    /// assert_eq!(limiter.remaining("b"), 5); // room for a new key
     /// assert!(limiter.try_acquire("a").is_allowed()); // the bound is full now
     /// assert_eq!(limiter.remaining("a"), 4);
-    /// assert_eq!(limiter.remaining("b"), 0);
-    /// assert!(limiter.try_acquire("b").is_key_limit());
+    /// assert_eq!(limiter.remaining("b"), 5); // b's bucket, were it admitted
+    /// assert_eq!(limiter.len(), limiter.max_keys());
+    /// assert!(limiter.try_acquire("b").is_key_limit()); // but there is no room
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn remaining<Q>(&self, key: &Q) -> u32
@@ -581,12 +582,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let inner = &*self.inner;
-        inner.on_word(key, |word, now, held| {
-            if !held && inner.len() >= inner.max_keys {
-                return 0;
-            }
-            inner.algorithm.remaining(word, now)
-        })
+        inner.on_word(key, |word, now, _| inner.algorithm.remaining(word, now))
     }
 
     /// Sweep every shard, one at a time: evict the keys whose words are
