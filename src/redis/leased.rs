@@ -884,6 +884,11 @@ impl<C: Clock> LeasedLimiter<C> {
     /// Empty `key`'s lease word if its lease is still idle, and forget the
     /// key; the tokens it held.
     fn take_lease(&self, key: &[u8], idle: Option<Duration>) -> Option<u32> {
+        // Held across the word's emptying and the key's removal: a lease
+        // granted in between (which inserts the key under this lock) must not
+        // lose its key to this removal. (Taking the word needs no shard lock,
+        // so the order of the two locks is the one `idle_keys` keeps.)
+        let mut holders = self.holders.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.local.clock().now();
         let mut took = 0;
         self.local.transform_linked(key, |w| {
@@ -897,7 +902,6 @@ impl<C: Clock> LeasedLimiter<C> {
         if took == 0 {
             return None;
         }
-        let mut holders = self.holders.lock().unwrap_or_else(|e| e.into_inner());
         holders.keys.remove(key);
         Some(took)
     }
@@ -908,23 +912,26 @@ impl<C: Clock> LeasedLimiter<C> {
     /// insert that is constant on average, with or without give-back passes.
     fn prune(&self, holders: &mut Holders, now: u64) {
         holders.keys.retain(|key| {
-            let mut usable = 0;
+            let mut keep = false;
             self.local.transform_linked(key.as_slice(), |w| {
-                usable = LeaseWord::usable(w, now);
+                // A fetch under way may be about to store a lease.
+                keep = LeaseWord::usable(w, now) > 0 || w & word::FETCHING != 0;
                 None
             });
-            usable > 0
+            keep
         });
         holders.prune_at = holders.keys.len().saturating_mul(2).max(MIN_PRUNE);
     }
 
     /// What a give-back pass does with lease word `w` at `now`.
     fn lease_state(&self, w: u64, now: u64, idle: Option<Duration>) -> Lease {
-        if LeaseWord::usable(w, now) == 0 {
-            return Lease::Spent;
-        }
+        // First: a fetch under way (whose lease may not be stored yet, with
+        // its key already noted) keeps the key, whatever the word holds now.
         if w & word::FETCHING != 0 {
             return Lease::Idle(false);
+        }
+        if LeaseWord::usable(w, now) == 0 {
+            return Lease::Spent;
         }
         let Some(idle) = idle else {
             return Lease::Idle(true);
@@ -1763,5 +1770,79 @@ mod tests {
             most = most.max(held);
         }
         assert!(most <= MIN_PRUNE, "{most}");
+    }
+
+    /// A give-back pass empties a key's word and then forgets the key; a
+    /// lease granted in between must keep its key in `holders`, or no later
+    /// pass (nor `give_back_all` at shutdown) sees it. The pass is held at
+    /// the `holders` lock while a miss takes a new lease.
+    #[test]
+    fn a_lease_granted_during_a_give_back_keeps_its_key() {
+        use crate::clock::ManualClock;
+        use std::sync::Arc;
+        let clock = ManualClock::new();
+        let global = RedisLimiter::new(
+            "race",
+            TokenBucket::new(crate::Quota::per_second(1_000).unwrap()),
+        )
+        .unwrap();
+        let limiter = Arc::new(
+            LeasedBuilder::new(global, 8)
+                .unwrap()
+                .lifetime(Duration::from_secs(10))
+                .clock(clock)
+                .build()
+                .unwrap(),
+        );
+        let granted = Value::Array([4, 0, 0, 0].into_iter().map(Value::Int).collect());
+        let mut lost = 0;
+        for i in 0..100 {
+            let key = format!("k{i}").into_bytes();
+            let Ok(Step::Lease(fetch)) = limiter.step(&key, 1) else {
+                panic!("a first request takes a lease");
+            };
+            let _ =
+                limiter.finish_lease(&key, 1, fetch.purpose, fetch.size_code, Ok(granted.clone()));
+            assert!(limiter.held(&key) > 0);
+            let pause = limiter.holders.lock().unwrap();
+            let pass = {
+                let (limiter, key) = (Arc::clone(&limiter), key.clone());
+                std::thread::spawn(move || limiter.take_lease(&key, None))
+            };
+            // Give the pass time to reach the lock (or, on the old order, to
+            // empty the word first).
+            let start = std::time::Instant::now();
+            while limiter.held(&key) != 0 && start.elapsed() < Duration::from_millis(20) {
+                std::thread::yield_now();
+            }
+            if limiter.held(&key) != 0 {
+                // The pass waits for the lock before touching the word.
+                drop(pause);
+                let _ = pass.join().unwrap();
+                continue;
+            }
+            // The word was emptied with the key still listed: a miss takes a
+            // new lease before the pass forgets the key.
+            let Ok(Step::Lease(fetch)) = limiter.step(&key, 1) else {
+                panic!("a miss after the word was emptied");
+            };
+            let miss = {
+                let (limiter, key, granted) = (Arc::clone(&limiter), key.clone(), granted.clone());
+                std::thread::spawn(move || {
+                    limiter.finish_lease(&key, 1, fetch.purpose, fetch.size_code, Ok(granted))
+                })
+            };
+            std::thread::sleep(Duration::from_millis(2));
+            drop(pause);
+            let _ = pass.join().unwrap();
+            let _ = miss.join().unwrap();
+            if limiter.held(&key) > 0 && !limiter.holders.lock().unwrap().keys.contains(&key) {
+                lost += 1;
+            }
+        }
+        assert_eq!(
+            lost, 0,
+            "{lost} keys hold a lease but are not kept for give-back passes"
+        );
     }
 }
