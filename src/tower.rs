@@ -250,12 +250,13 @@ type Validator = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 /// authenticated (put this layer after the authentication, or validate keys
 /// with [`validate`](ApiKeyHeader::validate)).
 ///
-/// A missing header, a value that is not visible ASCII (spaces around it
-/// are trimmed; none may be inside), an empty one or one longer than the
-/// maximum (128 bytes by default; raise it with
-/// [`max_len`](ApiKeyHeader::max_len) for longer credentials such as tokens)
-/// has no key: 401, with the challenge `ApiKey header="NAME"` in
-/// `WWW-Authenticate`. The bound keeps a client from making the limiter store
+/// The key is the value with the spaces around it trimmed; inside, it may
+/// hold spaces and tabs besides visible ASCII, so that `Authorization:
+/// Bearer <token>` is keyed by the whole value. A missing header, a value
+/// with any other byte, an empty one or one longer than the maximum (128
+/// bytes by default; raise it with [`max_len`](ApiKeyHeader::max_len) for
+/// longer credentials such as tokens) has no key: 401, with the challenge
+/// `ApiKey header="NAME"` in `WWW-Authenticate`. The bound keeps a client from making the limiter store
 /// megabyte keys. The key is borrowed from
 /// the request; a `String` is made only for a new key.
 #[derive(Clone)]
@@ -323,8 +324,7 @@ impl KeyExtractor for ApiKeyHeader {
 
     fn extract<'r>(&self, request: &RequestHead<'r>) -> Option<Cow<'r, str>> {
         let value = request.headers.get(&self.name)?.to_str().ok()?.trim();
-        // `to_str` lets spaces and tabs through; a key has none inside.
-        if value.is_empty() || value.len() > self.max_len || value.contains([' ', '\t']) {
+        if value.is_empty() || value.len() > self.max_len {
             return None;
         }
         if let Some(validate) = &self.validate
