@@ -235,3 +235,34 @@ fn a_later_keyed_stage_at_its_key_bound_counts_in_the_wait() {
     let denied = chain::try_acquire(&[&global as &dyn Stage, &per_key.stage("y")]);
     assert_eq!(denied.decision().retry_after().unwrap().duration(), secs(1));
 }
+
+/// A chain denied by an earlier stage reports the longest wait of the stages
+/// that would deny too. A key waiting in limbo at a full key bound holds no
+/// place under the bound, so its stage would meet the bound (`KeyLimit`, the
+/// bound's wait); the look used to decide on its word as if it were held.
+#[test]
+fn a_denied_chain_counts_the_key_bound_for_a_key_in_limbo() {
+    let clock = ManualClock::new();
+    let per_key = KeyedBuilder::new(TokenBucket::new(Quota::new(5, 1, SECOND).unwrap()))
+        .clock(clock.clone())
+        .shards(1)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    assert!(per_key.try_acquire(&"a".to_owned()).is_allowed());
+    clock.advance(10 * SECOND);
+    // "b" makes room by sweeping "a", which waits in limbo.
+    assert!(per_key.try_acquire(&"b".to_owned()).is_allowed());
+    // What a request for "a" now meets: the bound.
+    let global = RateLimiter::with_clock(Quota::new(1, 1, SECOND).unwrap(), clock.clone());
+    assert!(global.try_acquire().is_allowed());
+    let denied = chain::try_acquire(&[&global, &per_key.stage("a")]);
+    assert_eq!(denied.denied_by(), Some(0));
+    let wait = denied
+        .decision()
+        .retry_after()
+        .expect("a denial")
+        .duration();
+    assert!(wait >= 5 * SECOND, "{:?}", denied.decision());
+    assert!(per_key.try_acquire("a").is_key_limit());
+}

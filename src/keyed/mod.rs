@@ -689,12 +689,12 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let inner = &*self.inner;
-        inner.on_word(key, |word, now, held| {
-            // A key not held meets the key bound first when it is full. (A
-            // request might still find a sweepable key to make room; the
-            // peek takes nothing, so it answers with the bound's wait, an
-            // upper bound on when room is certain.)
-            if !held && inner.len() >= inner.max_keys {
+        inner.on_word(key, |word, now, linked| {
+            // A key not linked (new, or waiting in limbo) meets the key bound
+            // first when it is full. (A request might still find a sweepable
+            // key to make room; the peek takes nothing, so it answers with the
+            // bound's wait, an upper bound on when room is certain.)
+            if !linked && inner.len() >= inner.max_keys {
                 return KeyedDecision::KeyLimit {
                     retry_after: inner.key_limit_wait(),
                 };
@@ -798,9 +798,10 @@ where
         self.insert_and_decide(algorithm, key, hash, shard, now, n, counted)
     }
 
-    /// `f(word, now, held)` on `key`'s word (linked, or in limbo) and a reading
-    /// taken after it was found; for a key not held, on a fresh word with
-    /// `held` false. Stores nothing.
+    /// `f(word, now, linked)` on `key`'s word (linked, or in limbo) and a
+    /// reading taken after it was found; for a key not held, on a fresh word.
+    /// `linked` is true only for a key that holds a place under the key bound
+    /// (a key in limbo does not: linking it again takes one). Stores nothing.
     fn on_word<Q, R>(&self, key: &Q, f: impl FnOnce(u64, u64, bool) -> R) -> R
     where
         K: Borrow<Q>,
@@ -818,11 +819,13 @@ where
         // Not linked: it may wait in limbo with a word that still counts.
         let locked = shard.lock();
         let now = self.clock.now();
-        match locked
-            .find(hash, key)
-            .or_else(|| locked.find_in_limbo(hash, key))
-        {
-            Some(entry) => f(locked.cell(entry).load(), now, true),
+        if let Some(entry) = locked.find(hash, key) {
+            return f(locked.cell(entry).load(), now, true);
+        }
+        // In limbo the word still counts, but the key holds no place under
+        // the bound: linking it again takes one, as a new key does.
+        match locked.find_in_limbo(hash, key) {
+            Some(entry) => f(locked.cell(entry).load(), now, false),
             None => f(self.algorithm.fresh(), now, false),
         }
     }
