@@ -639,6 +639,42 @@ impl<K, A, C, S, L> Gate<K, A, C, S, L> {
         self.policy.as_ref()
     }
 
+    /// `outcome` as an HTTP response with an empty body (feature `tower`,
+    /// for the `http` crate's types): its status, and the fields of
+    /// [`headers`](Self::headers). For a handler that calls the gate itself
+    /// and answers a denial at once (an admitted request gets the handler's
+    /// own response, with [`headers`](Self::headers) added if a policy is
+    /// set).
+    ///
+    /// ```
+    /// use turnstile::{Gate, KeyedLimiter, Quota};
+    ///
+    /// let gate = Gate::new(KeyedLimiter::<String>::new(Quota::per_hour(1)?));
+    /// let _ = gate.check(Some("alice"));
+    /// let outcome = gate.check(Some("alice"));
+    /// let response: http::Response<String> = gate.response(&outcome);
+    /// assert_eq!(response.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(response.headers()["retry-after"], "3600");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "tower")]
+    pub fn response<B: Default>(&self, outcome: &Outcome) -> http::Response<B> {
+        let mut response = http::Response::new(B::default());
+        *response.status_mut() = http::StatusCode::from_u16(outcome.status())
+            .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+        for (name, value) in self.headers(outcome) {
+            // The names are valid (`from_bytes` lowers their case); the values
+            // are numbers and validated policy text.
+            if let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(name.as_bytes()),
+                http::HeaderValue::from_str(&value),
+            ) {
+                response.headers_mut().insert(name, value);
+            }
+        }
+        response
+    }
+
     /// The header fields to send with `outcome`: `Retry-After` (whole
     /// seconds, rounded up) on 429 and 503, and the `RateLimit` fields when a
     /// policy is set. Empty (and not allocated) for an admitted request without

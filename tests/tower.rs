@@ -855,3 +855,30 @@ async fn a_tiered_gate_sits_behind_the_layer() {
     assert_eq!(stats.keys, 2);
     assert_eq!(layer.gate().tiers().tier_name("paid_9"), "paid");
 }
+
+/// `Gate::response`: the status and fields of each outcome, for a handler
+/// that calls the gate itself.
+#[test]
+fn a_gate_answers_each_outcome_as_a_response() {
+    let limiter = KeyedLimiter::<String>::builder(Quota::per_hour(1).expect("a valid quota"))
+        .max_keys(1)
+        .build()
+        .expect("a limiter");
+    let gate = Gate::new(limiter)
+        .with_derived_policy("api")
+        .expect("a valid name");
+    let admitted = gate.check(Some("a"));
+    let response: Response<String> = gate.response(&admitted);
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers().get("retry-after").is_none());
+    assert_eq!(response.headers()["ratelimit-policy"], "\"api\";q=1;w=3600");
+    let denied: Response<String> = gate.response(&gate.check(Some("a")));
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.headers()["retry-after"], "3600");
+    assert!(denied.headers().get("ratelimit").is_some());
+    let full: Response<String> = gate.response(&gate.check(Some("b")));
+    assert_eq!(full.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(full.headers().get("retry-after").is_some());
+    let no_key: Response<String> = gate.response(&gate.check(None::<&str>));
+    assert_eq!(no_key.status(), StatusCode::UNAUTHORIZED);
+}
