@@ -474,14 +474,20 @@ fn keyed_decision_racing_an_unlink_is_kept_until_its_word_is_fresh_again() {
     });
 }
 
-/// Inserts grow the shard's index (a new index is published and the old one
-/// retired) while another thread decides twice on a key already held: both
-/// decisions land in the key's one word, whichever index they found it through.
+/// Inserts grow the shard's table (every key and word moves into a new one)
+/// while another thread decides twice on a key already held: both decisions
+/// land in the key's one word, before the move or after it. A rebuild closes
+/// the table and waits out the readers pinned before it moves a word; built
+/// with `--cfg turnstile_mutant="no_grace"` (it moves them at once) this model
+/// fails: a decision that found the word in the old table lands its
+/// compare-and-swap there after the copy, and both decisions are admitted
+/// with one permit left.
 #[test]
+#[cfg_attr(turnstile_mutant = "no_grace", should_panic)]
 fn keyed_index_growth_racing_decisions_on_a_held_key_loses_nothing() {
     loom::model(|| {
         let (limiter, _clock) = keyed(2, Duration::from_secs(1));
-        // Keys 1 to 5 fill the smallest index to just below its growth point.
+        // Keys 1 to 5 fill the smallest table to just below its growth point.
         for key in 1..=5 {
             assert!(limiter.try_acquire(&key).is_allowed());
         }
@@ -489,7 +495,7 @@ fn keyed_index_growth_racing_decisions_on_a_held_key_loses_nothing() {
             let limiter = limiter.clone();
             thread::spawn(move || {
                 assert!(limiter.try_acquire(&6).is_allowed());
-                assert!(limiter.try_acquire(&7).is_allowed()); // grows the index
+                assert!(limiter.try_acquire(&7).is_allowed()); // grows the table
             })
         };
         // Key 1 has 1 permit left: exactly one of two decisions gets it.
@@ -500,6 +506,43 @@ fn keyed_index_growth_racing_decisions_on_a_held_key_loses_nothing() {
         assert_eq!(admitted, 1);
         assert_eq!(limiter.remaining(&1), 0);
         assert_eq!(limiter.len(), 7);
+    });
+}
+
+/// Sweeps evict six of seven keys and then shrink the shard's table (every
+/// key left moves into a smaller one) while another thread decides twice on
+/// the key that stays: both decisions land in its one word, before the move
+/// or after it. Fails, as the growth model does, when built with
+/// `--cfg turnstile_mutant="no_grace"`.
+#[test]
+#[cfg_attr(turnstile_mutant = "no_grace", should_panic)]
+fn keyed_table_shrink_racing_decisions_on_a_held_key_loses_nothing() {
+    loom::model(|| {
+        let period = Duration::from_secs(1);
+        let (limiter, clock) = keyed(2, period);
+        // Seven keys grow the table to 16 slots.
+        for key in 1..=7 {
+            assert!(limiter.try_acquire(&key).is_allowed());
+        }
+        clock.advance(period); // keys 2 to 7 full again: fresh-equivalent
+        assert!(limiter.try_acquire(&1).is_allowed()); // key 1: 1 left
+        let decider = {
+            let limiter = limiter.clone();
+            thread::spawn(move || {
+                (0..2)
+                    .map(|_| limiter.try_acquire(&1).is_allowed() as u32)
+                    .sum::<u32>()
+            })
+        };
+        // Unlink keys 2 to 7, free them once no reader holds them, and shrink
+        // the table to the one key left.
+        for _ in 0..3 {
+            limiter.sweep();
+        }
+        let admitted = decider.join().unwrap();
+        assert_eq!(admitted, 1);
+        assert_eq!(limiter.remaining(&1), 0);
+        assert_eq!(limiter.len(), 1);
     });
 }
 

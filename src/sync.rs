@@ -77,3 +77,14 @@ pub(crate) fn lost_race() {
     #[cfg(turnstile_loom)]
     loom::hint::spin_loop();
 }
+
+/// What a writer does while it waits for the keyed map's readers to finish a
+/// lookup (a grace period, `crate::reclaim`): let them run. Under loom,
+/// `loom::thread::yield_now`, so that the model schedules the readers.
+#[inline]
+pub(crate) fn wait_for_readers() {
+    #[cfg(turnstile_loom)]
+    loom::thread::yield_now();
+    #[cfg(not(turnstile_loom))]
+    std::thread::yield_now();
+}

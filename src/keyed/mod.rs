@@ -838,8 +838,16 @@ where
     {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
-        let guard = self.collector.pin();
-        shard.find(hash, key, &guard).map(f)
+        {
+            let guard = self.collector.pin();
+            if let Some(cell) = shard.find(hash, key, &guard) {
+                return Some(f(cell));
+            }
+        }
+        // Not linked, or its shard's table is closed for a rebuild, which the
+        // lock waits out.
+        let locked = shard.lock();
+        locked.find(hash, key).map(|entry| f(locked.cell(entry)))
     }
 
     /// A key not linked in its shard: take the shard's mutex, read the clock,
@@ -937,30 +945,43 @@ where
         // so a fresh word decided at `now` then loses nothing.
         let entry = match locked.find_in_limbo(hash, key) {
             Some(entry) => {
-                locked.remove_from_limbo(hash, entry);
+                locked.relink(hash, entry);
                 // Relaxed: a count, as in `reserve_key`.
                 self.limbo.fetch_sub(1, Ordering::Relaxed);
                 entry
             }
-            None => match locked.allocate(key.to_owned(), self.algorithm.fresh()) {
-                Some(entry) => {
-                    locked.writer().inserts_since_sweep += 1;
-                    entry
+            None => {
+                let inserted = locked.insert(
+                    hash,
+                    key.to_owned(),
+                    self.algorithm.fresh(),
+                    |word| self.algorithm.is_fresh_equivalent(word, now),
+                    &self.collector,
+                    |k| self.hasher.hash_one(k),
+                );
+                if inserted.freed > 0 {
+                    // Relaxed: as in `reserve_key`.
+                    self.limbo.fetch_sub(inserted.freed, Ordering::Relaxed);
                 }
-                None => {
-                    // The shard's arena is full (4.29 billion entries).
-                    self.release_key();
-                    locked.writer().denied_key_limit += 1;
-                    return (
-                        KeyedDecision::KeyLimit {
-                            retry_after: self.key_limit_wait(),
-                        },
-                        None,
-                    );
+                match inserted.pos {
+                    Some(entry) => {
+                        locked.writer().inserts_since_sweep += 1;
+                        entry
+                    }
+                    None => {
+                        // The shard's table cannot grow (2^31 slots).
+                        self.release_key();
+                        locked.writer().denied_key_limit += 1;
+                        return (
+                            KeyedDecision::KeyLimit {
+                                retry_after: self.key_limit_wait(),
+                            },
+                            None,
+                        );
+                    }
                 }
-            },
+            }
         };
-        locked.link(hash, entry, &self.collector, |k| self.hasher.hash_one(k));
         self.decide_on(algorithm, locked.cell(entry), now, n, counted)
     }
 
@@ -1063,6 +1084,10 @@ where
         if swept.unlinked > 0 {
             // Relaxed: as in `reserve_key`.
             self.len.fetch_sub(swept.unlinked, Ordering::Relaxed);
+        }
+        if swept.freed_after > 0 {
+            // Relaxed: as in `reserve_key`.
+            self.limbo.fetch_sub(swept.freed_after, Ordering::Relaxed);
         }
         locked.writer().evicted += swept.unlinked as u64;
         if budget >= capacity {

@@ -1,49 +1,77 @@
-//! One shard of a keyed limiter: a hash index that readers search without a
-//! lock, over an arena of entries that never move.
+//! One shard of a keyed limiter: an open-addressing table that readers search
+//! without a lock, holding each key and its word in the slot its hash names.
 //!
 //! # Shape
 //!
-//! - The **arena** holds entries `(word, key)` in chunks that are allocated
-//!   once and never moved or freed while the shard lives: an entry's word is at
-//!   one address for as long as the entry exists, so a decision's
-//!   compare-and-swap can never land on a stale copy. Chunk `c` holds
-//!   `16 << c` entries; an entry is named by its number in the arena.
-//! - The **index** is an open-addressing table of `AtomicU64` slots, each
-//!   `EMPTY`, `DELETED` or the top 32 bits of the key's hash with the entry's
-//!   number. Readers probe it with acquire loads; the writer changes slots in
-//!   place (insert, unlink) or publishes a whole new index (grow, shrink,
-//!   dropping tombstones) and retires the old one, freeing it after a grace
-//!   period (`crate::reclaim`).
-//! - **Writers** (insert, sweep, rebuild, reclaim) serialize on the shard's
-//!   mutex. Readers never take it.
+//! The shape of hashbrown's tables, made for lock-free readers:
+//!
+//! - **Slots** hold `(word, key)` pairs, 16 bytes for a `u64` key, at positions
+//!   the key's hash names: a lookup that finds its key has its word on the
+//!   same cache line.
+//! - **Control bytes**, one per slot, in groups of eight read as one
+//!   `AtomicU64`: `EMPTY`, a 7-bit tag of the key's hash (the slot holds a
+//!   linked key), `LIMBO` (the slot holds a key a sweep unlinked, still with
+//!   its word) or `DEAD` (the key was freed; the slot stays unusable until the
+//!   table is rebuilt). A lookup reads a group, compares its key only in the
+//!   slots whose tag matches, and stops at a group with an `EMPTY` byte. A
+//!   million keys take 2 MiB of control bytes per 8 shards' worth, which stay
+//!   in the caches, where an index of 8-byte slots over an arena of entries
+//!   took 16 MiB and cost a second cache miss per lookup (BENCHMARKS.md, "Why
+//!   a million keys cost more than the floor").
+//! - **Writers** (insert, sweep, rebuild) serialize on the shard's mutex and
+//!   change control bytes with release stores of their group. Readers never
+//!   take the mutex. A published table's bytes only ever go `EMPTY` → tag
+//!   (insert), tag → `LIMBO` (unlink), `LIMBO` → tag (a returning key) and
+//!   `LIMBO` → `DEAD` (freed): no byte becomes `EMPTY` again, so no probe
+//!   that passed a slot can miss a key behind it, and a slot whose key a
+//!   reader may be comparing is never written until the table is replaced.
 //!
 //! # Eviction without loss: unlink, wait out the readers, free only if still fresh
 //!
-//! A sweep that judges an entry's word fresh-equivalent only *unlinks* it:
-//! marks its index slot `DELETED` and moves the entry to the shard's **limbo**.
-//! A decision that found the entry before the unlink may still be running on
-//! its word, and its compare-and-swap lands in the entry, which still exists.
-//! The entry is freed only when both hold:
+//! A sweep that judges a word fresh-equivalent only *unlinks* it: its control
+//! byte becomes `LIMBO`, and key and word stay in the slot. A decision that
+//! found the slot before the unlink may still be running on its word, and its
+//! compare-and-swap lands in the slot, which still holds it. The key is freed
+//! (its byte `DEAD`) only when both hold:
 //! 1. every reader pinned at the unlink has unpinned (a grace period,
-//!    `crate::reclaim`), so no decision can still reach the entry; and
-//! 2. its word is fresh-equivalent at a clock reading taken by the writer after
-//!    (1), under the shard's lock.
+//!    `crate::reclaim`), so no decision can still reach the word; and
+//! 2. the word is fresh-equivalent at a clock reading taken by the writer under
+//!    the shard's lock, after (1) has made it final.
 //!
-//! A decision for the key that arrives while the entry is in limbo does not
-//! find it in the index and takes the writer's path, which finds it in limbo
-//! and links it again, so it decides on the key's real state. So no admission
-//! is ever counted on a word that is then thrown away, and no decision ever
-//! starts over from a fresh word while the old one could still change.
+//! A decision for the key that arrives meanwhile does not find it (readers
+//! pass `LIMBO` bytes) and takes the writer's path, which finds it in limbo and
+//! links it again, so it decides on the key's real state. So no admission is
+//! ever counted on a word that is then thrown away, and no decision ever starts
+//! over from a fresh word while the old one could still change.
 //!
-//! Memory is bounded: entries are linked (the keyed limiter bounds these by its
-//! `max_keys`) or in limbo (bounded by the same number again), and the arena
-//! only reuses numbers freed after a grace period.
+//! # Rebuilds move words, so they close the table first
+//!
+//! Growing, shrinking or dropping `DEAD` slots builds a new table and moves
+//! every held key and word into it. A decision must not land its
+//! compare-and-swap in a word that has been copied, so a rebuild:
+//! 1. marks the published table *closed* (the low bit of the shard's pointer):
+//!    a reader that sees the mark takes the writer's path, which waits on the
+//!    mutex the rebuild holds and then decides in the new table;
+//! 2. waits out every reader pinned before the mark (a grace period): after
+//!    it, no decision can still be running on a word of the old table, and
+//!    every word is final;
+//! 3. copies, frees the keys in limbo whose words are fresh-equivalent,
+//!    publishes the new table and frees the old one at once (no reader can
+//!    reach it).
+//!
+//! A rebuild makes decisions on its shard wait for it, as a resize does behind
+//! a map's write lock; it happens when the table's load passes 3/4 (so at
+//! most once per doubling) or falls below 1/8.
+//!
+//! Memory is bounded: slots hold linked keys (the keyed limiter bounds these by
+//! its `max_keys`), keys in limbo (bounded by the same number again) or dead
+//! slots, which a rebuild drops; a rebuild sizes the table for the keys it
+//! keeps, so a table shrinks once a flood's keys are swept.
 
 use core::borrow::Borrow;
-use core::cmp::Reverse;
 use core::mem::MaybeUninit;
 use core::ptr;
-use std::collections::BinaryHeap;
+use std::collections::VecDeque;
 
 use hashbrown::HashTable;
 
@@ -51,156 +79,270 @@ use crate::cell::Cell;
 use crate::reclaim::{Collector, Guard, Snapshot};
 use crate::sync::{AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, UnsafeCell, lock};
 
-/// The first chunk holds `2^BASE_SHIFT` entries; each next one twice as many.
-const BASE_SHIFT: u32 = 4;
-/// Chunks in the arena: `16 * (2^28 - 1)` entries, just under `u32::MAX - 2`.
-const CHUNKS: usize = 28;
-/// The most entries one shard's arena can hold.
-const ARENA_CAPACITY: u64 = (1 << BASE_SHIFT) * ((1 << CHUNKS) - 1);
-/// The smallest index.
-const MIN_INDEX: usize = 8;
+/// Slots per control group.
+const GROUP: usize = 8;
+/// The smallest table: one group.
+const MIN_CAPACITY: usize = GROUP;
+/// The largest table: slot numbers fit in a `u32` with room to spare.
+const MAX_CAPACITY: usize = 1 << 31;
 
-/// An index slot that never held an entry: a probe for a key stops here.
-const EMPTY: u64 = 0;
-/// An index slot whose entry was unlinked: a probe goes on past it.
-const DELETED: u64 = 1;
-/// The bits of a full slot that hold the top of the key's hash.
-const TAG: u64 = 0xFFFF_FFFF_0000_0000;
-/// A full slot holds the entry's number plus this in its low 32 bits, so that
-/// no full slot equals `EMPTY` or `DELETED`.
-const FULL_OFFSET: u32 = 2;
+/// A slot that never held a key: a probe for a key stops at its group.
+const EMPTY: u8 = 0xFF;
+/// A slot whose key a sweep unlinked; key and word are still there.
+const LIMBO: u8 = 0x80;
+/// A slot whose key was freed; unusable until the table is rebuilt.
+const DEAD: u8 = 0x82;
+/// Every byte of a group.
+const LSB: u64 = 0x0101_0101_0101_0101;
+/// The top bit of every byte of a group: clear only in a linked slot's tag.
+const MSB: u64 = 0x8080_8080_8080_8080;
+/// The low bit of the shard's table pointer: the table is closed for a rebuild.
+const CLOSED: usize = 1;
 
-/// A full index slot for entry `entry` of a key whose hash is `hash`.
+/// The tag of a key's hash: 7 bits that neither the group index (the low
+/// bits) nor the shard (the top bits) uses.
 #[inline(always)]
-const fn full(hash: u64, entry: u32) -> u64 {
-    (hash & TAG) | (entry + FULL_OFFSET) as u64
+const fn tag(hash: u64) -> u8 {
+    ((hash >> 40) & 0x7F) as u8
 }
 
-/// The entry of a full slot; `None` for `EMPTY` and `DELETED`.
+/// The bytes of `group` equal to `tag`, as their top bits. May also report a
+/// byte one above a match (the borrow of the subtraction), which is then also
+/// a tag: every report is a linked slot, and the caller compares its key.
 #[inline(always)]
-const fn entry_of(slot: u64) -> Option<u32> {
-    (slot as u32).checked_sub(FULL_OFFSET)
+const fn match_tag(group: u64, tag: u8) -> u64 {
+    let x = group ^ (LSB * tag as u64);
+    x.wrapping_sub(LSB) & !x & MSB
 }
 
-/// The hash an entry is filed under in limbo: the top 32 bits of its key's
-/// hash (all a slot keeps), spread over 64 for the limbo table.
-#[inline]
-const fn limbo_hash(hash_or_slot: u64) -> u64 {
-    (hash_or_slot >> 32).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
-/// The chunk of entry `entry`, and its offset there.
+/// Whether `group` has an `EMPTY` byte (the only one with both top bits set).
 #[inline(always)]
-const fn locate(entry: u32) -> (usize, usize) {
-    let shifted = entry as u64 + (1 << BASE_SHIFT);
-    let chunk = (u64::BITS - 1 - shifted.leading_zeros()) - BASE_SHIFT;
-    (
-        chunk as usize,
-        (shifted - (1 << (chunk + BASE_SHIFT))) as usize,
-    )
+const fn has_empty(group: u64) -> bool {
+    group & (group << 1) & MSB != 0
 }
 
-const fn chunk_len(chunk: usize) -> usize {
-    1 << (chunk as u32 + BASE_SHIFT)
+/// Byte `i` of `group`.
+#[inline(always)]
+const fn byte(group: u64, i: usize) -> u8 {
+    (group >> (8 * i)) as u8
 }
 
-/// One entry of the arena. Aligned to 16 bytes so that a 16-byte entry (a
-/// `u64` key) never straddles two cache lines.
+/// Whether a control byte names a linked key.
+#[inline(always)]
+const fn is_linked(ctrl: u8) -> bool {
+    ctrl & 0x80 == 0
+}
+
+/// Whether a control byte's slot holds a key (linked or in limbo).
+#[inline(always)]
+const fn holds_key(ctrl: u8) -> bool {
+    is_linked(ctrl) || ctrl == LIMBO
+}
+
+/// One slot. Aligned to 16 bytes so that a 16-byte slot (a `u64` key) never
+/// straddles two cache lines.
 #[repr(align(16))]
-struct Entry<K> {
+struct Slot<K> {
     cell: Cell,
-    /// Initialized from the entry's allocation until it is freed; read by
-    /// readers only while they hold a pin that the freeing waits for.
+    /// Initialized while the slot's control byte is a tag or `LIMBO`; read by
+    /// readers only through a tag they loaded with acquire.
     key: UnsafeCell<MaybeUninit<K>>,
 }
 
-impl<K> Entry<K> {
-    fn vacant() -> Entry<K> {
-        Entry {
-            cell: Cell::new(0),
-            key: UnsafeCell::new(MaybeUninit::uninit()),
-        }
-    }
+/// One table: control groups and slots.
+struct Table<K> {
+    /// `groups - 1`.
+    group_mask: usize,
+    ctrl: Box<[AtomicU64]>,
+    slots: Box<[Slot<K>]>,
 }
 
-/// One published index: its slots and their mask.
-struct Index {
-    mask: usize,
-    slots: Box<[AtomicU64]>,
-}
-
-impl Index {
-    fn with_capacity(capacity: usize) -> Index {
-        Index {
-            mask: capacity - 1,
-            slots: (0..capacity).map(|_| AtomicU64::new(EMPTY)).collect(),
+impl<K> Table<K> {
+    fn with_capacity(capacity: usize) -> Table<K> {
+        debug_assert!(capacity.is_power_of_two() && capacity >= MIN_CAPACITY);
+        let groups = capacity / GROUP;
+        Table {
+            group_mask: groups - 1,
+            ctrl: (0..groups).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            slots: (0..capacity)
+                .map(|_| Slot {
+                    cell: Cell::new(0),
+                    key: UnsafeCell::new(MaybeUninit::uninit()),
+                })
+                .collect(),
         }
     }
 
     fn capacity(&self) -> usize {
-        self.mask + 1
+        self.slots.len()
     }
 
-    /// Where a new slot for `hash` goes in an index no reader sees yet, or that
-    /// the caller's writer lock guards: the first slot on its probe path that
-    /// holds no entry.
-    fn vacancy(&self, hash: u64) -> usize {
-        let mut pos = hash as usize & self.mask;
-        // Relaxed: the writer's own slots (it holds the shard's lock, or the
-        // index is not yet published).
-        while entry_of(self.slots[pos].load(Ordering::Relaxed)).is_some() {
-            pos = (pos + 1) & self.mask;
+    /// The control byte of slot `pos`, for the writer (its lock, or a table
+    /// no reader reaches).
+    fn ctrl(&self, pos: usize) -> u8 {
+        // Relaxed: the writer's own bytes.
+        byte(self.ctrl[pos / GROUP].load(Ordering::Relaxed), pos % GROUP)
+    }
+
+    /// Set slot `pos`'s control byte. Writer only.
+    fn set_ctrl(&self, pos: usize, ctrl: u8) {
+        let group = &self.ctrl[pos / GROUP];
+        let shift = 8 * (pos % GROUP);
+        // Relaxed: the writer's own group.
+        let old = group.load(Ordering::Relaxed);
+        let new = (old & !(0xFF << shift)) | (u64::from(ctrl) << shift);
+        // Release: a reader whose acquire load sees a new tag sees the key and
+        // word written before it.
+        group.store(new, Ordering::Release);
+    }
+
+    /// The slot of the linked key `key`. The caller keeps the table
+    /// allocated: it holds a pin taken before it loaded the table, or the
+    /// writer lock.
+    #[inline(always)]
+    fn find<Q>(&self, hash: u64, key: &Q) -> Option<usize>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let tag = tag(hash);
+        let mut group = hash as usize & self.group_mask;
+        let mut stride = 0;
+        loop {
+            // Acquire: pairs with the writer's Release store of the group,
+            // made after it wrote the slot's key and word.
+            let ctrl = self.ctrl[group].load(Ordering::Acquire);
+            let mut matches = match_tag(ctrl, tag);
+            while matches != 0 {
+                let pos = group * GROUP + (matches.trailing_zeros() / 8) as usize;
+                if self.key_is(pos, key) {
+                    return Some(pos);
+                }
+                matches &= matches - 1;
+            }
+            if has_empty(ctrl) {
+                return None;
+            }
+            // Triangular probing: visits every group of a power-of-two table.
+            stride += 1;
+            group = (group + stride) & self.group_mask;
         }
-        pos
+    }
+
+    /// The slot of `key` if it waits in limbo. Writer only.
+    fn find_in_limbo<Q>(&self, hash: u64, key: &Q) -> Option<usize>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let mut group = hash as usize & self.group_mask;
+        let mut stride = 0;
+        loop {
+            // Relaxed: the writer's own bytes.
+            let ctrl = self.ctrl[group].load(Ordering::Relaxed);
+            for i in 0..GROUP {
+                let pos = group * GROUP + i;
+                if byte(ctrl, i) == LIMBO && self.key_is(pos, key) {
+                    return Some(pos);
+                }
+            }
+            if has_empty(ctrl) {
+                return None;
+            }
+            stride += 1;
+            group = (group + stride) & self.group_mask;
+        }
+    }
+
+    /// The first `EMPTY` slot on `hash`'s probe path. Writer only, with the
+    /// load below 3/4, so there is one.
+    fn vacancy(&self, hash: u64) -> usize {
+        let mut group = hash as usize & self.group_mask;
+        let mut stride = 0;
+        loop {
+            // Relaxed: the writer's own bytes.
+            let ctrl = self.ctrl[group].load(Ordering::Relaxed);
+            if has_empty(ctrl) {
+                let i = (0..GROUP)
+                    .find(|&i| byte(ctrl, i) == EMPTY)
+                    .unwrap_or_default();
+                return group * GROUP + i;
+            }
+            stride += 1;
+            group = (group + stride) & self.group_mask;
+        }
+    }
+
+    /// Whether slot `pos`, whose control byte the caller read as a tag or
+    /// `LIMBO` (acquire, or under the lock), holds `key`.
+    #[inline(always)]
+    fn key_is<Q>(&self, pos: usize, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        // SAFETY: the key was written before its control byte was published
+        // (the caller's acquire load, or its lock), and it is dropped or moved
+        // only by a writer under the lock, after a grace period that waits
+        // for every pin under which the byte could be read as a tag.
+        self.slots[pos]
+            .key
+            .with(|k| unsafe { (*k).assume_init_ref() }.borrow() == key)
+    }
+
+    /// Write `key` and `word` into slot `pos`, which is `EMPTY`, and link it.
+    /// Writer only.
+    fn put(&self, pos: usize, key: K, word: u64, ctrl: u8) {
+        let slot = &self.slots[pos];
+        // SAFETY: the slot is `EMPTY`: it never held a key in this table, so
+        // no reader reads it (readers read keys only behind a tag).
+        slot.key.with_mut(|k| unsafe { (*k).write(key) });
+        slot.cell.set(word);
+        self.set_ctrl(pos, ctrl);
     }
 }
 
-/// An index unpublished by a rebuild, freed once the readers noted in its
-/// snapshot have unpinned.
-struct Retired {
-    index: *mut Index,
-    snapshot: Snapshot,
-}
-
-impl Retired {
-    /// # Safety
-    ///
-    /// - `self.index` came from `Box::into_raw` and is freed nowhere else;
-    /// - no reader can still hold it: it was unpublished before the snapshot
-    ///   was taken, and the snapshot has passed (or no reader exists at all).
-    unsafe fn free(self) {
-        // SAFETY: as the function's contract says.
-        drop(unsafe { Box::from_raw(self.index) });
+impl<K> Drop for Table<K> {
+    fn drop(&mut self) {
+        for pos in 0..self.capacity() {
+            if holds_key(self.ctrl(pos)) {
+                // SAFETY: the byte says the key is initialized, and `&mut self`
+                // means no reader holds the table.
+                self.slots[pos]
+                    .key
+                    .with_mut(|k| unsafe { (*k).assume_init_drop() });
+            }
+        }
     }
 }
 
-/// An entry in limbo: unlinked by sweep batch `batch`.
+/// A key in limbo: unlinked by sweep batch `batch`, at slot `pos`.
 struct Limbo {
-    hash: u64,
-    entry: u32,
+    pos: u32,
     batch: u64,
+}
+
+/// The hash a limbo record is filed under.
+#[inline]
+const fn limbo_hash(pos: u32) -> u64 {
+    (pos as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// What the shard's mutex guards.
 pub(crate) struct Writer {
-    /// Entries linked in the index.
+    /// Linked keys.
     linked: usize,
-    /// Index slots not `EMPTY`: linked entries and tombstones.
+    /// Slots not `EMPTY`: linked, in limbo or dead.
     used: usize,
-    /// Entry numbers handed out so far (the arena's high-water mark).
-    next: u32,
-    /// Numbers freed after their grace period, lowest first.
-    free: BinaryHeap<Reverse<u32>>,
+    /// The keys in limbo, by slot.
     limbo: HashTable<Limbo>,
     /// The last sweep batch.
     batch: u64,
     /// Sweep batches whose grace period may not have passed, oldest first.
-    pending: std::collections::VecDeque<(u64, Snapshot)>,
+    pending: VecDeque<(u64, Snapshot)>,
     /// Every batch up to this one has passed its grace period.
     passed: u64,
-    /// Indexes unpublished by rebuilds, waiting for their readers.
-    retired: Vec<Retired>,
-    /// Where the next bounded sweep of this shard starts in the index.
+    /// Where the next bounded sweep of this shard starts.
     cursor: usize,
     /// Inserts since the last full sweep, and how many trigger the next.
     pub(crate) inserts_since_sweep: usize,
@@ -211,18 +353,17 @@ pub(crate) struct Writer {
 
 /// One shard.
 pub(crate) struct Shard<K> {
-    /// The published index.
-    index: AtomicPtr<Index>,
-    chunks: [AtomicPtr<Entry<K>>; CHUNKS],
+    /// The published table; its low bit set ([`CLOSED`]) while a rebuild
+    /// moves its words.
+    table: AtomicPtr<Table<K>>,
     writer: Mutex<Writer>,
 }
 
 // SAFETY:
-// - a shard owns its keys (in the arena) and shares them with readers on other
+// - a shard owns its keys (in its table) and shares them with readers on other
 //   threads as `&K`: sending a shard sends the keys (`K: Send`), and sharing it
 //   shares `&K` across threads (`K: Sync`);
-// - its raw pointers (the published index, the chunks, retired indexes) point
-//   to memory it owns, made only of atomics and keys;
+// - its raw pointer points to a table it owns, made only of atomics and keys;
 // - every other field is an atomic or behind the mutex.
 unsafe impl<K: Send> Send for Shard<K> {}
 // SAFETY: as above.
@@ -231,27 +372,35 @@ unsafe impl<K: Send + Sync> Sync for Shard<K> {}
 /// What a shard's sweep did.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Swept {
-    /// Entries unlinked into limbo.
+    /// Keys unlinked into limbo.
     pub(crate) unlinked: usize,
-    /// Entries freed from limbo.
+    /// Keys freed from limbo before the unlinking (reported to `freed`).
+    pub(crate) freed: usize,
+    /// Keys freed from limbo by a rebuild after the unlinking.
+    pub(crate) freed_after: usize,
+}
+
+/// What an insert did.
+pub(crate) struct Inserted {
+    /// The key's slot; `None` when the table cannot grow (`MAX_CAPACITY`).
+    pub(crate) pos: Option<u32>,
+    /// Keys freed from limbo by a rebuild the insert made.
     pub(crate) freed: usize,
 }
 
 impl<K> Shard<K> {
     pub(crate) fn new(sweep_threshold: usize) -> Shard<K> {
         Shard {
-            index: AtomicPtr::new(Box::into_raw(Box::new(Index::with_capacity(MIN_INDEX)))),
-            chunks: core::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+            table: AtomicPtr::new(Box::into_raw(Box::new(Table::with_capacity(
+                MIN_CAPACITY,
+            )))),
             writer: Mutex::new(Writer {
                 linked: 0,
                 used: 0,
-                next: 0,
-                free: BinaryHeap::new(),
                 limbo: HashTable::new(),
                 batch: 0,
-                pending: std::collections::VecDeque::new(),
+                pending: VecDeque::new(),
                 passed: 0,
-                retired: Vec::new(),
                 cursor: 0,
                 inserts_since_sweep: 0,
                 sweep_threshold,
@@ -261,28 +410,13 @@ impl<K> Shard<K> {
         }
     }
 
-    /// Entry `entry`, which the caller knows is allocated: it read it from an
-    /// index slot under a pin, or holds the writer lock.
-    #[inline(always)]
-    fn entry(&self, entry: u32) -> &Entry<K> {
-        let (chunk, offset) = locate(entry);
-        // Acquire: pairs with the Release that published the chunk. (The entry
-        // number itself came through an acquire load of its index slot, which
-        // the chunk's publication precedes, so this is belt and braces.)
-        let base = self.chunks[chunk].load(Ordering::Acquire);
-        // SAFETY:
-        // - an allocated entry's chunk was published before the entry's
-        //   number was handed out, so `base` is that chunk, `chunk_len(chunk)`
-        //   entries long, and `offset` is within it;
-        // - chunks are freed only when the shard is dropped, which needs
-        //   `&mut self`, so the reference cannot outlive them.
-        unsafe { &*base.add(offset) }
-    }
-
-    /// The word of `key`, if it is linked: the lock-free read path.
+    /// The word of `key`, if it is linked: the lock-free read path. `None`
+    /// also while a rebuild has the table closed (the writer's path then
+    /// waits for it).
     ///
-    /// The word stays allocated while `guard` is held, even if a sweep unlinks
-    /// it meanwhile (it then waits in limbo, and a decision on it is kept).
+    /// The word stays in place while `guard` is held, even if a sweep unlinks
+    /// it meanwhile (it then waits in limbo, and a decision on it is kept),
+    /// and no rebuild moves it.
     #[inline(always)]
     pub(crate) fn find<'g, Q>(
         &'g self,
@@ -294,65 +428,18 @@ impl<K> Shard<K> {
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        // Acquire: pairs with the Release that published this index, after its
-        // slots were written.
-        let index = self.index.load(Ordering::Acquire);
-        // SAFETY: a writer frees an index only after unpublishing it and then
-        // seeing every pin taken before (such as `_guard`) released, so it is
-        // alive for `'g`.
-        let index = unsafe { &*index };
-        // The entries it names live as long: an entry is freed only after a
-        // grace period that waits for `_guard`.
-        self.probe(index, hash, key).map(|(_, entry)| &entry.cell)
-    }
-
-    /// `key`'s entry in `index`, and its number. The caller keeps the index and
-    /// the entries it names allocated: it holds a pin taken before it loaded
-    /// the index, or the writer lock.
-    #[inline(always)]
-    fn probe<'i, Q>(&'i self, index: &Index, hash: u64, key: &Q) -> Option<(u32, &'i Entry<K>)>
-    where
-        K: Borrow<Q>,
-        Q: Eq + ?Sized,
-    {
-        let tag = hash & TAG;
-        let mut pos = hash as usize & index.mask;
-        loop {
-            // Acquire: pairs with the writer's Release store of the slot, made
-            // after it wrote the entry's key and word. (The writer probing its
-            // own slots needs no ordering; an acquire load costs it nothing
-            // extra on x86-64, and one probe serves both.)
-            let slot = index.slots[pos].load(Ordering::Acquire);
-            if slot == EMPTY {
-                return None;
-            }
-            if slot & TAG == tag
-                && let Some(number) = entry_of(slot)
-            {
-                let entry = self.entry(number);
-                if self.key_is(entry, key) {
-                    return Some((number, entry));
-                }
-            }
-            pos = (pos + 1) & index.mask;
+        // Acquire: pairs with the Release that published this table, after
+        // its slots were written.
+        let table = self.table.load(Ordering::Acquire);
+        if table.addr() & CLOSED != 0 {
+            return None;
         }
-    }
-
-    /// Whether `entry`, which holds a key (it is linked or in limbo, and the
-    /// caller holds a pin or the writer lock), holds `key`.
-    #[inline(always)]
-    fn key_is<Q>(&self, entry: &Entry<K>, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Eq + ?Sized,
-    {
-        // SAFETY: the key was written before the entry's slot was published
-        // (the caller's acquire load, or its lock), and it is dropped only by a
-        // writer holding the lock, after a grace period that waits for every
-        // pin taken while the entry could be found.
-        entry
-            .key
-            .with(|k| unsafe { (*k).assume_init_ref() }.borrow() == key)
+        // SAFETY: a rebuild frees a table only after closing it and then
+        // seeing every pin taken before (such as `_guard`) released; a reader
+        // that pinned later sees it closed (the grace period's barrier) and
+        // does not dereference it. So it is alive for `'g`.
+        let table = unsafe { &*table };
+        table.find(hash, key).map(|pos| &table.slots[pos].cell)
     }
 
     /// Take the shard's writer lock.
@@ -379,47 +466,12 @@ impl<K> Shard<K> {
 
 impl<K> Drop for Shard<K> {
     fn drop(&mut self) {
-        let writer = self
-            .writer
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Every allocated entry is linked or in limbo: drop their keys.
         // Relaxed: `&mut self` orders every earlier write before this.
-        let index = self.index.load(Ordering::Relaxed);
-        let mut allocated: Vec<u32> = writer.limbo.iter().map(|l| l.entry).collect();
-        // SAFETY: `&mut self`: no reader holds the index, and it was never retired.
-        let index = unsafe { Box::from_raw(index) };
-        allocated.extend(index.slots.iter().filter_map(|s| {
-            // Relaxed: `&mut self` orders every earlier write before this.
-            entry_of(s.load(Ordering::Relaxed))
-        }));
-        drop(index);
-        for retired in writer.retired.drain(..) {
-            // SAFETY: `&mut self`: no reader exists any more.
-            unsafe { retired.free() };
-        }
-        for entry in allocated {
-            let (chunk, offset) = locate(entry);
-            // Relaxed: as above.
-            let base = self.chunks[chunk].load(Ordering::Relaxed);
-            // SAFETY: an allocated entry lies in a published chunk, and its key
-            // was initialized when it was allocated and not dropped since.
-            unsafe {
-                (*base.add(offset))
-                    .key
-                    .with_mut(|k| (*k).assume_init_drop())
-            };
-        }
-        for (chunk, base) in self.chunks.iter().enumerate() {
-            // Relaxed: as above.
-            let base = base.load(Ordering::Relaxed);
-            if !base.is_null() {
-                let slice = ptr::slice_from_raw_parts_mut(base, chunk_len(chunk));
-                // SAFETY: the chunk came from `Box::into_raw` of a slice of
-                // this length and is freed nowhere else.
-                drop(unsafe { Box::from_raw(slice) });
-            }
-        }
+        let table = self.table.load(Ordering::Relaxed);
+        // SAFETY: the table came from `Box::into_raw`, is published (never
+        // left closed: a rebuild publishes before it lets the lock go), and
+        // `&mut self` means no reader holds it. Its drop drops its keys.
+        drop(unsafe { Box::from_raw(table) });
     }
 }
 
@@ -429,14 +481,15 @@ pub(crate) struct Locked<'a, K> {
     writer: MutexGuard<'a, Writer>,
 }
 
-impl<'a, K> Locked<'a, K> {
-    /// The published index: only writers publish, and this one holds the lock.
-    fn index(&self) -> &'a Index {
+impl<K> Locked<'_, K> {
+    /// The published table: only writers publish, and this one holds the lock.
+    fn table(&self) -> &Table<K> {
         // Relaxed: the mutex's acquire orders the last publication before us.
-        let index = self.shard.index.load(Ordering::Relaxed);
-        // SAFETY: only a writer retires the published index, and this one
-        // holds the lock; it stays published until this writer replaces it.
-        unsafe { &*index }
+        let table = self.shard.table.load(Ordering::Relaxed);
+        // SAFETY: only a writer replaces the published table (and it is never
+        // left closed once the lock is let go), and this one holds the lock:
+        // the table stays published, and allocated, while `self` is borrowed.
+        unsafe { &*table }
     }
 
     /// The bookkeeping behind the lock.
@@ -444,265 +497,224 @@ impl<'a, K> Locked<'a, K> {
         &mut self.writer
     }
 
-    /// Entries linked in this shard's index.
+    /// Linked keys in this shard.
     pub(crate) fn linked(&self) -> usize {
         self.writer.linked
     }
 
-    /// The word of entry `entry` (one the caller got from this lock).
-    pub(crate) fn cell(&self, entry: u32) -> &'a Cell {
-        &self.shard.entry(entry).cell
+    /// The word of slot `pos` (one the caller got from this lock, with no
+    /// insert or sweep since).
+    pub(crate) fn cell(&self, pos: u32) -> &Cell {
+        &self.table().slots[pos as usize].cell
     }
 
-    /// The entry of `key`, if linked.
+    /// The slot of `key`, if linked.
     pub(crate) fn find<Q>(&self, hash: u64, key: &Q) -> Option<u32>
     where
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        self.shard
-            .probe(self.index(), hash, key)
-            .map(|(number, _)| number)
+        self.table().find(hash, key).map(|pos| pos as u32)
     }
 
-    /// `key`'s entry, if it waits in limbo.
+    /// The slot of `key`, if it waits in limbo.
     pub(crate) fn find_in_limbo<Q>(&self, hash: u64, key: &Q) -> Option<u32>
     where
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        let hash = limbo_hash(hash);
-        self.writer
-            .limbo
-            .find(hash, |l| {
-                l.hash == hash && self.shard.key_is(self.shard.entry(l.entry), key)
-            })
-            .map(|l| l.entry)
+        self.table().find_in_limbo(hash, key).map(|pos| pos as u32)
     }
 
-    /// Take `entry` (found by [`find_in_limbo`](Self::find_in_limbo) for
-    /// `hash`, under this same lock and with no sweep since) out of limbo, to
-    /// link it again.
-    pub(crate) fn remove_from_limbo(&mut self, hash: u64, entry: u32) {
-        let hash = limbo_hash(hash);
-        let found = self.writer.limbo.find_entry(hash, |l| l.entry == entry);
-        debug_assert!(found.is_ok(), "entry {entry} is not in limbo");
+    /// Link again the key in limbo at slot `pos` (found by
+    /// [`find_in_limbo`](Self::find_in_limbo) for `hash`, under this same
+    /// lock, with no insert or sweep since).
+    pub(crate) fn relink(&mut self, hash: u64, pos: u32) {
+        let found = self
+            .writer
+            .limbo
+            .find_entry(limbo_hash(pos), |l| l.pos == pos);
+        debug_assert!(found.is_ok(), "slot {pos} is not in limbo");
         if let Ok(found) = found {
             found.remove();
         }
-    }
-
-    /// Every entry whose word still counts: those linked in the index and
-    /// those waiting in limbo (which a returning key links again).
-    pub(crate) fn for_each_held(&self, mut f: impl FnMut(&Cell)) {
-        let index = self.index();
-        for slot in index.slots.iter() {
-            // Relaxed: the writer's own slots (this lock is held).
-            if let Some(entry) = entry_of(slot.load(Ordering::Relaxed)) {
-                f(&self.shard.entry(entry).cell);
-            }
-        }
-        for limbo in self.writer.limbo.iter() {
-            f(&self.shard.entry(limbo.entry).cell);
-        }
-    }
-
-    /// Slots in the published index.
-    pub(crate) fn capacity(&self) -> usize {
-        self.index().capacity()
-    }
-
-    /// Allocate an entry for `key` with `word`, unlinked; `None` when the arena
-    /// is full.
-    pub(crate) fn allocate(&mut self, key: K, word: u64) -> Option<u32> {
-        let entry = match self.writer.free.pop() {
-            Some(Reverse(entry)) => entry,
-            None => {
-                if u64::from(self.writer.next) >= ARENA_CAPACITY {
-                    return None;
-                }
-                let entry = self.writer.next;
-                let (chunk, offset) = locate(entry);
-                if offset == 0 {
-                    let fresh: Box<[Entry<K>]> =
-                        (0..chunk_len(chunk)).map(|_| Entry::vacant()).collect();
-                    // Release: the chunk's entries are initialized before a
-                    // reader can load its address.
-                    self.shard.chunks[chunk]
-                        .store(Box::into_raw(fresh).cast::<Entry<K>>(), Ordering::Release);
-                }
-                self.writer.next += 1;
-                entry
-            }
-        };
-        let slot = self.shard.entry(entry);
-        // SAFETY: the entry is free: no index slot names it, and its last
-        // grace period has passed, so no reader can read its key.
-        slot.key.with_mut(|k| unsafe { (*k).write(key) });
-        slot.cell.set(word);
-        Some(entry)
-    }
-
-    /// Link `entry` (allocated, not linked) under `hash`. May publish a larger
-    /// index first, rehashing linked keys with `hash_of`.
-    pub(crate) fn link(
-        &mut self,
-        hash: u64,
-        entry: u32,
-        collector: &Collector,
-        hash_of: impl Fn(&K) -> u64,
-    ) {
-        if (self.writer.used + 1) * 4 > self.index().capacity() * 3 {
-            let capacity = ((self.writer.linked + 1) * 2)
-                .next_power_of_two()
-                .max(MIN_INDEX);
-            self.rebuild(capacity, collector, &hash_of);
-        }
-        let index = self.index();
-        let pos = index.vacancy(hash);
-        // Relaxed: the writer's own slot.
-        if index.slots[pos].load(Ordering::Relaxed) == EMPTY {
-            self.writer.used += 1;
-        }
-        // Release: the entry's key and word, written before, are visible to a
-        // reader whose acquire load finds this slot.
-        index.slots[pos].store(full(hash, entry), Ordering::Release);
+        self.table().set_ctrl(pos as usize, tag(hash));
         self.writer.linked += 1;
     }
 
-    /// Publish a new index of `capacity` slots holding the linked entries, and
-    /// retire the old one.
-    fn rebuild(&mut self, capacity: usize, collector: &Collector, hash_of: &impl Fn(&K) -> u64) {
-        let old = self.index();
-        let new = Index::with_capacity(capacity);
-        for slot in old.slots.iter() {
-            // Relaxed: the writer's own slots.
-            if let Some(entry) = entry_of(slot.load(Ordering::Relaxed)) {
-                // SAFETY: a linked entry has its key.
-                let hash = self
-                    .shard
-                    .entry(entry)
-                    .key
-                    .with(|k| hash_of(unsafe { (*k).assume_init_ref() }));
-                let pos = new.vacancy(hash);
-                // Relaxed: the index is published below with Release.
-                new.slots[pos].store(full(hash, entry), Ordering::Relaxed);
-            }
-        }
-        // Release: pairs with readers' Acquire load of the index: the slots
-        // written above are visible through it.
-        let old = self
-            .shard
-            .index
-            .swap(Box::into_raw(Box::new(new)), Ordering::Release);
-        self.writer.used = self.writer.linked;
-        self.writer.cursor = 0;
-        self.writer.retired.push(Retired {
-            index: old,
-            snapshot: collector.snapshot(),
-        });
-        self.free_retired(collector);
-    }
-
-    /// Free the retired indexes whose readers have all unpinned.
-    fn free_retired(&mut self, collector: &Collector) {
-        let mut i = 0;
-        while i < self.writer.retired.len() {
-            if self.writer.retired[i].snapshot.passed(collector) {
-                let retired = self.writer.retired.swap_remove(i);
-                // SAFETY: unpublished before its snapshot, which has passed;
-                // only this writer (under the lock) frees retired indexes.
-                unsafe { retired.free() };
-            } else {
-                i += 1;
+    /// Every word that still counts: linked keys' and those in limbo (which a
+    /// returning key links again).
+    pub(crate) fn for_each_held(&self, mut f: impl FnMut(&Cell)) {
+        let table = self.table();
+        for pos in 0..table.capacity() {
+            if holds_key(table.ctrl(pos)) {
+                f(&table.slots[pos].cell);
             }
         }
     }
 
-    /// First free the entries in limbo whose grace period has passed and whose
-    /// words `evictable` still accepts, and report how many to `freed` (so
-    /// that their places count as room at once). Then unlink the linked
-    /// entries whose words `evictable` accepts into limbo, examining at most
-    /// `budget` index slots from where the last bounded sweep stopped
-    /// (`usize::MAX`: the whole index), while `limbo_room` grants a place in
-    /// limbo for each.
-    pub(crate) fn sweep(
+    /// Slots in the published table.
+    pub(crate) fn capacity(&self) -> usize {
+        self.table().capacity()
+    }
+
+    /// Store `key` (not held: neither linked nor in limbo) with `word`, linked.
+    /// A table at 3/4 load is rebuilt first, for twice the keys it keeps;
+    /// the rebuild frees the keys in limbo whose words `evictable` accepts
+    /// once their readers are gone.
+    pub(crate) fn insert(
         &mut self,
+        hash: u64,
+        key: K,
+        word: u64,
         evictable: impl Fn(u64) -> bool,
-        budget: usize,
-        freed: impl FnOnce(usize),
-        mut limbo_room: impl FnMut() -> bool,
         collector: &Collector,
         hash_of: impl Fn(&K) -> u64,
-    ) -> Swept {
-        let mut swept = Swept {
-            unlinked: 0,
-            freed: self.collect(&evictable, collector),
-        };
-        // Before unlinking: the places in limbo just freed are room for this
-        // sweep's own unlinks.
-        freed(swept.freed);
-        let index = self.index();
-        let capacity = index.capacity();
-        let whole = budget >= capacity;
-        let start = if whole { 0 } else { self.writer.cursor };
-        let examine = budget.min(capacity);
-        let batch = self.writer.batch + 1;
-        for i in 0..examine {
-            let pos = (start + i) & index.mask;
-            // Relaxed: the writer's own slot.
-            let slot = index.slots[pos].load(Ordering::Relaxed);
-            let Some(entry) = entry_of(slot) else {
-                continue;
-            };
-            if !evictable(self.shard.entry(entry).cell.load()) {
-                continue;
+    ) -> Inserted {
+        let mut freed = 0;
+        if (self.writer.used + 1) * 4 > self.capacity() * 3 {
+            match self.rebuild(1, &evictable, collector, &hash_of) {
+                Some(count) => freed = count,
+                None => return Inserted { pos: None, freed },
             }
-            if !limbo_room() {
-                break;
-            }
-            // Release: orders nothing a reader needs (a reader that still sees
-            // the full slot finds an entry that stays allocated); Release keeps
-            // every slot store alike.
-            index.slots[pos].store(DELETED, Ordering::Release);
-            self.writer.linked -= 1;
-            self.writer.limbo.insert_unique(
-                limbo_hash(slot),
-                Limbo {
-                    hash: limbo_hash(slot),
-                    entry,
-                    batch,
-                },
-                |l| l.hash,
-            );
-            swept.unlinked += 1;
         }
-        if !whole {
-            self.writer.cursor = (start + examine) & index.mask;
+        let table = self.table();
+        let pos = table.vacancy(hash);
+        table.put(pos, key, word, tag(hash));
+        self.writer.used += 1;
+        self.writer.linked += 1;
+        Inserted {
+            pos: Some(pos as u32),
+            freed,
         }
-        if swept.unlinked > 0 {
-            self.writer.batch = batch;
-            let snapshot = collector.snapshot();
-            self.writer.pending.push_back((batch, snapshot));
-        }
-        // Give memory back once the index is mostly empty or mostly tombstones.
-        let capacity = self.index().capacity();
-        let sparse = capacity > MIN_INDEX && self.writer.linked * 8 < capacity;
-        let tombstones =
-            self.writer.used * 2 > capacity && self.writer.linked * 4 < self.writer.used;
-        if sparse || tombstones {
-            let capacity = ((self.writer.linked + 1) * 2)
-                .next_power_of_two()
-                .max(MIN_INDEX);
-            self.rebuild(capacity, collector, &hash_of);
-        }
-        swept
     }
 
-    /// Free the entries in limbo whose grace period has passed and whose words
-    /// `evictable` accepts now; returns how many.
+    /// Replace the table by one sized for the keys it keeps plus `room`,
+    /// moving every linked key and every key in limbo whose word `evictable`
+    /// does not accept; the others are freed. Returns how many were freed, or
+    /// `None` (nothing changed) when the table would pass `MAX_CAPACITY`.
+    ///
+    /// Decisions on this shard wait meanwhile (see the module's docs).
+    fn rebuild(
+        &mut self,
+        room: usize,
+        evictable: &impl Fn(u64) -> bool,
+        collector: &Collector,
+        hash_of: &impl Fn(&K) -> u64,
+    ) -> Option<usize> {
+        let held = self.writer.linked + self.writer.limbo.len();
+        if capacity_for(held + room) > MAX_CAPACITY {
+            return None;
+        }
+        // Relaxed: the lock keeps the table published.
+        let old_ptr = self.shard.table.load(Ordering::Relaxed);
+        // SAFETY: as in `table()`; read through the pointer so that the
+        // bookkeeping can be borrowed mutably beside it. It stays allocated
+        // until this function frees it, after its last use.
+        let old = unsafe { &*old_ptr };
+        // Hashed before the table closes (keys do not change under the lock),
+        // so that decisions wait less; a hasher that panics leaves it open and
+        // unchanged.
+        let hashes: Vec<(u32, u64)> = (0..old.capacity())
+            .filter(|&pos| holds_key(old.ctrl(pos)))
+            .map(|pos| {
+                // SAFETY: the byte says the key is initialized; the lock keeps
+                // it in place.
+                let hash = old.slots[pos]
+                    .key
+                    .with(|k| hash_of(unsafe { (*k).assume_init_ref() }));
+                (pos as u32, hash)
+            })
+            .collect();
+        // 1. Close: readers that load the pointer from now on take the
+        // writer's path. Release: orders nothing they read (they read nothing
+        // behind a closed pointer); the grace period's barrier does the rest.
+        self.shard
+            .table
+            .store(old_ptr.map_addr(|a| a | CLOSED), Ordering::Release);
+        // 2. Wait out the readers pinned before: after this no decision runs
+        // on a word of this table, and every word is final.
+        let mut snapshot = collector.snapshot();
+        // The loom mutant `no_grace` moves words without waiting for readers.
+        while !(snapshot.passed(collector) || cfg!(turnstile_mutant = "no_grace")) {
+            crate::sync::wait_for_readers();
+        }
+        // Every earlier batch's snapshot has passed too: a reader it noted is
+        // either gone or was still pinned at this snapshot.
+        self.writer.pending.clear();
+        self.writer.passed = self.writer.batch;
+        // 3. Keep or free each key in limbo, by its final word.
+        let mut keep = Vec::with_capacity(hashes.len());
+        let mut free = Vec::new();
+        for (pos, hash) in hashes {
+            let ctrl = old.ctrl(pos as usize);
+            let word = old.slots[pos as usize].cell.load();
+            // The loom mutant `no_recheck` frees without judging the word again.
+            if ctrl == LIMBO && (evictable(word) || cfg!(turnstile_mutant = "no_recheck")) {
+                free.push(pos);
+            } else {
+                keep.push((pos, hash, ctrl));
+            }
+        }
+        let new = Table::with_capacity(capacity_for(keep.len() + room));
+        let mut limbo = HashTable::with_capacity(self.writer.limbo.len());
+        let mut linked = 0;
+        for &(pos, hash, ctrl) in &keep {
+            let slot = &old.slots[pos as usize];
+            // SAFETY: the byte says the key is initialized; no reader holds the
+            // old table (step 2), and its byte is cleared below so that the
+            // old table's drop does not drop the key moved out here.
+            let key = slot.key.with(|k| unsafe { ptr::read(k).assume_init() });
+            let to = new.vacancy(hash);
+            if is_linked(ctrl) {
+                new.put(to, key, slot.cell.load(), tag(hash));
+                linked += 1;
+            } else {
+                new.put(to, key, slot.cell.load(), LIMBO);
+                let to = to as u32;
+                let batch = self.writer.batch;
+                limbo.insert_unique(limbo_hash(to), Limbo { pos: to, batch }, |l| {
+                    limbo_hash(l.pos)
+                });
+            }
+            old.set_ctrl(pos as usize, EMPTY);
+        }
+        let freed: Vec<K> = free
+            .iter()
+            .map(|&pos| {
+                old.set_ctrl(pos as usize, EMPTY);
+                // SAFETY: as above: initialized, unreachable by readers, and
+                // its byte now cleared.
+                old.slots[pos as usize]
+                    .key
+                    .with(|k| unsafe { ptr::read(k).assume_init() })
+            })
+            .collect();
+        debug_assert_eq!(linked, self.writer.linked);
+        self.writer.used = keep.len();
+        self.writer.limbo = limbo;
+        self.writer.cursor = 0;
+        // 4. Publish. Release: pairs with readers' Acquire load of the
+        // pointer: the slots written above are visible through it.
+        self.shard
+            .table
+            .store(Box::into_raw(Box::new(new)), Ordering::Release);
+        if cfg!(turnstile_mutant = "no_grace") {
+            // Without the grace period a reader may still be in the old table:
+            // leak it rather than free memory in use, so that the model
+            // catches the lost decision, not a use after free.
+            return Some(freed.len());
+        }
+        // SAFETY: unpublished and closed before the grace period of step 2, so
+        // no reader holds it; it came from `Box::into_raw`; every byte is
+        // now `EMPTY` or `DEAD`, so its drop drops no key.
+        drop(unsafe { Box::from_raw(old_ptr) });
+        Some(freed.len())
+    }
+
+    /// Free the keys in limbo whose grace period has passed and whose words
+    /// `evictable` accepts now, marking their slots `DEAD`; returns how many.
     fn collect(&mut self, evictable: &impl Fn(u64) -> bool, collector: &Collector) -> usize {
-        self.free_retired(collector);
         while let Some((batch, snapshot)) = self.writer.pending.front_mut() {
             // The loom mutant `no_grace` frees without waiting for readers.
             if !(snapshot.passed(collector) || cfg!(turnstile_mutant = "no_grace")) {
@@ -715,61 +727,160 @@ impl<'a, K> Locked<'a, K> {
             return 0;
         }
         let past = self.writer.passed;
-        let shard = self.shard;
-        let Writer { limbo, free, .. } = &mut *self.writer;
-        let before = limbo.len();
-        limbo.retain(|l| {
+        // Relaxed: the lock keeps the table published.
+        let table = self.shard.table.load(Ordering::Relaxed);
+        // SAFETY: as in `table()`; read through the pointer so that the limbo
+        // records can be borrowed mutably beside it.
+        let table = unsafe { &*table };
+        let before = self.writer.limbo.len();
+        self.writer.limbo.retain(|l| {
             if l.batch > past {
                 return true;
             }
-            let entry = shard.entry(l.entry);
+            let slot = &table.slots[l.pos as usize];
             // The loom mutant `no_recheck` frees without judging the word again.
-            if !(evictable(entry.cell.load()) || cfg!(turnstile_mutant = "no_recheck")) {
+            if !(evictable(slot.cell.load()) || cfg!(turnstile_mutant = "no_recheck")) {
                 // A decision ran on it after the unlink: it stays, and a
                 // decision for its key links it again.
                 return true;
             }
-            // SAFETY: the entry is unlinked and its grace period has passed, so
-            // no reader can reach it; its key is initialized (it was linked).
-            entry.key.with_mut(|k| unsafe { (*k).assume_init_drop() });
-            free.push(Reverse(l.entry));
+            table.set_ctrl(l.pos as usize, DEAD);
+            // SAFETY: the key is unlinked and its grace period has passed, so no
+            // reader can read it (later readers pass its `LIMBO` byte); it is
+            // initialized (it was in limbo), and its byte is now `DEAD`.
+            slot.key.with_mut(|k| unsafe { (*k).assume_init_drop() });
             false
         });
-        before - limbo.len()
+        before - self.writer.limbo.len()
     }
+
+    /// First free the keys in limbo whose grace period has passed and whose
+    /// words `evictable` still accepts, and report how many to `freed` (so
+    /// that their places count as room at once). Then unlink the linked keys
+    /// whose words `evictable` accepts into limbo, examining at most `budget`
+    /// slots from where the last bounded sweep stopped (`usize::MAX`: the
+    /// whole table), while `limbo_room` grants a place in limbo for each.
+    /// Last, a table at under 1/8 load is rebuilt smaller (the keys it frees
+    /// from limbo are reported in [`Swept::freed_after`]).
+    pub(crate) fn sweep(
+        &mut self,
+        evictable: impl Fn(u64) -> bool,
+        budget: usize,
+        freed: impl FnOnce(usize),
+        mut limbo_room: impl FnMut() -> bool,
+        collector: &Collector,
+        hash_of: impl Fn(&K) -> u64,
+    ) -> Swept {
+        let mut swept = Swept {
+            freed: self.collect(&evictable, collector),
+            ..Swept::default()
+        };
+        // Before unlinking: the places in limbo just freed are room for this
+        // sweep's own unlinks.
+        freed(swept.freed);
+        let capacity = self.capacity();
+        let whole = budget >= capacity;
+        let start = if whole { 0 } else { self.writer.cursor };
+        let examine = budget.min(capacity);
+        let batch = self.writer.batch + 1;
+        // Relaxed: the lock keeps the table published.
+        let table = self.shard.table.load(Ordering::Relaxed);
+        // SAFETY: as in `collect`.
+        let table = unsafe { &*table };
+        for i in 0..examine {
+            let pos = (start + i) & (capacity - 1);
+            if !is_linked(table.ctrl(pos)) || !evictable(table.slots[pos].cell.load()) {
+                continue;
+            }
+            if !limbo_room() {
+                break;
+            }
+            // A reader that still sees the tag finds the word, which stays in
+            // place: its decision is kept (see the module's docs).
+            table.set_ctrl(pos, LIMBO);
+            self.writer.linked -= 1;
+            let pos = pos as u32;
+            self.writer
+                .limbo
+                .insert_unique(limbo_hash(pos), Limbo { pos, batch }, |l| {
+                    limbo_hash(l.pos)
+                });
+            swept.unlinked += 1;
+        }
+        if !whole {
+            self.writer.cursor = (start + examine) & (capacity - 1);
+        }
+        if swept.unlinked > 0 {
+            self.writer.batch = batch;
+            let snapshot = collector.snapshot();
+            self.writer.pending.push_back((batch, snapshot));
+        }
+        // Give memory back once the table is mostly empty.
+        let held = self.writer.linked + self.writer.limbo.len();
+        if capacity > MIN_CAPACITY && held * 8 < capacity {
+            swept.freed_after = self
+                .rebuild(0, &evictable, collector, &hash_of)
+                .unwrap_or_default();
+        }
+        swept
+    }
+}
+
+/// The table capacity for `keys` keys: at most half full.
+fn capacity_for(keys: usize) -> usize {
+    keys.saturating_mul(2)
+        .checked_next_power_of_two()
+        .unwrap_or(usize::MAX)
+        .max(MIN_CAPACITY)
 }
 
 #[cfg(all(test, not(turnstile_loom)))]
 mod tests {
     use super::*;
 
-    #[test]
-    fn entries_map_to_chunks_without_gaps_or_overlap() {
-        let mut expected = (0, 0);
-        for entry in 0..100_000u32 {
-            assert_eq!(locate(entry), expected, "entry {entry}");
-            expected.1 += 1;
-            if expected.1 == chunk_len(expected.0) {
-                expected = (expected.0 + 1, 0);
-            }
-        }
-        let last = (ARENA_CAPACITY - 1) as u32;
-        assert_eq!(locate(last), (CHUNKS - 1, chunk_len(CHUNKS - 1) - 1));
-        assert!(ARENA_CAPACITY + u64::from(FULL_OFFSET) <= u64::from(u32::MAX));
+    fn group(bytes: [u8; 8]) -> u64 {
+        u64::from_le_bytes(bytes)
     }
 
     #[test]
-    fn full_slots_are_never_empty_or_deleted() {
-        for hash in [0, 1, u64::MAX, TAG, !TAG] {
-            for entry in [0, 1, (ARENA_CAPACITY - 1) as u32] {
-                let slot = full(hash, entry);
-                assert_ne!(slot, EMPTY);
-                assert_ne!(slot, DELETED);
-                assert_eq!(entry_of(slot), Some(entry));
-                assert_eq!(slot & TAG, hash & TAG);
+    fn a_tag_matches_its_own_bytes_and_never_an_unlinked_slot() {
+        for t in 0..=0x7Fu8 {
+            let g = group([t, EMPTY, LIMBO, DEAD, t, t ^ 1, 0x7F - t, t]);
+            let matches = match_tag(g, t);
+            for i in [0, 4, 7] {
+                assert_ne!(matches & (0x80 << (8 * i)), 0, "tag {t:#x} byte {i}");
+            }
+            for i in [1, 2, 3] {
+                assert_eq!(matches & (0x80 << (8 * i)), 0, "tag {t:#x} byte {i}");
+            }
+            // Whatever else is reported is a linked slot.
+            for i in 0..8 {
+                if matches & (0x80 << (8 * i)) != 0 {
+                    assert!(is_linked(byte(g, i)), "tag {t:#x} byte {i}");
+                }
             }
         }
-        assert_eq!(entry_of(EMPTY), None);
-        assert_eq!(entry_of(DELETED), None);
+    }
+
+    #[test]
+    fn only_empty_bytes_end_a_probe() {
+        assert!(!has_empty(group([0, 0x7F, LIMBO, DEAD, 1, 2, 3, 4])));
+        for i in 0..8 {
+            let mut bytes = [LIMBO; 8];
+            bytes[i] = EMPTY;
+            assert!(has_empty(group(bytes)), "byte {i}");
+        }
+        assert!(has_empty(u64::MAX));
+        assert!(!holds_key(EMPTY) && !holds_key(DEAD));
+        assert!(holds_key(LIMBO) && holds_key(0) && holds_key(0x7F));
+    }
+
+    #[test]
+    fn tables_are_sized_at_most_half_full() {
+        assert_eq!(capacity_for(0), MIN_CAPACITY);
+        assert_eq!(capacity_for(4), 8);
+        assert_eq!(capacity_for(5), 16);
+        assert_eq!(capacity_for(125_000), 262_144);
+        assert_eq!(capacity_for(usize::MAX), usize::MAX);
     }
 }
