@@ -887,3 +887,146 @@ fn a_shard_busy_elsewhere_does_not_make_the_bound_refuse_room() {
         "(refused, refused again after retry_after)"
     );
 }
+
+/// Keys that count how many of them are alive.
+static LIVE_KEYS: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+#[derive(Hash, PartialEq, Eq, Debug)]
+struct Counted(u64);
+
+impl Counted {
+    fn new(n: u64) -> Counted {
+        LIVE_KEYS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Counted(n)
+    }
+}
+
+impl Clone for Counted {
+    fn clone(&self) -> Counted {
+        Counted::new(self.0)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        LIVE_KEYS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn live_keys() -> isize {
+    LIVE_KEYS.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Keys move when a shard's table grows and shrinks, wait in limbo after a
+/// sweep, and are freed after it: each stored key is dropped exactly once,
+/// when it is freed or with the limiter, and a key in limbo that returns keeps
+/// its bucket through the moves.
+#[test]
+fn stored_keys_are_dropped_once_through_growth_sweeps_and_shrinking() {
+    let _serial = serial();
+    let period = Duration::from_secs(1);
+    let clock = ManualClock::new();
+    let l = KeyedLimiter::<Counted>::builder(quota(3, period))
+        .clock(clock.clone())
+        .shards(2)
+        .max_keys(100_000)
+        .build()
+        .unwrap();
+    let before = live_keys();
+    for n in 0..5_000 {
+        assert!(l.try_acquire(&Counted::new(n)).is_allowed());
+    }
+    assert_eq!(live_keys() - before, 5_000, "one stored copy per key");
+    // Key 0 spends all but one, then everything idles back to full except
+    // keys 0 and 1, spent again just before the sweeps.
+    assert!(l.try_acquire(&Counted::new(0)).is_allowed());
+    clock.advance(period * 3);
+    assert!(l.try_acquire_n(&Counted::new(0), 2).unwrap().is_allowed());
+    assert!(l.try_acquire(&Counted::new(1)).is_allowed());
+    // The first sweep unlinks the idle keys into limbo, the second frees
+    // them (no reader holds them) and shrinks the tables.
+    assert_eq!(l.sweep(), 4_998);
+    l.sweep();
+    assert_eq!(l.len(), 2);
+    assert_eq!(live_keys() - before, 2, "the swept keys are dropped");
+    assert_eq!(l.remaining(&Counted::new(0)), 1);
+    assert_eq!(l.remaining(&Counted::new(1)), 2);
+    // A new flood grows the tables again around the two held keys.
+    for n in 10_000..13_000 {
+        assert!(l.try_acquire(&Counted::new(n)).is_allowed());
+    }
+    assert_eq!(l.remaining(&Counted::new(0)), 1);
+    assert_eq!(live_keys() - before, 3_002);
+    drop(l);
+    assert_eq!(live_keys() - before, 0, "the limiter drops every key it held");
+}
+
+/// Tables grow and shrink under decisions on held keys: two threads spend
+/// eight hot keys' buckets (1,000 permits each; the clock stands still) while
+/// a third floods the limiter with keys left full (admitted, then refunded),
+/// sweeps them into limbo, frees them and shrinks the tables, round after
+/// round, so that the hot keys' words move between tables many times. Every
+/// hot key admits exactly its 1,000: a decision that landed in a word already
+/// moved would let more through. (The interleavings that would lose one are
+/// rare on real threads; the loom models of growth and shrinking check every
+/// one of theirs. This runs the whole path, allocation and all.)
+#[test]
+fn tables_growing_and_shrinking_under_decisions_lose_no_admission() {
+    // Small floods, many rounds: small tables rebuild quickly, so more
+    // rebuilds overlap decisions.
+    const ROUNDS: usize = 500;
+    const FLOOD: usize = 40;
+    let _serial = serial();
+    let l = KeyedLimiter::<u64>::builder(quota(1_000, Duration::from_secs(3_600)))
+        .clock(ManualClock::new())
+        .shards(2)
+        .build()
+        .unwrap();
+    let l = Arc::new(l);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooder = {
+        let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut next = 1_000_000u64;
+            let (mut evicted, mut grown_back) = (0, 0);
+            for _ in 0..ROUNDS {
+                for _ in 0..FLOOD {
+                    let admission = l.try_acquire_refundable(&next).expect("a new key");
+                    assert!(admission.refund());
+                    next += 1;
+                }
+                grown_back += l.len();
+                evicted += l.sweep();
+                l.sweep();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            (evicted, grown_back)
+        })
+    };
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut admitted = [0u32; 8];
+                let mut tries = 0;
+                while tries < 1_500 || !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (key, admitted) in admitted.iter_mut().enumerate() {
+                        *admitted += l.try_acquire(&(key as u64)).is_allowed() as u32;
+                    }
+                    tries += 1;
+                }
+                admitted
+            })
+        })
+        .collect();
+    let per_thread: Vec<[u32; 8]> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let (evicted, grown_back) = flooder.join().unwrap();
+    for key in 0..8 {
+        let total = per_thread[0][key] + per_thread[1][key];
+        assert_eq!(total, 1_000, "key {key}: {total} admitted of 1,000");
+        assert_eq!(l.remaining(&(key as u64)), 0);
+    }
+    assert_eq!(evicted, ROUNDS * FLOOD, "every flood key was swept");
+    assert!(grown_back >= ROUNDS * FLOOD, "the floods were held: {grown_back}");
+    assert_eq!(l.len(), 8);
+}

@@ -35,7 +35,7 @@ pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// The default number of inserts after which a shard sweeps itself.
 pub const DEFAULT_SWEEP_EVERY: usize = 1_024;
 const MAX_SHARDS: usize = 1 << 16;
-/// Index slots one request at the key bound examines, at most, to reclaim room
+/// Table slots one request at the key bound examines, at most, to reclaim room
 /// (its own shard first, then the others from a rotating start).
 const RECLAIM_BUDGET: usize = 4_096;
 /// After a reclaim that found nothing, requests at the bound are refused
@@ -52,12 +52,17 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// Keys live in a power-of-two number of shards. A decision on a known key
 /// hashes the key once, reads the clock, pins its thread's reclamation record
 /// (one store to a line only that thread writes; see the crate's design notes
-/// on grace periods), probes its shard's index with plain acquire loads, and
-/// runs one compare-and-swap on the key's word: no lock, no allocation, no key
-/// clone, and no write to any shared cache line but the word itself (the
-/// admitted and denied counters are per thread). `String` keys are looked up by
-/// `&str`. Inserts, sweeps and index rebuilds serialize on a per-shard mutex
-/// that readers never take.
+/// on grace periods), probes its shard's table with plain acquire loads (a
+/// group of eight control bytes, then the slot whose byte matches the key's
+/// tag, which holds the key and its word side by side), and runs one
+/// compare-and-swap on the key's word: no lock, no allocation, no key clone,
+/// and no write to any shared cache line but the word itself (the admitted and
+/// denied counters are per thread). `String` keys are looked up by `&str`.
+/// Inserts, sweeps and table rebuilds serialize on a per-shard mutex that
+/// readers never take. A rebuild (the table grows past 3/4 full, or a sweep
+/// leaves it under 1/8) moves every word of its shard; decisions on that
+/// shard wait for it, as they would behind a map's write lock during a
+/// resize, and then decide in the new table.
 ///
 /// # Sweeping that loses nothing
 ///
@@ -94,7 +99,7 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// # A bound on keys, and memory that stays bounded
 ///
 /// At most `max_keys` keys are linked at once. A new key at the bound reclaims
-/// room with bounded work: it sweeps up to 4,096 index slots, its own shard's
+/// room with bounded work: it sweeps up to 4,096 table slots, its own shard's
 /// first and then the other shards' from a rotating start (a shard another
 /// thread holds at that moment is swept once the request has let go of its
 /// own, and the request starts over), so a key that is sweepable anywhere is
@@ -114,17 +119,15 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// finished it, the grace period below: microseconds, unless such a thread
 /// was descheduled mid-lookup.)
 ///
-/// Evicted entries wait in limbo for a grace period (until every reader that
-/// could still hold them has finished, typically microseconds) before their
-/// memory is reused; at most `max_keys` entries wait at once. So at most
-/// `2 * max_keys` entries are held at once, whatever the keys. Each shard's
-/// arena keeps the room its busiest moment needed (it is reused, not
-/// returned); a key's own heap data (a `String`'s bytes) is freed with the
-/// entry. With the default hasher (random keys) the shards fill evenly, so the
-/// arenas together keep about `2 * max_keys` entries' room; a hasher that
-/// sends keys to one shard at a time (a fixed or weak hasher on untrusted
-/// keys) can leave every shard's arena at that peak, up to
-/// `shards * 2 * max_keys` entries.
+/// Evicted keys wait in limbo for a grace period (until every reader that
+/// could still hold them has finished, typically microseconds) before they are
+/// freed; at most `max_keys` keys wait at once. So at most `2 * max_keys` keys
+/// are stored at once, whatever the keys. Memory follows them: a shard's
+/// table is rebuilt for twice the keys it stores when it passes 3/4 full, and
+/// a sweep that leaves it under 1/8 full rebuilds it smaller, so after a
+/// flood of keys is swept away its tables (and the keys' own heap data, such
+/// as a `String`'s bytes) are given back. A freed key's slot stays unusable
+/// until its table's next rebuild, which drops it.
 ///
 /// ```
 /// use std::time::Duration;
@@ -787,7 +790,7 @@ where
     {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
-        // As in `decide`: any reading will do for a word found in the index.
+        // As in `decide`: any reading will do for a word found in the table.
         let now = self.clock.now();
         {
             let guard = self.collector.pin();
@@ -1063,7 +1066,7 @@ where
             .store(now.saturating_add(cooldown), Ordering::Relaxed);
     }
 
-    /// Sweep up to `budget` index slots of a locked shard at `now` (read under
+    /// Sweep up to `budget` table slots of a locked shard at `now` (read under
     /// its lock); returns the slots examined.
     fn sweep_shard(&self, locked: &mut Locked<'_, K>, now: u64, budget: usize) -> usize {
         let capacity = locked.capacity();
@@ -1224,8 +1227,8 @@ where
 
     #[inline(always)]
     fn shard(&self, hash: u64) -> &Shard<K> {
-        // The top bits (the index uses the low ones, and its tags bits 32 to
-        // 63): `hash >> (64 - log2(shards))`, in two shifts so that one shard
+        // The top bits (the table's groups use the low ones, and its tags
+        // bits 40 to 46): `hash >> (64 - log2(shards))`, in two shifts so that one shard
         // (a shift of 64) needs no branch.
         &self.shards[((hash >> 1) >> self.shard_shift) as usize]
     }

@@ -594,7 +594,9 @@ impl<K> Locked<'_, K> {
     /// does not accept; the others are freed. Returns how many were freed, or
     /// `None` (nothing changed) when the table would pass `MAX_CAPACITY`.
     ///
-    /// Decisions on this shard wait meanwhile (see the module's docs).
+    /// Decisions on this shard wait meanwhile (see the module's docs). No
+    /// temporary the size of the table is allocated: freed memory of that
+    /// size would stay resident in the allocator's heap.
     fn rebuild(
         &mut self,
         room: usize,
@@ -612,26 +614,32 @@ impl<K> Locked<'_, K> {
         // bookkeeping can be borrowed mutably beside it. It stays allocated
         // until this function frees it, after its last use.
         let old = unsafe { &*old_ptr };
-        // Hashed before the table closes (keys do not change under the lock),
-        // so that decisions wait less; a hasher that panics leaves it open and
-        // unchanged.
-        let hashes: Vec<(u32, u64)> = (0..old.capacity())
-            .filter(|&pos| holds_key(old.ctrl(pos)))
-            .map(|pos| {
-                // SAFETY: the byte says the key is initialized; the lock keeps
-                // it in place.
-                let hash = old.slots[pos]
-                    .key
-                    .with(|k| hash_of(unsafe { (*k).assume_init_ref() }));
-                (pos as u32, hash)
-            })
-            .collect();
+        // SAFETY (both closures): called only on slots whose byte says the key
+        // is initialized; the lock keeps it in place.
+        let hash_at = |pos: usize| {
+            old.slots[pos]
+                .key
+                .with(|k| hash_of(unsafe { (*k).assume_init_ref() }))
+        };
+        // Every key is hashed once before the table closes, while a hasher
+        // that panics leaves it open and unchanged. (Each was hashed when it
+        // was inserted too; the move below hashes again rather than keep a
+        // table-sized list.)
+        for pos in 0..old.capacity() {
+            if holds_key(old.ctrl(pos)) {
+                hash_at(pos);
+            }
+        }
         // 1. Close: readers that load the pointer from now on take the
         // writer's path. Release: orders nothing they read (they read nothing
         // behind a closed pointer); the grace period's barrier does the rest.
         self.shard
             .table
             .store(old_ptr.map_addr(|a| a | CLOSED), Ordering::Release);
+        // From here until the new table is published the shard is half
+        // moved: a panic (a hasher that panics on a key it hashed a moment
+        // ago) aborts rather than leave it so.
+        let moving = AbortOnUnwind;
         // 2. Wait out the readers pinned before: after this no decision runs
         // on a word of this table, and every word is final.
         let mut snapshot = collector.snapshot();
@@ -643,55 +651,54 @@ impl<K> Locked<'_, K> {
         // either gone or was still pinned at this snapshot.
         self.writer.pending.clear();
         self.writer.passed = self.writer.batch;
-        // 3. Keep or free each key in limbo, by its final word.
-        let mut keep = Vec::with_capacity(hashes.len());
-        let mut free = Vec::new();
-        for (pos, hash) in hashes {
-            let ctrl = old.ctrl(pos as usize);
-            let word = old.slots[pos as usize].cell.load();
-            // The loom mutant `no_recheck` frees without judging the word again.
-            if ctrl == LIMBO && (evictable(word) || cfg!(turnstile_mutant = "no_recheck")) {
-                free.push(pos);
-            } else {
-                keep.push((pos, hash, ctrl));
+        // 3. Keep or free each key in limbo, by its final word (the same
+        // answer both times: the word no longer changes, and `evictable`
+        // reads nothing else).
+        // The loom mutant `no_recheck` frees without judging the word again.
+        let frees = |pos: usize| {
+            old.ctrl(pos) == LIMBO
+                && (evictable(old.slots[pos].cell.load())
+                    || cfg!(turnstile_mutant = "no_recheck"))
+        };
+        let (mut kept, mut freed) = (0, 0);
+        for pos in 0..old.capacity() {
+            if holds_key(old.ctrl(pos)) {
+                if frees(pos) {
+                    freed += 1;
+                } else {
+                    kept += 1;
+                }
             }
         }
-        let new = Table::with_capacity(capacity_for(keep.len() + room));
-        let mut limbo = HashTable::with_capacity(self.writer.limbo.len());
-        let mut linked = 0;
-        for &(pos, hash, ctrl) in &keep {
-            let slot = &old.slots[pos as usize];
-            // SAFETY: the byte says the key is initialized; no reader holds the
-            // old table (step 2), and its byte is cleared below so that the
-            // old table's drop does not drop the key moved out here.
+        let new = Table::with_capacity(capacity_for(kept + room));
+        let mut limbo = HashTable::with_capacity(self.writer.limbo.len() - freed);
+        let batch = self.writer.batch;
+        for pos in 0..old.capacity() {
+            let ctrl = old.ctrl(pos);
+            if !holds_key(ctrl) || frees(pos) {
+                // Freed keys stay in the old table, whose drop drops them.
+                continue;
+            }
+            let hash = hash_at(pos);
+            let slot = &old.slots[pos];
+            // Cleared first, so that the old table's drop does not drop the
+            // key moved out below.
+            old.set_ctrl(pos, EMPTY);
+            // SAFETY: the byte said the key is initialized; no reader holds the
+            // old table (step 2), and its byte is now cleared.
             let key = slot.key.with(|k| unsafe { ptr::read(k).assume_init() });
             let to = new.vacancy(hash);
             if is_linked(ctrl) {
                 new.put(to, key, slot.cell.load(), tag(hash));
-                linked += 1;
             } else {
                 new.put(to, key, slot.cell.load(), LIMBO);
                 let to = to as u32;
-                let batch = self.writer.batch;
                 limbo.insert_unique(limbo_hash(to), Limbo { pos: to, batch }, |l| {
                     limbo_hash(l.pos)
                 });
             }
-            old.set_ctrl(pos as usize, EMPTY);
         }
-        let freed: Vec<K> = free
-            .iter()
-            .map(|&pos| {
-                old.set_ctrl(pos as usize, EMPTY);
-                // SAFETY: as above: initialized, unreachable by readers, and
-                // its byte now cleared.
-                old.slots[pos as usize]
-                    .key
-                    .with(|k| unsafe { ptr::read(k).assume_init() })
-            })
-            .collect();
-        debug_assert_eq!(linked, self.writer.linked);
-        self.writer.used = keep.len();
+        self.writer.used = kept;
         self.writer.limbo = limbo;
         self.writer.cursor = 0;
         // 4. Publish. Release: pairs with readers' Acquire load of the
@@ -699,17 +706,18 @@ impl<K> Locked<'_, K> {
         self.shard
             .table
             .store(Box::into_raw(Box::new(new)), Ordering::Release);
+        core::mem::forget(moving);
         if cfg!(turnstile_mutant = "no_grace") {
             // Without the grace period a reader may still be in the old table:
             // leak it rather than free memory in use, so that the model
             // catches the lost decision, not a use after free.
-            return Some(freed.len());
+            return Some(freed);
         }
         // SAFETY: unpublished and closed before the grace period of step 2, so
-        // no reader holds it; it came from `Box::into_raw`; every byte is
-        // now `EMPTY` or `DEAD`, so its drop drops no key.
+        // no reader holds it; it came from `Box::into_raw`. Its drop drops the
+        // freed keys (still marked `LIMBO`) and no moved one (cleared).
         drop(unsafe { Box::from_raw(old_ptr) });
-        Some(freed.len())
+        Some(freed)
     }
 
     /// Free the keys in limbo whose grace period has passed and whose words
@@ -823,6 +831,19 @@ impl<K> Locked<'_, K> {
                 .unwrap_or_default();
         }
         swept
+    }
+}
+
+/// Aborts the process if dropped: held across a rebuild's move, where a
+/// panic would leave a shard half moved.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        // Under loom a model's failure may unwind through a rebuild: let the
+        // model report it.
+        #[cfg(not(turnstile_loom))]
+        std::process::abort();
     }
 }
 
