@@ -15,9 +15,10 @@
 //! - `hashbrown`: one `hashbrown::HashTable<(u64, AtomicU64)>` (the floor's
 //!   table): a control byte per bucket in one array, the key and word in
 //!   another at the same position.
-//! - `index`: turnstile's keyed map (`src/keyed/table.rs`): per shard an
-//!   open-addressing index of 8-byte slots (a hash tag and an entry number)
-//!   over an arena of 16-byte entries (key, word) that never move.
+//! - `index`: turnstile's keyed map before 2026-12-01 (`src/keyed/table.rs`
+//!   at commit `7fb37a1`): per shard an open-addressing index of 8-byte slots
+//!   (a hash tag and an entry number) over an arena of 16-byte entries (key,
+//!   word) that never move. The map now has the `hashbrown` layout.
 //! - `index32`: `index` with 4-byte slots (an 8-bit tag and a 24-bit entry
 //!   number): half the index.
 //! - `inline`: per shard, 64-byte buckets of four (key, word) pairs, probed

@@ -433,16 +433,16 @@ fn keyed_decision_delayed_across_sweeps_never_starts_a_fresh_word_early() {
 }
 
 /// A decision that found its key's word keeps deciding on it while a sweep
-/// unlinks it: its compare-and-swap lands in the entry, which waits in limbo
-/// and is freed only when no reader holds it *and* its word is fresh-equivalent
-/// again; a later decision links it back.
+/// unlinks it: its compare-and-swap lands in the key's slot, which waits in
+/// limbo and is freed only when no reader holds it *and* its word is
+/// fresh-equivalent again; a later decision links it back.
 ///
 /// Capacity 2, one token a second: 1 spent at 0 s; over `[0 s, 1 s]` at most 3
 /// permits exist. Fails when built with `--cfg turnstile_mutant="no_recheck"`
-/// (limbo entries freed without judging their word again: the late admission is
+/// (keys in limbo freed without judging their word again: the late admission is
 /// forgotten and the final two are both admitted) and with
 /// `--cfg turnstile_mutant="no_grace"` (freed while the late decision still
-/// holds the entry: its admission lands in a freed word), and with
+/// holds the slot: its admission lands in a freed word), and with
 /// `stale_insert_reading` (once the sweeps have freed the word, the late
 /// decision starts a fresh one at 0 s, and the final two are both admitted).
 #[test]

@@ -28,9 +28,9 @@ impl Cell {
     }
 
     /// Set the word of a cell that no other thread can reach yet (a keyed
-    /// entry before its index slot publishes it).
+    /// key's slot before its control byte publishes it).
     pub(crate) fn set(&self, word: u64) {
-        // Relaxed: the entry is published by a Release store of its index slot,
+        // Relaxed: the slot is published by a Release store of its control byte,
         // after this.
         self.word.store(word, Ordering::Relaxed);
     }

@@ -958,7 +958,11 @@ fn stored_keys_are_dropped_once_through_growth_sweeps_and_shrinking() {
     assert_eq!(l.remaining(&Counted::new(0)), 1);
     assert_eq!(live_keys() - before, 3_002);
     drop(l);
-    assert_eq!(live_keys() - before, 0, "the limiter drops every key it held");
+    assert_eq!(
+        live_keys() - before,
+        0,
+        "the limiter drops every key it held"
+    );
 }
 
 /// Tables grow and shrink under decisions on held keys: two threads spend
@@ -1021,12 +1025,15 @@ fn tables_growing_and_shrinking_under_decisions_lose_no_admission() {
         .collect();
     let per_thread: Vec<[u32; 8]> = workers.into_iter().map(|w| w.join().unwrap()).collect();
     let (evicted, grown_back) = flooder.join().unwrap();
-    for key in 0..8 {
-        let total = per_thread[0][key] + per_thread[1][key];
+    for (key, (first, second)) in per_thread[0].iter().zip(&per_thread[1]).enumerate() {
+        let total = first + second;
         assert_eq!(total, 1_000, "key {key}: {total} admitted of 1,000");
         assert_eq!(l.remaining(&(key as u64)), 0);
     }
     assert_eq!(evicted, ROUNDS * FLOOD, "every flood key was swept");
-    assert!(grown_back >= ROUNDS * FLOOD, "the floods were held: {grown_back}");
+    assert!(
+        grown_back >= ROUNDS * FLOOD,
+        "the floods were held: {grown_back}"
+    );
     assert_eq!(l.len(), 8);
 }

@@ -339,8 +339,9 @@ proptest! {
 
     /// The keyed map evicts without loss: on any trace of requests, clock
     /// steps and sweeps over a few hundred keys (enough to grow, shrink and
-    /// rebuild shard indexes, fill them with tombstones and reuse arena
-    /// entries), every decision and every peek equals that of a separate
+    /// rebuild shard tables, fill them with keys in limbo and dead slots, and
+    /// link keys in limbo again), every decision and every peek equals that of
+    /// a separate
     /// direct limiter per key that is never evicted.
     #[test]
     fn keyed_limiter_agrees_with_never_evicted_direct_limiters(

@@ -36,15 +36,18 @@ pub const API_KEY_MAX_LEN: usize = 64;
 /// Memory the `/api` limiter may use for its keys.
 pub const API_KEY_MEMORY: usize = 16 << 20;
 
-/// The most bytes one `/api` key can cost: the keyed map measured about 35
-/// bytes per `u64` key, its 8 bytes included; a `String` key takes 24 bytes
-/// inline instead (so 51), and its heap block holds at most
-/// `API_KEY_MAX_LEN` = 64 bytes, which the allocator may round up by about 16.
-/// 51 + 64 + 16 = 131, rounded up to 144 for margin.
-pub const API_BYTES_PER_KEY: usize = 144;
+/// The most bytes one `/api` key can cost: the keyed map keeps a `String` key
+/// (24 bytes) beside its 8-byte word in a 32-byte slot with a control byte, in
+/// tables at least 3/8 full while keys arrive (a table grows when 3/4 full, to
+/// twice the room), so at most about 88 bytes of table;
+/// the key's heap block holds at most `API_KEY_MAX_LEN` = 64 bytes, which the
+/// allocator may round up by about 16. 88 + 64 + 16 = 168, rounded up to 176
+/// for margin. (Measured with 64-byte keys on 8 shards: 155 bytes a key at
+/// 116,508 keys, 167 at 200,000, 127 at 95,000.)
+pub const API_BYTES_PER_KEY: usize = 176;
 
 /// The `/api` key bound that keeps the limiter within `API_KEY_MEMORY`:
-/// 16 MiB / 144 B = 116,508 keys.
+/// 16 MiB / 176 B = 95,325 keys.
 pub const API_MAX_KEYS: usize = API_KEY_MEMORY / API_BYTES_PER_KEY;
 
 /// How long a client may take to send a request's header section before its

@@ -391,9 +391,7 @@ pub(crate) struct Inserted {
 impl<K> Shard<K> {
     pub(crate) fn new(sweep_threshold: usize) -> Shard<K> {
         Shard {
-            table: AtomicPtr::new(Box::into_raw(Box::new(Table::with_capacity(
-                MIN_CAPACITY,
-            )))),
+            table: AtomicPtr::new(Box::into_raw(Box::new(Table::with_capacity(MIN_CAPACITY)))),
             writer: Mutex::new(Writer {
                 linked: 0,
                 used: 0,
@@ -657,8 +655,7 @@ impl<K> Locked<'_, K> {
         // The loom mutant `no_recheck` frees without judging the word again.
         let frees = |pos: usize| {
             old.ctrl(pos) == LIMBO
-                && (evictable(old.slots[pos].cell.load())
-                    || cfg!(turnstile_mutant = "no_recheck"))
+                && (evictable(old.slots[pos].cell.load()) || cfg!(turnstile_mutant = "no_recheck"))
         };
         let (mut kept, mut freed) = (0, 0);
         for pos in 0..old.capacity() {
@@ -810,9 +807,7 @@ impl<K> Locked<'_, K> {
             let pos = pos as u32;
             self.writer
                 .limbo
-                .insert_unique(limbo_hash(pos), Limbo { pos, batch }, |l| {
-                    limbo_hash(l.pos)
-                });
+                .insert_unique(limbo_hash(pos), Limbo { pos, batch }, |l| limbo_hash(l.pos));
             swept.unlinked += 1;
         }
         if !whole {
