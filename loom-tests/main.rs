@@ -509,6 +509,51 @@ fn keyed_index_growth_racing_decisions_on_a_held_key_loses_nothing() {
     });
 }
 
+/// A key waiting in limbo when its shard's table grows moves with its word:
+/// a decision that landed in the word after the unlink is kept (the growth
+/// waits for it, then judges the word again and keeps the key in limbo), and
+/// the key, linked again later, decides on that word.
+///
+/// Capacity 2, one token a second: 1 spent at 0 s; over `[0 s, 1 s]` at most 3
+/// permits exist. Fails when built with `--cfg turnstile_mutant="no_recheck"`
+/// (the growth frees the key without judging its word again: the late
+/// admission is forgotten) and with `--cfg turnstile_mutant="no_grace"` (the
+/// growth copies the word while the late decision can still land in the old
+/// table), and with `stale_insert_reading` (the late decision, sent to the
+/// writer's path by the unlink or the closed table, starts a fresh word at its
+/// reading from before the clock moved, once the growth has freed the key).
+#[test]
+#[cfg_attr(
+    any(
+        turnstile_mutant = "stale_insert_reading",
+        turnstile_mutant = "no_recheck",
+        turnstile_mutant = "no_grace"
+    ),
+    should_panic
+)]
+fn keyed_key_in_limbo_moved_by_growth_keeps_its_word() {
+    loom::model(|| {
+        let period = Duration::from_secs(1);
+        let (limiter, clock) = keyed(2, period);
+        assert!(limiter.try_acquire(&7).is_allowed()); // 1 left at 0 s
+        let late = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.try_acquire(&7).is_allowed() as u32)
+        };
+        clock.advance(period); // full again: fresh-equivalent
+        limiter.sweep(); // unlinks it
+        // Six new keys grow the table, moving key 7's slot.
+        for key in 1..=6 {
+            assert!(limiter.try_acquire(&key).is_allowed());
+        }
+        let late = late.join().unwrap();
+        let last = (0..2)
+            .map(|_| limiter.try_acquire(&7).is_allowed() as u32)
+            .sum::<u32>();
+        assert!(1 + late + last <= 3, "late {late}, last {last}");
+    });
+}
+
 /// Sweeps evict six of seven keys and then shrink the shard's table (every
 /// key left moves into a smaller one) while another thread decides twice on
 /// the key that stays: both decisions land in its one word, before the move
