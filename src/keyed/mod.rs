@@ -62,7 +62,9 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// readers never take. A rebuild (the table grows past 3/4 full, or a sweep
 /// leaves it under 1/8) moves every word of its shard; decisions on that
 /// shard wait for it, as they would behind a map's write lock during a
-/// resize, and then decide in the new table.
+/// resize, and then decide in the new table. (So a key's `Hash` and `Eq`,
+/// which run inside lookups, must not themselves call into a keyed limiter: a
+/// rebuild there would wait for the lookup that called it.)
 ///
 /// # Sweeping that loses nothing
 ///
