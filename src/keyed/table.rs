@@ -14,10 +14,11 @@
 //!   its word) or `DEAD` (the key was freed; the slot stays unusable until the
 //!   table is rebuilt). A lookup reads a group, compares its key only in the
 //!   slots whose tag matches, and stops at a group with an `EMPTY` byte. A
-//!   million keys take 2 MiB of control bytes per 8 shards' worth, which stay
-//!   in the caches, where an index of 8-byte slots over an arena of entries
-//!   took 16 MiB and cost a second cache miss per lookup (BENCHMARKS.md, "Why
-//!   a million keys cost more than the floor").
+//!   million keys take about 2 MiB of control bytes over all shards, which
+//!   mostly stay in the caches, where the map before this one read an index
+//!   of 8-byte slots (16 MiB) and then an entry in an arena: a second cache
+//!   miss per lookup (BENCHMARKS.md, "Why a million keys cost more than the
+//!   floor" and "The keyed table: words inline").
 //! - **Writers** (insert, sweep, rebuild) serialize on the shard's mutex and
 //!   change control bytes with release stores of their group. Readers never
 //!   take the mutex. A published table's bytes only ever go `EMPTY` → tag
