@@ -124,8 +124,8 @@ const MICROSECOND_CEILING: u32 = 65_535;
 /// (checked only for a denial), and sets the generation bit in a word it
 /// packs anew. No locked instruction. Callgrind counts 68 instructions per
 /// admission against the bucket's 54, and 95 per denial against 68; on the
-/// coarse clock an admission takes 0.97–1.00× a plain bucket's time in seven
-/// criterion runs of eight: BENCHMARKS.md, "Live reconfiguration".
+/// coarse clock an admission takes a median 0.99× a plain bucket's time over
+/// twelve criterion runs (0.97–1.10): BENCHMARKS.md, "Live reconfiguration".
 pub struct LiveTokenBucket {
     layout: Layout,
     /// `layout.half_range()`, computed once.
