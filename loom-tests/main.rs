@@ -34,6 +34,19 @@ fn keyed(capacity: u32, period: Duration) -> (Arc<Keyed>, ManualClock) {
     (Arc::new(limiter), clock)
 }
 
+/// How many of `tries` acquires of one permit for `key` are admitted.
+fn admitted(limiter: &Keyed, key: u64, tries: u32) -> u32 {
+    (0..tries)
+        .map(|_| limiter.try_acquire(&key).is_allowed() as u32)
+        .sum()
+}
+
+/// [`admitted`] on a thread of its own.
+fn spawn_admitted(limiter: &Arc<Keyed>, key: u64, tries: u32) -> thread::JoinHandle<u32> {
+    let limiter = limiter.clone();
+    thread::spawn(move || admitted(&limiter, key, tries))
+}
+
 fn limiter(capacity: u32, period: Duration) -> (Arc<Limiter>, ManualClock) {
     let clock = ManualClock::new();
     let quota = Quota::new(capacity, 1, period).unwrap();
@@ -329,11 +342,8 @@ fn a_thread_advancing_its_own_clock_races_another() {
 fn keyed_first_touch_by_two_threads_shares_one_bucket() {
     loom::model(|| {
         let (limiter, _clock) = keyed(1, Duration::from_secs(1));
-        let other = {
-            let limiter = limiter.clone();
-            thread::spawn(move || limiter.try_acquire(&7).is_allowed() as u32)
-        };
-        let admitted = limiter.try_acquire(&7).is_allowed() as u32 + other.join().unwrap();
+        let other = spawn_admitted(&limiter, 7, 1);
+        let admitted = admitted(&limiter, 7, 1) + other.join().unwrap();
         assert_eq!(admitted, 1);
         assert_eq!(limiter.len(), 1);
     });
@@ -354,11 +364,8 @@ fn keyed_sweep_racing_acquires_on_one_key_admits_one_bucket_at_most() {
             let limiter = limiter.clone();
             thread::spawn(move || limiter.sweep())
         };
-        let other = {
-            let limiter = limiter.clone();
-            thread::spawn(move || limiter.try_acquire(&7).is_allowed() as u32)
-        };
-        let admitted = limiter.try_acquire(&7).is_allowed() as u32 + other.join().unwrap();
+        let other = spawn_admitted(&limiter, 7, 1);
+        let admitted = admitted(&limiter, 7, 1) + other.join().unwrap();
         let evicted = sweeper.join().unwrap();
         assert_eq!(admitted, 1, "evicted {evicted}");
         assert_eq!(limiter.remaining(&7), 0);
@@ -419,15 +426,12 @@ fn keyed_decision_delayed_across_sweeps_never_starts_a_fresh_word_early() {
         let period = Duration::from_secs(1);
         let (limiter, clock) = keyed(1, period);
         assert!(limiter.try_acquire(&7).is_allowed()); // empty at 0 s
-        let late = {
-            let limiter = limiter.clone();
-            thread::spawn(move || limiter.try_acquire(&7).is_allowed() as u32)
-        };
+        let late = spawn_admitted(&limiter, 7, 1);
         clock.advance(period); // full again: fresh-equivalent
         limiter.sweep(); // unlinks it
         limiter.sweep(); // frees it, once no reader holds it
         let late = late.join().unwrap();
-        let last = limiter.try_acquire(&7).is_allowed() as u32;
+        let last = admitted(&limiter, 7, 1);
         assert!(1 + late + last <= 2, "late {late}, last {last}");
     });
 }
@@ -459,17 +463,12 @@ fn keyed_decision_racing_an_unlink_is_kept_until_its_word_is_fresh_again() {
         let period = Duration::from_secs(1);
         let (limiter, clock) = keyed(2, period);
         assert!(limiter.try_acquire(&7).is_allowed()); // 1 left at 0 s
-        let late = {
-            let limiter = limiter.clone();
-            thread::spawn(move || limiter.try_acquire(&7).is_allowed() as u32)
-        };
+        let late = spawn_admitted(&limiter, 7, 1);
         clock.advance(period); // full again: fresh-equivalent
         limiter.sweep();
         limiter.sweep();
         let late = late.join().unwrap();
-        let last = (0..2)
-            .map(|_| limiter.try_acquire(&7).is_allowed() as u32)
-            .sum::<u32>();
+        let last = admitted(&limiter, 7, 2);
         assert!(1 + late + last <= 3, "late {late}, last {last}");
     });
 }
@@ -499,9 +498,7 @@ fn keyed_index_growth_racing_decisions_on_a_held_key_loses_nothing() {
             })
         };
         // Key 1 has 1 permit left: exactly one of two decisions gets it.
-        let admitted = (0..2)
-            .map(|_| limiter.try_acquire(&1).is_allowed() as u32)
-            .sum::<u32>();
+        let admitted = admitted(&limiter, 1, 2);
         grower.join().unwrap();
         assert_eq!(admitted, 1);
         assert_eq!(limiter.remaining(&1), 0);
@@ -536,10 +533,7 @@ fn keyed_key_in_limbo_moved_by_growth_keeps_its_word() {
         let period = Duration::from_secs(1);
         let (limiter, clock) = keyed(2, period);
         assert!(limiter.try_acquire(&7).is_allowed()); // 1 left at 0 s
-        let late = {
-            let limiter = limiter.clone();
-            thread::spawn(move || limiter.try_acquire(&7).is_allowed() as u32)
-        };
+        let late = spawn_admitted(&limiter, 7, 1);
         clock.advance(period); // full again: fresh-equivalent
         limiter.sweep(); // unlinks it
         // Six new keys grow the table, moving key 7's slot.
@@ -547,9 +541,7 @@ fn keyed_key_in_limbo_moved_by_growth_keeps_its_word() {
             assert!(limiter.try_acquire(&key).is_allowed());
         }
         let late = late.join().unwrap();
-        let last = (0..2)
-            .map(|_| limiter.try_acquire(&7).is_allowed() as u32)
-            .sum::<u32>();
+        let last = admitted(&limiter, 7, 2);
         assert!(1 + late + last <= 3, "late {late}, last {last}");
     });
 }
@@ -571,14 +563,7 @@ fn keyed_table_shrink_racing_decisions_on_a_held_key_loses_nothing() {
         }
         clock.advance(period); // keys 2 to 7 full again: fresh-equivalent
         assert!(limiter.try_acquire(&1).is_allowed()); // key 1: 1 left
-        let decider = {
-            let limiter = limiter.clone();
-            thread::spawn(move || {
-                (0..2)
-                    .map(|_| limiter.try_acquire(&1).is_allowed() as u32)
-                    .sum::<u32>()
-            })
-        };
+        let decider = spawn_admitted(&limiter, 1, 2);
         // Unlink keys 2 to 7, free them once no reader holds them, and shrink
         // the table to the one key left.
         for _ in 0..3 {

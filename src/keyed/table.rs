@@ -197,6 +197,35 @@ impl<K> Table<K> {
         group.store(new, Ordering::Release);
     }
 
+    /// Walk `hash`'s probe sequence a group at a time: `visit(group, ctrl)`
+    /// with each group's control bytes, loaded with `order`, until it returns
+    /// `Some`, or up to and including the first group with an `EMPTY` byte
+    /// (`None`: a key on this path would have been placed there or before).
+    /// Triangular probing visits every group of a power-of-two table, and one
+    /// group is always `EMPTY` somewhere (the load stays below 3/4), so the walk
+    /// ends.
+    #[inline(always)]
+    fn probe<R>(
+        &self,
+        hash: u64,
+        order: Ordering,
+        mut visit: impl FnMut(usize, u64) -> Option<R>,
+    ) -> Option<R> {
+        let mut group = hash as usize & self.group_mask;
+        let mut stride = 0;
+        loop {
+            let ctrl = self.ctrl[group].load(order);
+            if let Some(found) = visit(group, ctrl) {
+                return Some(found);
+            }
+            if has_empty(ctrl) {
+                return None;
+            }
+            stride += 1;
+            group = (group + stride) & self.group_mask;
+        }
+    }
+
     /// The slot of the linked key `key`. The caller keeps the table
     /// allocated: it holds a pin taken before it loaded the table, or the
     /// writer lock.
@@ -207,12 +236,9 @@ impl<K> Table<K> {
         Q: Eq + ?Sized,
     {
         let tag = tag(hash);
-        let mut group = hash as usize & self.group_mask;
-        let mut stride = 0;
-        loop {
-            // Acquire: pairs with the writer's Release store of the group,
-            // made after it wrote the slot's key and word.
-            let ctrl = self.ctrl[group].load(Ordering::Acquire);
+        // Acquire: pairs with the writer's Release store of the group, made
+        // after it wrote the slot's key and word.
+        self.probe(hash, Ordering::Acquire, |group, ctrl| {
             let mut matches = match_tag(ctrl, tag);
             while matches != 0 {
                 let pos = group * GROUP + (matches.trailing_zeros() / 8) as usize;
@@ -221,13 +247,8 @@ impl<K> Table<K> {
                 }
                 matches &= matches - 1;
             }
-            if has_empty(ctrl) {
-                return None;
-            }
-            // Triangular probing: visits every group of a power-of-two table.
-            stride += 1;
-            group = (group + stride) & self.group_mask;
-        }
+            None
+        })
     }
 
     /// The slot of `key` if it waits in limbo. Writer only.
@@ -236,42 +257,24 @@ impl<K> Table<K> {
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        let mut group = hash as usize & self.group_mask;
-        let mut stride = 0;
-        loop {
-            // Relaxed: the writer's own bytes.
-            let ctrl = self.ctrl[group].load(Ordering::Relaxed);
-            for i in 0..GROUP {
-                let pos = group * GROUP + i;
-                if byte(ctrl, i) == LIMBO && self.key_is(pos, key) {
-                    return Some(pos);
-                }
-            }
-            if has_empty(ctrl) {
-                return None;
-            }
-            stride += 1;
-            group = (group + stride) & self.group_mask;
-        }
+        // Relaxed: the writer's own bytes.
+        self.probe(hash, Ordering::Relaxed, |group, ctrl| {
+            (0..GROUP)
+                .filter(|&i| byte(ctrl, i) == LIMBO)
+                .map(|i| group * GROUP + i)
+                .find(|&pos| self.key_is(pos, key))
+        })
     }
 
-    /// The first `EMPTY` slot on `hash`'s probe path. Writer only, with the
-    /// load below 3/4, so there is one.
+    /// The first `EMPTY` slot on `hash`'s probe path. Writer only.
     fn vacancy(&self, hash: u64) -> usize {
-        let mut group = hash as usize & self.group_mask;
-        let mut stride = 0;
-        loop {
-            // Relaxed: the writer's own bytes.
-            let ctrl = self.ctrl[group].load(Ordering::Relaxed);
-            if has_empty(ctrl) {
-                let i = (0..GROUP)
-                    .find(|&i| byte(ctrl, i) == EMPTY)
-                    .unwrap_or_default();
-                return group * GROUP + i;
-            }
-            stride += 1;
-            group = (group + stride) & self.group_mask;
-        }
+        // Relaxed: the writer's own bytes.
+        self.probe(hash, Ordering::Relaxed, |group, ctrl| {
+            (0..GROUP)
+                .find(|&i| byte(ctrl, i) == EMPTY)
+                .map(|i| group * GROUP + i)
+        })
+        .unwrap_or_default()
     }
 
     /// Whether slot `pos`, whose control byte the caller read as a tag or
@@ -291,8 +294,8 @@ impl<K> Table<K> {
             .with(|k| unsafe { (*k).assume_init_ref() }.borrow() == key)
     }
 
-    /// Write `key` and `word` into slot `pos`, which is `EMPTY`, and link it.
-    /// Writer only.
+    /// Write `key` and `word` into slot `pos`, which is `EMPTY`, and give it
+    /// control byte `ctrl` (a tag: linked; or `LIMBO`). Writer only.
     fn put(&self, pos: usize, key: K, word: u64, ctrl: u8) {
         let slot = &self.slots[pos];
         // SAFETY: the slot is `EMPTY`: it never held a key in this table, so
