@@ -21,6 +21,9 @@
 //! - `keyed_hot_key`: one thread, one key, every check admitted.
 //! - `keyed_1m_keys`: 1,000,000 u64 keys inserted first, then visited in a
 //!   shuffled order, every check admitted.
+//! - `keyed_1m_keys_generous`: the same walk under a quota of 1,000 a second
+//!   (coarse clocks): each bucket is full again between its key's visits, so
+//!   a limiter that evicts full buckets would evict keys in use.
 //! - `keyed_scaling`: one thread, then two threads on disjoint keys; each
 //!   iteration is one check per thread, so two threads scale perfectly when their
 //!   time per iteration equals one thread's.
@@ -229,7 +232,21 @@ fn million_keys(c: &mut Criterion) {
             interval_nanos: HOUR_NANOS,
             burst: 1_000,
         };
+        contenders_on(group, order, clock, (q, gq, fq), ours_clock, theirs_clock);
+    }
 
+    /// As `contenders`, on the quotas given.
+    fn contenders_on<C, G>(
+        group: &mut BenchmarkGroup<'_, WallTime>,
+        order: &[u64],
+        clock: &str,
+        (q, gq, fq): (turnstile::Quota, governor::Quota, FloorQuota),
+        ours_clock: C,
+        theirs_clock: G,
+    ) where
+        C: turnstile::Clock + Clone,
+        G: governor::clock::Clock + Clone,
+    {
         let l = ours(q, ours_clock.clone());
         (0..MANY).for_each(|k| assert!(l.try_acquire(&k).is_allowed()));
         assert_eq!(l.len(), MANY as usize);
@@ -263,13 +280,24 @@ fn million_keys(c: &mut Criterion) {
         turnstile::RealClock::new(),
         DefaultClock::default(),
     );
-    contenders(
-        &mut group,
-        &order,
-        "coarse",
-        turnstile::CoarseClock::with_resolution(COARSE).expect("upkeep thread"),
-        QuantaUpkeepClock::from_interval(COARSE).expect("upkeep thread"),
+    let coarse = turnstile::CoarseClock::with_resolution(COARSE).expect("upkeep thread");
+    let upkeep = QuantaUpkeepClock::from_interval(COARSE).expect("upkeep thread");
+    contenders(&mut group, &order, "coarse", coarse.clone(), upkeep.clone());
+    group.finish();
+
+    // A generous quota, 1,000 a second with a burst of 1,000: a key visited
+    // every few tens of milliseconds has a full (sweepable) bucket again
+    // between its visits. Every contender still admits every check.
+    let mut group = c.benchmark_group("keyed_1m_keys_generous");
+    let quotas = (
+        turnstile::Quota::per_second(1_000).expect("a valid quota"),
+        governor::Quota::per_second(nonzero(1_000)),
+        FloorQuota {
+            interval_nanos: 1_000_000,
+            burst: 1_000,
+        },
     );
+    contenders_on(&mut group, &order, "coarse", quotas, coarse, upkeep);
     group.finish();
 }
 

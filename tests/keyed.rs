@@ -193,10 +193,116 @@ fn a_shard_sweeps_itself_after_enough_inserts() {
         assert!(l.try_acquire(&k).is_allowed());
     }
     assert_eq!(l.len(), 100);
-    clock.advance(period); // all 100 are full again
+    // All 100 have been full since 10 ms; a sweep that inserts trigger takes
+    // keys idle for a second (and since the previous sweep: there was none).
+    clock.advance(Duration::from_secs(2));
     assert!(l.try_acquire(&1_000).is_allowed()); // the 101st insert sweeps first
     assert_eq!(l.len(), 1);
     assert_eq!(l.stats().evicted, 100);
+}
+
+/// Move `clock` forward to `millis` after its start.
+fn at(clock: &ManualClock, millis: u64) {
+    let now = Duration::from_nanos(clock.now());
+    clock.advance(Duration::from_millis(millis) - now);
+}
+
+/// A limiter of one shard that sweeps itself after 100 inserts, on a quota of
+/// one permit back every 10 ms: every bucket is full 10 ms after its last
+/// admission. `sweep()` at 2 s leaves it empty, with a sweep on record.
+fn swept_at_two_seconds() -> (Manual<u64>, ManualClock) {
+    let clock = ManualClock::new();
+    let l = KeyedLimiter::<u64>::builder(quota(1, Duration::from_millis(10)))
+        .clock(clock.clone())
+        .shards(1)
+        .sweep_every(100)
+        .build()
+        .unwrap();
+    for k in 0..100 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    at(&clock, 2_000);
+    assert_eq!(l.sweep(), 100);
+    (l, clock)
+}
+
+/// A sweep that inserts trigger spares the keys used since the shard's
+/// previous sweep, though their buckets are full again and they have been
+/// idle for over a second; at the sweep after, the ones still idle go. (New
+/// keys throughout: the keys swept at 2 s wait in limbo, and taking one back
+/// from there is not an insert.)
+#[test]
+fn a_sweep_that_inserts_trigger_spares_keys_used_since_the_last_sweep() {
+    let _serial = serial();
+    let (l, clock) = swept_at_two_seconds();
+    at(&clock, 2_500);
+    for k in 10_000..10_060 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    // At 5 s the 101st insert since the sweep at 2 s sweeps: keys 10,000..10,060
+    // have been full since 2.51 s but were used after 2 s, so they stay.
+    at(&clock, 5_000);
+    for k in 11_000..11_041 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    assert_eq!((l.len(), l.stats().evicted), (101, 100));
+    // Keys 10,000..10,030 are used again at 5.5 s; 10,030..10,060 stay idle.
+    at(&clock, 5_500);
+    for k in 10_000..10_030 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    // At 7.6 s the next sweep (the 101st insert since the last): keys
+    // 10,030..10,060, not used since the sweep at 5 s, go; 10,000..10,030
+    // (used at 5.5 s) and 11,000..11,041 (inserted at 5 s, the last sweep's
+    // own reading) stay. Had the sweep at 5 s not happened, this one would
+    // judge by 2 s and take none.
+    at(&clock, 7_600);
+    for k in 12_000..12_100 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    assert_eq!(l.stats().evicted, 130);
+    assert_eq!(l.len(), 101 + 100 - 30);
+    // `sweep()` takes every key whose bucket is full, in use or not.
+    at(&clock, 7_610);
+    let held = l.len();
+    assert_eq!(l.sweep(), held);
+    assert_eq!(l.len(), 0);
+}
+
+/// A sweep that inserts trigger spares keys idle for less than a second, even
+/// when they have not been used since the shard's previous sweep.
+#[test]
+fn a_sweep_that_inserts_trigger_spares_keys_idle_under_a_second() {
+    let _serial = serial();
+    let (l, clock) = swept_at_two_seconds();
+    at(&clock, 3_000);
+    for k in 10_000..10_050 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    // At 3.2 s the 101st insert since the sweep at 2 s sweeps: keys
+    // 10,000..10,050 were used since then, and stay.
+    at(&clock, 3_200);
+    for k in 11_000..11_051 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    assert_eq!((l.len(), l.stats().evicted), (101, 100));
+    // At 3.7 s the next (again the 101st insert since the last): keys
+    // 10,000..10,050 have not been used since the sweep at 3.2 s and have
+    // been full since 3.01 s, but idle for only 0.7 s: they stay.
+    at(&clock, 3_700);
+    for k in 12_000..12_100 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    assert_eq!((l.len(), l.stats().evicted), (201, 100));
+    // At 4.1 s the next (the 201st insert: the shard held 200 after the last
+    // sweep): idle for 1.1 s now, keys 10,000..10,050 go; the keys inserted at
+    // 3.2 s and 3.7 s were used since 3.1 s and stay.
+    at(&clock, 4_100);
+    for k in 13_000..13_200 {
+        assert!(l.try_acquire(&k).is_allowed());
+    }
+    assert_eq!(l.stats().evicted, 150);
+    assert_eq!(l.len(), 201 + 200 - 50);
 }
 
 #[test]

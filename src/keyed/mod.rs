@@ -35,6 +35,10 @@ pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// The default number of inserts after which a shard sweeps itself.
 pub const DEFAULT_SWEEP_EVERY: usize = 1_024;
 const MAX_SHARDS: usize = 1 << 16;
+/// A sweep that inserts trigger unlinks only keys idle for at least this long
+/// (nanoseconds), as well as since the shard's previous sweep.
+const AUTO_SWEEP_MIN_IDLE_NS: u64 = 1_000_000_000;
+
 /// Table slots one request at the key bound examines, at most, to reclaim room
 /// (its own shard first, then the others from a rotating start).
 const RECLAIM_BUDGET: usize = 4_096;
@@ -97,6 +101,18 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// so it works wherever the limiter goes, behind a [`Gate`](crate::Gate) or a
 /// tower layer too) or that an `Arc` of it feeds
 /// ([`start_sweeper`](Self::start_sweeper)).
+///
+/// A sweep that inserts trigger is gentler than the others: it unlinks only
+/// keys idle for at least a second and since the shard's previous sweep, if
+/// there was one (their words were already fresh-equivalent at the earlier of
+/// those two readings).
+/// A key in use under a generous quota has a full bucket again between its
+/// requests; evicting it at every sweep would make its next request an insert,
+/// and with many such keys those inserts would trigger the next sweeps: on a
+/// million keys visited in turn under a 1,000-per-second quota, every check
+/// became an insert, at 1.8–2.1 times the time of governor with `ahash`
+/// (1.05–1.14 now; BENCHMARKS.md, "Sweeps that spare keys in use"). [`sweep`](Self::sweep), the background sweeper and a
+/// new key at the key bound take every sweepable key.
 ///
 /// # A bound on keys, and memory that stays bounded
 ///
@@ -327,7 +343,9 @@ impl<K, A, C, S> KeyedBuilder<K, A, C, S> {
 
     /// A shard sweeps itself on the insert after this many inserts, or after as
     /// many inserts as it held after its last sweep if that is more, so sweeping
-    /// costs O(1) per insert amortized (default [`DEFAULT_SWEEP_EVERY`]).
+    /// costs O(1) per insert amortized (default [`DEFAULT_SWEEP_EVERY`]). Such a
+    /// sweep unlinks only keys idle since the shard's previous sweep and for at
+    /// least a second (see [`KeyedLimiter`]'s "Sweeping that loses nothing").
     pub fn sweep_every(mut self, inserts: usize) -> Self {
         self.sweep_every = inserts;
         self
@@ -909,7 +927,16 @@ where
                 }
             }
             if locked.writer().inserts_since_sweep >= locked.writer().sweep_threshold {
-                self.sweep_shard(&mut locked, now, usize::MAX);
+                // Only keys idle since the shard's last sweep: a key in use
+                // whose bucket is full again at every visit (a generous quota)
+                // would otherwise be evicted at each sweep and inserted again
+                // at its next request, and with many such keys the inserts
+                // trigger the sweeps that evict them.
+                let since = locked
+                    .writer()
+                    .swept_at
+                    .min(now.saturating_sub(AUTO_SWEEP_MIN_IDLE_NS));
+                self.sweep_shard_idle_since(&mut locked, now, usize::MAX, Some(since));
             }
             let retried = !busy.is_empty();
             if self.reserve_key() || self.reclaim(&mut locked, shard, now, &mut busy) {
@@ -1071,10 +1098,31 @@ where
     /// Sweep up to `budget` table slots of a locked shard at `now` (read under
     /// its lock); returns the slots examined.
     fn sweep_shard(&self, locked: &mut Locked<'_, K>, now: u64, budget: usize) -> usize {
+        self.sweep_shard_idle_since(locked, now, budget, None)
+    }
+
+    /// [`sweep_shard`](Self::sweep_shard), unlinking only keys whose words
+    /// were already fresh-equivalent at the reading `since`, if given, as well
+    /// as at `now`.
+    ///
+    /// Every algorithm here reads a word at a reading before the one that
+    /// wrote it as refilling (or expiring) nothing, so a word that an
+    /// admission wrote at a reading after `since` is not fresh-equivalent at
+    /// `since`: the keys this spares include every key admitted since then.
+    /// The test only spares keys; whether a key may go is still decided at
+    /// `now`, so eviction loses nothing either way.
+    fn sweep_shard_idle_since(
+        &self,
+        locked: &mut Locked<'_, K>,
+        now: u64,
+        budget: usize,
+        since: Option<u64>,
+    ) -> usize {
         let capacity = locked.capacity();
         let examined = capacity.min(budget);
         let swept = locked.sweep(
             |word| self.algorithm.is_fresh_equivalent(word, now),
+            |word| since.is_none_or(|since| self.algorithm.is_fresh_equivalent(word, since)),
             budget,
             |freed| {
                 if freed > 0 {
@@ -1101,6 +1149,7 @@ where
             let writer = locked.writer();
             writer.inserts_since_sweep = 0;
             writer.sweep_threshold = self.sweep_every.max(linked);
+            writer.swept_at = now;
         }
         examined
     }

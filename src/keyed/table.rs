@@ -351,6 +351,10 @@ pub(crate) struct Writer {
     /// Inserts since the last full sweep, and how many trigger the next.
     pub(crate) inserts_since_sweep: usize,
     pub(crate) sweep_threshold: usize,
+    /// The clock reading of the last full sweep (`u64::MAX` before the
+    /// first): the next sweep that inserts trigger unlinks only keys idle
+    /// since then.
+    pub(crate) swept_at: u64,
     pub(crate) denied_key_limit: u64,
     pub(crate) evicted: u64,
 }
@@ -406,6 +410,7 @@ impl<K> Shard<K> {
                 cursor: 0,
                 inserts_since_sweep: 0,
                 sweep_threshold,
+                swept_at: u64::MAX,
                 denied_key_limit: 0,
                 evicted: 0,
             }),
@@ -766,14 +771,19 @@ impl<K> Locked<'_, K> {
     /// First free the keys in limbo whose grace period has passed and whose
     /// words `evictable` still accepts, and report how many to `freed` (so
     /// that their places count as room at once). Then unlink the linked keys
-    /// whose words `evictable` accepts into limbo, examining at most `budget`
+    /// whose words both `evictable` and `idle` accept into limbo, examining at most `budget`
     /// slots from where the last bounded sweep stopped (`usize::MAX`: the
     /// whole table), while `limbo_room` grants a place in limbo for each.
     /// Last, a table at under 1/8 load is rebuilt smaller (the keys it frees
     /// from limbo are reported in [`Swept::freed_after`]).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each closure is one of the limiter's rules; bundling them would only rename them"
+    )]
     pub(crate) fn sweep(
         &mut self,
         evictable: impl Fn(u64) -> bool,
+        idle: impl Fn(u64) -> bool,
         budget: usize,
         freed: impl FnOnce(usize),
         mut limbo_room: impl FnMut() -> bool,
@@ -798,7 +808,11 @@ impl<K> Locked<'_, K> {
         let table = unsafe { &*table };
         for i in 0..examine {
             let pos = (start + i) & (capacity - 1);
-            if !is_linked(table.ctrl(pos)) || !evictable(table.slots[pos].cell.load()) {
+            if !is_linked(table.ctrl(pos)) {
+                continue;
+            }
+            let word = table.slots[pos].cell.load();
+            if !evictable(word) || !idle(word) {
                 continue;
             }
             if !limbo_room() {
