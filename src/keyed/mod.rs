@@ -105,14 +105,14 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// A sweep that inserts trigger is gentler than the others: it unlinks only
 /// keys idle for at least a second and since the shard's previous sweep, if
 /// there was one (their words were already fresh-equivalent at the earlier of
-/// those two readings).
-/// A key in use under a generous quota has a full bucket again between its
-/// requests; evicting it at every sweep would make its next request an insert,
-/// and with many such keys those inserts would trigger the next sweeps: on a
-/// million keys visited in turn under a 1,000-per-second quota, every check
-/// became an insert, at 1.8–2.1 times the time of governor with `ahash`
-/// (1.05–1.14 now; BENCHMARKS.md, "Sweeps that spare keys in use"). [`sweep`](Self::sweep), the background sweeper and a
-/// new key at the key bound take every sweepable key.
+/// those two readings). A key in use under a generous quota has a full bucket
+/// again between its requests; evicting it at every sweep would make its next
+/// request an insert, and with many such keys those inserts would trigger the
+/// next sweeps: on a million keys visited in turn under a 1,000-per-second
+/// quota, every check became an insert, at 1.8–2.1 times the time of governor
+/// with `ahash` (1.05–1.14 now; BENCHMARKS.md, "Sweeps that spare keys in
+/// use"). [`sweep`](Self::sweep), the background sweeper and a new key at the
+/// key bound take every sweepable key.
 ///
 /// # A bound on keys, and memory that stays bounded
 ///
