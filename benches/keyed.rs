@@ -24,6 +24,9 @@
 //! - `keyed_1m_keys_generous`: the same walk under a quota of 1,000 a second
 //!   (coarse clocks): each bucket is full again between its key's visits, so
 //!   a limiter that evicts full buckets would evict keys in use.
+//! - `keyed_new_keys`: a key never seen before at every check, from an empty
+//!   limiter each sample (inserts and table growth; no floor, which never
+//!   inserts).
 //! - `keyed_scaling`: one thread, then two threads on disjoint keys; each
 //!   iteration is one check per thread, so two threads scale perfectly when their
 //!   time per iteration equals one thread's.
@@ -301,6 +304,67 @@ fn million_keys(c: &mut Criterion) {
     group.finish();
 }
 
+/// A key never seen before at every check: each sample starts from an empty
+/// limiter (built and dropped outside the timing) and checks `iters` new keys,
+/// so the time includes the inserts and the tables' growth. No floor: it
+/// never inserts.
+fn new_keys(c: &mut Criterion) {
+    let mut group = c.benchmark_group("keyed_new_keys");
+    let (q, gq) = (
+        turnstile::Quota::per_second(10).expect("a valid quota"),
+        governor::Quota::per_second(nonzero(10)),
+    );
+    // Keys spread over the whole `u64` range, as hashed identifiers are.
+    let key = |i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    /// `iters` checks of new keys on a fresh limiter from `build`.
+    fn timed<L, T>(iters: u64, build: impl Fn() -> L, check: impl Fn(&L, u64) -> T) -> Duration {
+        let l = build();
+        let start = Instant::now();
+        for i in 0..iters {
+            black_box(check(&l, i));
+        }
+        let elapsed = start.elapsed();
+        drop(l);
+        elapsed
+    }
+    let coarse = turnstile::CoarseClock::with_resolution(COARSE).expect("upkeep thread");
+    let upkeep = QuantaUpkeepClock::from_interval(COARSE).expect("upkeep thread");
+    group.bench_function("turnstile/coarse", |b| {
+        b.iter_custom(|iters| {
+            timed(
+                iters,
+                || {
+                    turnstile::KeyedLimiter::<u64>::builder(q)
+                        .clock(coarse.clone())
+                        .max_keys(usize::MAX)
+                        .build()
+                        .expect("a valid configuration")
+                },
+                |l, i| l.try_acquire(&key(i)),
+            )
+        })
+    });
+    group.bench_function("governor/coarse", |b| {
+        b.iter_custom(|iters| {
+            timed(
+                iters,
+                || theirs(gq, upkeep.clone()),
+                |g, i| g.check_key(&key(i)),
+            )
+        })
+    });
+    group.bench_function("governor-ahash/coarse", |b| {
+        b.iter_custom(|iters| {
+            timed(
+                iters,
+                || theirs_ahash(gq, upkeep.clone()),
+                |g, i| g.check_key(&key(i)),
+            )
+        })
+    });
+    group.finish();
+}
+
 /// `threads` threads, started before timing, each running `iters` checks;
 /// returns the wall time from the common start to the last finish.
 fn parallel<F>(threads: usize, iters: u64, check: F) -> Duration
@@ -507,6 +571,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = hot_key, million_keys, scaling, two_threads_hot_key
+    targets = hot_key, million_keys, new_keys, scaling, two_threads_hot_key
 }
 criterion_main!(benches);

@@ -916,6 +916,10 @@ where
             if let Some(entry) = locked.find(hash, key) {
                 return self.decide_on(algorithm, locked.cell(entry), now, n, counted);
             }
+            // The decision on a fresh word, for a key neither linked nor in
+            // limbo (nor will it be in limbo below: only a linked key can be
+            // unlinked).
+            let mut on_fresh = None;
             if locked.find_in_limbo(hash, key).is_none() {
                 let (decision, next) = algorithm.decide(self.algorithm.fresh(), now, n);
                 if next.is_none() {
@@ -925,6 +929,7 @@ where
                     }
                     return (decision.into(), None);
                 }
+                on_fresh = Some((decision, next));
             }
             if locked.writer().inserts_since_sweep >= locked.writer().sweep_threshold {
                 // Only keys idle since the shard's last sweep: a key in use
@@ -940,7 +945,7 @@ where
             }
             let retried = !busy.is_empty();
             if self.reserve_key() || self.reclaim(&mut locked, shard, now, &mut busy) {
-                break (locked, now);
+                break (locked, now, on_fresh);
             }
             if !retried && !busy.is_empty() {
                 // Other threads held shards the look skipped (a sweep, a
@@ -971,7 +976,7 @@ where
                 None,
             );
         };
-        let (ref mut locked, now) = locked;
+        let (ref mut locked, now, on_fresh) = locked;
         // Looked up again: the sweeps above may have freed the key's entry from
         // limbo, which they do only when its word is fresh-equivalent at `now`,
         // so a fresh word decided at `now` then loses nothing.
@@ -983,10 +988,16 @@ where
                 entry
             }
             None => {
+                // Stored already decided on, rather than fresh and then
+                // decided on with a compare-and-swap: under the lock, before
+                // the key is published, no decision can come between. (A key
+                // found in limbo above and freed since has no decision yet.)
+                let (decision, next) =
+                    on_fresh.unwrap_or_else(|| algorithm.decide(self.algorithm.fresh(), now, n));
                 let inserted = locked.insert(
                     hash,
                     key.to_owned(),
-                    self.algorithm.fresh(),
+                    next.unwrap_or(self.algorithm.fresh()),
                     |word| self.algorithm.is_fresh_equivalent(word, now),
                     &self.collector,
                     |k| self.hasher.hash_one(k),
@@ -996,9 +1007,12 @@ where
                     self.limbo.fetch_sub(inserted.freed, Ordering::Relaxed);
                 }
                 match inserted.pos {
-                    Some(entry) => {
+                    Some(_) => {
                         locked.writer().inserts_since_sweep += 1;
-                        entry
+                        if counted {
+                            self.tally.count(decision, self.collector.slot());
+                        }
+                        return (decision.into(), next);
                     }
                     None => {
                         // The shard's table cannot grow (2^31 slots).

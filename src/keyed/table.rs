@@ -119,7 +119,44 @@ const fn match_tag(group: u64, tag: u8) -> u64 {
 /// Whether `group` has an `EMPTY` byte (the only one with both top bits set).
 #[inline(always)]
 const fn has_empty(group: u64) -> bool {
-    group & (group << 1) & MSB != 0
+    empties(group) != 0
+}
+
+/// The `EMPTY` bytes of `group`, as their top bits: exact, since `EMPTY` is the
+/// only control byte with both top bits set.
+#[inline(always)]
+const fn empties(group: u64) -> u64 {
+    group & (group << 1) & MSB
+}
+
+/// The bytes of `group` equal to `byte`, as their top bits (exact: no
+/// borrow crosses bytes, unlike [`match_tag`]).
+#[inline(always)]
+const fn equal_bytes(group: u64, byte: u8) -> u64 {
+    let x = group ^ (LSB * byte as u64);
+    // A byte of `x` is zero exactly when neither its low seven bits carry
+    // into its top bit nor its top bit is set.
+    !(((x & !MSB) + !MSB) | x) & MSB
+}
+
+/// The bytes of `group` that hold a key (linked or in limbo), as their top
+/// bits.
+#[inline(always)]
+const fn holding(group: u64) -> u64 {
+    (!group & MSB) | equal_bytes(group, LIMBO)
+}
+
+/// The slot numbers of group `group` named by the top bits in `mask`.
+#[inline(always)]
+fn positions(group: usize, mut mask: u64) -> impl Iterator<Item = usize> {
+    core::iter::from_fn(move || {
+        if mask == 0 {
+            return None;
+        }
+        let pos = group * GROUP + (mask.trailing_zeros() / 8) as usize;
+        mask &= mask - 1;
+        Some(pos)
+    })
 }
 
 /// Byte `i` of `group`.
@@ -135,7 +172,7 @@ const fn is_linked(ctrl: u8) -> bool {
 }
 
 /// Whether a control byte's slot holds a key (linked or in limbo).
-#[inline(always)]
+#[cfg(test)]
 const fn holds_key(ctrl: u8) -> bool {
     is_linked(ctrl) || ctrl == LIMBO
 }
@@ -164,7 +201,9 @@ impl<K> Table<K> {
         let groups = capacity / GROUP;
         Table {
             group_mask: groups - 1,
-            ctrl: (0..groups).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            ctrl: (0..groups)
+                .map(|_| AtomicU64::new(LSB * EMPTY as u64))
+                .collect(),
             slots: (0..capacity)
                 .map(|_| Slot {
                     cell: Cell::new(0),
@@ -178,11 +217,18 @@ impl<K> Table<K> {
         self.slots.len()
     }
 
-    /// The control byte of slot `pos`, for the writer (its lock, or a table
-    /// no reader reaches).
-    fn ctrl(&self, pos: usize) -> u8 {
+    /// The slots holding a key (linked or in limbo), in order, a control
+    /// group at a time. For the writer (its lock, or a table no reader
+    /// reaches).
+    fn held(&self) -> impl Iterator<Item = usize> + '_ {
+        self.groups()
+            .flat_map(|(group, bytes)| positions(group, holding(bytes)))
+    }
+
+    /// Each control group's number and bytes, in order. For the writer.
+    fn groups(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
         // Relaxed: the writer's own bytes.
-        byte(self.ctrl[pos / GROUP].load(Ordering::Relaxed), pos % GROUP)
+        (self.ctrl.iter().map(|ctrl| ctrl.load(Ordering::Relaxed))).enumerate()
     }
 
     /// Set slot `pos`'s control byte. Writer only.
@@ -259,10 +305,7 @@ impl<K> Table<K> {
     {
         // Relaxed: the writer's own bytes.
         self.probe(hash, Ordering::Relaxed, |group, ctrl| {
-            (0..GROUP)
-                .filter(|&i| byte(ctrl, i) == LIMBO)
-                .map(|i| group * GROUP + i)
-                .find(|&pos| self.key_is(pos, key))
+            positions(group, equal_bytes(ctrl, LIMBO)).find(|&pos| self.key_is(pos, key))
         })
     }
 
@@ -270,9 +313,7 @@ impl<K> Table<K> {
     fn vacancy(&self, hash: u64) -> usize {
         // Relaxed: the writer's own bytes.
         self.probe(hash, Ordering::Relaxed, |group, ctrl| {
-            (0..GROUP)
-                .find(|&i| byte(ctrl, i) == EMPTY)
-                .map(|i| group * GROUP + i)
+            positions(group, empties(ctrl)).next()
         })
         .unwrap_or_default()
     }
@@ -308,14 +349,15 @@ impl<K> Table<K> {
 
 impl<K> Drop for Table<K> {
     fn drop(&mut self) {
-        for pos in 0..self.capacity() {
-            if holds_key(self.ctrl(pos)) {
-                // SAFETY: the byte says the key is initialized, and `&mut self`
-                // means no reader holds the table.
-                self.slots[pos]
-                    .key
-                    .with_mut(|k| unsafe { (*k).assume_init_drop() });
-            }
+        if !core::mem::needs_drop::<K>() {
+            return;
+        }
+        for pos in self.held() {
+            // SAFETY: the byte says the key is initialized, and `&mut self`
+            // means no reader holds the table.
+            self.slots[pos]
+                .key
+                .with_mut(|k| unsafe { (*k).assume_init_drop() });
         }
     }
 }
@@ -525,11 +567,16 @@ impl<K> Locked<'_, K> {
     }
 
     /// The slot of `key`, if it waits in limbo.
+    #[inline]
     pub(crate) fn find_in_limbo<Q>(&self, hash: u64, key: &Q) -> Option<u32>
     where
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
+        if self.writer.limbo.is_empty() {
+            // No slot is `LIMBO`: nothing to probe for.
+            return None;
+        }
         self.table().find_in_limbo(hash, key).map(|pos| pos as u32)
     }
 
@@ -553,10 +600,8 @@ impl<K> Locked<'_, K> {
     /// returning key links again).
     pub(crate) fn for_each_held(&self, mut f: impl FnMut(&Cell)) {
         let table = self.table();
-        for pos in 0..table.capacity() {
-            if holds_key(table.ctrl(pos)) {
-                f(&table.slots[pos].cell);
-            }
+        for pos in table.held() {
+            f(&table.slots[pos].cell);
         }
     }
 
@@ -632,10 +677,8 @@ impl<K> Locked<'_, K> {
         // that panics leaves it open and unchanged. (Each was hashed when it
         // was inserted too; the move below hashes again rather than keep a
         // table-sized list.)
-        for pos in 0..old.capacity() {
-            if holds_key(old.ctrl(pos)) {
-                hash_at(pos);
-            }
+        for pos in old.held() {
+            hash_at(pos);
         }
         // 1. Close: readers that load the pointer from now on take the
         // writer's path. Release: orders nothing they read (they read nothing
@@ -662,14 +705,15 @@ impl<K> Locked<'_, K> {
         // answer both times: the word no longer changes, and `evictable`
         // reads nothing else).
         // The loom mutant `no_recheck` frees without judging the word again.
-        let frees = |pos: usize| {
-            old.ctrl(pos) == LIMBO
+        // `ctrl` is slot `pos`'s byte.
+        let frees = |pos: usize, ctrl: u8| {
+            ctrl == LIMBO
                 && (evictable(old.slots[pos].cell.load()) || cfg!(turnstile_mutant = "no_recheck"))
         };
         let (mut kept, mut freed) = (0, 0);
-        for pos in 0..old.capacity() {
-            if holds_key(old.ctrl(pos)) {
-                if frees(pos) {
+        for (group, bytes) in old.groups() {
+            for pos in positions(group, holding(bytes)) {
+                if frees(pos, byte(bytes, pos % GROUP)) {
                     freed += 1;
                 } else {
                     kept += 1;
@@ -679,29 +723,37 @@ impl<K> Locked<'_, K> {
         let new = Table::with_capacity(capacity_for(kept + room));
         let mut limbo = HashTable::with_capacity(self.writer.limbo.len() - freed);
         let batch = self.writer.batch;
-        for pos in 0..old.capacity() {
-            let ctrl = old.ctrl(pos);
-            if !holds_key(ctrl) || frees(pos) {
-                // Freed keys stay in the old table, whose drop drops them.
-                continue;
+        for (group, bytes) in old.groups() {
+            // The bytes of the keys moved out of this group, as their top bits.
+            let mut moved = 0;
+            for pos in positions(group, holding(bytes)) {
+                let ctrl = byte(bytes, pos % GROUP);
+                if frees(pos, ctrl) {
+                    // Freed keys stay in the old table, whose drop drops them.
+                    continue;
+                }
+                let hash = hash_at(pos);
+                let slot = &old.slots[pos];
+                // SAFETY: the byte said the key is initialized; no reader holds
+                // the old table (step 2). Its byte is cleared below, before
+                // anything can drop the old table (a panic here aborts).
+                let key = slot.key.with(|k| unsafe { ptr::read(k).assume_init() });
+                let to = new.vacancy(hash);
+                if is_linked(ctrl) {
+                    new.put(to, key, slot.cell.load(), tag(hash));
+                } else {
+                    new.put(to, key, slot.cell.load(), LIMBO);
+                    let to = to as u32;
+                    limbo.insert_unique(limbo_hash(to), Limbo { pos: to, batch }, |l| {
+                        limbo_hash(l.pos)
+                    });
+                }
+                moved |= 0x80 << (8 * (pos % GROUP));
             }
-            let hash = hash_at(pos);
-            let slot = &old.slots[pos];
-            // Cleared first, so that the old table's drop does not drop the
-            // key moved out below.
-            old.set_ctrl(pos, EMPTY);
-            // SAFETY: the byte said the key is initialized; no reader holds the
-            // old table (step 2), and its byte is now cleared.
-            let key = slot.key.with(|k| unsafe { ptr::read(k).assume_init() });
-            let to = new.vacancy(hash);
-            if is_linked(ctrl) {
-                new.put(to, key, slot.cell.load(), tag(hash));
-            } else {
-                new.put(to, key, slot.cell.load(), LIMBO);
-                let to = to as u32;
-                limbo.insert_unique(limbo_hash(to), Limbo { pos: to, batch }, |l| {
-                    limbo_hash(l.pos)
-                });
+            if moved != 0 {
+                // Cleared (`EMPTY`), so that the old table's drop does not drop
+                // the keys moved out. Relaxed: no reader reaches this table.
+                old.ctrl[group].store(bytes | ((moved >> 7) * EMPTY as u64), Ordering::Relaxed);
             }
         }
         self.writer.used = kept;
@@ -806,27 +858,36 @@ impl<K> Locked<'_, K> {
         let table = self.shard.table.load(Ordering::Relaxed);
         // SAFETY: as in `collect`.
         let table = unsafe { &*table };
-        for i in 0..examine {
-            let pos = (start + i) & (capacity - 1);
-            if !is_linked(table.ctrl(pos)) {
-                continue;
+        // A control group at a time: the part of it in the `examine` slots
+        // from `start` (a multiple of `GROUP` apart from the table's end).
+        let mut i = 0;
+        'examine: while i < examine {
+            let first = (start + i) & (capacity - 1);
+            let group = first / GROUP;
+            let skip = first % GROUP;
+            let take = (GROUP - skip).min(examine - i);
+            i += take;
+            let window = (MSB >> (8 * (GROUP - take))) << (8 * skip);
+            // Relaxed: the writer's own bytes.
+            let linked = !table.ctrl[group].load(Ordering::Relaxed) & MSB & window;
+            for pos in positions(group, linked) {
+                let word = table.slots[pos].cell.load();
+                if !evictable(word) || !idle(word) {
+                    continue;
+                }
+                if !limbo_room() {
+                    break 'examine;
+                }
+                // A reader that still sees the tag finds the word, which stays
+                // in place: its decision is kept (see the module's docs).
+                table.set_ctrl(pos, LIMBO);
+                self.writer.linked -= 1;
+                let pos = pos as u32;
+                self.writer
+                    .limbo
+                    .insert_unique(limbo_hash(pos), Limbo { pos, batch }, |l| limbo_hash(l.pos));
+                swept.unlinked += 1;
             }
-            let word = table.slots[pos].cell.load();
-            if !evictable(word) || !idle(word) {
-                continue;
-            }
-            if !limbo_room() {
-                break;
-            }
-            // A reader that still sees the tag finds the word, which stays in
-            // place: its decision is kept (see the module's docs).
-            table.set_ctrl(pos, LIMBO);
-            self.writer.linked -= 1;
-            let pos = pos as u32;
-            self.writer
-                .limbo
-                .insert_unique(limbo_hash(pos), Limbo { pos, batch }, |l| limbo_hash(l.pos));
-            swept.unlinked += 1;
         }
         if !whole {
             self.writer.cursor = (start + examine) & (capacity - 1);
@@ -874,6 +935,44 @@ mod tests {
 
     fn group(bytes: [u8; 8]) -> u64 {
         u64::from_le_bytes(bytes)
+    }
+
+    #[test]
+    fn exact_byte_masks_name_exactly_the_bytes_asked_for() {
+        // Every byte value, beside every other, in both orders: the masks must
+        // not carry or borrow from one byte into the next.
+        for a in 0..=255u8 {
+            for b in 0..=255u8 {
+                let g = group([a, b, a, b, b, a, 0xFF, 0x80]);
+                let bytes = g.to_le_bytes();
+                for (target, mask) in [(LIMBO, equal_bytes(g, LIMBO)), (a, equal_bytes(g, a))] {
+                    for (i, &byte) in bytes.iter().enumerate() {
+                        assert_eq!(
+                            mask >> (8 * i + 7) & 1 == 1,
+                            byte == target,
+                            "{g:#x} {target:#x}"
+                        );
+                    }
+                    assert_eq!(mask & !MSB, 0);
+                }
+                let (held, empty) = (holding(g), empties(g));
+                // `empties` is exact on control bytes only (a tag, `LIMBO`,
+                // `DEAD` or `EMPTY`): it reads both top bits.
+                let control = |b: u8| is_linked(b) || [LIMBO, DEAD, EMPTY].contains(&b);
+                for (i, &byte) in bytes.iter().enumerate() {
+                    assert_eq!(held >> (8 * i + 7) & 1 == 1, holds_key(byte));
+                    if control(a) && control(b) {
+                        assert_eq!(empty >> (8 * i + 7) & 1 == 1, byte == EMPTY);
+                    }
+                }
+            }
+        }
+        let g = group([0, LIMBO, EMPTY, DEAD, 5, LIMBO, 0x7F, EMPTY]);
+        assert_eq!(
+            positions(3, holding(g)).collect::<Vec<_>>(),
+            [24, 25, 28, 29, 30]
+        );
+        assert_eq!(positions(0, empties(g)).collect::<Vec<_>>(), [2, 7]);
     }
 
     #[test]
