@@ -52,6 +52,9 @@
 //!   (or the floor) with 1,000,000 keys, then makes `N` checks in a shuffled
 //!   order inside `measured`; under callgrind with `--cache-sim=yes` it counts
 //!   cache misses per check.
+//! - `keyed-new turnstile|governor|governor-ahash N`: `N` checks inside
+//!   `measured`, each of a key never seen before, from an empty limiter (coarse
+//!   clocks): the inserts and the tables' growth of `keyed_new_keys`.
 //! - `clock read|decide tsc|real|monotonic|coarse N`: `N` readings of one
 //!   clock, or `N` admitted token-bucket decisions on it, inside `measured`.
 //! - `paired-clocks`: each clock's reading and admitted decision, timed in
@@ -476,6 +479,43 @@ fn run_paired_keyed() {
 /// the floor) holding 1,000,000 keys, then `N` checks in the shuffled order,
 /// inside `measured`. With callgrind's `--cache-sim=yes` this counts cache
 /// misses per check.
+/// `keyed-new turnstile|governor|governor-ahash N`: `N` checks inside
+/// `measured`, each of a key never seen before, from an empty limiter (the
+/// `keyed_new_keys` benchmark's work: inserts and the tables' growth).
+fn run_keyed_new(who: &str, n: u64) -> ExitCode {
+    // Keys spread over the whole `u64` range, as in the benchmark.
+    let mut keys = (0u64..).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut key = move || keys.next().unwrap_or(0);
+    let q = turnstile::Quota::per_second(10).expect("a valid quota");
+    let gq = governor::Quota::per_second(NonZeroU32::new(10).expect("nonzero"));
+    let coarse = turnstile::CoarseClock::new().expect("upkeep thread");
+    let upkeep = governor::clock::QuantaUpkeepClock::from_interval(Duration::from_millis(1))
+        .expect("upkeep thread");
+    match who {
+        "turnstile" => {
+            let l = turnstile::KeyedLimiter::<u64>::builder(q)
+                .clock(coarse)
+                .max_keys(usize::MAX)
+                .build()
+                .expect("a valid configuration");
+            measured(n, || l.try_acquire(&key()));
+        }
+        "governor" => {
+            let l = theirs_keyed(gq, upkeep);
+            measured(n, || l.check_key(&key()).is_ok());
+        }
+        "governor-ahash" => {
+            let l = theirs_ahash(gq, upkeep);
+            measured(n, || l.check_key(&key()).is_ok());
+        }
+        other => {
+            eprintln!("unknown limiter {other:?}: turnstile|governor|governor-ahash");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 fn run_keyed_million(who: &str, n: u64) -> ExitCode {
     let order = shuffled(MANY);
     let mut next = order.iter().cycle();
@@ -879,6 +919,7 @@ usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cos
   paired-algorithms: each algorithm against governor's GCRA, direct, coarse clocks, alternating blocks
   algorithm allow|deny token-bucket|live-token-bucket|fixed-window|sliding-window|gcra|governor N: N decisions on a manual clock inside `measured`
   keyed-1m turnstile|turnstile-tiered|governor|governor-ahash|floor N: 1,000,000 keys, then N shuffled checks inside `measured`
+  keyed-new turnstile|governor|governor-ahash N: N checks of keys never seen before, from an empty limiter, inside `measured`
   keyed-hot turnstile|turnstile-tiered|turnstile-admitted|turnstile-admitted-coarse|floor-admitted-coarse N: N decisions on one key inside `measured` (tiered: two tiers, per-key quotas; admitted: every check admitted, as in the keyed_hot_key benchmark)
   layer bare|turnstile-admitted|turnstile-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router
   clock read|decide tsc|real|monotonic|coarse N: N readings of a clock, or N admitted decisions on it, inside `measured`
@@ -898,6 +939,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         };
         return run_keyed_million(who, n);
+    }
+    if let [mode, who, n] = args.as_slice()
+        && mode == "keyed-new"
+    {
+        let Ok(n) = n.parse::<u64>() else {
+            eprintln!("N must be a number, not {n:?}");
+            return ExitCode::FAILURE;
+        };
+        return run_keyed_new(who, n);
     }
     if let [mode, who, n] = args.as_slice()
         && mode == "keyed-hot"
