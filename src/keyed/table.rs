@@ -558,6 +558,7 @@ impl<K> Locked<'_, K> {
     }
 
     /// The slot of `key`, if linked.
+    #[inline]
     pub(crate) fn find<Q>(&self, hash: u64, key: &Q) -> Option<u32>
     where
         K: Borrow<Q>,
