@@ -5,12 +5,15 @@
 //!
 //! - `direct_allow`: every check is admitted (a bucket too big to run dry).
 //! - `direct_live`: the allow path of a `LiveTokenBucket` beside a `TokenBucket` of
-//!   the same quota (what supporting live reconfiguration costs).
+//!   the same quota (what supporting live reconfiguration costs), and on the
+//!   coarse clock a second `TokenBucket` after both (`turnstile-again`: the
+//!   noise in a ratio of two identical limiters).
 //! - `direct_deny`: every check is denied (a bucket emptied first, refilling once
 //!   an hour). turnstile's `try_acquire` denial includes the exact wait;
 //!   governor's check defers it, so `governor/precise+wait` adds the call a
 //!   429's `Retry-After` needs, and `turnstile-check` is turnstile's `check`,
-//!   which defers the wait too (`NotYet::retry_after` computes it when asked).
+//!   which defers the wait too (`NotYet::retry_after` computes it when asked);
+//!   `turnstile-live/coarse` is a `LiveTokenBucket`'s denial.
 //!
 //! Each with the precise clock (quanta's TSC for both) and the coarse clock
 //! (turnstile's `CoarseClock`, governor's `QuantaUpkeepClock`, both 1 ms).
@@ -86,8 +89,10 @@ fn direct_live(c: &mut Criterion) {
     let plain = turnstile::RateLimiter::new(quota);
     let live = turnstile::RateLimiter::live(quota).unwrap();
     let plain_coarse = turnstile::RateLimiter::with_clock(quota, coarse.clone());
-    let live_coarse =
-        turnstile::RateLimiter::from_parts(turnstile::LiveTokenBucket::new(quota).unwrap(), coarse);
+    let live_coarse = turnstile::RateLimiter::from_parts(
+        turnstile::LiveTokenBucket::new(quota).unwrap(),
+        coarse.clone(),
+    );
     let theirs = governor::RateLimiter::direct(governor::Quota::per_second(nonzero(ALLOW_RATE)));
 
     // In a loop, as a service calls it: the limiter reached afresh each time
@@ -106,6 +111,12 @@ fn direct_live(c: &mut Criterion) {
     });
     group.bench_function("turnstile-live/coarse", |b| {
         b.iter(|| black_box(&live_coarse).try_acquire())
+    });
+    // A second plain bucket, measured after the live one: the ratio of the
+    // two plain ones is what the machine's noise alone makes of a 1.00.
+    let plain_again = turnstile::RateLimiter::with_clock(quota, coarse);
+    group.bench_function("turnstile-again/coarse", |b| {
+        b.iter(|| black_box(&plain_again).try_acquire())
     });
     // As `direct_allow` measures: the compiler may keep a plain limiter's
     // parameters in registers across the loop; a live one's are atomics,
@@ -155,7 +166,8 @@ fn direct_deny(c: &mut Criterion) {
     });
 
     let coarse = turnstile::CoarseClock::with_resolution(COARSE).unwrap();
-    let ours = turnstile::RateLimiter::with_clock(turnstile::Quota::per_hour(1).unwrap(), coarse);
+    let ours =
+        turnstile::RateLimiter::with_clock(turnstile::Quota::per_hour(1).unwrap(), coarse.clone());
     assert!(ours.try_acquire().is_allowed());
     group.bench_function("turnstile/coarse", |b| {
         b.iter(|| black_box(ours.try_acquire()))
@@ -164,6 +176,16 @@ fn direct_deny(c: &mut Criterion) {
     group.bench_function("turnstile-check/coarse", |b| {
         b.iter(|| black_box(ours.check().is_ok()))
     });
+    // The same denial on a live bucket (quota changeable while serving).
+    let live = turnstile::RateLimiter::from_parts(
+        turnstile::LiveTokenBucket::new(turnstile::Quota::per_hour(1).unwrap()).unwrap(),
+        coarse,
+    );
+    assert!(live.try_acquire().is_allowed());
+    group.bench_function("turnstile-live/coarse", |b| {
+        b.iter(|| black_box(live.try_acquire()))
+    });
+    assert!(live.try_acquire().is_denied(), "the deny bench must deny");
 
     // quanta allows one upkeep thread per process; `direct_allow`'s stopped when
     // its clock was dropped, so this one can start.

@@ -589,6 +589,22 @@ mod model;
 /// interleaving, which no order gives, and this model then fails.
 #[test]
 fn live_quota_changes_racing_a_decision_decide_as_some_order() {
+    live_changes_racing_a_decision(4, 1);
+}
+
+/// As above, with a request for three: under the first quota a denial, which
+/// writes nothing, so no compare-and-swap checks the parameters it read; it
+/// reads them between two readings of the slot's sequence number. A denial
+/// returned without that check mixes, in some interleaving, a slot the
+/// second change rewrote with a word of the first quota, and fails this.
+#[test]
+fn live_quota_changes_racing_a_denial_decide_as_some_order() {
+    live_changes_racing_a_decision(4, 3);
+}
+
+/// Two changes race a decision for `n` permits on a live bucket that spent
+/// `spent` of its 4 at 0 ms; every outcome must be some order's.
+fn live_changes_racing_a_decision(spent: u32, n: u32) {
     let ms = Duration::from_millis;
     let q0 = Quota::new(4, 1, ms(20)).unwrap();
     let q1 = Quota::new(4, 2, ms(10)).unwrap();
@@ -601,11 +617,11 @@ fn live_quota_changes_racing_a_decision_decide_as_some_order() {
     for position in 0..=2 {
         for (c1, c2) in [(25, 25), (25, 35), (35, 35)] {
             let mut m = model::Model::denial_writes_nothing(q0);
-            let _ = m.acquire(0, 4);
+            let _ = m.acquire(0, spent);
             let mut decision = None;
             for step in 0..2 {
                 if step == position {
-                    decision = Some(m.acquire(35_000_000, 1));
+                    decision = Some(m.acquire(35_000_000, n));
                 }
                 if step == 0 {
                     m.set_quota(q1, c1 * 1_000_000);
@@ -614,7 +630,7 @@ fn live_quota_changes_racing_a_decision_decide_as_some_order() {
                 }
             }
             if position == 2 {
-                decision = Some(m.acquire(35_000_000, 1));
+                decision = Some(m.acquire(35_000_000, n));
             }
             allowed.push((decision.unwrap(), m.remaining(35_000_000)));
         }
@@ -626,7 +642,7 @@ fn live_quota_changes_racing_a_decision_decide_as_some_order() {
             LiveTokenBucket::new(q0).unwrap(),
             clock.clone(),
         ));
-        assert!(limiter.try_acquire_n(4).unwrap().is_allowed()); // empty at 0
+        assert!(limiter.try_acquire_n(spent).unwrap().is_allowed());
         clock.advance(ms(25));
         let changer = {
             let limiter = limiter.clone();
@@ -636,7 +652,7 @@ fn live_quota_changes_racing_a_decision_decide_as_some_order() {
             })
         };
         clock.advance(ms(10));
-        let decision = limiter.try_acquire();
+        let decision = limiter.try_acquire_n(n).unwrap();
         changer.join().unwrap();
         let outcome = (decision, limiter.remaining());
         assert!(
