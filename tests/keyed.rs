@@ -226,6 +226,15 @@ fn swept_at_two_seconds() -> (Manual<u64>, ManualClock) {
     (l, clock)
 }
 
+/// At `millis` after the clock's start, a check of each key of `keys`, every
+/// one admitted.
+fn admit_at(l: &Manual<u64>, clock: &ManualClock, millis: u64, keys: std::ops::Range<u64>) {
+    at(clock, millis);
+    for k in keys {
+        assert!(l.try_acquire(&k).is_allowed(), "key {k} at {millis} ms");
+    }
+}
+
 /// A sweep that inserts trigger spares the keys used since the shard's
 /// previous sweep, though their buckets are full again and they have been
 /// idle for over a second; at the sweep after, the ones still idle go. (New
@@ -235,31 +244,19 @@ fn swept_at_two_seconds() -> (Manual<u64>, ManualClock) {
 fn a_sweep_that_inserts_trigger_spares_keys_used_since_the_last_sweep() {
     let _serial = serial();
     let (l, clock) = swept_at_two_seconds();
-    at(&clock, 2_500);
-    for k in 10_000..10_060 {
-        assert!(l.try_acquire(&k).is_allowed());
-    }
+    admit_at(&l, &clock, 2_500, 10_000..10_060);
     // At 5 s the 101st insert since the sweep at 2 s sweeps: keys 10,000..10,060
     // have been full since 2.51 s but were used after 2 s, so they stay.
-    at(&clock, 5_000);
-    for k in 11_000..11_041 {
-        assert!(l.try_acquire(&k).is_allowed());
-    }
+    admit_at(&l, &clock, 5_000, 11_000..11_041);
     assert_eq!((l.len(), l.stats().evicted), (101, 100));
     // Keys 10,000..10,030 are used again at 5.5 s; 10,030..10,060 stay idle.
-    at(&clock, 5_500);
-    for k in 10_000..10_030 {
-        assert!(l.try_acquire(&k).is_allowed());
-    }
+    admit_at(&l, &clock, 5_500, 10_000..10_030);
     // At 7.6 s the next sweep (the 101st insert since the last): keys
     // 10,030..10,060, not used since the sweep at 5 s, go; 10,000..10,030
     // (used at 5.5 s) and 11,000..11,041 (inserted at 5 s, the last sweep's
     // own reading) stay. Had the sweep at 5 s not happened, this one would
     // judge by 2 s and take none.
-    at(&clock, 7_600);
-    for k in 12_000..12_100 {
-        assert!(l.try_acquire(&k).is_allowed());
-    }
+    admit_at(&l, &clock, 7_600, 12_000..12_100);
     assert_eq!(l.stats().evicted, 130);
     assert_eq!(l.len(), 101 + 100 - 30);
     // `sweep()` takes every key whose bucket is full, in use or not.
@@ -275,32 +272,20 @@ fn a_sweep_that_inserts_trigger_spares_keys_used_since_the_last_sweep() {
 fn a_sweep_that_inserts_trigger_spares_keys_idle_under_a_second() {
     let _serial = serial();
     let (l, clock) = swept_at_two_seconds();
-    at(&clock, 3_000);
-    for k in 10_000..10_050 {
-        assert!(l.try_acquire(&k).is_allowed());
-    }
+    admit_at(&l, &clock, 3_000, 10_000..10_050);
     // At 3.2 s the 101st insert since the sweep at 2 s sweeps: keys
     // 10,000..10,050 were used since then, and stay.
-    at(&clock, 3_200);
-    for k in 11_000..11_051 {
-        assert!(l.try_acquire(&k).is_allowed());
-    }
+    admit_at(&l, &clock, 3_200, 11_000..11_051);
     assert_eq!((l.len(), l.stats().evicted), (101, 100));
     // At 3.7 s the next (again the 101st insert since the last): keys
     // 10,000..10,050 have not been used since the sweep at 3.2 s and have
     // been full since 3.01 s, but idle for only 0.7 s: they stay.
-    at(&clock, 3_700);
-    for k in 12_000..12_100 {
-        assert!(l.try_acquire(&k).is_allowed());
-    }
+    admit_at(&l, &clock, 3_700, 12_000..12_100);
     assert_eq!((l.len(), l.stats().evicted), (201, 100));
     // At 4.1 s the next (the 201st insert: the shard held 200 after the last
     // sweep): idle for 1.1 s now, keys 10,000..10,050 go; the keys inserted at
     // 3.2 s and 3.7 s were used since 3.1 s and stay.
-    at(&clock, 4_100);
-    for k in 13_000..13_200 {
-        assert!(l.try_acquire(&k).is_allowed());
-    }
+    admit_at(&l, &clock, 4_100, 13_000..13_200);
     assert_eq!(l.stats().evicted, 150);
     assert_eq!(l.len(), 201 + 200 - 50);
 }
