@@ -28,7 +28,7 @@ use crate::token_bucket::TokenBucket;
 
 #[allow(unsafe_code)]
 mod table;
-use table::{Locked, Shard};
+use table::{Locked, NEVER_SWEPT, Shard};
 
 /// The default bound on keys held.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -103,16 +103,16 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// ([`start_sweeper`](Self::start_sweeper)).
 ///
 /// A sweep that inserts trigger is gentler than the others: it unlinks only
-/// keys idle for at least a second and since the shard's previous sweep, if
-/// there was one (their words were already fresh-equivalent at the earlier of
-/// those two readings). A key in use under a generous quota has a full bucket
+/// keys idle for at least a second and since the shard's previous sweep (their
+/// words were already fresh-equivalent at the earlier of those two readings);
+/// a shard's first sweep, with no previous one, takes every sweepable key. A key in use under a generous quota has a full bucket
 /// again between its requests; evicting it at every sweep would make its next
 /// request an insert, and with many such keys those inserts would trigger the
 /// next sweeps: on a million keys visited in turn under a 1,000-per-second
 /// quota, every check became an insert, at 1.8–2.1 times the time of governor
-/// with `ahash` (1.05–1.14 now; BENCHMARKS.md, "Sweeps that spare keys in
-/// use"). [`sweep`](Self::sweep), the background sweeper and a new key at the
-/// key bound take every sweepable key.
+/// with `ahash` (a median 1.08 now; BENCHMARKS.md, "Sweeps that spare keys
+/// in use"). [`sweep`](Self::sweep), the background sweeper and a new key at
+/// the key bound take every sweepable key.
 ///
 /// # A bound on keys, and memory that stays bounded
 ///
@@ -932,16 +932,17 @@ where
                 on_fresh = Some((decision, next));
             }
             if locked.writer().inserts_since_sweep >= locked.writer().sweep_threshold {
-                // Only keys idle since the shard's last sweep: a key in use
-                // whose bucket is full again at every visit (a generous quota)
-                // would otherwise be evicted at each sweep and inserted again
-                // at its next request, and with many such keys the inserts
-                // trigger the sweeps that evict them.
-                let since = locked
-                    .writer()
-                    .swept_at
-                    .min(now.saturating_sub(AUTO_SWEEP_MIN_IDLE_NS));
-                self.sweep_shard_idle_since(&mut locked, now, usize::MAX, Some(since));
+                // Only keys idle since the shard's last sweep and for a
+                // second: a key in use whose bucket is full again at every
+                // visit (a generous quota) would otherwise be evicted at each
+                // sweep and inserted again at its next request, and with many
+                // such keys the inserts trigger the sweeps that evict them.
+                // The shard's first sweep has no last one to go by, and takes
+                // every sweepable key, as `sweep()` does.
+                let swept_at = locked.writer().swept_at;
+                let since = (swept_at != NEVER_SWEPT)
+                    .then(|| swept_at.min(now.saturating_sub(AUTO_SWEEP_MIN_IDLE_NS)));
+                self.sweep_shard_idle_since(&mut locked, now, usize::MAX, since);
             }
             let retried = !busy.is_empty();
             if self.reserve_key() || self.reclaim(&mut locked, shard, now, &mut busy) {

@@ -374,6 +374,9 @@ const fn limbo_hash(pos: u32) -> u64 {
     (pos as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// [`Writer::swept_at`] of a shard not swept yet.
+pub(crate) const NEVER_SWEPT: u64 = u64::MAX;
+
 /// What the shard's mutex guards.
 pub(crate) struct Writer {
     /// Linked keys.
@@ -393,7 +396,7 @@ pub(crate) struct Writer {
     /// Inserts since the last full sweep, and how many trigger the next.
     pub(crate) inserts_since_sweep: usize,
     pub(crate) sweep_threshold: usize,
-    /// The clock reading of the last full sweep (`u64::MAX` before the
+    /// The clock reading of the last full sweep ([`NEVER_SWEPT`] before the
     /// first): the next sweep that inserts trigger unlinks only keys idle
     /// since then.
     pub(crate) swept_at: u64,
@@ -452,7 +455,7 @@ impl<K> Shard<K> {
                 cursor: 0,
                 inserts_since_sweep: 0,
                 sweep_threshold,
-                swept_at: u64::MAX,
+                swept_at: NEVER_SWEPT,
                 denied_key_limit: 0,
                 evicted: 0,
             }),
