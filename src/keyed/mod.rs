@@ -102,17 +102,18 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// tower layer too) or that an `Arc` of it feeds
 /// ([`start_sweeper`](Self::start_sweeper)).
 ///
-/// A sweep that inserts trigger is gentler than the others: it unlinks only
-/// keys idle for at least a second and since the shard's previous sweep (their
-/// words were already fresh-equivalent at the earlier of those two readings);
-/// a shard's first sweep, with no previous one, takes every sweepable key. A key in use under a generous quota has a full bucket
-/// again between its requests; evicting it at every sweep would make its next
-/// request an insert, and with many such keys those inserts would trigger the
-/// next sweeps: on a million keys visited in turn under a 1,000-per-second
-/// quota, every check became an insert, at 1.8–2.1 times the time of governor
-/// with `ahash` (a median 1.08 now; BENCHMARKS.md, "Sweeps that spare keys
-/// in use"). [`sweep`](Self::sweep), the background sweeper and a new key at
-/// the key bound take every sweepable key.
+/// A sweep that inserts trigger is gentler than the others: after a shard's
+/// first, it unlinks only keys idle for at least a second and since the
+/// shard's previous sweep (their words were already fresh-equivalent at the
+/// earlier of those two readings). A key in use under a generous quota has a
+/// full bucket again between its requests; evicting it at every sweep would
+/// make its next request an insert, and with many such keys those inserts
+/// would trigger the next sweeps: on a million keys visited in turn under a
+/// 1,000-per-second quota, every check became an insert, at 1.8–2.1 times the
+/// time of governor with `ahash` (a median 1.08 now; BENCHMARKS.md, "Sweeps
+/// that spare keys in use"). A shard's first such sweep (it has no previous
+/// one to go by), [`sweep`](Self::sweep), the background sweeper and a new key
+/// at the key bound take every sweepable key.
 ///
 /// # A bound on keys, and memory that stays bounded
 ///
@@ -343,9 +344,10 @@ impl<K, A, C, S> KeyedBuilder<K, A, C, S> {
 
     /// A shard sweeps itself on the insert after this many inserts, or after as
     /// many inserts as it held after its last sweep if that is more, so sweeping
-    /// costs O(1) per insert amortized (default [`DEFAULT_SWEEP_EVERY`]). Such a
-    /// sweep unlinks only keys idle since the shard's previous sweep and for at
-    /// least a second (see [`KeyedLimiter`]'s "Sweeping that loses nothing").
+    /// costs O(1) per insert amortized (default [`DEFAULT_SWEEP_EVERY`]). After
+    /// a shard's first, such a sweep unlinks only keys idle since the shard's
+    /// previous sweep and for at least a second (see [`KeyedLimiter`]'s
+    /// "Sweeping that loses nothing").
     pub fn sweep_every(mut self, inserts: usize) -> Self {
         self.sweep_every = inserts;
         self

@@ -827,9 +827,10 @@ impl<K> Locked<'_, K> {
     /// First free the keys in limbo whose grace period has passed and whose
     /// words `evictable` still accepts, and report how many to `freed` (so
     /// that their places count as room at once). Then unlink the linked keys
-    /// whose words both `evictable` and `idle` accept into limbo, examining at most `budget`
-    /// slots from where the last bounded sweep stopped (`usize::MAX`: the
-    /// whole table), while `limbo_room` grants a place in limbo for each.
+    /// whose words both `evictable` and `idle` accept into limbo, examining at
+    /// most `budget` slots from where the last bounded sweep stopped
+    /// (`usize::MAX`: the whole table), while `limbo_room` grants a place in
+    /// limbo for each.
     /// Last, a table at under 1/8 load is rebuilt smaller (the keys it frees
     /// from limbo are reported in [`Swept::freed_after`]).
     #[expect(
