@@ -388,7 +388,12 @@ impl<K, A, C, S> KeyedBuilder<K, A, C, S> {
         KeyedLimiter {
             inner: Arc::new(Inner {
                 shards: (0..shards)
-                    .map(|_| CachePadded::new(Shard::new(self.sweep_every)))
+                    .map(|_| {
+                        CachePadded::new(Shard::new(
+                            self.sweep_every,
+                            table::prefetch_from::<K>(shards),
+                        ))
+                    })
                     .collect(),
                 shard_mask: shards - 1,
                 shard_shift: 63 - shards.trailing_zeros(),

@@ -197,8 +197,29 @@ struct SlotGroup<K>([Slot<K>; GROUP]);
 struct Table<K> {
     /// `groups - 1`.
     group_mask: usize,
+    /// Whether a lookup prefetches its key's likely slots
+    /// ([`Table::prefetch_home`]): only in tables too large for the caches.
+    prefetch: bool,
     ctrl: Box<[AtomicU64]>,
     slots: Box<[SlotGroup<K>]>,
+}
+
+/// The keyed limiter's tables (all shards together) from which on a lookup
+/// prefetches its slots: beyond what one core's caches hold.
+///
+/// Below it the slots are mostly cached, a prefetch saves nothing, and it
+/// costs: it pulls in the lines around the key, whose words other threads may
+/// be writing, and each such line must then be taken back from this core
+/// before their next write. Two threads admitting on 1,024 keys each made
+/// 22–23 M decisions per second with prefetching against 33–34 M without
+/// (one thread: 38 M either way); BENCHMARKS.md, "Fetching the slots with
+/// the control group".
+const PREFETCH_FROM_BYTES: usize = 4 << 20;
+
+/// The smallest table, in slots, of a limiter with `shards` shards whose
+/// lookups prefetch ([`PREFETCH_FROM_BYTES`] over all shards).
+pub(crate) fn prefetch_from<K>(shards: usize) -> usize {
+    PREFETCH_FROM_BYTES / core::mem::size_of::<Slot<K>>() / shards.max(1)
 }
 
 /// Ask the processor to bring the cache line at `ptr` into its caches. Only a
@@ -217,11 +238,14 @@ fn prefetch<T>(ptr: *const T) {
 }
 
 impl<K> Table<K> {
-    fn with_capacity(capacity: usize) -> Table<K> {
+    /// An empty table of `capacity` slots; its lookups prefetch if
+    /// `capacity` is at least `prefetch_from`.
+    fn with_capacity(capacity: usize, prefetch_from: usize) -> Table<K> {
         debug_assert!(capacity.is_power_of_two() && capacity >= MIN_CAPACITY);
         let groups = capacity / GROUP;
         Table {
             group_mask: groups - 1,
+            prefetch: capacity >= prefetch_from,
             ctrl: (0..groups)
                 .map(|_| AtomicU64::new(LSB * EMPTY as u64))
                 .collect(),
@@ -328,7 +352,9 @@ impl<K> Table<K> {
         Q: Eq + ?Sized,
     {
         let tag = tag(hash);
-        self.prefetch_home(hash);
+        if self.prefetch {
+            self.prefetch_home(hash);
+        }
         // Acquire: pairs with the writer's Release store of the group, made
         // after it wrote the slot's key and word.
         self.probe(hash, Ordering::Acquire, |group, ctrl| {
@@ -456,6 +482,8 @@ pub(crate) struct Shard<K> {
     /// The published table; its low bit set ([`CLOSED`]) while a rebuild
     /// moves its words.
     table: AtomicPtr<Table<K>>,
+    /// Tables of this many slots or more prefetch ([`prefetch_from`]).
+    prefetch_from: usize,
     writer: Mutex<Writer>,
 }
 
@@ -464,7 +492,8 @@ pub(crate) struct Shard<K> {
 //   threads as `&K`: sending a shard sends the keys (`K: Send`), and sharing it
 //   shares `&K` across threads (`K: Sync`);
 // - its raw pointer points to a table it owns, made only of atomics and keys;
-// - every other field is an atomic or behind the mutex.
+// - every other field is an atomic, behind the mutex, or never written after
+//   the shard is made.
 unsafe impl<K: Send> Send for Shard<K> {}
 // SAFETY: as above.
 unsafe impl<K: Send + Sync> Sync for Shard<K> {}
@@ -489,9 +518,15 @@ pub(crate) struct Inserted {
 }
 
 impl<K> Shard<K> {
-    pub(crate) fn new(sweep_threshold: usize) -> Shard<K> {
+    /// An empty shard; its tables of `prefetch_from` slots or more prefetch
+    /// ([`prefetch_from`]).
+    pub(crate) fn new(sweep_threshold: usize, prefetch_from: usize) -> Shard<K> {
         Shard {
-            table: AtomicPtr::new(Box::into_raw(Box::new(Table::with_capacity(MIN_CAPACITY)))),
+            table: AtomicPtr::new(Box::into_raw(Box::new(Table::with_capacity(
+                MIN_CAPACITY,
+                prefetch_from,
+            )))),
+            prefetch_from,
             writer: Mutex::new(Writer {
                 linked: 0,
                 used: 0,
@@ -771,7 +806,7 @@ impl<K> Locked<'_, K> {
                 }
             }
         }
-        let new = Table::with_capacity(capacity_for(kept + room));
+        let new = Table::with_capacity(capacity_for(kept + room), self.shard.prefetch_from);
         let mut limbo = HashTable::with_capacity(self.writer.limbo.len() - freed);
         let batch = self.writer.batch;
         for (group, bytes) in old.groups() {
@@ -995,7 +1030,7 @@ mod tests {
         // that is the whole group only if groups start on a line.
         assert_eq!(core::mem::size_of::<SlotGroup<u64>>(), 128);
         for capacity in [MIN_CAPACITY, 64, 4096] {
-            let table = Table::<u64>::with_capacity(capacity);
+            let table = Table::<u64>::with_capacity(capacity, usize::MAX);
             assert_eq!(table.capacity(), capacity);
             for group in 0..capacity / GROUP {
                 let first = table.slot(group * GROUP) as *const Slot<u64>;
@@ -1006,6 +1041,17 @@ mod tests {
         }
         // Larger keys take more lines per group, never padding between slots.
         assert_eq!(core::mem::size_of::<SlotGroup<String>>(), 8 * 32);
+    }
+
+    #[test]
+    fn only_tables_larger_than_the_caches_prefetch() {
+        // 4 MiB over all shards: 8 shards of 16-byte slots from 32,768 slots.
+        let from = prefetch_from::<u64>(8);
+        assert_eq!(from, 32_768);
+        assert!(Table::<u64>::with_capacity(from, from).prefetch);
+        assert!(!Table::<u64>::with_capacity(from / 2, from).prefetch);
+        // Larger slots reach the size with fewer of them.
+        assert_eq!(prefetch_from::<String>(8), 16_384);
     }
 
     #[test]
