@@ -18,7 +18,10 @@
 //!   mostly stay in the caches, where the map before this one read an index
 //!   of 8-byte slots (16 MiB) and then an entry in an arena: a second cache
 //!   miss per lookup (BENCHMARKS.md, "Why a million keys cost more than the
-//!   floor" and "The keyed table: words inline").
+//!   floor" and "The keyed table: words inline"). In a table too large for
+//!   the caches a lookup also prefetches the slot lines its key most likely
+//!   sits in before it reads the control group, so that the two misses
+//!   overlap ([`Table::prefetch_home`]).
 //! - **Writers** (insert, sweep, rebuild) serialize on the shard's mutex and
 //!   change control bytes with release stores of their group. Readers never
 //!   take the mutex. A published table's bytes only ever go `EMPTY` → tag
