@@ -1129,3 +1129,61 @@ fn tables_growing_and_shrinking_under_decisions_lose_no_admission() {
     );
     assert_eq!(l.len(), 8);
 }
+
+#[test]
+fn tables_large_enough_to_prefetch_keep_every_allowance_while_they_grow() {
+    // 200,000 keys over two shards: each shard's table passes 131,072 slots,
+    // where lookups start prefetching their slots (4 MiB of tables in all).
+    // Two threads spend eight keys' allowances while a third inserts the
+    // keys that grow the tables through that size, then every key is spent.
+    const KEYS: u64 = 200_000;
+    let _serial = serial();
+    let l = KeyedLimiter::<u64>::builder(quota(3, Duration::from_secs(3_600)))
+        .clock(ManualClock::new())
+        .shards(2)
+        .max_keys(KEYS as usize + 8)
+        .build()
+        .unwrap();
+    let l = Arc::new(l);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let filler = {
+        let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            for k in 100..100 + KEYS {
+                assert!(l.try_acquire(&k).is_allowed(), "new key {k}");
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut admitted = [0u32; 8];
+                let mut tries = 0;
+                while tries < 100 || !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (key, admitted) in admitted.iter_mut().enumerate() {
+                        *admitted += l.try_acquire(&(key as u64)).is_allowed() as u32;
+                    }
+                    tries += 1;
+                }
+                admitted
+            })
+        })
+        .collect();
+    filler.join().unwrap();
+    let per_thread: Vec<[u32; 8]> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    for (key, (first, second)) in per_thread[0].iter().zip(&per_thread[1]).enumerate() {
+        let total = first + second;
+        let left = l.remaining(&(key as u64));
+        assert_eq!(total + left, 3, "key {key}: {total} admitted, {left} left");
+    }
+    // Every filled key has two permits left, then none, in the grown tables.
+    for k in 100..100 + KEYS {
+        assert_eq!(l.remaining(&k), 2, "key {k}");
+        assert!(l.try_acquire_n(&k, 2).unwrap().is_allowed(), "key {k}");
+        assert!(!l.try_acquire(&k).is_allowed(), "key {k}");
+    }
+    assert_eq!(l.len(), KEYS as usize + 8);
+    assert_eq!(l.stats().evicted, 0);
+}
