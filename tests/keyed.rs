@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
@@ -714,13 +715,13 @@ fn sweeps_racing_decisions_on_the_real_clock_never_over_admit() {
             .build()
             .unwrap(),
     );
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let start = l.clock().now();
     let sweeper = {
         let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
         std::thread::spawn(move || {
             let mut evicted = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 evicted += l.sweep();
             }
             evicted
@@ -748,7 +749,7 @@ fn sweeps_racing_decisions_on_the_real_clock_never_over_admit() {
         .collect();
     let admitted: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
     let end = l.clock().now();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     let evicted = sweeper.join().unwrap();
     let bound = capacity + (end - start) / period.as_nanos() as u64;
     assert!(admitted <= bound, "admitted {admitted}, bound {bound}");
@@ -815,12 +816,12 @@ fn a_key_bound_under_pressure_from_two_threads_never_over_admits() {
             .build()
             .unwrap(),
     );
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let start = l.clock().now();
     let sweeper = {
         let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
         std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 l.sweep();
                 assert!(l.len() <= 16);
                 std::thread::yield_now();
@@ -861,7 +862,7 @@ fn a_key_bound_under_pressure_from_two_threads_never_over_admits() {
         }
     }
     let end = l.clock().now();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     sweeper.join().unwrap();
     let bound = capacity + (end - start) / period.as_nanos() as u64;
     for (key, &n) in admitted.iter().enumerate() {
@@ -943,7 +944,6 @@ fn a_shard_busy_elsewhere_does_not_make_the_bound_refuse_room() {
     // Serial: limbo is freed after a grace period, which waits for readers
     // pinned anywhere in the process; other tests' threads would make it late.
     let _serial = serial();
-    use std::sync::atomic::{AtomicBool, Ordering};
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(1));
     let limiter = two_shards_one_key(Quota::new(1, 1, Duration::from_millis(1)).unwrap(), &clock);
@@ -1066,6 +1066,45 @@ fn stored_keys_are_dropped_once_through_growth_sweeps_and_shrinking() {
 /// moved would let more through. (The interleavings that would lose one are
 /// rare on real threads; the loom models of growth and shrinking check every
 /// one of theirs. This runs the whole path, allocation and all.)
+/// Two threads admitting on keys 0 to 7 of `l`, round after round, until
+/// `stop` is set and each has made `min_rounds` rounds.
+fn spend_eight_keys(l: &Arc<Manual<u64>>, stop: &Arc<AtomicBool>, min_rounds: usize) -> Spenders {
+    Spenders(
+        (0..2)
+            .map(|_| {
+                let (l, stop) = (Arc::clone(l), Arc::clone(stop));
+                std::thread::spawn(move || {
+                    let mut admitted = [0u32; 8];
+                    let mut rounds = 0;
+                    while rounds < min_rounds || !stop.load(Ordering::Relaxed) {
+                        for (key, admitted) in admitted.iter_mut().enumerate() {
+                            *admitted += l.try_acquire(&(key as u64)).is_allowed() as u32;
+                        }
+                        rounds += 1;
+                    }
+                    admitted
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The threads of [`spend_eight_keys`].
+struct Spenders(Vec<std::thread::JoinHandle<[u32; 8]>>);
+
+impl Spenders {
+    /// Each key's admissions over both threads, once they have stopped.
+    fn join(self) -> [u32; 8] {
+        let mut total = [0; 8];
+        for thread in self.0 {
+            for (total, admitted) in total.iter_mut().zip(thread.join().unwrap()) {
+                *total += admitted;
+            }
+        }
+        total
+    }
+}
+
 #[test]
 fn tables_growing_and_shrinking_under_decisions_lose_no_admission() {
     // Small floods, many rounds: small tables rebuild quickly, so more
@@ -1079,7 +1118,7 @@ fn tables_growing_and_shrinking_under_decisions_lose_no_admission() {
         .build()
         .unwrap();
     let l = Arc::new(l);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let flooder = {
         let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
         std::thread::spawn(move || {
@@ -1095,30 +1134,14 @@ fn tables_growing_and_shrinking_under_decisions_lose_no_admission() {
                 evicted += l.sweep();
                 l.sweep();
             }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            stop.store(true, Ordering::Relaxed);
             (evicted, grown_back)
         })
     };
-    let workers: Vec<_> = (0..2)
-        .map(|_| {
-            let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
-            std::thread::spawn(move || {
-                let mut admitted = [0u32; 8];
-                let mut tries = 0;
-                while tries < 1_500 || !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    for (key, admitted) in admitted.iter_mut().enumerate() {
-                        *admitted += l.try_acquire(&(key as u64)).is_allowed() as u32;
-                    }
-                    tries += 1;
-                }
-                admitted
-            })
-        })
-        .collect();
-    let per_thread: Vec<[u32; 8]> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let spenders = spend_eight_keys(&l, &stop, 1_500);
+    let admitted = spenders.join();
     let (evicted, grown_back) = flooder.join().unwrap();
-    for (key, (first, second)) in per_thread[0].iter().zip(&per_thread[1]).enumerate() {
-        let total = first + second;
+    for (key, &total) in admitted.iter().enumerate() {
         assert_eq!(total, 1_000, "key {key}: {total} admitted of 1,000");
         assert_eq!(l.remaining(&(key as u64)), 0);
     }
@@ -1145,36 +1168,19 @@ fn tables_large_enough_to_prefetch_keep_every_allowance_while_they_grow() {
         .build()
         .unwrap();
     let l = Arc::new(l);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let filler = {
         let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
         std::thread::spawn(move || {
             for k in 100..100 + KEYS {
                 assert!(l.try_acquire(&k).is_allowed(), "new key {k}");
             }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            stop.store(true, Ordering::Relaxed);
         })
     };
-    let workers: Vec<_> = (0..2)
-        .map(|_| {
-            let (l, stop) = (Arc::clone(&l), Arc::clone(&stop));
-            std::thread::spawn(move || {
-                let mut admitted = [0u32; 8];
-                let mut tries = 0;
-                while tries < 100 || !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    for (key, admitted) in admitted.iter_mut().enumerate() {
-                        *admitted += l.try_acquire(&(key as u64)).is_allowed() as u32;
-                    }
-                    tries += 1;
-                }
-                admitted
-            })
-        })
-        .collect();
+    let spenders = spend_eight_keys(&l, &stop, 100);
     filler.join().unwrap();
-    let per_thread: Vec<[u32; 8]> = workers.into_iter().map(|w| w.join().unwrap()).collect();
-    for (key, (first, second)) in per_thread[0].iter().zip(&per_thread[1]).enumerate() {
-        let total = first + second;
+    for (key, &total) in spenders.join().iter().enumerate() {
         let left = l.remaining(&(key as u64));
         assert_eq!(total + left, 3, "key {key}: {total} admitted, {left} left");
     }
