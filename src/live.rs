@@ -599,7 +599,9 @@ impl Algorithm for LiveTokenBucket {
 
     #[inline(always)]
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
-        if self.parity(word) == 0 {
+        // The generation bit tested in place: one instruction against the
+        // word, where `parity` shifts it down to index a slot.
+        if word & self.generation_bit == 0 {
             self.decide_in::<0>(word, now, n)
         } else {
             self.decide_in::<1>(word, now, n)
