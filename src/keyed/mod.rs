@@ -111,9 +111,10 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// would trigger the next sweeps: on a million keys visited in turn under a
 /// 1,000-per-second quota, every check became an insert, at 1.8–2.1 times the
 /// time of governor with `ahash` (0.62–0.65 now; BENCHMARKS.md, "Sweeps
-/// that spare keys in use" and "Keyed limiter: criterion"). A shard's first such sweep (it has no previous
-/// one to go by), [`sweep`](Self::sweep), the background sweeper and a new key
-/// at the key bound take every sweepable key.
+/// that spare keys in use" and "Keyed limiter: criterion"). A shard's first
+/// such sweep (it has no previous one to go by), [`sweep`](Self::sweep), the
+/// background sweeper and a new key at the key bound take every sweepable
+/// key.
 ///
 /// # A bound on keys, and memory that stays bounded
 ///

@@ -207,8 +207,9 @@ struct Table<K> {
     slots: Box<[SlotGroup<K>]>,
 }
 
-/// The keyed limiter's tables (all shards together) from which on a lookup
-/// prefetches its slots: beyond what one core's caches hold.
+/// The size of a keyed limiter's tables (all shards together) from which a
+/// lookup prefetches its slots: twice a large L2 cache, beyond what one core
+/// keeps cached.
 ///
 /// Below it the slots are mostly cached, a prefetch saves nothing, and it
 /// costs: it pulls in the lines around the key, whose words other threads may
