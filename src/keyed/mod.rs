@@ -1006,7 +1006,7 @@ where
                 let inserted = locked.insert(
                     hash,
                     key.to_owned(),
-                    next.unwrap_or(self.algorithm.fresh()),
+                    next.unwrap_or_else(|| self.algorithm.fresh()),
                     |word| self.algorithm.is_fresh_equivalent(word, now),
                     &self.collector,
                     |k| self.hasher.hash_one(k),
