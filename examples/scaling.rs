@@ -3,7 +3,7 @@
 //! `shared/floor.rs`.
 //!
 //! ```text
-//! cargo run --profile bench -p turnstile-dev --example scaling -- [THREADS...] [--ms MS] [--reps R]
+//! cargo run --profile bench -p turnstile-dev --example scaling -- [THREADS...] [--ms MS] [--reps R] [--case NAME]... [--keys K]
 //! ```
 //!
 //! `THREADS` defaults to `1 2 4 8 16` (counts above the machine's cores are
@@ -15,7 +15,8 @@
 //! even split is 100/threads %).
 //!
 //! Cases, all on the precise clock (quanta's TSC for every contender):
-//! - `keyed-disjoint`: each thread its own 1,024 keys, every check admitted.
+//! - `keyed-disjoint`: each thread its own `K` keys (a power of two, default
+//!   1,024, at most 2^19), every check admitted.
 //! - `keyed-1m`: 1,000,000 keys held; each thread walks one fixed shuffled
 //!   order from its own offset, every check admitted.
 //! - `keyed-hot-allow` / `keyed-hot-deny`: every thread on one key, every check
@@ -119,9 +120,10 @@ fn floor(q: Quotas, keys: impl IntoIterator<Item = u64>) -> Floor<turnstile::Rea
     Floor::new(keys, turnstile::RealClock::new(), q.floor.0, q.floor.1)
 }
 
-/// Thread `t`'s disjoint keys.
-fn disjoint(t: usize, i: u64) -> u64 {
-    t as u64 * 1_000_000 + (i & 1_023)
+/// Thread `t`'s `i`-th check's key, one of its own `keys` (a power of two, at
+/// most `MANY`).
+fn disjoint(t: usize, i: u64, keys: u64) -> u64 {
+    t as u64 * MANY + (i & (keys - 1))
 }
 
 /// Runs `check` on `threads` threads for `ms` milliseconds; returns each
@@ -172,32 +174,41 @@ fn contender(name: &'static str, make: impl Fn(usize) -> Check + 'static) -> Con
     }
 }
 
-fn keyed_disjoint() -> Vec<Contender> {
+/// Every key of `threads` threads with `keys` keys each.
+fn held(threads: usize, keys: u64) -> impl Iterator<Item = u64> {
+    (0..threads).flat_map(move |t| (0..keys).map(move |i| disjoint(t, i, keys)))
+}
+
+fn keyed_disjoint(keys: u64) -> Vec<Contender> {
     let q = allow();
+    // Every contender holds its threads' keys before the run, so the run
+    // times decisions on held keys, not inserts.
     vec![
-        contender("turnstile", move |_| {
+        contender("turnstile", move |threads| {
             let l = ours(q);
+            held(threads, keys).for_each(|k| assert!(l.try_acquire(&k).is_allowed()));
             Arc::new(move |t, i| {
-                let _ = black_box(l.try_acquire(&disjoint(t, i)));
+                let _ = black_box(l.try_acquire(&disjoint(t, i, keys)));
             })
         }),
-        contender("governor", move |_| {
+        contender("governor", move |threads| {
             let g = theirs(q);
+            held(threads, keys).for_each(|k| assert!(g.check_key(&k).is_ok()));
             Arc::new(move |t, i| {
-                let _ = black_box(g.check_key(&disjoint(t, i)));
+                let _ = black_box(g.check_key(&disjoint(t, i, keys)));
             })
         }),
-        contender("governor-ahash", move |_| {
+        contender("governor-ahash", move |threads| {
             let g = theirs_ahash(q);
+            held(threads, keys).for_each(|k| assert!(g.check_key(&k).is_ok()));
             Arc::new(move |t, i| {
-                let _ = black_box(g.check_key(&disjoint(t, i)));
+                let _ = black_box(g.check_key(&disjoint(t, i, keys)));
             })
         }),
         contender("floor", move |threads| {
-            let keys = (0..threads).flat_map(|t| (0..1_024).map(move |i| disjoint(t, i)));
-            let f = floor(q, keys);
+            let f = floor(q, held(threads, keys));
             Arc::new(move |t, i| {
-                let _ = black_box(f.check(disjoint(t, i)));
+                let _ = black_box(f.check(disjoint(t, i, keys)));
             })
         }),
     ]
@@ -314,7 +325,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: scaling [THREADS...] [--ms MS] [--reps R] [--case NAME]...");
+    eprintln!("usage: scaling [THREADS...] [--ms MS] [--reps R] [--case NAME]... [--keys K]");
     ExitCode::from(2)
 }
 
@@ -324,6 +335,7 @@ fn main() -> ExitCode {
     let mut threads = Vec::new();
     let (mut ms, mut reps) = (200_u64, 3_usize);
     let mut only = Vec::new();
+    let mut keys = 1_024_u64;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -333,6 +345,10 @@ fn main() -> ExitCode {
             },
             "--reps" => match args.next().and_then(|v| v.parse().ok()) {
                 Some(v) if v > 0 => reps = v,
+                _ => return usage(),
+            },
+            "--keys" => match args.next().and_then(|v| v.parse().ok()) {
+                Some(v) if v <= MANY && u64::is_power_of_two(v) => keys = v,
                 _ => return usage(),
             },
             "--case" => match args.next() {
@@ -357,7 +373,7 @@ fn main() -> ExitCode {
     );
 
     let cases: Vec<(&str, Vec<Contender>)> = vec![
-        ("keyed-disjoint", keyed_disjoint()),
+        ("keyed-disjoint", keyed_disjoint(keys)),
         ("keyed-1m", keyed_million()),
         ("keyed-hot-allow", keyed_hot(allow())),
         ("keyed-hot-deny", keyed_hot(deny())),
