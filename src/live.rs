@@ -120,12 +120,15 @@ const MICROSECOND_CEILING: u32 = 65_535;
 /// bucket reads its own field; beyond that it branches on the word's
 /// generation bit to one of two copies of the decision, each reading its own
 /// slot at a fixed address (a slot address computed from the word put a load
-/// in every decision's critical path), loads the slot's sequence number
-/// (checked only for a denial), and sets the generation bit in a word it
-/// packs anew. No locked instruction. Callgrind counts 68 instructions per
-/// admission against the bucket's 54, and 95 per denial against 68; on the
-/// coarse clock an admission takes a median 0.99× a plain bucket's time over
-/// twelve criterion runs (0.97–1.10): BENCHMARKS.md, "Live reconfiguration".
+/// in every decision's critical path), and sets the generation bit in a word
+/// it packs anew. An admission needs nothing more: its compare-and-swap
+/// proves the word unchanged, and with it the slot. A denial, which writes
+/// nothing, is decided again on the slot's parameters read whole under its
+/// sequence number. No locked instruction. Callgrind counts 55 instructions
+/// per admission against the bucket's 54, and 131 per denial against 68; on
+/// the coarse clock an admission takes 0.995× a plain bucket's time and a
+/// denial 1.99× (about 3 ns more), medians of twelve criterion runs:
+/// BENCHMARKS.md, "Live reconfiguration".
 pub struct LiveTokenBucket {
     layout: Layout,
     /// `layout.half_range()`, computed once.
@@ -186,13 +189,14 @@ impl Slot {
 /// admission that finds tokens in the word reads only the capacity, the
 /// period and the refill window, as a [`TokenBucket`] reads its own fields.
 ///
-/// Every load is Relaxed, after the Acquire load of the slot's sequence
-/// number in [`LiveTokenBucket`]'s `decide` and before the check in
-/// `unchanged`: a field read while a change writes the slot is caught there
-/// for a denial, and by the failed compare-and-swap of an admission. A field
-/// may be read more than once in one decision, and two readings may then
-/// differ; the arithmetic of [`token_bucket::decide`] cannot panic on them,
-/// and the result is discarded.
+/// Every load is Relaxed, after an Acquire fence that follows the word's
+/// load. In [`LiveTokenBucket`]'s `decide` a field read while a change
+/// writes the slot is caught by the failed compare-and-swap of an admission,
+/// and a denial is decided again on parameters read under the slot's
+/// sequence number; in `reserve`, a refusal is checked against that number
+/// (`unchanged`). A field may be read more than once in one decision, and
+/// two readings may then differ; the arithmetic of [`token_bucket::decide`]
+/// cannot panic on them, and the result is discarded.
 struct SlotView<'a> {
     slot: &'a Slot,
     layout: Layout,
@@ -417,46 +421,7 @@ impl LiveTokenBucket {
     /// reads its fields where the decision needs them.
     #[inline(always)]
     fn open(&self, word: u64) -> (usize, u64, SlotView<'_>) {
-        self.open_slot(word, self.parity(word))
-    }
-
-    /// [`decide`](Algorithm::decide) for a word of parity `P`: one copy of
-    /// the decision per slot, so that the slot's address is a constant and
-    /// not computed from the word (a load from an address computed from the
-    /// word made a live admission on the coarse clock take 1.17–1.24× a
-    /// plain one's time; the branch on the parity is predictable, as it
-    /// changes only with a quota change).
-    #[inline(always)]
-    fn decide_in<const P: usize>(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
-        let (parity, seq, view) = self.open_slot(word, P);
-        // The word as it is: reading its tokens and time, and spending, leave
-        // the generation bit alone, and `SlotView::pack` sets it.
-        let (decision, next) = token_bucket::decide(&view, word, now, n);
-        if let Some(next) = next {
-            // No check of the sequence: the cell's compare-and-swap succeeds
-            // only if the word is still `word`, so no change has converted it
-            // since it was read, and its slot (rewritten only once every word
-            // has left its parity) held one quota all along. If it fails, this
-            // result is dropped and the decision runs again.
-            return (decision, Some(next));
-        }
-        if self.unchanged(parity, seq) {
-            return (decision, None);
-        }
-        // A change was writing the slot, so `word` is stale: decide on
-        // parameters read whole; an admission's compare-and-swap will fail.
-        let (decision, next) = self
-            .bucket(parity)
-            .decide(word & !self.generation_bit, now, n);
-        (
-            decision,
-            next.map(|next| next | (word & self.generation_bit)),
-        )
-    }
-
-    /// [`open`](Self::open) for a word whose parity the caller knows.
-    #[inline(always)]
-    fn open_slot(&self, word: u64, parity: usize) -> (usize, u64, SlotView<'_>) {
+        let parity = self.parity(word);
         // Acquire fence: as in `bucket_of`.
         fence(Ordering::Acquire);
         let slot = &self.slots[parity];
@@ -469,6 +434,48 @@ impl LiveTokenBucket {
             word,
         };
         (parity, seq, view)
+    }
+
+    /// [`decide`](Algorithm::decide) for a word of parity `P`: one copy of
+    /// the decision per slot, so that the slot's address is a constant and
+    /// not computed from the word (a load from an address computed from the
+    /// word made a live admission on the coarse clock take 1.17–1.24× a
+    /// plain one's time; the branch on the parity is predictable, as it
+    /// changes only with a quota change).
+    #[inline(always)]
+    fn decide_in<const P: usize>(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
+        // Acquire fence: as in `bucket_of`.
+        fence(Ordering::Acquire);
+        let view = SlotView {
+            slot: &self.slots[P],
+            layout: self.layout,
+            half: self.half,
+            word,
+        };
+        // The word as it is: reading its tokens and time, and spending, leave
+        // the generation bit alone, and `SlotView::pack` sets it.
+        let (decision, next) = token_bucket::decide(&view, word, now, n);
+        if let Some(next) = next {
+            // No sequence number: the cell's compare-and-swap succeeds only
+            // if the word is still `word`, so no change has converted it
+            // since it was read, and its slot (rewritten only once every word
+            // has left its parity) held one quota all along. If it fails,
+            // this result is dropped and the decision runs again. (Loading
+            // the slot's sequence number first, to check a denial against it,
+            // took an admission 65 instructions against 55: the number held
+            // a register through the decision and pushed others to the
+            // stack.)
+            return (decision, Some(next));
+        }
+        // A denial writes nothing, so nothing proves the fields above were
+        // one quota's: decide again on the slot's parameters read whole under
+        // its sequence number. (If a change converted the word meanwhile, an
+        // admission found here fails its compare-and-swap, as above.)
+        let (decision, next) = self.bucket(P).decide(word & !self.generation_bit, now, n);
+        (
+            decision,
+            next.map(|next| next | (word & self.generation_bit)),
+        )
     }
 
     /// The parity of the quota generation `word` belongs to: its slot.
