@@ -4,6 +4,23 @@ use core::time::Duration;
 
 use crate::decision::Decision;
 
+/// How long after its decision's clock reading an admission can be refunded,
+/// or a reservation cancelled, in nanoseconds: `2^45` µs (1.1 years). Every
+/// built-in word but GCRA's keeps its time modulo a span of at least `2^47`
+/// µs ([`Clock`](crate::Clock#readings-years-off)), and a refund or a cancel
+/// recognizes its word by that time (or by the whole word): once the clock
+/// has come round the span, a later word can look the same. A refund asked
+/// this long after its admission declines instead.
+pub(crate) const REFUND_HORIZON_NANOS: u64 = (1 << 45) * 1_000;
+
+/// Whether a refund or a cancel asked at clock reading `now`, for a decision
+/// made at reading `at`, is within [`REFUND_HORIZON_NANOS`]. A reading behind
+/// `at` (a clock set back) is.
+#[inline]
+pub(crate) fn within_refund_horizon(at: u64, now: u64) -> bool {
+    now.saturating_sub(at) < REFUND_HORIZON_NANOS
+}
+
 /// A rate-limiting algorithm as a pure function over one 64-bit word.
 ///
 /// An implementation owns its parameters and nothing else: no atomics, no clock.

@@ -70,7 +70,7 @@ use core::borrow::Borrow;
 use core::fmt;
 use core::hash::{BuildHasher, Hash};
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, within_refund_horizon};
 use crate::clock::Clock;
 use crate::decision::KeyedDecision;
 use crate::error::AcquireError;
@@ -95,6 +95,10 @@ pub struct Receipt {
     /// The stage's count of parameter changes, read before the take
     /// ([`Algorithm::epoch`]): a refund after any change declines.
     epoch: u64,
+    /// A clock reading no later than the admission's: a refund
+    /// [`REFUND_HORIZON_NANOS`](crate::algorithm::REFUND_HORIZON_NANOS) after
+    /// it declines.
+    at: u64,
 }
 
 /// One stage of a chain: a [`RateLimiter`], or one key of a [`KeyedLimiter`]
@@ -155,7 +159,12 @@ impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
         self.count(decision.is_allowed());
         (
             decision.into(),
-            written.map(|written| Receipt { written, n, epoch }),
+            written.map(|written| Receipt {
+                written,
+                n,
+                epoch,
+                at: now,
+            }),
         )
     }
 
@@ -165,6 +174,9 @@ impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
     }
 
     fn give_back(&self, receipt: Receipt) -> bool {
+        if !within_refund_horizon(receipt.at, self.clock().now()) {
+            return false;
+        }
         let cell = self.cell();
         self.algorithm()
             .refund_unless_changed(receipt.epoch, &mut || {
@@ -206,12 +218,17 @@ where
 
     #[inline]
     fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
-        // The limiter reads the clock itself, after it has found the key's word.
+        // The limiter reads the clock itself, and says when.
         let epoch = self.limiter.algorithm().epoch();
-        let (decision, written) = self.limiter.take(self.key, n);
+        let (decision, written, at) = self.limiter.take(self.key, n);
         (
             decision,
-            written.map(|written| Receipt { written, n, epoch }),
+            written.map(|written| Receipt {
+                written,
+                n,
+                epoch,
+                at,
+            }),
         )
     }
 
@@ -221,6 +238,9 @@ where
 
     fn give_back(&self, receipt: Receipt) -> bool {
         let (limiter, key) = (self.limiter, self.key);
+        if !within_refund_horizon(receipt.at, limiter.clock().now()) {
+            return false;
+        }
         limiter
             .algorithm()
             .refund_unless_changed(receipt.epoch, &mut || {
@@ -402,6 +422,11 @@ impl<T: Stage> Admission<T> {
     ///   A key evicted since (its word fresh-equivalent, the permits spent or
     ///   not) declines: while it is not held, and once it is created again
     ///   (its new word is a later one, on which every algorithm declines).
+    ///
+    /// Whatever the algorithm, a refund asked when the clock reads `2^45` µs
+    /// (1.1 years) or more past the admission's reading declines: a word
+    /// keeps its time modulo a span (at least `2^47` µs), so after that long
+    /// a later word could pass for the one the admission wrote.
     ///
     /// The limiter's admitted count is not changed: it counted the decision.
     ///

@@ -6,7 +6,7 @@ use core::fmt;
 use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, within_refund_horizon};
 use crate::clock::{Clock, RealClock, saturating_nanos};
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
@@ -29,6 +29,10 @@ pub struct Reservation<'a, C = RealClock, M = Uncounted, A = TokenBucket> {
     changes: u64,
     previous: u64,
     written: u64,
+    /// The loan's clock reading: a cancel
+    /// [`REFUND_HORIZON_NANOS`](crate::algorithm::REFUND_HORIZON_NANOS) after
+    /// it declines.
+    at: u64,
     n: u32,
     delay: Duration,
 }
@@ -278,6 +282,7 @@ impl<A: Lend, C: Clock, M: Counter> RateLimiter<A, C, M> {
                 changes,
                 previous: lender.replaced.get(),
                 written,
+                at: now,
                 n,
                 delay: Duration::from_nanos(lender.wait.get()),
             }),
@@ -305,8 +310,14 @@ impl<A: Lend, C: Clock, M: Counter> Reservation<'_, C, M, A> {
     /// them taken, because another decision changed the bucket since (later
     /// requests may already be queued behind this reservation, or have spent
     /// from it; undoing it then could admit more than the quota allows), or
-    /// a live bucket's quota was changed since.
+    /// a live bucket's quota was changed since, or the clock has moved `2^45`
+    /// µs (1.1 years) or more past the reservation's reading (the word's time
+    /// may have come round its span, so that another word looks like this
+    /// one's).
     pub fn cancel(self) -> bool {
+        if !within_refund_horizon(self.at, self.limiter.clock().now()) {
+            return false;
+        }
         let (previous, written) = (self.previous, self.written);
         let cell = self.limiter.cell();
         self.limiter
@@ -410,6 +421,7 @@ pub struct KeyedReservation<'a, K, Q: ?Sized, C, S, A = TokenBucket> {
     changes: u64,
     previous: u64,
     written: u64,
+    at: u64,
     n: u32,
     delay: Duration,
 }
@@ -463,21 +475,24 @@ where
         // As in `RateLimiter::reserve_n`.
         let changes = bucket.changes();
         match self.take_with(&lender, key, n) {
-            (KeyedDecision::Allowed { .. }, Some(written)) => Ok(KeyedReservation {
+            (KeyedDecision::Allowed { .. }, Some(written), at) => Ok(KeyedReservation {
                 limiter: self,
                 key,
                 changes,
                 previous: lender.replaced.get(),
                 written,
+                at,
                 n,
                 delay: Duration::from_nanos(lender.wait.get()),
             }),
-            (KeyedDecision::KeyLimit { retry_after }, _) => {
+            (KeyedDecision::KeyLimit { retry_after }, _, _) => {
                 Err(ReserveError::KeyLimit { retry_after })
             }
-            (KeyedDecision::Denied { retry_after }, _) => Err(ReserveError::TooFar { retry_after }),
+            (KeyedDecision::Denied { retry_after }, _, _) => {
+                Err(ReserveError::TooFar { retry_after })
+            }
             // A lender's admission always writes.
-            (KeyedDecision::Allowed { .. }, None) => Err(ReserveError::TooFar {
+            (KeyedDecision::Allowed { .. }, None, _) => Err(ReserveError::TooFar {
                 retry_after: RetryAfter::from_nanos(0),
             }),
         }
@@ -506,6 +521,9 @@ where
     pub fn cancel(self) -> bool {
         let (previous, written) = (self.previous, self.written);
         let (limiter, key) = (self.limiter, self.key);
+        if !within_refund_horizon(self.at, limiter.clock().now()) {
+            return false;
+        }
         limiter.algorithm().cancel_unless_changed(self.changes, || {
             limiter.transform_linked(key, |word| (word == written).then_some(previous))
         })

@@ -609,3 +609,73 @@ fn a_refund_then_a_stale_reading_admits_no_more_than_never_asking() {
         );
     }
 }
+
+/// The span a token bucket of capacity 65,535 (time in whole microseconds)
+/// and a fixed window of 1 µs keep their time in: `2^48` µs.
+const SPAN_NANOS: u64 = (1 << 48) * MICRO;
+/// How long after its admission a refund may still be exact: `2^45` µs.
+const HORIZON_NANOS: u64 = (1 << 45) * MICRO;
+
+/// An admission held while the clock comes round the word's time span, with
+/// the limiter in use all along (each step below half the span), then the
+/// word written at `start + span`, bit for bit the one the admission wrote:
+/// the refund declines, and the instant admits no more than its limit.
+#[test]
+fn a_refund_after_the_clock_comes_round_the_span_declines() {
+    fn run<A: Algorithm>(name: &str, algorithm: A, limit: u64) {
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::from_parts(algorithm, clock.clone());
+        let start = 5 * MICRO;
+        clock.set_nanos(start);
+        let held = limiter.try_acquire_refundable().unwrap();
+        for step in 1..=4 {
+            clock.set_nanos(start + SPAN_NANOS / 4 * step);
+            assert!(limiter.try_acquire().is_allowed(), "{name}: step {step}");
+        }
+        let mut admitted = 1;
+        while limiter.try_acquire().is_allowed() {
+            admitted += 1;
+        }
+        assert!(!held.refund(), "{name}: a refund from a span ago");
+        while limiter.try_acquire().is_allowed() {
+            admitted += 1;
+        }
+        assert_eq!(admitted, limit, "{name}: admitted at one instant");
+    }
+    let bucket = TokenBucket::new(Quota::new(65_535, 1, Duration::from_secs(1)).unwrap());
+    run("token bucket", bucket, 65_535);
+    let fixed = FixedWindow::new(65_535, Duration::from_micros(1)).unwrap();
+    run("fixed window", fixed, 65_535);
+}
+
+/// The same on one key of a keyed limiter, and at the edge of the horizon: a
+/// refund just inside it, with nothing decided since, is still exact.
+#[test]
+fn a_refund_is_exact_up_to_the_horizon_and_declines_from_it() {
+    let clock = ManualClock::new();
+    let quota = Quota::new(65_535, 1, Duration::from_secs(1)).unwrap();
+    let limiter = KeyedLimiter::<u64>::builder(quota)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let direct = RateLimiter::with_clock(quota, clock.clone());
+    clock.set_nanos(MICRO);
+    let (keyed, one) = (
+        limiter.try_acquire_refundable(&7).unwrap(),
+        direct.try_acquire_refundable().unwrap(),
+    );
+    clock.set_nanos(MICRO + HORIZON_NANOS - 1);
+    assert!(keyed.refund(), "keyed, just inside the horizon");
+    assert!(one.refund(), "direct, just inside the horizon");
+    let (keyed, one) = (
+        limiter.try_acquire_refundable(&7).unwrap(),
+        direct.try_acquire_refundable().unwrap(),
+    );
+    clock.set_nanos(MICRO + 2 * HORIZON_NANOS - 1);
+    assert!(!keyed.refund(), "keyed, at the horizon");
+    assert!(!one.refund(), "direct, at the horizon");
+    // A clock set back before the admission is within it.
+    let one = direct.try_acquire_refundable().unwrap();
+    clock.set_nanos(MICRO);
+    assert!(one.refund(), "a reading behind the admission's");
+}

@@ -562,3 +562,36 @@ fn a_key_limit_wait_covers_keys_idle_with_a_loan() {
     clock.advance(retry_after.duration());
     assert!(keyed.try_acquire(&2).is_allowed());
 }
+
+/// A reservation cancelled `2^45` µs (1.1 years) or more after it was made
+/// declines: the word's time may have come round its span since, so that
+/// another word looks like the one the reservation wrote. Just inside that,
+/// with nothing decided since, the cancel is exact.
+#[test]
+fn a_cancel_is_exact_up_to_the_horizon_and_declines_from_it() {
+    const HORIZON_NANOS: u64 = (1 << 45) * 1_000;
+    let clock = ManualClock::new();
+    let quota = Quota::new(2, 1, Duration::from_secs(1)).unwrap();
+    let direct = RateLimiter::with_clock(quota, clock.clone());
+    let keyed = KeyedLimiter::<u64>::builder(quota)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let start = 1_000;
+    clock.set_nanos(start);
+    let (a, b) = (
+        direct.reserve_n(2, Duration::ZERO).unwrap(),
+        keyed.reserve_n(&1, 2, Duration::ZERO).unwrap(),
+    );
+    clock.set_nanos(start + HORIZON_NANOS - 1);
+    assert!(a.cancel(), "direct, just inside the horizon");
+    assert!(b.cancel(), "keyed, just inside the horizon");
+    let later = start + HORIZON_NANOS - 1;
+    let (a, b) = (
+        direct.reserve_n(2, Duration::ZERO).unwrap(),
+        keyed.reserve_n(&1, 2, Duration::ZERO).unwrap(),
+    );
+    clock.set_nanos(later + HORIZON_NANOS);
+    assert!(!a.cancel(), "direct, at the horizon");
+    assert!(!b.cancel(), "keyed, at the horizon");
+}

@@ -651,9 +651,9 @@ where
         stats
     }
 
-    /// Decide for `key`, also returning the word an admission wrote (what a
-    /// refund needs).
-    pub(crate) fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>)
+    /// Decide for `key`, also returning the word an admission wrote and a
+    /// clock reading no later than the decision's (what a refund needs).
+    pub(crate) fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>, u64)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -675,7 +675,7 @@ where
         algorithm: &B,
         key: &Q,
         n: u32,
-    ) -> (KeyedDecision, Option<u64>)
+    ) -> (KeyedDecision, Option<u64>, u64)
     where
         B: Algorithm,
         K: Borrow<Q>,
@@ -794,7 +794,7 @@ where
     /// As [`decide`](Self::decide), also returning the word an admission
     /// wrote; counted in the tally only when `counted` (a wait counts its
     /// outcome once, not every try).
-    fn take<Q>(&self, key: &Q, n: u32, counted: bool) -> (KeyedDecision, Option<u64>)
+    fn take<Q>(&self, key: &Q, n: u32, counted: bool) -> (KeyedDecision, Option<u64>, u64)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -803,14 +803,16 @@ where
     }
 
     /// [`take`](Self::take), deciding with `algorithm`: the limiter's own, or
-    /// one acting for it on the same words (a reservation's).
+    /// one acting for it on the same words (a reservation's). The reading
+    /// returned is the first this takes: the decision's, or (for a key not
+    /// found without the lock) an earlier one.
     fn take_with<B, Q>(
         &self,
         algorithm: &B,
         key: &Q,
         n: u32,
         counted: bool,
-    ) -> (KeyedDecision, Option<u64>)
+    ) -> (KeyedDecision, Option<u64>, u64)
     where
         B: Algorithm,
         K: Borrow<Q>,
@@ -823,10 +825,13 @@ where
         {
             let guard = self.collector.pin();
             if let Some(cell) = shard.find(hash, key, &guard) {
-                return self.decide_on(algorithm, cell, now, n, counted);
+                let (decision, written) = self.decide_on(algorithm, cell, now, n, counted);
+                return (decision, written, now);
             }
         }
-        self.insert_and_decide(algorithm, key, hash, shard, now, n, counted)
+        let (decision, written) =
+            self.insert_and_decide(algorithm, key, hash, shard, now, n, counted);
+        (decision, written, now)
     }
 
     /// `f(word, now, linked)` on `key`'s word (linked, or in limbo) and a

@@ -984,7 +984,7 @@ impl<C: Clock> LeasedLimiter<C> {
         if n > self.max_lease {
             return Ok(self.exact_or_fallback(key, n));
         }
-        let (decision, written) = self.local.take(key, n);
+        let (decision, written, _) = self.local.take(key, n);
         match decision {
             KeyedDecision::Allowed { remaining } => {
                 let decision = Decision::Allowed { remaining };
