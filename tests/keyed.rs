@@ -596,6 +596,33 @@ fn a_full_bound_of_idle_keys_admits_every_new_key() {
     }
 }
 
+/// Far more shards than keys, every held key idle by the time the next new
+/// key comes: each new key is admitted. A look for room at the bound goes on
+/// from where the last one stopped and passes over empty shards for free;
+/// when each look began one shard further on than the last, it went over the
+/// shards the last had emptied, and 95% of such keys were refused.
+#[test]
+fn many_shards_to_few_keys_still_find_every_idle_key() {
+    let _serial = serial();
+    let clock = ManualClock::new();
+    let l = KeyedLimiter::<u64>::builder(quota(3, Duration::from_millis(10)))
+        .clock(clock.clone())
+        .shards(16_384)
+        .max_keys(100)
+        .build()
+        .unwrap();
+    for k in 0..5_000 {
+        clock.advance(Duration::from_millis(30));
+        assert!(
+            l.try_acquire(&k).is_allowed(),
+            "key {k} refused while {} idle keys were held",
+            l.len()
+        );
+    }
+    assert_eq!(l.len(), 100);
+    assert_eq!(l.stats().denied_key_limit, 0);
+}
+
 /// A sweep first frees what waits in limbo, then unlinks into the room that
 /// made: a full limbo does not stop a sweep from evicting idle keys, and a
 /// key bound full of idle keys admits new ones however often it has churned.

@@ -40,7 +40,7 @@ const MAX_SHARDS: usize = 1 << 16;
 const AUTO_SWEEP_MIN_IDLE_NS: u64 = 1_000_000_000;
 
 /// Table slots one request at the key bound examines, at most, to reclaim room
-/// (its own shard first, then the others from a rotating start).
+/// (its own shard first, then the others from where the last look stopped).
 const RECLAIM_BUDGET: usize = 4_096;
 /// After a reclaim that found nothing, requests at the bound are refused
 /// without looking again for this long (clock time), or for the algorithm's
@@ -120,7 +120,8 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 ///
 /// At most `max_keys` keys are linked at once. A new key at the bound reclaims
 /// room with bounded work: it sweeps up to 4,096 table slots, its own shard's
-/// first and then the other shards' from a rotating start (a shard another
+/// first and then the other shards' from where the last such look stopped,
+/// passing over shards that hold no key without locking them (a shard another
 /// thread holds at that moment is swept once the request has let go of its
 /// own, and the request starts over), so a key that is sweepable anywhere is
 /// found by the requests that need the room. With the keys waiting out their
@@ -1083,15 +1084,24 @@ where
             return true;
         }
         let shards = self.shards.len();
-        // Relaxed: any starting shard will do; the counter only spreads them.
-        let start = self.reclaim_from.fetch_add(1, Ordering::Relaxed);
-        for i in 0..shards {
-            if budget == 0 {
-                break;
+        // A cursor, as a clock hand: each look starts where the last one
+        // stopped, so that looks one after another cover every shard in turn
+        // (starting one shard further each time, they went over the same
+        // shards again, and with many shards to few keys most new keys were
+        // refused while idle keys sat further on). Shards with no linked key
+        // are passed over without their lock and without spending the
+        // budget. Relaxed: where to start is a hint; looks that race may
+        // cover a shard twice, which costs work, not keys.
+        let start = self.reclaim_from.load(Ordering::Relaxed);
+        let mut i = 0;
+        let found = loop {
+            if i == shards || budget == 0 {
+                break false;
             }
             let index = (start + i) & self.shard_mask;
+            i += 1;
             let shard = &self.shards[index];
-            if core::ptr::eq(&**shard, own_shard) {
+            if core::ptr::eq(&**shard, own_shard) || shard.linked_hint() == 0 {
                 continue;
             }
             // `try_lock`: this thread holds its own shard's lock, so it must not
@@ -1104,8 +1114,14 @@ where
             budget -= self.sweep_shard(&mut other, now, budget).min(budget);
             drop(other);
             if self.reserve_key() {
-                return true;
+                break true;
             }
+        };
+        // Relaxed: as above.
+        self.reclaim_from
+            .store(start.wrapping_add(i), Ordering::Relaxed);
+        if found {
+            return true;
         }
         if busy.is_empty() {
             self.start_reclaim_cooldown(now);

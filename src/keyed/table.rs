@@ -81,7 +81,9 @@ use hashbrown::HashTable;
 
 use crate::cell::Cell;
 use crate::reclaim::{Collector, Guard, Snapshot};
-use crate::sync::{AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, UnsafeCell, lock};
+use crate::sync::{
+    AtomicPtr, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, UnsafeCell, lock,
+};
 
 /// Slots per control group.
 const GROUP: usize = 8;
@@ -488,6 +490,8 @@ pub(crate) struct Shard<K> {
     table: AtomicPtr<Table<K>>,
     /// Tables of this many slots or more prefetch ([`prefetch_from`]).
     prefetch_from: usize,
+    /// Linked keys, as the last writer left them ([`Shard::linked_hint`]).
+    linked: AtomicUsize,
     writer: Mutex<Writer>,
 }
 
@@ -531,6 +535,7 @@ impl<K> Shard<K> {
                 prefetch_from,
             )))),
             prefetch_from,
+            linked: AtomicUsize::new(0),
             writer: Mutex::new(Writer {
                 linked: 0,
                 used: 0,
@@ -588,6 +593,15 @@ impl<K> Shard<K> {
         }
     }
 
+    /// Linked keys in this shard as the last writer left them, read without
+    /// the lock: a look for sweepable keys passes over a shard with none
+    /// without locking it.
+    pub(crate) fn linked_hint(&self) -> usize {
+        // Relaxed: a hint. A stale count makes a look lock a shard with
+        // nothing to sweep, or pass over one whose keys a later look finds.
+        self.linked.load(Ordering::Relaxed)
+    }
+
     /// Take the shard's writer lock if no one holds it.
     pub(crate) fn try_lock(&self) -> Option<Locked<'_, K>> {
         let writer = match self.writer.try_lock() {
@@ -617,6 +631,16 @@ impl<K> Drop for Shard<K> {
 pub(crate) struct Locked<'a, K> {
     shard: &'a Shard<K>,
     writer: MutexGuard<'a, Writer>,
+}
+
+impl<K> Drop for Locked<'_, K> {
+    fn drop(&mut self) {
+        // Relaxed: a hint (see `Shard::linked_hint`), stored before the lock
+        // is let go.
+        self.shard
+            .linked
+            .store(self.writer.linked, Ordering::Relaxed);
+    }
 }
 
 impl<K> Locked<'_, K> {
