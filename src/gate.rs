@@ -349,9 +349,10 @@ impl AdvertisedQuota for SlidingWindow {
 /// 503 and memory stays bounded.
 ///
 /// **Counting and shadow mode.** [`stats`](Self::stats) counts what the gate
-/// answered (200, 401, 429, 503) with no locked instruction per request: the
-/// limiter's per-thread counters, plus the gate's own for 401s and for
-/// denials let through in shadow mode. In shadow mode ([`shadow`](Self::shadow),
+/// answered (200, 401, 429, 503) with no locked instruction per request, in
+/// per-thread counters of its own: decisions made on the limiter directly
+/// ([`limiter`](Self::limiter), [`tiers`](Self::tiers)) are not among them.
+/// In shadow mode ([`shadow`](Self::shadow),
 /// [`set_shadow`](Self::set_shadow)) every denial is decided and counted but
 /// answered 200 (with `remaining: 0`): a way to try a limit on live traffic
 /// before enforcing it.
@@ -390,7 +391,7 @@ pub struct Gate<
     _limits: Limits<K, A, C, S>,
     policy: Option<RateLimitPolicy>,
     shadow: AtomicBool,
-    counts: Tally<5>,
+    counts: Tally<6>,
 }
 
 /// The type parameters a [`Gate`] names besides its limiter's type.
@@ -402,6 +403,7 @@ const SHADOWED_RATE: usize = 1;
 const SHADOWED_KEY_LIMIT: usize = 2;
 const TOO_MANY: usize = 3;
 const UNAVAILABLE: usize = 4;
+const ADMITTED: usize = 5;
 
 /// What a [`Gate`] answered ([`Gate::stats`]). Each counter is read in turn,
 /// not all at one instant.
@@ -701,7 +703,7 @@ impl<K, A, C, S, L: LimiterStats> Gate<K, A, C, S, L> {
         let shadowed_rate = self.counts.sum(SHADOWED_RATE);
         let shadowed_key_limit = self.counts.sum(SHADOWED_KEY_LIMIT);
         GateStats {
-            admitted: limiter.admitted + shadowed_rate + shadowed_key_limit,
+            admitted: self.counts.sum(ADMITTED) + shadowed_rate + shadowed_key_limit,
             unauthorized: self.counts.sum(UNAUTHORIZED),
             too_many_requests: self.counts.sum(TOO_MANY),
             unavailable: self.counts.sum(UNAVAILABLE),
@@ -721,7 +723,10 @@ impl<K, A, C, S, L: LimiterStats> Gate<K, A, C, S, L> {
     #[inline]
     fn answer(&self, outcome: Outcome) -> Outcome {
         let (enforced, shadowed) = match outcome {
-            Outcome::Admitted { .. } => return outcome,
+            Outcome::Admitted { .. } => {
+                self.counts.add(ADMITTED, thread_slot());
+                return outcome;
+            }
             Outcome::Unauthorized => {
                 self.counts.add(UNAUTHORIZED, thread_slot());
                 return outcome;

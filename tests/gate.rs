@@ -186,3 +186,17 @@ fn the_429_count_never_goes_down_while_shadowed_denials_are_counted() {
     assert_eq!(stats.too_many_requests, 1_000);
     assert!(stats.shadowed_too_many_requests > 0);
 }
+
+/// The gate counts what it answered, and only that: decisions made on its
+/// limiter directly are not 200s (nor 429s) of the gate's.
+#[test]
+fn the_counts_are_the_gates_answers_not_the_limiters_decisions() {
+    let (gate, _clock) = gate(5, Duration::from_secs(1), 10);
+    assert_eq!(gate.check(Some("a")).status(), 200);
+    assert!(gate.limiter().try_acquire("b").is_allowed());
+    assert!(gate.limiter().try_acquire_n("b", 5).unwrap().is_denied());
+    let stats = gate.stats();
+    assert_eq!((stats.admitted, stats.too_many_requests), (1, 0));
+    assert_eq!(gate.limiter().stats().admitted, 2);
+    assert_eq!(stats.keys, 2);
+}
