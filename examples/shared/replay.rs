@@ -37,8 +37,10 @@ options:
 output: `TIME_MS KEY allowed REMAINING`, `TIME_MS KEY denied RETRY_AFTER_MS`
 (the wait in whole milliseconds, rounded up), `TIME_MS KEY key-limit
 RETRY_AFTER_MS`, or `TIME_MS - unauthorized`; then, after a blank line, one
-summary line per key in order of first appearance. Malformed lines are reported
-on stderr with their line number and skipped.
+summary line per key in order of first appearance. The summary remembers every
+key the trace names (a few hundred bytes each), whatever --max-keys bounds the
+limiter to. Malformed lines are reported on stderr with their line number and
+skipped.
 ";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
