@@ -280,7 +280,8 @@ impl<A: Algorithm, C: Clock, M: Counter> Fair<RateLimiter<A, C, M>> {
     /// A head waiting for many permits holds up those behind it, as in any
     /// FIFO queue (.NET's `QueueLimit` with oldest-first order does the same).
     /// The limiter counts (when [counted](RateLimiter::counted)) one admission,
-    /// or one denial when the head's deadline check refuses; the head's
+    /// or one denial when the head's deadline check refuses (or a live quota
+    /// lowered below `n` while it waited, as under Errors); the head's
     /// retries are not counted, nor a waiter whose deadline passes in the
     /// queue.
     ///
@@ -676,14 +677,17 @@ impl<K: Hash + Eq + Clone> WaitQueues<K> {
             });
         }
         let id = state.next_id;
-        // A u64 of arrivals does not wrap in any process's life.
-        state.next_id = id.wrapping_add(1);
-        state.waiting += 1;
+        // Hashing and cloning the key run the caller's code, which may panic:
+        // the place is counted only once the slot is in its queue, so that a
+        // panic leaves the count as it found it.
         state
             .queues
             .entry(key.clone())
             .or_default()
             .push_back(Slot { id, waker: None });
+        // A u64 of arrivals does not wrap in any process's life.
+        state.next_id = id.wrapping_add(1);
+        state.waiting += 1;
         Ok(Ticket {
             queues: self,
             key,

@@ -512,7 +512,8 @@ where
     /// bucket's whole fill time): give such waits a deadline.
     ///
     /// Only the outcome is counted in [`stats`](Self::stats): one admission,
-    /// or one denial when the deadline refuses a rate denial (each refusal at
+    /// or one denial when the deadline refuses a rate denial or a live
+    /// quota lowered below `n` while it waited refuses it (each refusal at
     /// the key bound counts in `denied_key_limit`).
     ///
     /// ```

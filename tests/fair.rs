@@ -715,3 +715,32 @@ fn a_queue_for_no_waiters_is_refused_with_its_own_error() {
     assert!(message.contains("max_waiters"), "{message}");
     assert!(!message.contains("permits"), "{message}");
 }
+
+/// A key whose `Hash` panics for one value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Touchy(u32);
+
+impl std::hash::Hash for Touchy {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        assert_ne!(self.0, 13, "a key that panics when hashed");
+        self.0.hash(state);
+    }
+}
+
+/// A waiter whose key panics while it joins its queue leaves no place taken:
+/// the queue's count of waiters is what its queues hold, and every place is
+/// still there for the next waiters.
+#[tokio::test(flavor = "current_thread")]
+async fn a_key_that_panics_while_joining_takes_no_place() {
+    let limiter =
+        KeyedLimiter::<Touchy>::builder(Quota::new(1, 1, Duration::from_secs(1)).unwrap())
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+    let fair = Arc::new(Fair::new(limiter, 1).unwrap());
+    let joining = Arc::clone(&fair);
+    let panicked = tokio::spawn(async move { joining.acquire(&Touchy(13), None).await }).await;
+    assert!(panicked.is_err(), "the key's Hash panics");
+    assert_eq!(fair.waiting(), 0);
+    assert_eq!(fair.acquire(&Touchy(1), None).await, Ok(Duration::ZERO));
+}
