@@ -452,8 +452,14 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// claims the fetch and takes a lease for itself (one call, within the
 /// connection's deadline); if another request is fetching already it asks
 /// Redis for its own permits, as exact mode does (one call). A bucket that
-/// has too few tokens answers with the exact wait, which the word keeps (up
-/// to one lease lifetime), so the denials that follow cost no call either.
+/// has too few tokens answers with the wait until it has what was asked for,
+/// which the word keeps (up to one lease lifetime), so the denials that follow
+/// cost no call either. That wait is a lower bound, not exact mode's exact
+/// one: other processes may take the tokens first, the key's later requests
+/// in the denial get the same wait whatever they ask for, a wait longer than
+/// the lifetime is cut to it, and the tokens held here that a denied request
+/// counted on are dropped with the denial (they expire unspent: under-admission).
+/// A client that comes back too early is denied again with what remains.
 ///
 /// The lease script (`lease.lua`) works on the token bucket's own key and
 /// state, so processes in exact mode ([`RedisLimiter`]) and in leased mode
