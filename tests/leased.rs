@@ -1019,3 +1019,49 @@ fn a_miss_whose_held_tokens_went_meanwhile_is_denied_with_a_wait() {
         assert!(retry_after.header_secs() >= 1);
     }
 }
+
+/// A request for more than the tokens held here, on a bucket that is dry: it
+/// is denied with Redis' wait for what it lacks beyond them, and the tokens
+/// stay here (for smaller requests, and for its retry), so that the retry
+/// after that wait is admitted. They were dropped with the denial before,
+/// and the retry was denied again.
+#[test]
+fn a_denied_miss_keeps_the_tokens_held_here_for_its_retry() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let global = bucket("dry-miss", 10, 1, Duration::from_millis(500));
+    let limiter = LeasedBuilder::new(global.clone(), 8)
+        .unwrap()
+        .lifetime(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    for _ in 0..4 {
+        assert!(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    let held = limiter.held("k");
+    assert!(held >= 2, "held {held}");
+    // Another process empties the bucket.
+    while global.try_acquire(&mut con, "k").unwrap().is_allowed() {}
+    let decision = limiter.try_acquire_n(&mut con, "k", held + 1).unwrap();
+    let turnstile::Decision::Denied { retry_after } = decision else {
+        panic!("{decision:?}");
+    };
+    assert_eq!(limiter.held("k"), held, "the held tokens stay");
+    // The wait is for what it lacks beyond them (one token), or a quarter
+    // lease (2 of L = 8) if more: at most two refills, where the whole
+    // request would wait `held + 1`.
+    assert!(
+        retry_after.duration() <= Duration::from_millis(1_000) + 10 * MS,
+        "{retry_after:?}"
+    );
+    // A smaller request spends from them, with no call.
+    let calls = limiter.stats().redis_calls();
+    assert!(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+    assert_eq!(limiter.stats().redis_calls(), calls);
+    assert_eq!(limiter.held("k"), held - 1);
+    thread::sleep(retry_after.duration() + 20 * MS);
+    // The retry now lacks two: one more refill.
+    thread::sleep(Duration::from_millis(500));
+    let retried = limiter.try_acquire_n(&mut con, "k", held + 1).unwrap();
+    assert!(retried.is_allowed(), "{retried:?}");
+}

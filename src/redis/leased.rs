@@ -452,14 +452,16 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// claims the fetch and takes a lease for itself (one call, within the
 /// connection's deadline); if another request is fetching already it asks
 /// Redis for its own permits, as exact mode does (one call). A bucket that
-/// has too few tokens answers with the wait until it has what was asked for,
-/// which the word keeps (up to one lease lifetime), so the denials that follow
-/// cost no call either. That wait is a lower bound, not exact mode's exact
-/// one: other processes may take the tokens first, the key's later requests
-/// in the denial get the same wait whatever they ask for, a wait longer than
-/// the lifetime is cut to it, and the tokens held here that a denied request
-/// counted on are dropped with the denial (they expire unspent: under-admission).
-/// A client that comes back too early is denied again with what remains.
+/// has too few tokens answers with the wait until it has what was asked for.
+/// With no tokens held here the word keeps that denial (up to one lease
+/// lifetime), so the denials that follow cost no call either; a request that
+/// needs more than the tokens held here is denied with the wait for what it
+/// lacks beyond them, and they stay, for smaller requests and for its retry.
+/// That wait is a lower bound, not exact mode's exact one: other processes
+/// may take the tokens first, the key's later requests in a kept denial get
+/// the same wait whatever they ask for, and a kept wait longer than the
+/// lifetime is cut to it. A client that comes back too early is denied again
+/// with what remains.
 ///
 /// The lease script (`lease.lua`) works on the token bucket's own key and
 /// state, so processes in exact mode ([`RedisLimiter`]) and in leased mode
@@ -1231,6 +1233,7 @@ impl<C: Clock> LeasedLimiter<C> {
         self.local.transform_linked(key, |w| {
             let usable = LeaseWord::usable(w, now);
             if granted == 0 {
+                let asked = wait;
                 let wait = wait.min(lifetime_nanos);
                 return Some(match purpose {
                     // The lease held here runs on; no more prefetching
@@ -1241,6 +1244,18 @@ impl<C: Clock> LeasedLimiter<C> {
                         word::time(w),
                         (w & word::DENIED) | word::DRY,
                     ),
+                    // Tokens are still held here (fewer than this request
+                    // needs): they stay, for the requests they cover and for
+                    // this one's retry, which Redis's wait (for what it
+                    // lacked beyond them) is for. No denial is kept, so a
+                    // larger request asks Redis for its own wait, and no
+                    // prefetch runs until the lease runs out.
+                    Purpose::Miss if usable > 0 => {
+                        decision = Decision::Denied {
+                            retry_after: RetryAfter::from_nanos(asked),
+                        };
+                        (w & !word::FETCHING) | word::DRY
+                    }
                     Purpose::Miss => {
                         let until = word::units_up(now.saturating_add(wait));
                         decision = Decision::Denied {
