@@ -387,10 +387,15 @@ impl LiveTokenBucket {
         self.bucket(self.parity(word))
     }
 
-    /// A reservation's loan on `word` ([`token_bucket::reserve`]), decided as
-    /// [`decide`](Algorithm::decide) decides: on the slot the word names, a
-    /// loan (which writes the word) proven whole by the compare-and-swap, a
-    /// refusal checked against the slot's sequence number.
+    /// A reservation's loan on `word` ([`token_bucket::reserve`]), on the
+    /// slot the word names, checked against the slot's sequence number
+    /// whatever it answers. (A decision's admission needs no check, its
+    /// compare-and-swap proving the word and with it the slot; a loan's is
+    /// checked too, for the case of a word that two changes converted away
+    /// and back to the same bits while the loan read the slot's fields, where
+    /// a spend is the same under either quota but a loan's refill time, from
+    /// parameters of two quotas, may not be. A reservation is not on the
+    /// decision path: the check costs a load.)
     pub(crate) fn reserve(
         &self,
         word: u64,
@@ -400,11 +405,11 @@ impl LiveTokenBucket {
     ) -> Result<(Decision, u64, u64), u64> {
         let (parity, seq, view) = self.open(word);
         let result = token_bucket::reserve(&view, word, now, n, max_ahead);
-        if result.is_ok() || self.unchanged(parity, seq) {
+        if self.unchanged(parity, seq) {
             return result;
         }
-        // A change was writing the slot: `word` is stale, and a loan on it
-        // will fail its compare-and-swap.
+        // A change was writing the slot: decide on parameters read whole (and
+        // if `word` is stale, a loan on it fails its compare-and-swap).
         let generation = word & self.generation_bit;
         token_bucket::reserve(
             &self.bucket(parity),
