@@ -1098,7 +1098,7 @@ where
             if i == shards || budget == 0 {
                 break false;
             }
-            let index = (start + i) & self.shard_mask;
+            let index = start.wrapping_add(i) & self.shard_mask;
             i += 1;
             let shard = &self.shards[index];
             if core::ptr::eq(&**shard, own_shard) || shard.linked_hint() == 0 {
@@ -1119,7 +1119,7 @@ where
         };
         // Relaxed: as above.
         self.reclaim_from
-            .store(start.wrapping_add(i), Ordering::Relaxed);
+            .store(start.wrapping_add(i) & self.shard_mask, Ordering::Relaxed);
         if found {
             return true;
         }
