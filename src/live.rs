@@ -427,18 +427,25 @@ impl LiveTokenBucket {
     #[inline(always)]
     fn open(&self, word: u64) -> (usize, u64, SlotView<'_>) {
         let parity = self.parity(word);
+        let view = self.view(parity, word);
+        // Acquire: the view's field loads, made after this, stay after it.
+        let seq = view.slot.seq.load(Ordering::Acquire);
+        (parity, seq, view)
+    }
+
+    /// Slot `parity`, for a decision on `word`, after a fence that makes its
+    /// parameters as fresh as the word (as in `bucket_of`). Its fields are
+    /// read where the decision needs them.
+    #[inline(always)]
+    fn view(&self, parity: usize, word: u64) -> SlotView<'_> {
         // Acquire fence: as in `bucket_of`.
         fence(Ordering::Acquire);
-        let slot = &self.slots[parity];
-        // Acquire: the view's field loads, made after this, stay after it.
-        let seq = slot.seq.load(Ordering::Acquire);
-        let view = SlotView {
-            slot,
+        SlotView {
+            slot: &self.slots[parity],
             layout: self.layout,
             half: self.half,
             word,
-        };
-        (parity, seq, view)
+        }
     }
 
     /// [`decide`](Algorithm::decide) for a word of parity `P`: one copy of
@@ -449,14 +456,7 @@ impl LiveTokenBucket {
     /// changes only with a quota change).
     #[inline(always)]
     fn decide_in<const P: usize>(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
-        // Acquire fence: as in `bucket_of`.
-        fence(Ordering::Acquire);
-        let view = SlotView {
-            slot: &self.slots[P],
-            layout: self.layout,
-            half: self.half,
-            word,
-        };
+        let view = self.view(P, word);
         // The word as it is: reading its tokens and time, and spending, leave
         // the generation bit alone, and `SlotView::pack` sets it.
         let (decision, next) = token_bucket::decide(&view, word, now, n);

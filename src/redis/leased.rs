@@ -1233,8 +1233,8 @@ impl<C: Clock> LeasedLimiter<C> {
         self.local.transform_linked(key, |w| {
             let usable = LeaseWord::usable(w, now);
             if granted == 0 {
-                let asked = wait;
-                let wait = wait.min(lifetime_nanos);
+                // A denial kept in the word lasts at most one lifetime.
+                let kept = wait.min(lifetime_nanos);
                 return Some(match purpose {
                     // The lease held here runs on; no more prefetching
                     // until it runs out.
@@ -1252,12 +1252,12 @@ impl<C: Clock> LeasedLimiter<C> {
                     // prefetch runs until the lease runs out.
                     Purpose::Miss if usable > 0 => {
                         decision = Decision::Denied {
-                            retry_after: RetryAfter::from_nanos(asked),
+                            retry_after: RetryAfter::from_nanos(wait),
                         };
                         (w & !word::FETCHING) | word::DRY
                     }
                     Purpose::Miss => {
-                        let until = word::units_up(now.saturating_add(wait));
+                        let until = word::units_up(now.saturating_add(kept));
                         decision = Decision::Denied {
                             retry_after: RetryAfter::from_nanos(
                                 word::nanos(until).saturating_sub(now),
