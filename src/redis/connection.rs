@@ -223,9 +223,11 @@ impl ConnectionLike for BlockingConnection {
 /// A call takes at most the response deadline on a live connection (three,
 /// for a script's first call after Redis lost its scripts; see [`Deadlines`]);
 /// a call that has to connect first takes at most the connect deadline more. A
-/// call that fails because the connection dropped (or in a way after which
-/// the connection must be replaced) drops it, and the next call connects:
-/// the call itself is not sent again (it may have been decided). Use it
+/// call that fails because the connection dropped, that runs out of its
+/// deadline (the connection may be dead: a server killed while a request was
+/// in flight can leave it so), or that fails in a way after which the
+/// connection must be replaced drops it, and the next call connects: the call
+/// itself is not sent again (it may have been decided). Use it
 /// wherever redis-rs takes an asynchronous `ConnectionLike`.
 ///
 /// ```no_run
@@ -306,7 +308,10 @@ impl ReconnectingConnection {
     }
 
     /// Run `call` on the connection; after a failure that leaves it unusable,
-    /// drop it so that the next call connects.
+    /// or may have (a deadline passed: a server killed mid-request can leave
+    /// the connection looking open until its next write fails), drop it so
+    /// that the next call connects. Calls still in flight on it keep their
+    /// own handle and finish as they would.
     async fn with<T>(
         &self,
         call: impl AsyncFnOnce(&mut ::redis::aio::MultiplexedConnection) -> RedisResult<T>,
@@ -314,7 +319,10 @@ impl ReconnectingConnection {
         let (generation, mut con) = self.get().await?;
         let result = call(&mut con).await;
         if let Err(e) = &result
-            && (e.is_connection_dropped() || e.is_unrecoverable_error())
+            && (e.is_connection_dropped()
+                || e.is_io_error()
+                || e.is_timeout()
+                || e.is_unrecoverable_error())
         {
             let mut slot = self.shared.lock();
             if slot.generation == generation {
