@@ -684,12 +684,14 @@ fn a_hung_redis_costs_one_deadline_then_the_backoff_answers() {
     let took = start.elapsed();
     assert!(denied.is_denied());
     assert!(took < deadline + 150 * MS, "took {took:?}");
-    // During the backoff: no call, at once.
+    // During the backoff: no call (a call would time out, a second
+    // failure), so not a deadline's wait.
     let start = Instant::now();
     assert!(limiter.try_acquire(&mut con, "new").unwrap().is_denied());
-    assert!(start.elapsed() < 10 * MS, "{:?}", start.elapsed());
+    let took = start.elapsed();
     let stats = limiter.stats();
     assert_eq!((stats.failures, stats.fallbacks), (1, 2), "{stats:?}");
+    assert!(took < deadline, "took {took:?}");
     // The lease held for "warm" is still spent while Redis is out.
     assert!(limiter.try_acquire(&mut con, "warm").unwrap().is_allowed());
     sleeper.join().unwrap();
