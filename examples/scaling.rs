@@ -16,7 +16,9 @@
 //!
 //! Cases, all on the precise clock (quanta's TSC for every contender):
 //! - `keyed-disjoint`: each thread its own `K` keys (a power of two, default
-//!   1,024, at most 2^19), every check admitted.
+//!   1,024, at most 2^19), every check admitted; `turnstile-apart` gives each
+//!   thread a limiter of its own besides (nothing shared: the machine's
+//!   ceiling for the others).
 //! - `keyed-1m`: 1,000,000 keys held; each thread walks one fixed shuffled
 //!   order from its own offset, every check admitted.
 //! - `keyed-hot-allow` / `keyed-hot-deny`: every thread on one key, every check
@@ -189,6 +191,22 @@ fn keyed_disjoint(keys: u64) -> Vec<Contender> {
             held(threads, keys).for_each(|k| assert!(l.try_acquire(&k).is_allowed()));
             Arc::new(move |t, i| {
                 let _ = black_box(l.try_acquire(&disjoint(t, i, keys)));
+            })
+        }),
+        // Nothing shared: each thread its own limiter. What two threads can
+        // make of this machine's two cores when no cache line is shared, the
+        // ceiling of the shared-limiter figures above.
+        contender("turnstile-apart", move |threads| {
+            let ls: Vec<Ours> = (0..threads)
+                .map(|t| {
+                    let l = ours(q);
+                    (0..keys)
+                        .for_each(|i| assert!(l.try_acquire(&disjoint(t, i, keys)).is_allowed()));
+                    l
+                })
+                .collect();
+            Arc::new(move |t, i| {
+                let _ = black_box(ls[t].try_acquire(&disjoint(t, i, keys)));
             })
         }),
         contender("governor", move |threads| {
