@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::ConnectionLike;
-use redis_server::{Server, spawn_on};
+use redis_server::{Paused, Server, spawn_on};
 use turnstile::redis::{
     BlockingConnection, Deadlines, LeasedBuilder, LeasedLimiter, OnFailure, RedisLimiter,
 };
@@ -670,14 +670,7 @@ fn a_hung_redis_costs_one_deadline_then_the_backoff_answers() {
         }
     }
     assert!(limiter.held("warm") >= 2);
-    let mut other = server.client().get_connection().unwrap();
-    let sleeper = thread::spawn(move || {
-        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.5")
-            .query(&mut other);
-    });
-    thread::sleep(50 * MS);
+    let sleeper = hang(&server, 0.5);
     let start = Instant::now();
     // A new key: no lease, so a call, which times out.
     let denied = limiter.try_acquire(&mut con, "new").unwrap();
@@ -694,7 +687,7 @@ fn a_hung_redis_costs_one_deadline_then_the_backoff_answers() {
     assert!(took < deadline, "took {took:?}");
     // The lease held for "warm" is still spent while Redis is out.
     assert!(limiter.try_acquire(&mut con, "warm").unwrap().is_allowed());
-    sleeper.join().unwrap();
+    sleeper.wait();
 }
 
 /// The refresher as a tokio task: prefetches on its own connection, idle
@@ -765,16 +758,10 @@ fn an_async_refresher_task_prefetches_and_gives_back() {
     );
 }
 
-/// Blocks the whole Redis of `server` for `secs` (`DEBUG SLEEP`), from a
-/// thread of its own; returns once the sleep has begun.
-fn hang(server: &Server, secs: f64) -> thread::JoinHandle<()> {
-    let mut other = server.plain();
-    let sleeper = thread::spawn(move || {
-        let _: redis::RedisResult<()> =
-            redis::cmd("DEBUG").arg("SLEEP").arg(secs).query(&mut other);
-    });
-    thread::sleep(50 * MS);
-    sleeper
+/// Holds every command to the Redis of `server` for `secs`
+/// ([`Server::pause`]); in effect when it returns.
+fn hang(server: &Server, secs: f64) -> Paused {
+    server.pause(Duration::from_secs_f64(secs))
 }
 
 /// Warm `keys`: each takes leases until it holds at least `min` tokens.
@@ -830,7 +817,7 @@ fn a_stopped_refresher_releases_the_prefetches_it_had_queued() {
     // The refresher is stuck in its first fetch; dropping it waits for that
     // call's deadline, then stops the thread with the rest still queued.
     drop(refresher);
-    sleeper.join().unwrap();
+    sleeper.wait();
     thread::sleep(150 * MS); // the backoff after the refresher's failure
     let before = limiter.stats();
     let mut admitted = 0;
@@ -888,7 +875,7 @@ fn an_aborted_refresher_task_releases_the_prefetches_it_had_queued() {
     // Aborted with one fetch in flight (Redis is asleep) and the rest queued.
     task.abort();
     let _ = runtime.block_on(task);
-    sleeper.join().unwrap();
+    sleeper.wait();
     let before = limiter.stats();
     let mut admitted = 0;
     for _ in 0..20 {
@@ -928,7 +915,7 @@ fn a_give_back_pass_stops_at_the_first_failure() {
     let stats = limiter.stats();
     // The leases not reached are kept, for a later pass.
     let held: u32 = keys.iter().map(|k| limiter.held(k)).sum();
-    sleeper.join().unwrap();
+    sleeper.wait();
     assert_eq!(given, 0);
     assert_eq!(stats.failures, 1, "{stats:?}");
     assert!(took < 600 * MS, "took {took:?}");

@@ -455,14 +455,7 @@ fn a_call_past_its_deadline_fails_fast_and_the_late_reply_is_never_read() {
         Decision::Allowed { remaining: 99 }
     );
     // Redis busy for 400 ms: the next decision waits 50 ms, not 400.
-    let mut other = server.plain();
-    let sleeper = thread::spawn(move || {
-        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.4")
-            .query(&mut other);
-    });
-    thread::sleep(Duration::from_millis(50));
+    let sleeper = server.pause(Duration::from_millis(400));
     let start = Instant::now();
     let err = limiter
         .try_acquire_n_at(&mut con, "k", 10, START_MICROS)
@@ -471,7 +464,7 @@ fn a_call_past_its_deadline_fails_fast_and_the_late_reply_is_never_read() {
     assert!(err.is_timeout(), "{err}");
     assert!(took < Duration::from_millis(300), "took {took:?}");
     assert!(!con.is_connected(), "the connection was dropped");
-    sleeper.join().unwrap();
+    sleeper.wait();
     // The next call reads its own reply on a new connection: 88 left if the
     // timed-out call ran once Redis woke, 98 if it never reached the script;
     // never the late reply (89 left).

@@ -352,15 +352,10 @@ async fn a_cancelled_request_leaves_its_key_free_to_take_a_lease() {
     let inner = Inner::new();
     let mut service = layer.layer(inner.service());
     // A new key has no lease: its first request must call Redis. With every
-    // command held for a while (`CLIENT PAUSE`, in effect once it answers),
+    // command held for a while (`Server::pause`, in effect once it returns),
     // its future is pending at first whatever the scheduling; dropped there
     // (a client that hung up).
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(300)
-        .arg("ALL")
-        .query(&mut server.plain())
-        .unwrap();
+    let _paused = server.pause(Duration::from_millis(300));
     std::future::poll_fn(|cx| service.poll_ready(cx))
         .await
         .unwrap();
@@ -496,11 +491,7 @@ async fn a_call_past_its_deadline_drops_the_connection_so_a_restarted_redis_answ
     assert!(con.is_connected());
     // Redis busy past the deadline, then killed while the request is in
     // flight: whether the connection still works is unknown, so it goes.
-    let mut other = server.plain();
-    let sleeper = std::thread::spawn(move || {
-        let _: redis::RedisResult<()> = redis::cmd("DEBUG").arg("SLEEP").arg("1").query(&mut other);
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let _paused = server.pause(Duration::from_secs(1));
     let err = limiter
         .try_acquire_async(&mut con, "k")
         .await
@@ -511,7 +502,6 @@ async fn a_call_past_its_deadline_drops_the_connection_so_a_restarted_redis_answ
         "a connection past its deadline is dropped"
     );
     drop(server);
-    sleeper.join().unwrap();
     // The next call connects to the server now on the port, instead of
     // failing on the dead connection (and a layer backing off again).
     let _server = spawn_on(port).expect("redis-server restarts on its port");

@@ -43,11 +43,41 @@ impl Server {
             .blocking(self.client())
     }
 
+    /// Holds every client's commands for `time` (`CLIENT PAUSE ... ALL`: no
+    /// reply comes until it ends, as if Redis hung). In effect when this
+    /// returns, whatever the scheduling, where a `DEBUG SLEEP` sent from
+    /// another thread has begun only at some later point.
+    pub fn pause(&self, time: Duration) -> Paused {
+        let mut con = self.plain();
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(time.as_millis() as u64)
+            .arg("ALL")
+            .query(&mut con)
+            .expect("the test server pauses");
+        Paused { con }
+    }
+
     /// A plain connection for looking at the server's state.
     pub fn plain(&self) -> redis::Connection {
         self.client()
             .get_connection()
             .expect("the test server answers")
+    }
+}
+
+/// A pause of the server's clients ([`Server::pause`]).
+#[must_use = "a pause ends on its own; `wait` for it where the test needs Redis back"]
+pub struct Paused {
+    con: redis::Connection,
+}
+
+impl Paused {
+    /// Wait until the server answers again: the pause is over (Redis lets
+    /// paused clients go on its next tick, up to 100 ms after the pause's
+    /// time), or the server is gone.
+    pub fn wait(mut self) {
+        let _: redis::RedisResult<String> = redis::cmd("PING").query(&mut self.con);
     }
 }
 
@@ -84,7 +114,6 @@ pub fn spawn_on(port: u16) -> Option<Server> {
     let child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
-        .args(["--enable-debug-command", "yes"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
