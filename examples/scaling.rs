@@ -16,9 +16,10 @@
 //!
 //! Cases, all on the precise clock (quanta's TSC for every contender):
 //! - `keyed-disjoint`: each thread its own `K` keys (a power of two, default
-//!   1,024, at most 2^19), every check admitted; `turnstile-apart` gives each
-//!   thread a limiter of its own besides (nothing shared: the machine's
-//!   ceiling for the others).
+//!   1,024, at most 2^19), every check admitted; `turnstile-mixed` inserts
+//!   the threads' keys in turn rather than thread by thread, and
+//!   `turnstile-apart` gives each thread a limiter of its own (nothing
+//!   shared: the machine's ceiling for the others).
 //! - `keyed-1m`: 1,000,000 keys held; each thread walks one fixed shuffled
 //!   order from its own offset, every check admitted.
 //! - `keyed-hot-allow` / `keyed-hot-deny`: every thread on one key, every check
@@ -189,6 +190,19 @@ fn keyed_disjoint(keys: u64) -> Vec<Contender> {
         contender("turnstile", move |threads| {
             let l = ours(q);
             held(threads, keys).for_each(|k| assert!(l.try_acquire(&k).is_allowed()));
+            Arc::new(move |t, i| {
+                let _ = black_box(l.try_acquire(&disjoint(t, i, keys)));
+            })
+        }),
+        // The same keys inserted in turn, one of each thread's at a time, as
+        // a server's threads meet new keys; above, each thread's keys go in
+        // one after another. A map that placed words in insertion order would
+        // keep each thread's words together above and mix them here.
+        contender("turnstile-mixed", move |threads| {
+            let l = ours(q);
+            (0..keys)
+                .flat_map(|i| (0..threads).map(move |t| disjoint(t, i, keys)))
+                .for_each(|k| assert!(l.try_acquire(&k).is_allowed()));
             Arc::new(move |t, i| {
                 let _ = black_box(l.try_acquire(&disjoint(t, i, keys)));
             })
