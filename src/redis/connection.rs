@@ -100,8 +100,9 @@ impl Deadlines {
     }
 
     /// A shared asynchronous connection to `client`'s server with these
-    /// deadlines that connects on its first call and again after its
-    /// connection dropped (feature `tokio` too): a multiplexed connection
+    /// deadlines that connects on its first call and again after a call
+    /// found its connection dropped or ran past its deadline (feature `tokio`
+    /// too): a multiplexed connection
     /// ([`multiplexed`](Self::multiplexed)) that survives a Redis restart.
     /// Clones share it. Cannot fail: connecting happens on a call, and a
     /// failure to connect is that call's error.
@@ -216,7 +217,7 @@ impl ConnectionLike for BlockingConnection {
 }
 
 /// A multiplexed tokio connection that connects on its first call and again
-/// after its connection dropped (a Redis restart, say), with the deadlines of
+/// after a call failed on it (a Redis restart, say), with the deadlines of
 /// [`Deadlines::reconnecting`], which builds it (feature `tokio` too). Clones
 /// share one connection.
 ///

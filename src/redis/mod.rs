@@ -86,8 +86,9 @@
 //! or a timeout (a late reply must never be read as the next call's) and
 //! reconnects on the next call; [`Deadlines::multiplexed`] gives tokio's
 //! multiplexed connection with a response timeout, and
-//! [`Deadlines::reconnecting`] one that also connects again after its
-//! connection dropped (a Redis restart). A call that timed out may still have
+//! [`Deadlines::reconnecting`] one that also connects again after a call
+//! found its connection dropped or timed out (a Redis restart, or a server
+//! killed mid-request). A call that timed out may still have
 //! been decided by Redis: it is never sent again.
 //!
 //! # Behind a tower layer
