@@ -1054,3 +1054,58 @@ fn a_denied_miss_keeps_the_tokens_held_here_for_its_retry() {
     let retried = limiter.try_acquire_n(&mut con, "k", held + 1).unwrap();
     assert!(retried.is_allowed(), "{retried:?}");
 }
+
+/// A denial kept in a key's word answers the requests its wait covers (for
+/// as many permits as Redis was asked to have, or fewer) with no call; a
+/// larger request asks Redis for its own wait, which it keeps to, and the
+/// kept denial, which ends sooner, stays for the small ones. The larger
+/// request was answered with the small one's wait before: a client told to
+/// come back then was denied again.
+#[test]
+fn a_kept_denial_answers_only_requests_its_wait_covers() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let period = Duration::from_millis(500);
+    let global = bucket("kept-size", 10, 1, period);
+    let limiter = LeasedBuilder::new(global.clone(), 8)
+        .unwrap()
+        .lifetime(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    // Another process empties the bucket.
+    while global.try_acquire(&mut con, "k").unwrap().is_allowed() {}
+    let emptied = Instant::now();
+    // A new key's lease is one token: the wait is for one refill.
+    let small = limiter.try_acquire(&mut con, "k").unwrap();
+    let turnstile::Decision::Denied { retry_after: small } = small else {
+        panic!("{small:?}");
+    };
+    assert!(small.duration() <= period + 10 * MS, "{small:?}");
+    let calls = limiter.stats().redis_calls();
+    // The next small request: the kept denial, no call.
+    assert!(limiter.try_acquire(&mut con, "k").unwrap().is_denied());
+    assert_eq!(limiter.stats().redis_calls(), calls);
+    // Four permits: Redis' own wait, for four refills less what has passed
+    // since the bucket was emptied (less than one refill then).
+    let large = limiter.try_acquire_n(&mut con, "k", 4).unwrap();
+    let asked = emptied.elapsed();
+    let turnstile::Decision::Denied { retry_after: large } = large else {
+        panic!("{large:?}");
+    };
+    assert_eq!(limiter.stats().redis_calls(), calls + 1);
+    assert!(
+        large.duration() + asked > 3 * period,
+        "{large:?} after {asked:?}"
+    );
+    // The small requests keep the sooner denial, with no call.
+    let again = limiter.try_acquire(&mut con, "k").unwrap();
+    let turnstile::Decision::Denied { retry_after: again } = again else {
+        panic!("{again:?}");
+    };
+    assert!(again.duration() <= small.duration(), "{again:?}");
+    assert_eq!(limiter.stats().redis_calls(), calls + 1);
+    // Back after its wait, the large request is admitted.
+    thread::sleep(large.duration() + 20 * MS);
+    let retried = limiter.try_acquire_n(&mut con, "k", 4).unwrap();
+    assert!(retried.is_allowed(), "{retried:?}");
+}

@@ -34,7 +34,7 @@ const MAX_LIFETIME: Duration = Duration::from_secs(3_600);
 ///
 /// | bits    | field                                                      |
 /// |---------|------------------------------------------------------------|
-/// | 0..24   | tokens of the lease held here                              |
+/// | 0..24   | tokens of the lease held here; with `DENIED`, the tokens the denial's wait is for |
 /// | 24..29  | size code `e`: lease size `min(2^e, L)`, low water a quarter of it |
 /// | 29..61  | time, in units of `2^22` ns (4.19 ms): the lease's expiry, or with `DENIED` the end of a denial |
 /// | 61      | `DRY`: the last prefetch found the bucket dry; none until this lease runs out |
@@ -126,6 +126,14 @@ impl LeaseWord {
         let until = word::nanos(word::time(word));
         (word & word::DENIED != 0 && now < until).then(|| RetryAfter::from_nanos(until - now))
     }
+
+    /// The wait left of a denial kept in `word` that answers a request for
+    /// `n` permits: Redis' wait was for the tokens kept in the word's token
+    /// field (what that request needed), which is when `n` are there too if
+    /// `n` is no more. A larger request is not answered by it.
+    fn denial_for(word: u64, now: u64, n: u32) -> Option<RetryAfter> {
+        Self::denial(word, now).filter(|_| n <= word::tokens(word))
+    }
 }
 
 impl Algorithm for LeaseWord {
@@ -147,8 +155,9 @@ impl Algorithm for LeaseWord {
                 Some(word::with_tokens(word, remaining)),
             );
         }
-        // A denial Redis gave, kept; or a wait of 0: not decided here.
-        let retry_after = Self::denial(word, now).unwrap_or(RetryAfter::from_nanos(0));
+        // A denial Redis gave, kept, for as many permits or more; or a wait
+        // of 0: not decided here.
+        let retry_after = Self::denial_for(word, now, n).unwrap_or(RetryAfter::from_nanos(0));
         (Decision::Denied { retry_after }, None)
     }
 
@@ -454,14 +463,15 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// Redis for its own permits, as exact mode does (one call). A bucket that
 /// has too few tokens answers with the wait until it has what was asked for.
 /// With no tokens held here the word keeps that denial (up to one lease
-/// lifetime), so the denials that follow cost no call either; a request that
+/// lifetime) with the count its wait is for, so the denials that follow for
+/// as many permits or fewer cost no call either; a larger request asks Redis
+/// for its own wait (the denial kept stays, if it ends sooner). A request that
 /// needs more than the tokens held here is denied with the wait for what it
 /// lacks beyond them, and they stay, for smaller requests and for its retry.
 /// That wait is a lower bound, not exact mode's exact one: other processes
-/// may take the tokens first, the key's later requests in a kept denial get
-/// the same wait whatever they ask for, and a kept wait longer than the
-/// lifetime is cut to it. A client that comes back too early is denied again
-/// with what remains.
+/// may take the tokens first, and a kept wait longer than the lifetime is cut
+/// to it. A client that comes back too early is denied again with what
+/// remains.
 ///
 /// The lease script (`lease.lua`) works on the token bucket's own key and
 /// state, so processes in exact mode ([`RedisLimiter`]) and in leased mode
@@ -591,6 +601,9 @@ pub(crate) struct Fetch {
     purpose: Purpose,
     /// The size code the next lease gets.
     size_code: u32,
+    /// The tokens Redis is asked to have before it grants any: its wait,
+    /// when it grants none, is for this many.
+    need: u32,
     invocation: ScriptInvocation<'static>,
 }
 
@@ -729,7 +742,7 @@ impl<C: Clock> LeasedLimiter<C> {
             Step::Done(decision) => Ok(decision),
             Step::Lease(fetch) => {
                 let result = fetch.invocation.invoke(con);
-                Ok(self.finish_lease(key, n, fetch.purpose, fetch.size_code, result))
+                Ok(self.finish_lease(key, n, fetch.purpose, fetch.size_code, fetch.need, result))
             }
             Step::Exact(invocation) => {
                 let result = invocation.invoke(con);
@@ -801,7 +814,7 @@ impl<C: Clock> LeasedLimiter<C> {
                 };
                 let result = fetch.invocation.invoke_async(con).await;
                 claim.armed = false;
-                self.finish_lease(key, n, fetch.purpose, fetch.size_code, result)
+                self.finish_lease(key, n, fetch.purpose, fetch.size_code, fetch.need, result)
             }
             Step::Exact(invocation) => {
                 let result = invocation.invoke_async(con).await;
@@ -1160,6 +1173,7 @@ impl<C: Clock> LeasedLimiter<C> {
                 Claim::Fetch(Fetch {
                     purpose,
                     size_code: code,
+                    need,
                     invocation: self.lease_invocation(key, need, want),
                 })
             }
@@ -1188,6 +1202,7 @@ impl<C: Clock> LeasedLimiter<C> {
         n: u32,
         purpose: Purpose,
         code: u32,
+        need: u32,
         result: RedisResult<Value>,
     ) -> Decision {
         let now = self.local.clock().now();
@@ -1256,6 +1271,21 @@ impl<C: Clock> LeasedLimiter<C> {
                         };
                         (w & !word::FETCHING) | word::DRY
                     }
+                    // A denial kept already that answers for fewer tokens
+                    // (a smaller request's) stays: it is the sooner answer
+                    // for the requests it covers, and this one has its own.
+                    Purpose::Miss
+                        if LeaseWord::denial(w, now).is_some_and(|running| {
+                            word::tokens(w) < need && running.as_nanos() <= wait
+                        }) =>
+                    {
+                        decision = Decision::Denied {
+                            retry_after: RetryAfter::from_nanos(wait),
+                        };
+                        w & !word::FETCHING
+                    }
+                    // The denial is kept with the tokens its wait is for:
+                    // it answers the key's requests for as many or fewer.
                     Purpose::Miss => {
                         let until = word::units_up(now.saturating_add(kept));
                         decision = Decision::Denied {
@@ -1263,7 +1293,8 @@ impl<C: Clock> LeasedLimiter<C> {
                                 word::nanos(until).saturating_sub(now),
                             ),
                         };
-                        word::pack(0, code, until, word::DENIED)
+                        let kept_for = need.min(word::TOKENS_MASK as u32);
+                        word::pack(kept_for, code, until, word::DENIED)
                     }
                 });
             }
@@ -1535,7 +1566,14 @@ impl Queued {
     fn make<C: Clock>(&mut self, limiter: &LeasedLimiter<C>, con: &mut dyn ConnectionLike) {
         if let Some(fetch) = &self.fetch {
             let result = fetch.invocation.invoke(con);
-            let _ = limiter.finish_lease(&self.key, 1, fetch.purpose, fetch.size_code, result);
+            let _ = limiter.finish_lease(
+                &self.key,
+                1,
+                fetch.purpose,
+                fetch.size_code,
+                fetch.need,
+                result,
+            );
             self.made = true;
         }
     }
@@ -1550,7 +1588,14 @@ impl Queued {
     ) {
         if let Some(fetch) = &self.fetch {
             let result = fetch.invocation.invoke_async(con).await;
-            let _ = limiter.finish_lease(&self.key, 1, fetch.purpose, fetch.size_code, result);
+            let _ = limiter.finish_lease(
+                &self.key,
+                1,
+                fetch.purpose,
+                fetch.size_code,
+                fetch.need,
+                result,
+            );
             self.made = true;
         }
     }
@@ -1737,13 +1782,19 @@ mod tests {
         assert_eq!(algorithm.remaining(w, late), 0);
         assert!(algorithm.is_fresh_equivalent(w, late));
         assert!(!algorithm.is_fresh_equivalent(w | word::FETCHING, late));
-        // A denial kept: its wait, until it ends.
-        let denied = word::pack(0, 0, expiry, word::DENIED);
-        let (d, _) = algorithm.decide(denied, 0, 1);
-        assert_eq!(
-            d.retry_after().map(|r| r.as_nanos()),
-            Some(word::nanos(expiry))
-        );
+        // A denial kept, its wait for two tokens: its wait for requests of
+        // up to two, until it ends; a larger request is not decided here.
+        let denied = word::pack(2, 0, expiry, word::DENIED);
+        for n in [1, 2] {
+            let (d, _) = algorithm.decide(denied, 0, n);
+            assert_eq!(
+                d.retry_after().map(|r| r.as_nanos()),
+                Some(word::nanos(expiry))
+            );
+        }
+        let (d, next) = algorithm.decide(denied, 0, 3);
+        assert_eq!(d.retry_after().map(|r| r.as_nanos()), Some(0));
+        assert!(next.is_none());
         assert!(!algorithm.is_fresh_equivalent(denied, 0));
         assert!(algorithm.is_fresh_equivalent(denied, late));
     }
@@ -1785,7 +1836,7 @@ mod tests {
             // Every key takes one lease, which expires before the next key's:
             // no give-back pass ever runs.
             let key = i.to_be_bytes();
-            let _ = limiter.finish_lease(&key, 1, Purpose::Miss, 2, Ok(granted.clone()));
+            let _ = limiter.finish_lease(&key, 1, Purpose::Miss, 2, 1, Ok(granted.clone()));
             clock.advance(Duration::from_secs(2));
             let held = limiter.holders.lock().unwrap().keys.len();
             most = most.max(held);
@@ -1822,8 +1873,14 @@ mod tests {
             let Ok(Step::Lease(fetch)) = limiter.step(&key, 1) else {
                 panic!("a first request takes a lease");
             };
-            let _ =
-                limiter.finish_lease(&key, 1, fetch.purpose, fetch.size_code, Ok(granted.clone()));
+            let _ = limiter.finish_lease(
+                &key,
+                1,
+                fetch.purpose,
+                fetch.size_code,
+                fetch.need,
+                Ok(granted.clone()),
+            );
             assert!(limiter.held(&key) > 0);
             let pause = limiter.holders.lock().unwrap();
             let pass = {
@@ -1850,7 +1907,14 @@ mod tests {
             let miss = {
                 let (limiter, key, granted) = (Arc::clone(&limiter), key.clone(), granted.clone());
                 std::thread::spawn(move || {
-                    limiter.finish_lease(&key, 1, fetch.purpose, fetch.size_code, Ok(granted))
+                    limiter.finish_lease(
+                        &key,
+                        1,
+                        fetch.purpose,
+                        fetch.size_code,
+                        fetch.need,
+                        Ok(granted),
+                    )
                 })
             };
             std::thread::sleep(Duration::from_millis(2));
