@@ -742,7 +742,7 @@ impl<C: Clock> LeasedLimiter<C> {
             Step::Done(decision) => Ok(decision),
             Step::Lease(fetch) => {
                 let result = fetch.invocation.invoke(con);
-                Ok(self.finish_lease(key, n, fetch.purpose, fetch.size_code, fetch.need, result))
+                Ok(self.finish_lease(key, n, &fetch, result))
             }
             Step::Exact(invocation) => {
                 let result = invocation.invoke(con);
@@ -814,7 +814,7 @@ impl<C: Clock> LeasedLimiter<C> {
                 };
                 let result = fetch.invocation.invoke_async(con).await;
                 claim.armed = false;
-                self.finish_lease(key, n, fetch.purpose, fetch.size_code, fetch.need, result)
+                self.finish_lease(key, n, &fetch, result)
             }
             Step::Exact(invocation) => {
                 let result = invocation.invoke_async(con).await;
@@ -1200,11 +1200,15 @@ impl<C: Clock> LeasedLimiter<C> {
         &self,
         key: &[u8],
         n: u32,
-        purpose: Purpose,
-        code: u32,
-        need: u32,
+        fetch: &Fetch,
         result: RedisResult<Value>,
     ) -> Decision {
+        let Fetch {
+            purpose,
+            size_code: code,
+            need,
+            ..
+        } = *fetch;
         let now = self.local.clock().now();
         let now_units = word::units_down(now);
         let reply = result
@@ -1566,14 +1570,7 @@ impl Queued {
     fn make<C: Clock>(&mut self, limiter: &LeasedLimiter<C>, con: &mut dyn ConnectionLike) {
         if let Some(fetch) = &self.fetch {
             let result = fetch.invocation.invoke(con);
-            let _ = limiter.finish_lease(
-                &self.key,
-                1,
-                fetch.purpose,
-                fetch.size_code,
-                fetch.need,
-                result,
-            );
+            let _ = limiter.finish_lease(&self.key, 1, fetch, result);
             self.made = true;
         }
     }
@@ -1588,14 +1585,7 @@ impl Queued {
     ) {
         if let Some(fetch) = &self.fetch {
             let result = fetch.invocation.invoke_async(con).await;
-            let _ = limiter.finish_lease(
-                &self.key,
-                1,
-                fetch.purpose,
-                fetch.size_code,
-                fetch.need,
-                result,
-            );
+            let _ = limiter.finish_lease(&self.key, 1, fetch, result);
             self.made = true;
         }
     }
@@ -1831,12 +1821,18 @@ mod tests {
             .build()
             .unwrap();
         let granted = Value::Array([4, 0, 0, 0].into_iter().map(Value::Int).collect());
+        let miss = Fetch {
+            purpose: Purpose::Miss,
+            size_code: 2,
+            need: 1,
+            invocation: limiter.lease_invocation(b"k", 1, 4),
+        };
         let mut most = 0;
         for i in 0..20_000u32 {
             // Every key takes one lease, which expires before the next key's:
             // no give-back pass ever runs.
             let key = i.to_be_bytes();
-            let _ = limiter.finish_lease(&key, 1, Purpose::Miss, 2, 1, Ok(granted.clone()));
+            let _ = limiter.finish_lease(&key, 1, &miss, Ok(granted.clone()));
             clock.advance(Duration::from_secs(2));
             let held = limiter.holders.lock().unwrap().keys.len();
             most = most.max(held);
@@ -1873,14 +1869,7 @@ mod tests {
             let Ok(Step::Lease(fetch)) = limiter.step(&key, 1) else {
                 panic!("a first request takes a lease");
             };
-            let _ = limiter.finish_lease(
-                &key,
-                1,
-                fetch.purpose,
-                fetch.size_code,
-                fetch.need,
-                Ok(granted.clone()),
-            );
+            let _ = limiter.finish_lease(&key, 1, &fetch, Ok(granted.clone()));
             assert!(limiter.held(&key) > 0);
             let pause = limiter.holders.lock().unwrap();
             let pass = {
@@ -1906,16 +1895,7 @@ mod tests {
             };
             let miss = {
                 let (limiter, key, granted) = (Arc::clone(&limiter), key.clone(), granted.clone());
-                std::thread::spawn(move || {
-                    limiter.finish_lease(
-                        &key,
-                        1,
-                        fetch.purpose,
-                        fetch.size_code,
-                        fetch.need,
-                        Ok(granted),
-                    )
-                })
+                std::thread::spawn(move || limiter.finish_lease(&key, 1, &fetch, Ok(granted)))
             };
             std::thread::sleep(Duration::from_millis(2));
             drop(pause);
