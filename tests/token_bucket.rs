@@ -291,9 +291,18 @@ fn a_limiter_on_the_coarse_clock_refills() {
     assert!(l.try_acquire().is_allowed());
     let denied = l.try_acquire();
     assert!(denied.is_denied());
-    let start = clock.now();
-    std::thread::sleep(wait(denied) + Duration::from_millis(20));
-    assert!(clock.now() > start);
+    // The token is back once the coarse clock reads the denial's wait past
+    // its reading then (waited for: on a loaded machine the clock's upkeep
+    // thread may lag; 5 s is a hang guard).
+    let due = clock.now() + u64::try_from(wait(denied).as_nanos()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while clock.now() < due {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clock does not move"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert!(l.try_acquire().is_allowed());
 }
 

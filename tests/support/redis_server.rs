@@ -124,10 +124,15 @@ pub fn spawn_on(port: u16) -> Option<Server> {
         if let Ok(Some(_)) = server.child.try_wait() {
             return None;
         }
+        // The server that answers must be this one: another test's may hold
+        // the port, and this one then exits.
         if let Ok(mut con) = server.client().get_connection()
-            && redis::cmd("PING").query::<String>(&mut con).is_ok()
+            && let Ok(info) = redis::cmd("INFO").arg("server").query::<String>(&mut con)
         {
-            return Some(server);
+            let id = format!("process_id:{}", server.child.id());
+            if info.lines().any(|l| l.trim() == id) {
+                return Some(server);
+            }
         }
         thread::sleep(Duration::from_millis(10));
     }
