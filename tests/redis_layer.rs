@@ -533,6 +533,56 @@ async fn a_call_past_its_deadline_drops_the_connection_so_a_restarted_redis_answ
     assert!(con.is_connected());
 }
 
+/// Calls that find no connection while Redis hangs do not each open one:
+/// one connects at a time, and the rest wait for it within the connect
+/// deadline. (Each opened its own before, and against a hung Redis every
+/// request then held a connection until its deadline.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_without_a_connection_wait_for_one_connect_not_each_their_own() {
+    let Some(server) = server() else { return };
+    let received = |server: &Server| -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query(&mut server.plain())
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("INFO stats")
+    };
+    let con = Deadlines::default()
+        .connect(Duration::from_millis(300))
+        .response(Duration::from_millis(300))
+        .reconnecting(server.client());
+    let limiter = Arc::new(
+        RedisLimiter::new(
+            "storm",
+            FixedWindow::new(100, Duration::from_secs(60)).unwrap(),
+        )
+        .unwrap(),
+    );
+    let before = received(&server);
+    let paused = server.pause(Duration::from_millis(800));
+    let calls: Vec<_> = (0..50)
+        .map(|_| {
+            let (limiter, mut con) = (Arc::clone(&limiter), con.clone());
+            tokio::spawn(async move { limiter.try_acquire_async(&mut con, "k").await })
+        })
+        .collect();
+    let start = Instant::now();
+    for call in calls {
+        assert!(call.await.unwrap().is_err(), "Redis is paused");
+    }
+    let took = start.elapsed();
+    paused.wait();
+    // One connection to pause, one per connect deadline while it lasts at
+    // most, and the two `received` opens.
+    let opened = received(&server) - before;
+    assert!(opened <= 6, "{opened} connections for 50 calls");
+    // No call waited past its connect deadline (and the response's).
+    assert!(took < Duration::from_millis(600 + 300), "{took:?}");
+}
+
 /// A `GET /` on a fresh connection: the status and the `Retry-After` value.
 async fn http_get(addr: SocketAddr) -> (u16, Option<String>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

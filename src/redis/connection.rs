@@ -116,6 +116,7 @@ impl Deadlines {
                     generation: 0,
                     con: None,
                 }),
+                connecting: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -223,13 +224,17 @@ impl ConnectionLike for BlockingConnection {
 ///
 /// A call takes at most the response deadline on a live connection (three,
 /// for a script's first call after Redis lost its scripts; see [`Deadlines`]);
-/// a call that has to connect first takes at most the connect deadline more. A
-/// call that fails because the connection dropped, that runs out of its
-/// deadline (the connection may be dead: a server killed while a request was
-/// in flight can leave it so), or that fails in a way after which the
-/// connection must be replaced drops it, and the next call connects: the call
-/// itself is not sent again (it may have been decided). Use it
-/// wherever redis-rs takes an asynchronous `ConnectionLike`.
+/// a call that has to connect first takes at most the connect deadline more.
+/// One call connects at a time; the calls that find no connection meanwhile
+/// wait for it, each within its own connect deadline, rather than each
+/// opening a connection (against a hung Redis every request would otherwise
+/// hold one until its deadline). A call that fails because the connection
+/// dropped, that runs out of its deadline (the connection may be dead: a
+/// peer that vanished without closing it, a server killed while a request
+/// was in flight), or that fails in a way after which the connection must be
+/// replaced drops it, and the next call connects: the call itself is not sent
+/// again (it may have been decided). Use it wherever redis-rs takes an
+/// asynchronous `ConnectionLike`.
 ///
 /// ```no_run
 /// use turnstile::redis::{Deadlines, RedisLimiter};
@@ -256,6 +261,10 @@ struct Reconnect {
     deadlines: Deadlines,
     /// Locked only to clone or replace the connection, never across an await.
     slot: std::sync::Mutex<Slot>,
+    /// Held by the one call that is connecting: the others wait for it
+    /// instead of each opening a connection (against a hung Redis, every
+    /// request would hold one until its deadline).
+    connecting: tokio::sync::Mutex<()>,
 }
 
 /// The connection now, and how many have been made (so that a failure on an
@@ -288,16 +297,38 @@ impl ReconnectingConnection {
         self.shared.lock().con.is_some()
     }
 
-    /// The connection and its generation, or a new one.
+    /// The connection and its generation, or a new one: made by one call at
+    /// a time, each call within its connect deadline however long it waited
+    /// for its turn.
     async fn get(&self) -> RedisResult<(u64, ::redis::aio::MultiplexedConnection)> {
         if let Some(held) = self.shared.current() {
             return Ok(held);
         }
-        let con = self
-            .shared
-            .deadlines
-            .multiplexed(&self.shared.client)
-            .await?;
+        let deadline = self.shared.deadlines.connect;
+        let timed_out = || {
+            ::redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no connection to Redis within the connect deadline",
+            ))
+        };
+        let start = std::time::Instant::now();
+        let _turn = tokio::time::timeout(deadline, self.shared.connecting.lock())
+            .await
+            .map_err(|_| timed_out())?;
+        // The call before this one may have connected.
+        if let Some(held) = self.shared.current() {
+            return Ok(held);
+        }
+        let left = deadline.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        let con = Deadlines {
+            connect: left,
+            ..self.shared.deadlines
+        }
+        .multiplexed(&self.shared.client)
+        .await?;
         let mut slot = self.shared.lock();
         // Another call may have connected meanwhile: keep one connection.
         if let Some(con) = &slot.con {
