@@ -115,8 +115,8 @@ impl Deadlines {
                 slot: std::sync::Mutex::new(Slot {
                     generation: 0,
                     con: None,
+                    connecting: None,
                 }),
-                connecting: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -218,23 +218,27 @@ impl ConnectionLike for BlockingConnection {
 }
 
 /// A multiplexed tokio connection that connects on its first call and again
-/// after a call failed on it (a Redis restart, say), with the deadlines of
+/// after a call found it dropped or timed out on it (a Redis restart, say),
+/// with the deadlines of
 /// [`Deadlines::reconnecting`], which builds it (feature `tokio` too). Clones
 /// share one connection.
 ///
 /// A call takes at most the response deadline on a live connection (three,
-/// for a script's first call after Redis lost its scripts; see [`Deadlines`]);
-/// a call that has to connect first takes at most the connect deadline more.
-/// One call connects at a time; the calls that find no connection meanwhile
-/// wait for it, each within its own connect deadline, rather than each
-/// opening a connection (against a hung Redis every request would otherwise
-/// hold one until its deadline). A call that fails because the connection
-/// dropped, that runs out of its deadline (the connection may be dead: a
-/// peer that vanished without closing it, a server killed while a request
-/// was in flight), or that fails in a way after which the connection must be
-/// replaced drops it, and the next call connects: the call itself is not sent
-/// again (it may have been decided). Use it wherever redis-rs takes an
-/// asynchronous `ConnectionLike`.
+/// for a script's first call after Redis lost its scripts; see [`Deadlines`]),
+/// and the connect deadline more for each of those round trips that finds no
+/// connection (one, unless another call's failure drops the connection
+/// between a script's three). One attempt to connect runs at a time, a task
+/// of its own with the whole connect deadline; the calls that find no
+/// connection wait for it, each within its own connect deadline, rather than
+/// each opening a connection, and a call dropped meanwhile leaves the
+/// attempt to the next. A call that fails because the connection dropped,
+/// that runs out of its deadline (the connection may be dead: a peer that
+/// vanished without closing it, a server killed while a request was in
+/// flight), or that fails with an I/O error or in a way after which the
+/// connection must be replaced drops it, and the next call connects (an
+/// error reply from Redis, such as a script's, keeps it): the call itself is
+/// not sent again (it may have been decided). Use it wherever redis-rs takes
+/// an asynchronous `ConnectionLike`.
 ///
 /// ```no_run
 /// use turnstile::redis::{Deadlines, RedisLimiter};
@@ -259,20 +263,44 @@ pub struct ReconnectingConnection {
 struct Reconnect {
     client: Client,
     deadlines: Deadlines,
-    /// Locked only to clone or replace the connection, never across an await.
+    /// Locked only to clone or replace the connection, or to join or start
+    /// an attempt to connect; never across an await.
     slot: std::sync::Mutex<Slot>,
-    /// Held by the one call that is connecting: the others wait for it
-    /// instead of each opening a connection (against a hung Redis, every
-    /// request would hold one until its deadline).
-    connecting: tokio::sync::Mutex<()>,
 }
 
-/// The connection now, and how many have been made (so that a failure on an
-/// older one does not drop a newer one).
+/// A connection and its generation.
+#[cfg(feature = "tokio")]
+type Held = (u64, ::redis::aio::MultiplexedConnection);
+
+/// The error of a call whose attempt to connect ended without an outcome
+/// (its task was dropped: the runtime shut down).
+#[cfg(feature = "tokio")]
+fn abandoned() -> ::redis::RedisError {
+    ::redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "the attempt to connect to Redis was abandoned",
+    ))
+}
+
+/// The outcome of an attempt to connect, once it is made.
+#[cfg(feature = "tokio")]
+type Attempt = tokio::sync::watch::Receiver<Option<RedisResult<Held>>>;
+
+/// The connection now, how many have been made (so that a failure on an
+/// older one does not drop a newer one), and the attempt to connect under
+/// way, if any.
 #[cfg(feature = "tokio")]
 struct Slot {
     generation: u64,
     con: Option<::redis::aio::MultiplexedConnection>,
+    /// One attempt at a time, a task of its own with the whole connect
+    /// deadline: the calls that find no connection wait for it, each within
+    /// its own deadline, instead of each opening a connection (a burst of
+    /// calls after the connection was dropped would open one each, and
+    /// against a server that does not answer each would hold its socket
+    /// until its deadline), and a call that gives up or is dropped leaves the
+    /// attempt running for the next.
+    connecting: Option<Attempt>,
 }
 
 #[cfg(feature = "tokio")]
@@ -297,46 +325,55 @@ impl ReconnectingConnection {
         self.shared.lock().con.is_some()
     }
 
-    /// The connection and its generation, or a new one: made by one call at
-    /// a time, each call within its connect deadline however long it waited
-    /// for its turn.
-    async fn get(&self) -> RedisResult<(u64, ::redis::aio::MultiplexedConnection)> {
-        if let Some(held) = self.shared.current() {
-            return Ok(held);
-        }
-        let deadline = self.shared.deadlines.connect;
-        let timed_out = || {
-            ::redis::RedisError::from(std::io::Error::new(
+    /// The connection and its generation, or the one the attempt to connect
+    /// under way makes (started here if none is): waited for within the
+    /// connect deadline.
+    async fn get(&self) -> RedisResult<Held> {
+        let joined = {
+            let mut slot = self.shared.lock();
+            if let Some(con) = &slot.con {
+                return Ok((slot.generation, con.clone()));
+            }
+            match &slot.connecting {
+                // Under way: its sender is alive and has not answered.
+                Some(attempt) if attempt.has_changed().is_ok() && attempt.borrow().is_none() => {
+                    Some(attempt.clone())
+                }
+                _ => tokio::runtime::Handle::try_current().ok().map(|runtime| {
+                    let attempt = Reconnect::start(&self.shared, &runtime);
+                    slot.connecting = Some(attempt.clone());
+                    attempt
+                }),
+            }
+        };
+        // Outside a tokio runtime nothing can run beside the call: it
+        // connects itself.
+        let Some(mut attempt) = joined else {
+            let con = self
+                .shared
+                .deadlines
+                .multiplexed(&self.shared.client)
+                .await?;
+            return Ok(self.shared.keep(con));
+        };
+        let waited = tokio::time::timeout(
+            self.shared.deadlines.connect,
+            attempt.wait_for(Option::is_some),
+        )
+        .await;
+        match waited {
+            Ok(Ok(outcome)) => match &*outcome {
+                Some(made) => made.clone(),
+                // Not reached: waited for until it is `Some`.
+                None => Err(abandoned()),
+            },
+            // The attempt's task ended unanswered (its runtime shut down).
+            Ok(Err(_)) => Err(abandoned()),
+            Err(_) => Err(::redis::RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "no connection to Redis within the connect deadline",
-            ))
-        };
-        let start = std::time::Instant::now();
-        let _turn = tokio::time::timeout(deadline, self.shared.connecting.lock())
-            .await
-            .map_err(|_| timed_out())?;
-        // The call before this one may have connected.
-        if let Some(held) = self.shared.current() {
-            return Ok(held);
+            ))),
         }
-        let left = deadline.saturating_sub(start.elapsed());
-        if left.is_zero() {
-            return Err(timed_out());
-        }
-        let con = Deadlines {
-            connect: left,
-            ..self.shared.deadlines
-        }
-        .multiplexed(&self.shared.client)
-        .await?;
-        let mut slot = self.shared.lock();
-        // Another call may have connected meanwhile: keep one connection.
-        if let Some(con) = &slot.con {
-            return Ok((slot.generation, con.clone()));
-        }
-        slot.generation += 1;
-        slot.con = Some(con.clone());
-        Ok((slot.generation, con))
     }
 
     /// Run `call` on the connection; after a failure that leaves it unusable,
@@ -372,9 +409,41 @@ impl Reconnect {
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn current(&self) -> Option<(u64, ::redis::aio::MultiplexedConnection)> {
-        let slot = self.lock();
-        slot.con.as_ref().map(|con| (slot.generation, con.clone()))
+    /// Start an attempt to connect, on `runtime`, with the whole connect
+    /// deadline; it keeps the connection it makes.
+    fn start(this: &std::sync::Arc<Reconnect>, runtime: &tokio::runtime::Handle) -> Attempt {
+        let (answer, attempt) = tokio::sync::watch::channel(None);
+        let shared = std::sync::Arc::clone(this);
+        let mine = attempt.clone();
+        drop(runtime.spawn(async move {
+            let made = shared.deadlines.multiplexed(&shared.client).await;
+            let outcome = made.map(|con| shared.keep(con));
+            {
+                let mut slot = shared.lock();
+                if slot
+                    .connecting
+                    .as_ref()
+                    .is_some_and(|a| a.same_channel(&mine))
+                {
+                    slot.connecting = None;
+                }
+            }
+            // No one may be waiting any more: nothing to tell then.
+            let _ = answer.send(Some(outcome));
+        }));
+        attempt
+    }
+
+    /// Keep `con` as the connection (or the one another call kept meanwhile),
+    /// with its generation.
+    fn keep(&self, con: ::redis::aio::MultiplexedConnection) -> Held {
+        let mut slot = self.lock();
+        if let Some(kept) = &slot.con {
+            return (slot.generation, kept.clone());
+        }
+        slot.generation += 1;
+        slot.con = Some(con.clone());
+        (slot.generation, con)
     }
 }
 

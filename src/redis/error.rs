@@ -114,7 +114,8 @@ pub enum RedisLimitError {
 
 impl RedisLimitError {
     /// `true` when the call timed out: Redis may still have made (and
-    /// counted) the decision.
+    /// counted) the decision, unless it timed out before it was sent (waiting
+    /// for a connection).
     pub fn is_timeout(&self) -> bool {
         matches!(self, RedisLimitError::Redis(e) if e.is_timeout())
     }

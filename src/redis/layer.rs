@@ -236,8 +236,9 @@ pub struct RedisLayerStats {
 ///   off from a failure, when its policy answers at once.
 ///
 /// A call takes at most the connection's response deadline (three for a
-/// script's first call after Redis lost its scripts), plus its connect
-/// deadline when it has to connect first ([`ReconnectingConnection`]). A
+/// script's first call after Redis lost its scripts), plus the connect
+/// deadline for each of those that has to connect first
+/// ([`ReconnectingConnection`]). A
 /// call that fails is answered by the limit's failure policy
 /// ([`OnFailure`](super::OnFailure): 429 when failing closed, the local limit
 /// when failing open), and for the backoff after it no request calls Redis:

@@ -465,7 +465,8 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// With no tokens held here the word keeps that denial (up to one lease
 /// lifetime) with the count its wait is for, so the denials that follow for
 /// as many permits or fewer cost no call either; a larger request asks Redis
-/// for its own wait (the denial kept stays, if it ends sooner). A request that
+/// for its own wait (the denial kept stays if it is for fewer permits and
+/// ends no later, for the requests it covers). A request that
 /// needs more than the tokens held here is denied with the wait for what it
 /// lacks beyond them, and they stay, for smaller requests and for its retry.
 /// That wait is a lower bound, not exact mode's exact one: other processes
@@ -519,7 +520,8 @@ fn saturating_nanos(d: Duration) -> u64 {
 ///   tokens. While it is dry, a lease brings only what has refilled, and costs
 ///   two calls: the one that grants it and a prefetch at its low-water mark
 ///   that finds the bucket dry (then none until the lease runs out). A denial
-///   costs one call per wait (at most one lease lifetime) per process; a
+///   costs one call per wait (at most one lease lifetime) per process for
+///   the requests its count covers, and one for each larger request; a
 ///   request that misses while another fetches costs one.
 ///
 /// # Failures
