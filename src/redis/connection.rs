@@ -122,6 +122,14 @@ impl Deadlines {
     }
 }
 
+/// Whether a connection a call failed on with `e` is to be dropped: it
+/// broke, or may have (an I/O error, a deadline passed: a reply may still be
+/// in flight, or the peer gone without closing it), or redis-rs says it must
+/// be replaced. An error reply from Redis keeps it.
+fn must_reconnect(e: &::redis::RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_unrecoverable_error()
+}
+
 /// A blocking connection whose every call has a deadline, and which drops
 /// itself after an I/O error or a timeout and connects again on the next
 /// call.
@@ -178,7 +186,7 @@ impl BlockingConnection {
     fn with<T>(&mut self, call: impl FnOnce(&mut Connection) -> RedisResult<T>) -> RedisResult<T> {
         let result = call(self.get()?);
         if let Err(e) = &result
-            && (e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error())
+            && must_reconnect(e)
         {
             self.con = None;
         }
@@ -388,10 +396,7 @@ impl ReconnectingConnection {
         let (generation, mut con) = self.get().await?;
         let result = call(&mut con).await;
         if let Err(e) = &result
-            && (e.is_connection_dropped()
-                || e.is_io_error()
-                || e.is_timeout()
-                || e.is_unrecoverable_error())
+            && must_reconnect(e)
         {
             let mut slot = self.shared.lock();
             if slot.generation == generation {
@@ -414,20 +419,12 @@ impl Reconnect {
     fn start(this: &std::sync::Arc<Reconnect>, runtime: &tokio::runtime::Handle) -> Attempt {
         let (answer, attempt) = tokio::sync::watch::channel(None);
         let shared = std::sync::Arc::clone(this);
-        let mine = attempt.clone();
         drop(runtime.spawn(async move {
             let made = shared.deadlines.multiplexed(&shared.client).await;
             let outcome = made.map(|con| shared.keep(con));
-            {
-                let mut slot = shared.lock();
-                if slot
-                    .connecting
-                    .as_ref()
-                    .is_some_and(|a| a.same_channel(&mine))
-                {
-                    slot.connecting = None;
-                }
-            }
+            // Still the slot's attempt: another is started only once this
+            // one has answered or its sender is gone.
+            shared.lock().connecting = None;
             // No one may be waiting any more: nothing to tell then.
             let _ = answer.send(Some(outcome));
         }));
