@@ -576,6 +576,101 @@ fn keyed_table_shrink_racing_decisions_on_a_held_key_loses_nothing() {
     });
 }
 
+/// A key type with drop glue: freeing one runs its `Drop` (a `String`'s
+/// deallocation), and the model's data-race check covers the free.
+type KeyedStrings = KeyedLimiter<String, TokenBucket, ManualClock, ahash::RandomState>;
+
+/// [`keyed`] with `String` keys, `shards` shards and a bound of `max_keys`.
+fn keyed_strings(
+    capacity: u32,
+    period: Duration,
+    shards: usize,
+    max_keys: usize,
+) -> (Arc<KeyedStrings>, ManualClock) {
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<String>::builder(Quota::new(capacity, 1, period).unwrap())
+        .clock(clock.clone())
+        .hasher(ahash::RandomState::with_seeds(1, 2, 3, 4))
+        .shards(shards)
+        .max_keys(max_keys)
+        .build()
+        .unwrap();
+    (Arc::new(limiter), clock)
+}
+
+/// How many of `tries` acquires of one permit for `key` are admitted.
+fn admitted_str(limiter: &KeyedStrings, key: &str, tries: u32) -> u32 {
+    (0..tries)
+        .map(|_| limiter.try_acquire(key).is_allowed() as u32)
+        .sum()
+}
+
+/// As `keyed_decision_racing_an_unlink_is_kept_until_its_word_is_fresh_again`,
+/// with `String` keys: the key a late decision compares is freed (its
+/// `String` dropped) only once no reader holds it, and its word is kept.
+/// Fails under the same mutants, `no_grace` also as a data race between the
+/// reader's comparison and the free.
+#[test]
+#[cfg_attr(
+    any(
+        turnstile_mutant = "stale_insert_reading",
+        turnstile_mutant = "no_recheck",
+        turnstile_mutant = "no_grace"
+    ),
+    should_panic
+)]
+fn keyed_string_key_racing_its_unlink_and_free_is_kept() {
+    loom::model(|| {
+        let period = Duration::from_secs(1);
+        let (limiter, clock) = keyed_strings(2, period, 1, 16);
+        assert!(limiter.try_acquire("seven").is_allowed()); // 1 left at 0 s
+        let late = {
+            let limiter = limiter.clone();
+            thread::spawn(move || admitted_str(&limiter, "seven", 1))
+        };
+        clock.advance(period); // full again: fresh-equivalent
+        limiter.sweep();
+        limiter.sweep();
+        let late = late.join().unwrap();
+        let last = admitted_str(&limiter, "seven", 2);
+        assert!(1 + late + last <= 3, "late {late}, last {last}");
+    });
+}
+
+/// Two shards and a bound of one key, reached: a new key reclaims room by
+/// sweeping an idle key (in its own shard or the other) while another
+/// thread decides on that idle key. The idle key's spend is never lost:
+/// capacity 1, one token a second, spent at 0 s: at 1 s one token, which the
+/// late decision took or the key still holds. Fails under `no_recheck` (a key in limbo freed
+/// without judging its word again: the racing spend is forgotten).
+#[test]
+#[cfg_attr(
+    any(turnstile_mutant = "no_recheck", turnstile_mutant = "no_grace"),
+    should_panic
+)]
+fn keyed_new_key_at_the_bound_reclaiming_a_key_in_use_loses_nothing() {
+    loom::model(|| {
+        let period = Duration::from_secs(1);
+        let (limiter, clock) = keyed_strings(1, period, 2, 1);
+        assert!(limiter.try_acquire("a").is_allowed()); // empty at 0 s
+        clock.advance(period); // "a" full again: sweepable
+        let user = {
+            let limiter = limiter.clone();
+            thread::spawn(move || admitted_str(&limiter, "a", 1))
+        };
+        // At the bound: room comes only from "a".
+        let b = limiter.try_acquire("b");
+        let late = user.join().unwrap();
+        // "b" may be refused if "a" was in use; either way "a" is exact:
+        // one token at 1 s, taken by the late decision or still there.
+        limiter.sweep();
+        limiter.sweep();
+        let left = limiter.remaining("a");
+        assert_eq!(late + left, 1, "late {late}, left {left}, b {b:?}");
+        assert!(limiter.len() <= 1);
+    });
+}
+
 #[path = "../tests/model/mod.rs"]
 mod model;
 
@@ -784,4 +879,167 @@ fn a_cancel_racing_a_request_never_gives_back_more_than_was_taken() {
             "cancelled: {cancelled}"
         );
     });
+}
+
+/// Models of the grace-period protocol itself (`src/reclaim.rs`), in fence
+/// mode, the mode loom can check: a writer unpublishes one of two values,
+/// waits for its snapshot to pass and then frees the value (writes it). A
+/// reader that could still read it when it is freed is a data race on the
+/// value's `UnsafeCell`, which loom reports, and a read of the freed value
+/// fails the model's assertion.
+///
+/// Each model fails when built with `--cfg turnstile_mutant="no_pin_fence"`
+/// (a pin without its `SeqCst` fence: the writer's scan can miss a pin whose
+/// reader then reads the old pointer) and with
+/// `--cfg turnstile_mutant="relaxed_unpin"` (an unpin that does not release
+/// the reader's reads to the writer that sees it).
+mod reclaim_models {
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use loom::thread;
+    use turnstile::reclaim_model::Collector;
+
+    const LIVE: u64 = 7;
+    const FREED: u64 = 0xDEAD;
+
+    /// Two values and the index of the published one.
+    struct Shared {
+        current: AtomicUsize,
+        values: [UnsafeCell<u64>; 2],
+        collector: Collector,
+    }
+
+    fn shared() -> Arc<Shared> {
+        Arc::new(Shared {
+            current: AtomicUsize::new(0),
+            values: [UnsafeCell::new(LIVE), UnsafeCell::new(LIVE)],
+            collector: Collector::default(),
+        })
+    }
+
+    /// Pin (with a record of this thread's, or as a thread without one),
+    /// read the published value, unpin.
+    fn read(shared: &Shared, recorded: bool) -> u64 {
+        let _guard = if recorded {
+            shared.collector.pin()
+        } else {
+            shared.collector.pin_unrecorded()
+        };
+        // Acquire: pairs with the writer's Release publication.
+        let index = shared.current.load(Ordering::Acquire);
+        // SAFETY: the value is freed only after a grace period that waits
+        // for this pin (what the model checks).
+        shared.values[index].with(|value| unsafe { *value })
+    }
+
+    /// Publish the second value, wait for the readers pinned before, and
+    /// free the first.
+    fn unpublish_and_free(shared: &Shared) {
+        // Release: publishes the second value.
+        shared.current.store(1, Ordering::Release);
+        let mut snapshot = shared.collector.snapshot();
+        while !snapshot.passed(&shared.collector) {
+            thread::yield_now();
+        }
+        // SAFETY: no reader can read it any more (what the model checks).
+        shared.values[0].with_mut(|value| unsafe { *value = FREED });
+    }
+
+    /// One reader, pinned before or after the unpublish: it never reads a
+    /// freed value.
+    #[test]
+    #[cfg_attr(
+        any(
+            turnstile_mutant = "no_pin_fence",
+            turnstile_mutant = "relaxed_unpin"
+        ),
+        should_panic
+    )]
+    fn reclaim_a_reader_pinned_before_an_unpublish_is_waited_for() {
+        loom::model(|| {
+            let shared = shared();
+            let reader = {
+                let shared = shared.clone();
+                thread::spawn(move || read(&shared, true))
+            };
+            unpublish_and_free(&shared);
+            assert_eq!(reader.join().unwrap(), LIVE);
+        });
+    }
+
+    /// A reader pins, unpins and pins again (its record goes odd, even, odd:
+    /// a later pin is a different number from the one a snapshot noted).
+    #[test]
+    #[cfg_attr(
+        any(
+            turnstile_mutant = "no_pin_fence",
+            turnstile_mutant = "relaxed_unpin"
+        ),
+        should_panic
+    )]
+    fn reclaim_a_reader_that_pins_again_is_told_apart_from_its_earlier_pin() {
+        loom::model(|| {
+            let shared = shared();
+            let reader = {
+                let shared = shared.clone();
+                thread::spawn(move || (read(&shared, true), read(&shared, true)))
+            };
+            unpublish_and_free(&shared);
+            assert_eq!(reader.join().unwrap(), (LIVE, LIVE));
+        });
+    }
+
+    /// A thread reads and exits; the next thread takes its index, so its
+    /// record, and reads, while the writer frees.
+    #[test]
+    #[cfg_attr(
+        any(
+            turnstile_mutant = "no_pin_fence",
+            turnstile_mutant = "relaxed_unpin"
+        ),
+        should_panic
+    )]
+    fn reclaim_a_record_reused_after_its_thread_exits_keeps_the_rule() {
+        loom::model(|| {
+            let shared = shared();
+            let writer = {
+                let shared = shared.clone();
+                thread::spawn(move || unpublish_and_free(&shared))
+            };
+            let first = {
+                let shared = shared.clone();
+                thread::spawn(move || read(&shared, true))
+            };
+            assert_eq!(first.join().unwrap(), LIVE);
+            let second = {
+                let shared = shared.clone();
+                thread::spawn(move || read(&shared, true))
+            };
+            assert_eq!(second.join().unwrap(), LIVE);
+            writer.join().unwrap();
+        });
+    }
+
+    /// A reader without a record (its thread-locals being destroyed) is
+    /// counted in the collector's shared count, and waited for too.
+    #[test]
+    #[cfg_attr(
+        any(
+            turnstile_mutant = "no_pin_fence",
+            turnstile_mutant = "relaxed_unpin"
+        ),
+        should_panic
+    )]
+    fn reclaim_a_reader_without_a_record_is_waited_for() {
+        loom::model(|| {
+            let shared = shared();
+            let reader = {
+                let shared = shared.clone();
+                thread::spawn(move || read(&shared, false))
+            };
+            unpublish_and_free(&shared);
+            assert_eq!(reader.join().unwrap(), LIVE);
+        });
+    }
 }

@@ -3,144 +3,235 @@
 //!
 //! # The protocol
 //!
-//! Every thread that reads has a **record** in a global registry, one cache
-//! line it alone writes. A reader *pins* by storing an odd number in its record
-//! and *unpins* by storing the next even number; between the two it may read
-//! any memory it reaches through the map. A writer that has unpublished some
-//! memory (unlinked an entry, replaced an index) takes a **snapshot**: it
-//! issues a heavy barrier, then notes every record that holds an odd number. The
-//! memory may be freed once each noted record holds another number: every
-//! reader that could have reached it has unpinned.
+//! Each keyed limiter has its own [`Collector`]: a record per thread that has
+//! used it, one cache line that thread alone writes. A reader *pins* by
+//! storing a new odd number in its record and *unpins* by clearing that bit;
+//! between the two it may read any memory it reaches through the map. A
+//! writer that has unpublished some memory (unlinked a key, closed a table)
+//! takes a **snapshot**: it issues a heavy barrier, then notes every record
+//! that is pinned. The memory may be freed once each noted record holds
+//! another number: every reader that could have reached it has unpinned.
+//! Records are per limiter, so a reader stuck while pinned in one limiter
+//! (descheduled, stopped in a debugger) holds back only that limiter's
+//! grace periods.
 //!
 //! The reader's store and its next loads form a store-load pair that needs a
 //! full barrier between them (the writer's unpublish and its reading of the
 //! records are the other pair). On Linux the writer provides both with
-//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`, which runs a full barrier on
-//! every thread of the process that is running, so a reader's pin is a plain
-//! store and a compiler fence: no locked instruction on the read path. Where
-//! `membarrier` is not available, the reader issues a `SeqCst` fence instead
-//! (what crossbeam-epoch's `pin` does), and the writer too. Writers are rare (an
-//! insert that grows an index, a sweep), so the barrier's cost (a few
-//! microseconds) lands on them.
+//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`, which runs a full barrier
+//! on every running thread of the process, so a reader's pin is a plain store
+//! and a compiler fence: no locked instruction on the read path. Where
+//! `membarrier` is not available (or `TURNSTILE_BARRIER=fence` is set) the
+//! reader issues a `SeqCst` fence instead (what crossbeam-epoch's `pin`
+//! does), and so does the writer.
 //!
-//! Measured on the development machine (one hot key, coarse clock): a
-//! crossbeam-epoch `pin()` around the lookup costs about as much as the whole
-//! rest of the decision, because of its fence; this protocol costs one store to
-//! the thread's own line on each side.
+//! # When the barrier fails
 //!
-//! A thread's record returns to the registry when the thread exits, and the
-//! record's number is also the thread's counter slot ([`Guard::slot`]). A
-//! thread that pins while its thread-locals are being destroyed is counted in
-//! one shared counter instead, with locked adds.
+//! The mode is chosen once, at first use. If an expedited barrier later fails
+//! (a seccomp filter installed after start-up, `ENOMEM`), readers pinned with
+//! only a compiler fence may not be visible to the writer, and nothing may be
+//! freed on the strength of that snapshot. The process switches to fence mode
+//! for good, and the writer tries `MEMBARRIER_CMD_GLOBAL`, which is a valid
+//! barrier of its own: if it succeeds, every reader has passed a full barrier
+//! since the switch, and reclamation goes on as before. If it fails too, the
+//! snapshot is marked *unsound*: it is trusted only once every record of its
+//! limiter has shown a fenced pin or call (each store a thread makes to its
+//! record says whether that thread had seen fence mode) or belongs to a thread
+//! that has exited, and then only after the records are read again. Until
+//! then the limiter frees nothing: evicted keys wait (at most `max_keys` of
+//! them), a table that must be rebuilt stays as it is, and new keys are
+//! refused at the bound. A failure is never ignored and never aborts; it is
+//! counted ([`reclamation`]) and logged (feature `tracing`).
 //!
-//! Under loom the same interface is a model loom checks: a pin is a read lock
-//! and a snapshot has passed when a write lock can be taken (no reader at all),
-//! which is later than the real protocol allows, never earlier.
+//! # Re-entry
+//!
+//! A thread in the middle of an operation on a limiter is either pinned or
+//! marked *busy* in its record (the writer's path, under a shard's lock).
+//! Entering the same limiter again from user code run meanwhile (a key's
+//! `Hash` or `Eq`, the algorithm, the clock) would wait for itself; it is
+//! refused with a panic that says so.
+//!
+//! Under loom the same code runs in fence mode, with loom's atomics, so that
+//! the models in `loom-tests/` check this protocol itself.
 
-#[cfg(not(turnstile_loom))]
-pub(crate) use real::{Collector, Guard, Snapshot};
+use core::sync::atomic::compiler_fence;
 
-#[cfg(turnstile_loom)]
-pub(crate) use model::{Collector, Guard, Snapshot};
-
-/// The current thread's counter slot (see [`Tally`](crate::tally::Tally)),
-/// without pinning.
-#[inline]
-pub(crate) fn thread_slot() -> usize {
-    #[cfg(not(turnstile_loom))]
-    return Collector.slot();
-    #[cfg(turnstile_loom)]
-    return OWNED_SLOTS;
-}
+use crate::sync::{AtomicPtr, AtomicU64, Ordering, fence};
 
 /// How many threads own a counter slot of their own at once; the threads
 /// beyond share one more slot, with a locked add.
 pub(crate) const OWNED_SLOTS: usize = 64;
 
+/// The current thread's counter slot (see [`Tally`](crate::tally::Tally)),
+/// without pinning: its thread index, or the shared slot past
+/// [`OWNED_SLOTS`].
+#[inline]
+pub(crate) fn thread_slot() -> usize {
+    thread_index().map_or(OWNED_SLOTS, |index| index.min(OWNED_SLOTS))
+}
+
+// ---------------------------------------------------------------------------
+// The barrier mode, process-wide (membarrier registration is per process).
+
+/// How the keyed limiters' readers and writers order a reader's pin before
+/// its reads ([`reclamation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BarrierMode {
+    /// Readers pin with a compiler fence; writers issue
+    /// `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` (Linux).
+    Membarrier,
+    /// Readers and writers each issue a `SeqCst` fence.
+    Fence,
+}
+
+/// The state of the keyed limiters' memory reclamation in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reclamation {
+    /// The barrier mode in force.
+    pub mode: BarrierMode,
+    /// Expedited barriers that failed after the process registered for them.
+    /// The first failure switches the process to [`BarrierMode::Fence`].
+    pub failed_barriers: u64,
+    /// `true` after such a failure until a `MEMBARRIER_CMD_GLOBAL` barrier
+    /// has succeeded: until then each limiter frees memory only once every
+    /// thread that used it has called it again, or exited.
+    pub unconfirmed: bool,
+}
+
+/// How the keyed limiters' memory reclamation stands: the barrier mode chosen
+/// at first use (set `TURNSTILE_BARRIER=fence` to choose fence mode), and how
+/// many barriers failed since.
+///
+/// ```
+/// let state = turnstile::reclamation();
+/// assert_eq!(state.failed_barriers, 0);
+/// ```
+pub fn reclamation() -> Reclamation {
+    mode::init();
+    Reclamation {
+        mode: if mode::reader_fences() {
+            BarrierMode::Fence
+        } else {
+            BarrierMode::Membarrier
+        },
+        failed_barriers: mode::failed(),
+        unconfirmed: mode::unconfirmed(),
+    }
+}
+
 #[cfg(not(turnstile_loom))]
-mod real {
-    use core::sync::atomic::{AtomicU8, compiler_fence, fence};
+mod mode {
+    use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering, fence};
     use std::sync::Once;
-
-    use crossbeam_utils::CachePadded;
-
-    use crate::sync::{AtomicU64, Mutex, Ordering, lock};
-
-    /// One thread's record.
-    struct Record {
-        /// Odd while the thread is pinned; each unpin moves to the next even
-        /// number, so a snapshot can tell a later pin from the one it saw.
-        pin: CachePadded<AtomicU64>,
-        /// The owner's counter slot: its place in the registry, or
-        /// `OWNED_SLOTS` (the shared slot) for records beyond the first
-        /// `OWNED_SLOTS`.
-        slot: usize,
-    }
-
-    /// Every record ever made, and those whose threads have exited.
-    struct Registry {
-        records: Vec<&'static Record>,
-        free: Vec<&'static Record>,
-    }
-
-    static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-        records: Vec::new(),
-        free: Vec::new(),
-    });
-
-    /// Readers pinned without a record (their thread-locals were being
-    /// destroyed).
-    static UNRECORDED: AtomicU64 = AtomicU64::new(0);
 
     const UNKNOWN: u8 = 0;
     const MEMBARRIER: u8 = 1;
     const FENCE: u8 = 2;
 
-    /// How readers and writers pair their barriers; set once, before any
-    /// thread registers, and never changed.
-    static BARRIER: AtomicU8 = AtomicU8::new(UNKNOWN);
-    static BARRIER_INIT: Once = Once::new();
+    /// The mode readers follow. Set once at start-up; may later go from
+    /// `MEMBARRIER` to `FENCE`, never back.
+    static MODE: AtomicU8 = AtomicU8::new(UNKNOWN);
+    static INIT: Once = Once::new();
+    /// Set before a switch to fence mode, cleared by a `CMD_GLOBAL` barrier
+    /// that succeeded after it.
+    static UNCONFIRMED: AtomicBool = AtomicBool::new(false);
+    static FAILED: AtomicU64 = AtomicU64::new(0);
 
-    fn init_barrier() {
-        BARRIER_INIT.call_once(|| {
-            let mode = if membarrier::register() {
+    /// Choose the mode, once. Every thread calls this before it takes a
+    /// thread index, so a reader never sees `UNKNOWN`.
+    pub(super) fn init() {
+        INIT.call_once(|| {
+            let forced = std::env::var_os("TURNSTILE_BARRIER");
+            let mode = if forced.as_deref() == Some("fence".as_ref()) {
+                FENCE
+            } else if membarrier::register() {
                 MEMBARRIER
             } else {
                 FENCE
             };
             // Relaxed: the `Once` orders this store before every thread that
-            // passes `call_once` (each registers through it first).
-            BARRIER.store(mode, Ordering::Relaxed);
+            // passes `call_once`.
+            MODE.store(mode, Ordering::Relaxed);
         });
     }
 
-    /// The reader's side: order its pin store before its next loads.
+    /// Whether a reader must fence its pin: the mode as this thread sees it.
     #[inline(always)]
-    fn reader_barrier() {
-        // Relaxed: written once before this thread registered (see above).
-        if BARRIER.load(Ordering::Relaxed) == MEMBARRIER {
-            // The writer's membarrier stands in for the hardware fence; the
-            // compiler must still not move the loads above the store.
-            compiler_fence(Ordering::SeqCst);
-        } else {
-            fence(Ordering::SeqCst);
+    pub(super) fn reader_fences() -> bool {
+        // Relaxed: a thread reading `MEMBARRIER` after the switch pins
+        // without a fence, and says so in its record (no `FENCED` bit); the
+        // writers then do not trust a snapshot until it has shown a fenced
+        // store (`Collector::transition_done`).
+        MODE.load(Ordering::Relaxed) != MEMBARRIER
+    }
+
+    pub(super) fn failed() -> u64 {
+        // Relaxed: a count for display.
+        FAILED.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn unconfirmed() -> bool {
+        // SeqCst: see `writer_barrier`.
+        UNCONFIRMED.load(Ordering::SeqCst)
+    }
+
+    /// The writer's barrier, after its unpublishing stores and before it
+    /// reads the records: `true` when it is sound for every reader, `false`
+    /// when readers pinned without a fence may be missed (see the module's
+    /// docs).
+    pub(super) fn writer_barrier() -> bool {
+        init();
+        // SeqCst: ordered with `UNCONFIRMED` below, so that a writer that
+        // sees fence mode also sees a switch's unconfirmed flag.
+        if MODE.load(Ordering::SeqCst) == MEMBARRIER {
+            match membarrier::expedited() {
+                Ok(()) => return true,
+                Err(errno) => switch_to_fence(errno),
+            }
+        }
+        fence(Ordering::SeqCst);
+        if !UNCONFIRMED.load(Ordering::SeqCst) {
+            return true;
+        }
+        // The switch came before this call: a global barrier now makes every
+        // thread pass a full barrier after it, so each later pin sees fence
+        // mode and each earlier one is visible here.
+        if membarrier::global().is_ok() {
+            // SeqCst: as above.
+            UNCONFIRMED.store(false, Ordering::SeqCst);
+            return true;
+        }
+        false
+    }
+
+    #[cold]
+    fn switch_to_fence(errno: i32) {
+        // Relaxed: a count.
+        let failures = FAILED.fetch_add(1, Ordering::Relaxed);
+        // SeqCst, before the mode: a writer that reads `FENCE` reads this
+        // flag (or a later confirmation) too.
+        UNCONFIRMED.store(true, Ordering::SeqCst);
+        let was = MODE.swap(FENCE, Ordering::SeqCst);
+        if was == MEMBARRIER && failures == 0 {
+            log_switch(errno);
         }
     }
 
-    /// The writer's side: after its unpublishing stores, before it reads the
-    /// records.
-    fn writer_barrier() {
-        init_barrier();
-        // Relaxed: as in `reader_barrier`.
-        if BARRIER.load(Ordering::Relaxed) != MEMBARRIER || !membarrier::expedited() {
-            fence(Ordering::SeqCst);
-            if BARRIER.load(Ordering::Relaxed) == MEMBARRIER {
-                // Readers do not fence in this mode, and the expedited barrier
-                // failed: wait for every CPU to pass a quiescent state.
-                membarrier::global();
-            }
-        }
+    #[cfg(feature = "tracing")]
+    fn log_switch(errno: i32) {
+        tracing::error!(
+            errno,
+            "turnstile: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed after start-up \
+             (a seccomp filter, or the kernel out of memory); keyed limiters switch to fence \
+             mode, and free memory only once a global barrier succeeds or every thread that \
+             used them has called them again"
+        );
     }
+
+    #[cfg(not(feature = "tracing"))]
+    fn log_switch(_errno: i32) {}
 
     #[cfg(target_os = "linux")]
     mod membarrier {
@@ -148,26 +239,31 @@ mod real {
         const CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
         const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
 
-        fn call(cmd: libc::c_long) -> bool {
+        fn call(cmd: libc::c_long) -> Result<(), i32> {
             // SAFETY: `membarrier(cmd, flags = 0, cpu_id = 0)` takes no pointers
-            // and has no effect on memory this process owns; an unsupported
-            // command returns -1 (EINVAL or ENOSYS), which is handled.
+            // and has no effect on memory this process owns; every failure
+            // returns -1 with `errno`, which the caller handles.
             #[allow(unsafe_code)]
             let result = unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) };
-            result == 0
+            if result == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+            }
         }
 
-        /// Register for expedited barriers; `false` where the kernel refuses.
+        /// Register for expedited barriers and issue one; `false` where the
+        /// kernel refuses either.
         pub(super) fn register() -> bool {
-            call(CMD_REGISTER_PRIVATE_EXPEDITED) && call(CMD_PRIVATE_EXPEDITED)
+            call(CMD_REGISTER_PRIVATE_EXPEDITED).is_ok() && call(CMD_PRIVATE_EXPEDITED).is_ok()
         }
 
-        pub(super) fn expedited() -> bool {
+        pub(super) fn expedited() -> Result<(), i32> {
             call(CMD_PRIVATE_EXPEDITED)
         }
 
-        pub(super) fn global() {
-            call(CMD_GLOBAL);
+        pub(super) fn global() -> Result<(), i32> {
+            call(CMD_GLOBAL)
         }
     }
 
@@ -177,259 +273,663 @@ mod real {
             false
         }
 
-        pub(super) fn expedited() -> bool {
-            false
+        pub(super) fn expedited() -> Result<(), i32> {
+            Err(0)
         }
 
-        pub(super) fn global() {}
-    }
-
-    /// This thread's claim on a record, given back when the thread exits.
-    struct Local {
-        record: &'static Record,
-    }
-
-    impl Local {
-        fn register() -> Local {
-            init_barrier();
-            let mut registry = lock(&REGISTRY);
-            let record = match registry.free.pop() {
-                Some(record) => record,
-                None => {
-                    let record: &'static Record = Box::leak(Box::new(Record {
-                        pin: CachePadded::new(AtomicU64::new(0)),
-                        slot: registry.records.len().min(super::OWNED_SLOTS),
-                    }));
-                    registry.records.push(record);
-                    record
-                }
-            };
-            Local { record }
-        }
-    }
-
-    impl Drop for Local {
-        fn drop(&mut self) {
-            // Relaxed: this thread's own record.
-            if self.record.pin.load(Ordering::Relaxed) & 1 == 0 {
-                // The mutex orders this thread's last writes to the record
-                // (and to its counter slot) before the next owner's first.
-                lock(&REGISTRY).free.push(self.record);
-            }
-            // A record left pinned (a guard outlived the thread's locals) is
-            // never reused.
-        }
-    }
-
-    std::thread_local! {
-        static LOCAL: Local = Local::register();
-    }
-
-    /// The collector: the global registry, shared by every limiter.
-    #[derive(Debug, Default)]
-    pub(crate) struct Collector;
-
-    /// A pin: memory reachable while it is held stays allocated until it is
-    /// dropped. Not `Send`: it is the current thread's.
-    pub(crate) struct Guard<'a> {
-        /// The record this guard pinned, or `None` for a guard nested in
-        /// another of the same thread (which unpins) or one counted in
-        /// `UNRECORDED`.
-        record: Option<&'static Record>,
-        slot: usize,
-        unrecorded: bool,
-        _not_send: core::marker::PhantomData<(&'a Collector, *const ())>,
-    }
-
-    impl Collector {
-        /// Pin: one store to the thread's own record and a compiler fence.
-        #[inline(always)]
-        pub(crate) fn pin(&self) -> Guard<'_> {
-            match LOCAL.try_with(|local| local.record) {
-                Ok(record) => {
-                    // Relaxed: this thread is the record's only writer.
-                    let seen = record.pin.load(Ordering::Relaxed);
-                    let outer = seen & 1 == 0;
-                    if outer {
-                        // Release: a writer that reads a later number of this
-                        // record acquires every access made under earlier pins.
-                        record.pin.store(seen | 1, Ordering::Release);
-                        reader_barrier();
-                    }
-                    Guard {
-                        record: outer.then_some(record),
-                        slot: record.slot,
-                        unrecorded: false,
-                        _not_send: core::marker::PhantomData,
-                    }
-                }
-                Err(_) => {
-                    // SeqCst, then a fence: a full barrier between this count
-                    // and the loads that follow, whatever the barrier mode.
-                    UNRECORDED.fetch_add(1, Ordering::SeqCst);
-                    fence(Ordering::SeqCst);
-                    Guard {
-                        record: None,
-                        slot: super::OWNED_SLOTS,
-                        unrecorded: true,
-                        _not_send: core::marker::PhantomData,
-                    }
-                }
-            }
-        }
-
-        /// The current thread's counter slot, without pinning.
-        #[inline]
-        pub(crate) fn slot(&self) -> usize {
-            LOCAL
-                .try_with(|local| local.record.slot)
-                .unwrap_or(super::OWNED_SLOTS)
-        }
-
-        /// Note the readers pinned now. Call it after unpublishing memory; the
-        /// memory may be freed once [`Snapshot::passed`] says so.
-        pub(crate) fn snapshot(&self) -> Snapshot {
-            writer_barrier();
-            let registry = lock(&REGISTRY);
-            let pinned = registry
-                .records
-                .iter()
-                .filter_map(|record| {
-                    // Acquire: see `Snapshot::passed`.
-                    let pin = record.pin.load(Ordering::Acquire);
-                    (pin & 1 == 1).then_some((*record, pin))
-                })
-                .collect();
-            Snapshot {
-                pinned,
-                // Acquire: see `Snapshot::passed`.
-                unrecorded: UNRECORDED.load(Ordering::Acquire) != 0,
-            }
-        }
-    }
-
-    impl Guard<'_> {
-        /// The current thread's counter slot: below [`OWNED_SLOTS`](super::OWNED_SLOTS),
-        /// one no other live thread writes; otherwise the shared slot.
-        #[inline(always)]
-        pub(crate) fn slot(&self) -> usize {
-            self.slot
-        }
-    }
-
-    impl Drop for Guard<'_> {
-        #[inline(always)]
-        fn drop(&mut self) {
-            if let Some(record) = self.record {
-                // Relaxed: this thread is the record's only writer.
-                let pinned = record.pin.load(Ordering::Relaxed);
-                // Release: every access made under this pin happens before a
-                // writer's acquire load that sees the new number.
-                record.pin.store(pinned.wrapping_add(1), Ordering::Release);
-            } else if self.unrecorded {
-                // Release: as above, for the shared count.
-                UNRECORDED.fetch_sub(1, Ordering::Release);
-            }
-        }
-    }
-
-    /// The readers pinned when a writer unpublished some memory.
-    pub(crate) struct Snapshot {
-        pinned: Vec<(&'static Record, u64)>,
-        unrecorded: bool,
-    }
-
-    impl Snapshot {
-        /// Whether every reader noted has unpinned since: the memory
-        /// unpublished before the snapshot can be freed.
-        pub(crate) fn passed(&mut self, _collector: &Collector) -> bool {
-            // Acquire: pairs with the Release of the reader's unpin (or of a
-            // later pin), so its reads happen before the caller frees.
-            self.pinned
-                .retain(|(record, pin)| record.pin.load(Ordering::Acquire) == *pin);
-            // Acquire: as above, for readers without a record; they are not
-            // told apart, so this waits for a moment with none.
-            if self.unrecorded && UNRECORDED.load(Ordering::Acquire) == 0 {
-                self.unrecorded = false;
-            }
-            self.pinned.is_empty() && !self.unrecorded
-        }
-    }
-
-    impl core::fmt::Debug for Snapshot {
-        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-            f.debug_struct("Snapshot")
-                .field("pinned", &self.pinned.len())
-                .field("unrecorded", &self.unrecorded)
-                .finish()
+        pub(super) fn global() -> Result<(), i32> {
+            Err(0)
         }
     }
 }
 
+/// Under loom: fence mode, the one loom can check.
 #[cfg(turnstile_loom)]
-mod model {
-    use crate::sync::Ordering;
+mod mode {
+    pub(super) fn init() {}
 
-    /// The model collector: pins are read locks.
-    pub(crate) struct Collector {
-        readers: loom::sync::RwLock<()>,
+    pub(super) fn reader_fences() -> bool {
+        true
     }
 
-    pub(crate) struct Guard<'a> {
-        _read: loom::sync::RwLockReadGuard<'a, ()>,
+    pub(super) fn failed() -> u64 {
+        0
     }
 
-    /// A snapshot is only a note that something was unpublished.
-    #[derive(Debug)]
-    pub(crate) struct Snapshot;
+    pub(super) fn unconfirmed() -> bool {
+        false
+    }
 
-    impl Default for Collector {
-        fn default() -> Self {
-            Collector {
-                readers: loom::sync::RwLock::new(()),
+    pub(super) fn writer_barrier() -> bool {
+        // SeqCst: the writer's half of the store-load pair.
+        crate::sync::fence(crate::sync::Ordering::SeqCst);
+        true
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Thread indices: a small number per live thread, reused after it exits.
+
+struct Indices {
+    /// The next index never handed out.
+    next: usize,
+    /// Indices of exited threads, smallest first out.
+    free: std::collections::BTreeSet<usize>,
+    /// Whether each index belongs to a live thread.
+    owned: Vec<bool>,
+}
+
+impl Indices {
+    const fn new() -> Indices {
+        Indices {
+            next: 0,
+            free: std::collections::BTreeSet::new(),
+            owned: Vec::new(),
+        }
+    }
+}
+
+/// Every thread's index. A `std` mutex under loom too: its critical sections
+/// hold no loom operation, and a loom static would be gone before the main
+/// thread's locals are dropped.
+static INDICES: std::sync::Mutex<Indices> = std::sync::Mutex::new(Indices::new());
+
+fn indices() -> std::sync::MutexGuard<'static, Indices> {
+    INDICES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// This thread's claim on an index, given back when the thread exits.
+struct ThreadIndex(usize);
+
+impl ThreadIndex {
+    fn acquire() -> ThreadIndex {
+        // Before the index: a thread with an index reads a chosen mode.
+        mode::init();
+        let mut indices = indices();
+        let index = match indices.free.pop_first() {
+            Some(index) => index,
+            None => {
+                let index = indices.next;
+                indices.next += 1;
+                indices.owned.push(false);
+                index
+            }
+        };
+        indices.owned[index] = true;
+        ThreadIndex(index)
+    }
+}
+
+impl Drop for ThreadIndex {
+    fn drop(&mut self) {
+        // The mutex orders this thread's last stores to its records (and to
+        // its counter slots) before the next owner's first.
+        let mut indices = indices();
+        indices.owned[self.0] = false;
+        indices.free.insert(self.0);
+    }
+}
+
+#[cfg(not(turnstile_loom))]
+std::thread_local! {
+    static THREAD: ThreadIndex = ThreadIndex::acquire();
+}
+
+#[cfg(turnstile_loom)]
+loom::thread_local! {
+    static THREAD: ThreadIndex = ThreadIndex::acquire();
+}
+
+/// The current thread's index; `None` while its thread-locals are being
+/// destroyed.
+#[inline(always)]
+fn thread_index() -> Option<usize> {
+    THREAD.try_with(|thread| thread.0).ok()
+}
+
+// ---------------------------------------------------------------------------
+// Records.
+
+/// A record's number: bit 0 set while pinned; bit 1 set when the owner had
+/// seen fence mode before the store; bit 2 set while the owner is on a
+/// writer's path; the rest counts pins.
+const PINNED: u64 = 1;
+const FENCED: u64 = 2;
+const BUSY: u64 = 4;
+const PIN_STEP: u64 = 8;
+
+/// One thread's record in one collector.
+struct Record {
+    word: crossbeam_utils::CachePadded<AtomicU64>,
+    /// Set by a writer once it has seen this record prove that its owner no
+    /// longer pins without a fence (see [`Collector::transition_done`]).
+    clean: crate::sync::AtomicBool,
+}
+
+impl Record {
+    fn new() -> Record {
+        Record {
+            word: crossbeam_utils::CachePadded::new(AtomicU64::new(0)),
+            clean: crate::sync::AtomicBool::new(false),
+        }
+    }
+}
+
+/// Records in the first bucket; bucket `b` holds `FIRST << b`. (Fewer under
+/// loom, where each record a snapshot reads is a step of the model.)
+const FIRST: usize = if cfg!(turnstile_loom) { 2 } else { 16 };
+/// Buckets: enough for every index, or for the few threads of a loom model.
+const BUCKETS: usize = if cfg!(turnstile_loom) {
+    4
+} else {
+    (usize::BITS - FIRST.trailing_zeros()) as usize
+};
+
+/// The bucket and offset of index `index`.
+#[inline(always)]
+fn bucket_of(index: usize) -> (usize, usize) {
+    let shifted = index + FIRST;
+    let bucket = (usize::BITS - 1 - shifted.leading_zeros()) as usize - FIRST.trailing_zeros() as usize;
+    (bucket, shifted - (FIRST << bucket))
+}
+
+/// A keyed limiter's grace periods: a record per thread that has used it.
+pub(crate) struct Collector {
+    /// Bucket `b` points to `FIRST << b` records, allocated on first use.
+    buckets: [AtomicPtr<Record>; BUCKETS],
+    /// Readers pinned without a record (their thread-locals were being
+    /// destroyed).
+    unrecorded: AtomicU64,
+}
+
+impl Default for Collector {
+    fn default() -> Collector {
+        Collector {
+            buckets: core::array::from_fn(|_| AtomicPtr::new(core::ptr::null_mut())),
+            unrecorded: AtomicU64::new(0),
+        }
+    }
+}
+
+impl core::fmt::Debug for Collector {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("Collector")
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        for (bucket, ptr) in self.buckets.iter().enumerate() {
+            // Relaxed: `&mut self` orders every earlier store before this.
+            let ptr = ptr.load(Ordering::Relaxed);
+            if !ptr.is_null() {
+                // SAFETY: allocated by `records` as a boxed slice of this
+                // length; `&mut self` means no thread holds a record.
+                #[allow(unsafe_code)]
+                drop(unsafe {
+                    Box::from_raw(core::ptr::slice_from_raw_parts_mut(ptr, FIRST << bucket))
+                });
+            }
+        }
+    }
+}
+
+/// A pin: memory reachable while it is held stays allocated until it is
+/// dropped. Not `Send`: it is the current thread's.
+pub(crate) struct Guard<'a> {
+    collector: &'a Collector,
+    /// The record this guard pinned, or `None` for one counted in
+    /// `unrecorded`.
+    record: Option<&'a Record>,
+    slot: usize,
+    _not_send: core::marker::PhantomData<*const ()>,
+}
+
+/// The current thread on a writer's path of a limiter (holding, or about to
+/// take, a shard's lock): a re-entry from user code run meanwhile is refused.
+pub(crate) struct Busy<'a> {
+    record: Option<&'a Record>,
+    _not_send: core::marker::PhantomData<*const ()>,
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn reentered() -> ! {
+    panic!(
+        "turnstile: a keyed limiter was called again, on the same thread, from code it runs \
+         in the middle of an operation (a key's Hash, Eq, ToOwned or Drop, the algorithm, or \
+         the clock); that would wait for itself, so it is refused"
+    )
+}
+
+impl Collector {
+    /// The records of bucket `bucket`, allocating them on first use.
+    #[inline(always)]
+    fn bucket(&self, bucket: usize) -> &[Record] {
+        // Acquire: pairs with the AcqRel exchange that published the records.
+        let mut ptr = self.buckets[bucket].load(Ordering::Acquire);
+        if ptr.is_null() {
+            ptr = self.allocate(bucket);
+        }
+        // SAFETY: a non-null bucket pointer points to `FIRST << bucket`
+        // initialized records, freed only when the collector is dropped.
+        #[allow(unsafe_code)]
+        unsafe {
+            core::slice::from_raw_parts(ptr, FIRST << bucket)
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn allocate(&self, bucket: usize) -> *mut Record {
+        let records: Box<[Record]> = (0..FIRST << bucket).map(|_| Record::new()).collect();
+        let new = Box::into_raw(records).cast::<Record>();
+        // AcqRel: Release publishes the new records; Acquire, on failure, sees
+        // the winner's.
+        match self.buckets[bucket].compare_exchange(
+            core::ptr::null_mut(),
+            new,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => new,
+            Err(winner) => {
+                // SAFETY: `new` came from `Box::into_raw` above and was never
+                // published.
+                #[allow(unsafe_code)]
+                drop(unsafe {
+                    Box::from_raw(core::ptr::slice_from_raw_parts_mut(new, FIRST << bucket))
+                });
+                winner
             }
         }
     }
 
-    impl core::fmt::Debug for Collector {
-        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-            f.write_str("Collector")
+    /// The current thread's record, or `None` while its thread-locals are
+    /// being destroyed.
+    #[inline(always)]
+    fn record(&self) -> Option<(&Record, usize)> {
+        let index = thread_index()?;
+        let (bucket, offset) = bucket_of(index);
+        Some((&self.bucket(bucket)[offset], index))
+    }
+
+    /// Pin: one store to the thread's own record and a compiler fence (or a
+    /// fence, in fence mode).
+    ///
+    /// # Panics
+    ///
+    /// If this thread is already pinned in this collector or on its writer's
+    /// path: user code run by the limiter called into it again.
+    #[inline(always)]
+    pub(crate) fn pin(&self) -> Guard<'_> {
+        let Some((record, index)) = self.record() else {
+            return self.pin_unrecorded();
+        };
+        // Relaxed: this thread is the record's only writer.
+        let seen = record.word.load(Ordering::Relaxed);
+        if seen & (PINNED | BUSY) != 0 {
+            reentered();
+        }
+        let fences = mode::reader_fences();
+        let word = (seen & !(PIN_STEP - 1)) + PIN_STEP + PINNED + if fences { FENCED } else { 0 };
+        // Release: a writer that reads this number (or a later one) acquires
+        // every access this thread made under earlier pins.
+        record.word.store(word, Ordering::Release);
+        if fences {
+            // SeqCst: the reader's half of the store-load pair. (The loom
+            // mutant `no_pin_fence` leaves it out, and the models of this
+            // protocol fail.)
+            #[cfg(not(turnstile_mutant = "no_pin_fence"))]
+            fence(Ordering::SeqCst);
+        } else {
+            // The writer's membarrier stands in for the hardware fence; the
+            // compiler must still not move the loads above the store.
+            compiler_fence(Ordering::SeqCst);
+        }
+        Guard {
+            collector: self,
+            record: Some(record),
+            slot: index.min(OWNED_SLOTS),
+            _not_send: core::marker::PhantomData,
         }
     }
+
+    #[cold]
+    fn pin_unrecorded(&self) -> Guard<'_> {
+        // SeqCst, then a fence: a full barrier between this count and the
+        // loads that follow, whatever the barrier mode.
+        self.unrecorded.fetch_add(1, Ordering::SeqCst);
+        #[cfg(not(turnstile_mutant = "no_pin_fence"))]
+        fence(Ordering::SeqCst);
+        Guard {
+            collector: self,
+            record: None,
+            slot: OWNED_SLOTS,
+            _not_send: core::marker::PhantomData,
+        }
+    }
+
+    /// Mark this thread as on the limiter's writer's path until the returned
+    /// guard is dropped.
+    ///
+    /// # Panics
+    ///
+    /// As [`pin`](Self::pin).
+    pub(crate) fn enter(&self) -> Busy<'_> {
+        let record = self.record().map(|(record, _)| {
+            // Relaxed: this thread is the record's only writer.
+            let seen = record.word.load(Ordering::Relaxed);
+            if seen & (PINNED | BUSY) != 0 {
+                reentered();
+            }
+            let fenced = if mode::reader_fences() { FENCED } else { 0 };
+            // Release: as in `pin`; the FENCED bit, if set, tells a writer
+            // that this thread's later pins all fence.
+            record.word.store(seen | BUSY | fenced, Ordering::Release);
+            record
+        });
+        Busy {
+            record,
+            _not_send: core::marker::PhantomData,
+        }
+    }
+
+    /// Note the readers pinned now. Call it after unpublishing memory; the
+    /// memory may be freed once [`Snapshot::passed`] says so.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let sound = mode::writer_barrier();
+        let mut snapshot = Snapshot {
+            pinned: Vec::new(),
+            unrecorded: false,
+            sound,
+        };
+        self.scan(&mut snapshot);
+        snapshot
+    }
+
+    /// Note in `snapshot` every record pinned now, and whether any reader
+    /// without a record is.
+    fn scan(&self, snapshot: &mut Snapshot) {
+        snapshot.pinned.clear();
+        for (bucket, ptr) in self.buckets.iter().enumerate() {
+            // Acquire: as in `bucket`.
+            if ptr.load(Ordering::Acquire).is_null() {
+                // Buckets fill in order of thread index, but one may be
+                // allocated before a lower one: look at every bucket.
+                continue;
+            }
+            for (offset, record) in self.bucket(bucket).iter().enumerate() {
+                // Acquire: see `Snapshot::passed`.
+                let word = record.word.load(Ordering::Acquire);
+                if word & PINNED != 0 {
+                    snapshot.pinned.push(((FIRST << bucket) - FIRST + offset, word));
+                }
+            }
+        }
+        // Acquire: see `Snapshot::passed`.
+        snapshot.unrecorded = self.unrecorded.load(Ordering::Acquire) != 0;
+    }
+
+    /// The record of index `index`, which a scan found allocated.
+    fn record_at(&self, index: usize) -> &Record {
+        let (bucket, offset) = bucket_of(index);
+        &self.bucket(bucket)[offset]
+    }
+
+    /// After a switch to fence mode that no global barrier confirmed: whether
+    /// every record of this collector has shown that its owner pins with a
+    /// fence from now on (a store with the `FENCED` bit, whose Release orders
+    /// every earlier unfenced pin before this writer's reads), or belongs to
+    /// no live thread (its next owner takes its index after this check, under
+    /// the same mutex, and sees fence mode).
+    fn transition_done(&self) -> bool {
+        if !mode::unconfirmed() {
+            return true;
+        }
+        if !mode::reader_fences() {
+            // Not switched yet: nothing to wait for here (the switch sets
+            // the flag first).
+            return false;
+        }
+        let indices = indices();
+        for (bucket, ptr) in self.buckets.iter().enumerate() {
+            // Acquire: as in `bucket`.
+            if ptr.load(Ordering::Acquire).is_null() {
+                continue;
+            }
+            for (offset, record) in self.bucket(bucket).iter().enumerate() {
+                // Acquire: pairs with the Release below, by another writer.
+                if record.clean.load(Ordering::Acquire) {
+                    continue;
+                }
+                let index = (FIRST << bucket) - FIRST + offset;
+                // Acquire: pairs with the owner's Release store of the word.
+                let fenced = record.word.load(Ordering::Acquire) & FENCED != 0;
+                if fenced || !indices.owned.get(index).copied().unwrap_or(false) {
+                    // Release: another writer that reads it acquires what this
+                    // one saw.
+                    record.clean.store(true, Ordering::Release);
+                } else {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+impl Guard<'_> {
+    /// The current thread's counter slot: below [`OWNED_SLOTS`], one no
+    /// other live thread writes; otherwise the shared slot.
+    #[inline(always)]
+    pub(crate) fn slot(&self) -> usize {
+        self.slot
+    }
+}
+
+impl Drop for Guard<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        match self.record {
+            Some(record) => {
+                // Relaxed: this thread is the record's only writer.
+                let word = record.word.load(Ordering::Relaxed);
+                // Release: every access made under this pin happens before a
+                // writer's acquire load that sees the new number. (The loom
+                // mutant `relaxed_unpin` makes it Relaxed, and the models of
+                // this protocol fail.)
+                #[cfg(not(turnstile_mutant = "relaxed_unpin"))]
+                let order = Ordering::Release;
+                #[cfg(turnstile_mutant = "relaxed_unpin")]
+                let order = Ordering::Relaxed;
+                record.word.store(word & !PINNED, order);
+            }
+            None => {
+                // Release: as above, for the shared count.
+                #[cfg(not(turnstile_mutant = "relaxed_unpin"))]
+                let order = Ordering::Release;
+                #[cfg(turnstile_mutant = "relaxed_unpin")]
+                let order = Ordering::Relaxed;
+                self.collector.unrecorded.fetch_sub(1, order);
+            }
+        }
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Some(record) = self.record {
+            // Relaxed: this thread is the record's only writer.
+            let word = record.word.load(Ordering::Relaxed);
+            // Release: as in `Guard::drop`.
+            record.word.store(word & !BUSY, Ordering::Release);
+        }
+    }
+}
+
+impl core::fmt::Debug for Busy<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("Busy")
+    }
+}
+
+/// The readers pinned when a writer unpublished some memory.
+pub(crate) struct Snapshot {
+    /// Each pinned record's index and number.
+    pinned: Vec<(usize, u64)>,
+    unrecorded: bool,
+    /// Whether the barrier before the scan was sound for every reader; if
+    /// not, the snapshot waits for the limiter's records to show fence mode
+    /// and then scans again.
+    sound: bool,
+}
+
+impl Snapshot {
+    /// Whether every reader noted has unpinned since: the memory
+    /// unpublished before the snapshot can be freed.
+    pub(crate) fn passed(&mut self, collector: &Collector) -> bool {
+        if !self.sound {
+            if !collector.transition_done() {
+                return false;
+            }
+            // Every reader from now on fences, and every unfenced pin has
+            // ended; scan again after a fence: any reader still pinned on the
+            // memory is noted now.
+            // SeqCst: the writer's half of the store-load pair.
+            fence(Ordering::SeqCst);
+            collector.scan(self);
+            self.sound = true;
+        }
+        // Acquire: pairs with the Release of the reader's unpin (or of a
+        // later pin), so its reads happen before the caller frees.
+        self.pinned
+            .retain(|&(index, word)| collector.record_at(index).word.load(Ordering::Acquire) == word);
+        // Acquire: as above, for readers without a record; they are not
+        // told apart, so this waits for a moment with none.
+        if self.unrecorded && collector.unrecorded.load(Ordering::Acquire) == 0 {
+            self.unrecorded = false;
+        }
+        self.pinned.is_empty() && !self.unrecorded
+    }
+}
+
+impl core::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("pinned", &self.pinned.len())
+            .field("unrecorded", &self.unrecorded)
+            .field("sound", &self.sound)
+            .finish()
+    }
+}
+
+/// The protocol's interface, public under loom only, for the models in
+/// `loom-tests/`.
+#[cfg(turnstile_loom)]
+pub mod model {
+    /// A collector of its own.
+    #[derive(Debug, Default)]
+    pub struct Collector(super::Collector);
+
+    /// A pin.
+    pub struct Guard<'a>(#[allow(dead_code)] super::Guard<'a>);
+
+    impl core::fmt::Debug for Guard<'_> {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.write_str("Guard")
+        }
+    }
+
+    /// The readers pinned at an unpublish.
+    #[derive(Debug)]
+    pub struct Snapshot(super::Snapshot);
 
     impl Collector {
-        pub(crate) fn pin(&self) -> Guard<'_> {
-            Guard {
-                _read: self
-                    .readers
-                    .read()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-            }
+        /// Pin this thread.
+        pub fn pin(&self) -> Guard<'_> {
+            Guard(self.0.pin())
         }
 
-        pub(crate) fn slot(&self) -> usize {
-            super::OWNED_SLOTS
+        /// Pin as a thread whose thread-locals are gone does.
+        pub fn pin_unrecorded(&self) -> Guard<'_> {
+            Guard(self.0.pin_unrecorded())
         }
 
-        pub(crate) fn snapshot(&self) -> Snapshot {
-            // SeqCst: keeps the model's writer from reordering its unpublish
-            // past the lock below (the lock orders it anyway).
-            loom::sync::atomic::fence(Ordering::SeqCst);
-            Snapshot
-        }
-    }
-
-    impl Guard<'_> {
-        pub(crate) fn slot(&self) -> usize {
-            super::OWNED_SLOTS
+        /// Note the readers pinned now.
+        pub fn snapshot(&self) -> Snapshot {
+            Snapshot(self.0.snapshot())
         }
     }
 
     impl Snapshot {
-        /// Passed when no reader holds a pin now: each pin taken before the
-        /// snapshot has then been released (the lock orders them).
-        pub(crate) fn passed(&mut self, collector: &Collector) -> bool {
-            collector.readers.try_write().is_ok()
+        /// Whether every reader noted has unpinned.
+        pub fn passed(&mut self, collector: &Collector) -> bool {
+            self.0.passed(&collector.0)
         }
+    }
+}
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indices_map_onto_buckets_without_gaps_or_overlap() {
+        let mut expected = (0, 0);
+        for index in 0..10_000 {
+            let (bucket, offset) = bucket_of(index);
+            assert_eq!((bucket, offset), expected, "index {index}");
+            assert!(offset < FIRST << bucket);
+            expected = if offset + 1 == FIRST << bucket {
+                (bucket + 1, 0)
+            } else {
+                (bucket, offset + 1)
+            };
+            assert_eq!((FIRST << bucket) - FIRST + offset, index);
+        }
+        assert!(bucket_of(usize::MAX - FIRST).0 < BUCKETS);
+    }
+
+    #[test]
+    fn a_snapshot_waits_for_a_reader_pinned_before_it_and_not_after() {
+        let collector = Collector::default();
+        let guard = collector.pin();
+        let mut snapshot = collector.snapshot();
+        assert!(!snapshot.passed(&collector));
+        drop(guard);
+        assert!(snapshot.passed(&collector));
+        let later = collector.pin();
+        let mut snapshot = Collector::snapshot(&Collector::default());
+        assert!(snapshot.passed(&collector), "another collector's reader");
+        drop(later);
+    }
+
+    #[test]
+    #[should_panic(expected = "called again")]
+    fn pinning_twice_on_one_thread_is_refused() {
+        let collector = Collector::default();
+        let _outer = collector.pin();
+        let _inner = collector.pin();
+    }
+
+    #[test]
+    #[should_panic(expected = "called again")]
+    fn pinning_on_a_writers_path_is_refused() {
+        let collector = Collector::default();
+        let _busy = collector.enter();
+        let _inner = collector.pin();
+    }
+
+    #[test]
+    fn a_busy_writer_is_not_waited_for_and_two_collectors_are_apart() {
+        let (a, b) = (Collector::default(), Collector::default());
+        let _busy = a.enter();
+        let _pinned_in_b = b.pin();
+        let mut snapshot = a.snapshot();
+        assert!(snapshot.passed(&a));
     }
 }

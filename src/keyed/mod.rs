@@ -21,14 +21,14 @@ use crate::error::{AcquireError, KeyedConfigError, QuotaError};
 use crate::limiter::check_permits;
 use crate::live::LiveTokenBucket;
 use crate::quota::Quota;
-use crate::reclaim::Collector;
+use crate::reclaim::{Busy, Collector};
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 use crate::tally::Tally;
 use crate::token_bucket::TokenBucket;
 
 #[allow(unsafe_code)]
 mod table;
-use table::{Locked, NEVER_SWEPT, Shard};
+use table::{Counts, Locked, NEVER_SWEPT, NoRoom, Shard};
 
 /// The default bound on keys held.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -643,8 +643,9 @@ where
             denied: inner.tally.denied(),
             ..KeyedStats::default()
         };
+        let busy = inner.collector.enter();
         for shard in inner.shards.iter() {
-            let mut locked = shard.lock();
+            let mut locked = shard.lock(&busy);
             let writer = locked.writer();
             stats.denied_key_limit += writer.denied_key_limit;
             stats.evicted += writer.evicted;
@@ -710,7 +711,7 @@ where
     /// Count a wait's outcome: admitted, or refused by its deadline.
     pub(crate) fn count_outcome(&self, admitted: bool) {
         let inner = &*self.inner;
-        inner.tally.count_outcome(admitted, inner.collector.slot());
+        inner.tally.count_outcome(admitted, crate::reclaim::thread_slot());
     }
 
     /// The decision `key` would get for `n` permits now, taking nothing and
@@ -854,8 +855,8 @@ where
             }
         }
         // Not linked: it may wait in limbo with a word that still counts.
-        let locked = shard.lock();
-        let now = self.clock.now();
+        let busy = self.collector.enter();
+        let (locked, now) = self.lock_settled(shard, &busy);
         if let Some(entry) = locked.find(hash, key) {
             return f(locked.cell(entry).load(), now, true);
         }
@@ -881,10 +882,40 @@ where
                 return Some(f(cell));
             }
         }
-        // Not linked, or its shard's table is closed for a rebuild, which the
-        // lock waits out.
-        let locked = shard.lock();
+        // Not linked, or its shard's table is closed for a rebuild: decided
+        // under the lock.
+        let busy = self.collector.enter();
+        let (locked, _) = self.lock_settled(shard, &busy);
         locked.find(hash, key).map(|entry| f(locked.cell(entry)))
+    }
+
+    /// The limiter's counts, for a shard's changes to keep.
+    fn counts(&self) -> Counts<'_> {
+        Counts {
+            linked: &self.len,
+            limbo: &self.limbo,
+            max_keys: self.max_keys,
+        }
+    }
+
+    /// Lock `shard`, read the clock under the lock, and finish a rebuild of
+    /// its table whose readers are gone ([`Locked::settle`]).
+    fn lock_settled<'s>(&'s self, shard: &'s Shard<K>, busy: &Busy<'_>) -> (Locked<'s, K>, u64) {
+        let mut locked = shard.lock(busy);
+        let now = self.clock.now();
+        self.settle(&mut locked, now);
+        (locked, now)
+    }
+
+    /// [`Locked::settle`] with this limiter's rules, at `now` (read under
+    /// the lock).
+    fn settle(&self, locked: &mut Locked<'_, K>, now: u64) {
+        locked.settle(
+            &|word| self.algorithm.is_fresh_equivalent(word, now),
+            &self.collector,
+            &|k| self.hasher.hash_one(k),
+            &self.counts(),
+        );
     }
 
     /// A key not linked in its shard: take the shard's mutex, read the clock,
@@ -896,6 +927,12 @@ where
     /// freed it since, and a fresh word decided at `_early` would then count
     /// the key's last window or burst twice. (The loom mutant
     /// `stale_insert_reading` uses it, and its model fails.)
+    ///
+    /// User code runs here (the key's `Eq` and `ToOwned`, the algorithm, the
+    /// clock, and in a rebuild the keys' `Hash` and `Drop`) with the thread
+    /// marked busy in this limiter, so a call back into it panics rather than
+    /// deadlocks; a panic leaves the books as they were (a place reserved
+    /// under the key bound is given back by its guard).
     #[inline(never)]
     // One argument more than clippy's limit: the algorithm a reservation
     // decides with.
@@ -915,16 +952,19 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let busy = self.collector.enter();
         // Busy shards a first look at the bound could not sweep: swept after
         // this shard's lock is let go, and the insert starts over, once.
-        let mut busy = Vec::new();
-        let mut locked = loop {
-            let mut locked = shard.lock();
+        let mut busy_shards = Vec::new();
+        // Times this request found its shard's table full while a rebuild
+        // waited for a reader: it lets the lock go and tries again, a bounded
+        // number of times.
+        let mut waits = 0;
+        loop {
+            let (mut locked, now) = self.lock_settled(shard, &busy);
             // Read under the lock: after every sweep of this shard that came
             // before, so never older than a reading that judged this key's
             // last word.
-            #[cfg(not(turnstile_mutant = "stale_insert_reading"))]
-            let now = self.clock.now();
             #[cfg(turnstile_mutant = "stale_insert_reading")]
             let now = _early;
             if let Some(entry) = locked.find(hash, key) {
@@ -939,7 +979,7 @@ where
                 if next.is_none() {
                     // The word would stay fresh: nothing to remember.
                     if counted {
-                        self.tally.count(decision, self.collector.slot());
+                        self.tally.count(decision, crate::reclaim::thread_slot());
                     }
                     return (decision.into(), None);
                 }
@@ -958,112 +998,119 @@ where
                     .then(|| swept_at.min(now.saturating_sub(AUTO_SWEEP_MIN_IDLE_NS)));
                 self.sweep_shard_idle_since(&mut locked, now, usize::MAX, since);
             }
-            let retried = !busy.is_empty();
-            if self.reserve_key() || self.reclaim(&mut locked, shard, now, &mut busy) {
-                break (locked, now, on_fresh);
-            }
-            if !retried && !busy.is_empty() {
-                // Other threads held shards the look skipped (a sweep, a
-                // stats reading, another insert): a key sweepable there must
-                // not be missed. This thread lets its own lock go, so waiting
-                // for theirs cannot deadlock, sweeps them and starts over.
-                drop(locked);
-                for &index in &busy {
-                    let mut other = self.shards[index].lock();
-                    let now = self.clock.now();
-                    self.sweep_shard(&mut other, now, RECLAIM_BUDGET);
+            let retried = !busy_shards.is_empty();
+            let reserved = match self.reserve_key() {
+                Some(reserved) => Some(reserved),
+                None => self.reclaim(&mut locked, shard, now, &mut busy_shards, &busy),
+            };
+            let Some(reserved) = reserved else {
+                if !retried && !busy_shards.is_empty() {
+                    // Other threads held shards the look skipped (a sweep, a
+                    // stats reading, another insert): a key sweepable there
+                    // must not be missed. This thread lets its own lock go, so
+                    // waiting for theirs cannot deadlock, sweeps them and
+                    // starts over.
+                    drop(locked);
+                    for &index in &busy_shards {
+                        let mut other = self.shards[index].lock(&busy);
+                        let now = self.clock.now();
+                        self.sweep_shard(&mut other, now, RECLAIM_BUDGET);
+                    }
+                    continue;
                 }
-                continue;
+                if !busy_shards.is_empty() {
+                    // The second look found shards busy again: refuse, and let
+                    // the next new keys refuse without looking for a while (a
+                    // look that skipped nothing has started the pause itself).
+                    self.start_reclaim_cooldown(now);
+                }
+                return self.refuse_new_key(&mut locked, now);
+            };
+            // Looked up again: the sweeps above may have freed the key's entry
+            // from limbo, which they do only when its word is fresh-equivalent
+            // at `now`, so a fresh word decided at `now` then loses nothing.
+            if let Some(entry) = locked.find_in_limbo(hash, key) {
+                locked.relink(hash, entry, &self.counts());
+                reserved.keep();
+                return self.decide_on(algorithm, locked.cell(entry), now, n, counted);
             }
-            if !busy.is_empty() {
-                // The second look found shards busy again: refuse, and let the
-                // next new keys refuse without looking for a while (a look
-                // that skipped nothing has started the pause itself).
-                self.start_reclaim_cooldown(now);
-            }
-            locked.writer().denied_key_limit += 1;
-            #[cfg(feature = "tracing")]
-            self.log_key_limit(now);
-            return (
-                KeyedDecision::KeyLimit {
-                    retry_after: self.key_limit_wait(),
-                },
-                None,
+            let room = locked.make_room(
+                &|word| self.algorithm.is_fresh_equivalent(word, now),
+                &self.collector,
+                &|k| self.hasher.hash_one(k),
+                &self.counts(),
             );
-        };
-        let (ref mut locked, now, on_fresh) = locked;
-        // Looked up again: the sweeps above may have freed the key's entry from
-        // limbo, which they do only when its word is fresh-equivalent at `now`,
-        // so a fresh word decided at `now` then loses nothing.
-        let entry = match locked.find_in_limbo(hash, key) {
-            Some(entry) => {
-                locked.relink(hash, entry);
-                // Relaxed: a count, as in `reserve_key`.
-                self.limbo.fetch_sub(1, Ordering::Relaxed);
-                entry
-            }
-            None => {
-                // Stored already decided on, rather than fresh and then
-                // decided on with a compare-and-swap: under the lock, before
-                // the key is published, no decision can come between. (A key
-                // found in limbo above and freed since has no decision yet.)
-                let (decision, next) =
-                    on_fresh.unwrap_or_else(|| algorithm.decide(self.algorithm.fresh(), now, n));
-                let inserted = locked.insert(
-                    hash,
-                    key.to_owned(),
-                    next.unwrap_or_else(|| self.algorithm.fresh()),
-                    |word| self.algorithm.is_fresh_equivalent(word, now),
-                    &self.collector,
-                    |k| self.hasher.hash_one(k),
-                );
-                if inserted.freed > 0 {
-                    // Relaxed: as in `reserve_key`.
-                    self.limbo.fetch_sub(inserted.freed, Ordering::Relaxed);
+            match room {
+                Ok(_) => {}
+                Err(NoRoom::Waiting) if waits < MAX_ROOM_WAITS => {
+                    // The table is full until its rebuild's readers are gone:
+                    // let go of the place, the lock and the busy mark of this
+                    // shard, and try again.
+                    waits += 1;
+                    drop(reserved);
+                    drop(locked);
+                    crate::sync::wait_for_readers();
+                    continue;
                 }
-                match inserted.pos {
-                    Some(_) => {
-                        locked.writer().inserts_since_sweep += 1;
-                        if counted {
-                            self.tally.count(decision, self.collector.slot());
-                        }
-                        return (decision.into(), next);
-                    }
-                    None => {
-                        // The shard's table cannot grow (2^31 slots).
-                        self.release_key();
-                        locked.writer().denied_key_limit += 1;
-                        return (
-                            KeyedDecision::KeyLimit {
-                                retry_after: self.key_limit_wait(),
-                            },
-                            None,
-                        );
-                    }
+                Err(_) => {
+                    // The shard's table cannot grow (2^31 slots), or a reader
+                    // has held its rebuild for longer than this request waits.
+                    drop(reserved);
+                    return self.refuse_new_key(&mut locked, now);
                 }
             }
-        };
-        self.decide_on(algorithm, locked.cell(entry), now, n, counted)
+            // Stored already decided on, rather than fresh and then decided on
+            // with a compare-and-swap: under the lock, before the key is
+            // published, no decision can come between. (A key found in limbo
+            // above and freed since has no decision yet.)
+            let (decision, next) =
+                on_fresh.unwrap_or_else(|| algorithm.decide(self.algorithm.fresh(), now, n));
+            let owned = key.to_owned();
+            locked.put_new(hash, owned, next.unwrap_or_else(|| self.algorithm.fresh()));
+            reserved.keep();
+            locked.writer().inserts_since_sweep += 1;
+            if counted {
+                self.tally.count(decision, crate::reclaim::thread_slot());
+            }
+            return (decision.into(), next);
+        }
+    }
+
+    /// A new key refused at the bound: counted, logged, and told when every
+    /// key left idle is sweepable.
+    fn refuse_new_key(&self, locked: &mut Locked<'_, K>, now: u64) -> (KeyedDecision, Option<u64>) {
+        locked.writer().denied_key_limit += 1;
+        #[cfg(feature = "tracing")]
+        self.log_key_limit(now);
+        #[cfg(not(feature = "tracing"))]
+        let _ = now;
+        (
+            KeyedDecision::KeyLimit {
+                retry_after: self.key_limit_wait(),
+            },
+            None,
+        )
     }
 
     /// Room for one more key at the bound: look for sweepable keys, with
-    /// bounded work, in this shard (`own`, locked) and then the others. `true`
-    /// once a key slot is reserved. Shards another thread holds are skipped
-    /// and noted in `busy`, for the caller to sweep once it has let its own
-    /// lock go.
+    /// bounded work, in this shard (`own`, locked) and then the others. A
+    /// place reserved under the bound once one is found. Shards another
+    /// thread holds are skipped and noted in `busy_shards`, for the caller to
+    /// sweep once it has let its own lock go.
     #[cold]
     fn reclaim(
         &self,
         own: &mut Locked<'_, K>,
         own_shard: &Shard<K>,
         now: u64,
-        busy: &mut Vec<usize>,
-    ) -> bool {
-        busy.clear();
+        busy_shards: &mut Vec<usize>,
+        busy: &Busy<'_>,
+    ) -> Option<Reserved<'_>> {
+        busy_shards.clear();
         // Relaxed: a hint about when to look again; a stale value costs one
         // extra look or one refusal within the cooldown.
         if now < self.reclaim_idle_until.load(Ordering::Relaxed) {
-            return false;
+            return None;
         }
         // A full limbo stops a sweep unlinking anything; its entries may wait
         // in any shard, so free them everywhere first (a sweep of budget 0
@@ -1072,7 +1119,7 @@ where
         if self.limbo.load(Ordering::Relaxed) >= self.max_keys {
             self.sweep_shard(own, now, 0);
             for shard in self.shards.iter() {
-                if let Some(mut other) = shard.try_lock() {
+                if let Some(mut other) = shard.try_lock(busy) {
                     let now = self.clock.now();
                     self.sweep_shard(&mut other, now, 0);
                 }
@@ -1080,8 +1127,8 @@ where
         }
         let mut budget = RECLAIM_BUDGET;
         budget -= self.sweep_shard(own, now, budget).min(budget);
-        if self.reserve_key() {
-            return true;
+        if let Some(reserved) = self.reserve_key() {
+            return Some(reserved);
         }
         let shards = self.shards.len();
         // A cursor, as a clock hand: each look starts where the last one
@@ -1096,7 +1143,7 @@ where
         let mut i = 0;
         let found = loop {
             if i == shards || budget == 0 {
-                break false;
+                break None;
             }
             let index = start.wrapping_add(i) & self.shard_mask;
             i += 1;
@@ -1106,27 +1153,24 @@ where
             }
             // `try_lock`: this thread holds its own shard's lock, so it must not
             // wait for another's (that thread may be waiting for ours).
-            let Some(mut other) = shard.try_lock() else {
-                busy.push(index);
+            let Some(mut other) = shard.try_lock(busy) else {
+                busy_shards.push(index);
                 continue;
             };
             let now = self.clock.now();
             budget -= self.sweep_shard(&mut other, now, budget).min(budget);
             drop(other);
-            if self.reserve_key() {
-                break true;
+            if let Some(reserved) = self.reserve_key() {
+                break Some(reserved);
             }
         };
         // Relaxed: as above.
         self.reclaim_from
             .store(start.wrapping_add(i) & self.shard_mask, Ordering::Relaxed);
-        if found {
-            return true;
-        }
-        if busy.is_empty() {
+        if found.is_none() && busy_shards.is_empty() {
             self.start_reclaim_cooldown(now);
         }
-        false
+        found
     }
 
     /// Let new keys at the bound refuse without looking for room until a
@@ -1164,29 +1208,14 @@ where
     ) -> usize {
         let capacity = locked.capacity();
         let examined = capacity.min(budget);
-        let swept = locked.sweep(
+        locked.sweep(
             |word| self.algorithm.is_fresh_equivalent(word, now),
             |word| since.is_none_or(|since| self.algorithm.is_fresh_equivalent(word, since)),
             budget,
-            |freed| {
-                if freed > 0 {
-                    // Relaxed: as in `reserve_key`.
-                    self.limbo.fetch_sub(freed, Ordering::Relaxed);
-                }
-            },
-            || self.reserve_limbo(),
             &self.collector,
             |k| self.hasher.hash_one(k),
+            &self.counts(),
         );
-        if swept.unlinked > 0 {
-            // Relaxed: as in `reserve_key`.
-            self.len.fetch_sub(swept.unlinked, Ordering::Relaxed);
-        }
-        if swept.freed_after > 0 {
-            // Relaxed: as in `reserve_key`.
-            self.limbo.fetch_sub(swept.freed_after, Ordering::Relaxed);
-        }
-        locked.writer().evicted += swept.unlinked as u64;
         if budget >= capacity {
             // A whole sweep: the amortized schedule starts again.
             let linked = locked.linked();
@@ -1199,11 +1228,12 @@ where
     }
 
     fn sweep(&self) -> usize {
+        let busy = self.collector.enter();
         // A full limbo stops a sweep unlinking anything, and its entries may
         // wait in a shard visited after the one with idle keys: free every
         // shard's limbo first (a sweep of budget 0 only frees limbo).
         for shard in self.shards.iter() {
-            let mut locked = shard.lock();
+            let mut locked = shard.lock(&busy);
             let now = self.clock.now();
             self.sweep_shard(&mut locked, now, 0);
         }
@@ -1211,7 +1241,7 @@ where
             .shards
             .iter()
             .map(|shard| {
-                let mut locked = shard.lock();
+                let mut locked = shard.lock(&busy);
                 let now = self.clock.now();
                 let before = locked.writer().evicted;
                 self.sweep_shard(&mut locked, now, usize::MAX);
@@ -1283,19 +1313,10 @@ where
         }
     }
 
-    /// Take one key slot under the bound.
-    fn reserve_key(&self) -> bool {
-        reserve(&self.len, self.max_keys)
-    }
-
-    fn release_key(&self) {
-        // Relaxed: as in `reserve_key`.
-        self.len.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Take one place in limbo under its bound (`max_keys`).
-    fn reserve_limbo(&self) -> bool {
-        reserve(&self.limbo, self.max_keys)
+    /// Take one key place under the bound: given back when the guard is
+    /// dropped, unless [kept](Reserved::keep) by the key that took it.
+    fn reserve_key(&self) -> Option<Reserved<'_>> {
+        reserve(&self.len, self.max_keys).then(|| Reserved { count: &self.len })
     }
 
     fn len(&self) -> usize {
@@ -1315,7 +1336,7 @@ where
     ) -> (KeyedDecision, Option<u64>) {
         let (decision, written) = cell.take(algorithm, now, n);
         if counted {
-            self.tally.count(decision, self.collector.slot());
+            self.tally.count(decision, crate::reclaim::thread_slot());
         }
         (decision.into(), written)
     }
@@ -1345,6 +1366,34 @@ fn reserve(count: &AtomicUsize, bound: usize) -> bool {
         }
     }
 }
+
+/// A place under the key bound, taken by a new key on its way in. Given
+/// back when dropped (the key was not stored: refused, or user code run
+/// meanwhile panicked), so that no path leaks it.
+#[must_use]
+struct Reserved<'a> {
+    count: &'a AtomicUsize,
+}
+
+impl Reserved<'_> {
+    /// The key took its place: it stays counted.
+    fn keep(self) {
+        core::mem::forget(self);
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        // Relaxed: as in `reserve`.
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How many times a new key whose shard's table is full while its rebuild
+/// waits for a reader lets the lock go and tries again before it is refused
+/// as at the key bound: a reader that stays pinned (descheduled, stopped)
+/// then costs new keys of that one shard a refusal, not a hang.
+const MAX_ROOM_WAITS: u32 = 10_000;
 
 impl<K, A, C, S> KeyedLimiter<K, A, C, S> {
     /// The most keys held at once.
@@ -1402,8 +1451,9 @@ impl<K, C: Clock, S> KeyedLimiter<K, LiveTokenBucket, C, S> {
     pub fn set_quota(&self, quota: Quota) -> Result<(), QuotaError> {
         let inner = &*self.inner;
         let change = inner.algorithm.begin(quota)?;
+        let busy = inner.collector.enter();
         for shard in inner.shards.iter() {
-            let locked = shard.lock();
+            let locked = shard.lock(&busy);
             // Read under the lock, as a sweep does.
             let now = inner.clock.now();
             locked.for_each_held(|cell| cell.convert(|word| change.convert(word, now)));

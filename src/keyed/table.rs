@@ -53,19 +53,24 @@
 //! Growing, shrinking or dropping `DEAD` slots builds a new table and moves
 //! every held key and word into it. A decision must not land its
 //! compare-and-swap in a word that has been copied, so a rebuild:
-//! 1. marks the published table *closed* (the low bit of the shard's pointer):
-//!    a reader that sees the mark takes the writer's path, which waits on the
-//!    mutex the rebuild holds and then decides in the new table;
-//! 2. waits out every reader pinned before the mark (a grace period): after
-//!    it, no decision can still be running on a word of the old table, and
+//! 1. marks the published table *closed* (the low bit of the shard's pointer)
+//!    and takes a snapshot of the readers pinned: a reader that sees the mark
+//!    takes the writer's path, which decides under the shard's mutex on the
+//!    closed table's words;
+//! 2. lets the lock go and waits for nothing: the first writer (an insert, a
+//!    sweep, or a decision sent to the writer's path) to find the snapshot
+//!    passed finishes the rebuild ([`Locked::settle`]); by then no decision
+//!    can still be running on a word of the old table without the lock, and
 //!    every word is final;
-//! 3. copies, frees the keys in limbo whose words are fresh-equivalent,
-//!    publishes the new table and frees the old one at once (no reader can
-//!    reach it).
+//! 3. judges each key in limbo once, freeing those whose words are
+//!    fresh-equivalent, copies the rest into a table built aside, publishes
+//!    it and frees the old one at once (no reader can reach it).
 //!
-//! A rebuild makes decisions on its shard wait for it, as a resize does behind
-//! a map's write lock; it happens when the table's load passes 3/4 (so at
-//! most once per doubling) or falls below 1/8.
+//! So a reader stuck while pinned (descheduled, stopped) holds back only
+//! this limiter's rebuilds, and decisions on the shard go on under its
+//! mutex meanwhile; new keys go into the closed table until it is 7/8 full,
+//! and past that wait for the rebuild. A rebuild happens when the table's
+//! load passes 3/4 (so at most once per doubling) or falls below 1/8.
 //!
 //! Memory is bounded: slots hold linked keys (the keyed limiter bounds these by
 //! its `max_keys`), keys in limbo (bounded by the same number again) or dead
@@ -80,7 +85,7 @@ use std::collections::VecDeque;
 use hashbrown::HashTable;
 
 use crate::cell::Cell;
-use crate::reclaim::{Collector, Guard, Snapshot};
+use crate::reclaim::{Busy, Collector, Guard, Snapshot};
 use crate::sync::{
     AtomicPtr, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, UnsafeCell, lock,
 };
@@ -456,6 +461,15 @@ const fn limbo_hash(pos: u32) -> u64 {
 /// [`Writer::swept_at`] of a shard not swept yet.
 pub(crate) const NEVER_SWEPT: u64 = u64::MAX;
 
+/// A rebuild under way: the table is closed and waits for the readers pinned
+/// before it closed.
+struct Closing {
+    snapshot: Snapshot,
+    /// Keys to make room for beyond those held (1 for a growth, 0 for a
+    /// shrink).
+    room: usize,
+}
+
 /// What the shard's mutex guards.
 pub(crate) struct Writer {
     /// Linked keys.
@@ -470,6 +484,8 @@ pub(crate) struct Writer {
     pending: VecDeque<(u64, Snapshot)>,
     /// Every batch up to this one has passed its grace period.
     passed: u64,
+    /// The rebuild waiting for its grace period, if any.
+    closing: Option<Closing>,
     /// Where the next bounded sweep of this shard starts.
     cursor: usize,
     /// Inserts since the last full sweep, and how many trigger the next.
@@ -483,10 +499,55 @@ pub(crate) struct Writer {
     pub(crate) evicted: u64,
 }
 
+/// The limiter's counts that a shard's changes keep, at the moment of each
+/// change (so that a panic in user code between two changes loses none).
+pub(crate) struct Counts<'a> {
+    /// Keys linked, across shards (the key bound's count).
+    pub(crate) linked: &'a AtomicUsize,
+    /// Keys in limbo, across shards.
+    pub(crate) limbo: &'a AtomicUsize,
+    /// The bound on each.
+    pub(crate) max_keys: usize,
+}
+
+impl Counts<'_> {
+    /// Take one place in limbo under its bound.
+    fn reserve_limbo(&self) -> bool {
+        // Relaxed: the count publishes nothing; each change is ordered with
+        // its table change by the shard's mutex, and the compare-and-swap
+        // alone keeps the count within the bound.
+        let mut held = self.limbo.load(Ordering::Relaxed);
+        loop {
+            if held >= self.max_keys {
+                return false;
+            }
+            match self.limbo.compare_exchange_weak(
+                held,
+                held + 1,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => held = actual,
+            }
+        }
+    }
+
+    fn left_limbo(&self) {
+        // Relaxed: as in `reserve_limbo`.
+        self.limbo.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn unlinked(&self) {
+        // Relaxed: as in `reserve_limbo`.
+        self.linked.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// One shard.
 pub(crate) struct Shard<K> {
     /// The published table; its low bit set ([`CLOSED`]) while a rebuild
-    /// moves its words.
+    /// waits to move its words.
     table: AtomicPtr<Table<K>>,
     /// Tables of this many slots or more prefetch ([`prefetch_from`]).
     prefetch_from: usize,
@@ -511,18 +572,18 @@ unsafe impl<K: Send + Sync> Sync for Shard<K> {}
 pub(crate) struct Swept {
     /// Keys unlinked into limbo.
     pub(crate) unlinked: usize,
-    /// Keys freed from limbo before the unlinking (reported to `freed`).
+    /// Keys freed from limbo (also counted off [`Counts::limbo`] already).
     pub(crate) freed: usize,
-    /// Keys freed from limbo by a rebuild after the unlinking.
-    pub(crate) freed_after: usize,
 }
 
-/// What an insert did.
-pub(crate) struct Inserted {
-    /// The key's slot; `None` when the table cannot grow (`MAX_CAPACITY`).
-    pub(crate) pos: Option<u32>,
-    /// Keys freed from limbo by a rebuild the insert made.
-    pub(crate) freed: usize,
+/// Why a new key cannot be stored now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NoRoom {
+    /// The table cannot grow (2^31 slots).
+    Full,
+    /// The table is full for now: its rebuild waits for readers pinned
+    /// before it closed.
+    Waiting,
 }
 
 impl<K> Shard<K> {
@@ -543,6 +604,7 @@ impl<K> Shard<K> {
                 batch: 0,
                 pending: VecDeque::new(),
                 passed: 0,
+                closing: None,
                 cursor: 0,
                 inserts_since_sweep: 0,
                 sweep_threshold,
@@ -555,7 +617,7 @@ impl<K> Shard<K> {
 
     /// The word of `key`, if it is linked: the lock-free read path. `None`
     /// also while a rebuild has the table closed (the writer's path then
-    /// waits for it).
+    /// decides under the lock).
     ///
     /// The word stays in place while `guard` is held, even if a sweep unlinks
     /// it meanwhile (it then waits in limbo, and a decision on it is kept),
@@ -585,8 +647,10 @@ impl<K> Shard<K> {
         table.find(hash, key).map(|pos| &table.slot(pos).cell)
     }
 
-    /// Take the shard's writer lock.
-    pub(crate) fn lock(&self) -> Locked<'_, K> {
+    /// Take the shard's writer lock. `_busy`: the caller is marked as on the
+    /// limiter's writer's path, so that user code run under the lock cannot
+    /// enter the limiter again and wait for it.
+    pub(crate) fn lock(&self, _busy: &Busy<'_>) -> Locked<'_, K> {
         Locked {
             shard: self,
             writer: lock(&self.writer),
@@ -603,7 +667,7 @@ impl<K> Shard<K> {
     }
 
     /// Take the shard's writer lock if no one holds it.
-    pub(crate) fn try_lock(&self) -> Option<Locked<'_, K>> {
+    pub(crate) fn try_lock(&self, _busy: &Busy<'_>) -> Option<Locked<'_, K>> {
         let writer = match self.writer.try_lock() {
             Ok(writer) => writer,
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
@@ -619,9 +683,8 @@ impl<K> Shard<K> {
 impl<K> Drop for Shard<K> {
     fn drop(&mut self) {
         // Relaxed: `&mut self` orders every earlier write before this.
-        let table = self.table.load(Ordering::Relaxed);
-        // SAFETY: the table came from `Box::into_raw`, is published (never
-        // left closed: a rebuild publishes before it lets the lock go), and
+        let table = self.table.load(Ordering::Relaxed).map_addr(|a| a & !CLOSED);
+        // SAFETY: the table came from `Box::into_raw` (closed or not), and
         // `&mut self` means no reader holds it. Its drop drops its keys.
         drop(unsafe { Box::from_raw(table) });
     }
@@ -643,14 +706,34 @@ impl<K> Drop for Locked<'_, K> {
     }
 }
 
+/// Drops a table being filled, without dropping its keys (bitwise copies of
+/// keys the old table still owns), unless disarmed: a rebuild's copy that
+/// user code interrupts leaves the old table as it was.
+struct DiscardCopy<'t, K> {
+    table: &'t Table<K>,
+    armed: bool,
+}
+
+impl<K> Drop for DiscardCopy<'_, K> {
+    fn drop(&mut self) {
+        if self.armed {
+            for group in self.table.ctrl.iter() {
+                // Relaxed: no reader reaches this table.
+                group.store(LSB * EMPTY as u64, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 impl<K> Locked<'_, K> {
-    /// The published table: only writers publish, and this one holds the lock.
+    /// The published table, closed or not: only writers publish, and this one
+    /// holds the lock.
     fn table(&self) -> &Table<K> {
         // Relaxed: the mutex's acquire orders the last publication before us.
-        let table = self.shard.table.load(Ordering::Relaxed);
-        // SAFETY: only a writer replaces the published table (and it is never
-        // left closed once the lock is let go), and this one holds the lock:
-        // the table stays published, and allocated, while `self` is borrowed.
+        let table = self.shard.table.load(Ordering::Relaxed).map_addr(|a| a & !CLOSED);
+        // SAFETY: only a writer replaces or frees the published table, and
+        // this one holds the lock: the table stays allocated while `self` is
+        // borrowed.
         unsafe { &*table }
     }
 
@@ -665,7 +748,7 @@ impl<K> Locked<'_, K> {
     }
 
     /// The word of slot `pos` (one the caller got from this lock, with no
-    /// insert or sweep since).
+    /// insert, sweep or settle since).
     pub(crate) fn cell(&self, pos: u32) -> &Cell {
         &self.table().slot(pos as usize).cell
     }
@@ -696,8 +779,9 @@ impl<K> Locked<'_, K> {
 
     /// Link again the key in limbo at slot `pos` (found by
     /// [`find_in_limbo`](Self::find_in_limbo) for `hash`, under this same
-    /// lock, with no insert or sweep since).
-    pub(crate) fn relink(&mut self, hash: u64, pos: u32) {
+    /// lock, with no insert, sweep or settle since). The caller has reserved
+    /// its place under the key bound.
+    pub(crate) fn relink(&mut self, hash: u64, pos: u32, counts: &Counts<'_>) {
         let found = self
             .writer
             .limbo
@@ -708,6 +792,7 @@ impl<K> Locked<'_, K> {
         }
         self.table().set_ctrl(pos as usize, tag(hash));
         self.writer.linked += 1;
+        counts.left_limbo();
     }
 
     /// Every word that still counts: linked keys' and those in limbo (which a
@@ -724,133 +809,148 @@ impl<K> Locked<'_, K> {
         self.table().capacity()
     }
 
-    /// Store `key` (not held: neither linked nor in limbo) with `word`, linked.
-    /// A table at 3/4 load is rebuilt first, for twice the keys it keeps;
-    /// the rebuild frees the keys in limbo whose words `evictable` accepts
-    /// once their readers are gone.
-    pub(crate) fn insert(
+    /// Finish the rebuild under way if its grace period has passed; returns
+    /// the keys it freed from limbo (already counted off). Every path that
+    /// takes the lock calls this first, so a closed table does not stay
+    /// closed past the first writer or decision after its readers are gone.
+    pub(crate) fn settle(
         &mut self,
-        hash: u64,
-        key: K,
-        word: u64,
-        evictable: impl Fn(u64) -> bool,
+        evictable: &impl Fn(u64) -> bool,
         collector: &Collector,
-        hash_of: impl Fn(&K) -> u64,
-    ) -> Inserted {
-        let mut freed = 0;
-        if (self.writer.used + 1) * 4 > self.capacity() * 3 {
-            match self.rebuild(1, &evictable, collector, &hash_of) {
-                Some(count) => freed = count,
-                None => return Inserted { pos: None, freed },
-            }
+        hash_of: &impl Fn(&K) -> u64,
+        counts: &Counts<'_>,
+    ) -> usize {
+        let Some(closing) = &mut self.writer.closing else {
+            return 0;
+        };
+        // The loom mutant `no_grace` moves words without waiting for readers.
+        if !(closing.snapshot.passed(collector) || cfg!(turnstile_mutant = "no_grace")) {
+            return 0;
         }
+        self.finish(evictable, hash_of, counts)
+    }
+
+    /// Make room for one new key: start a rebuild at 3/4 load (finished at
+    /// once if no reader is pinned), and refuse past 7/8 while one waits.
+    /// Returns the keys a finished rebuild freed from limbo.
+    pub(crate) fn make_room(
+        &mut self,
+        evictable: &impl Fn(u64) -> bool,
+        collector: &Collector,
+        hash_of: &impl Fn(&K) -> u64,
+        counts: &Counts<'_>,
+    ) -> Result<usize, NoRoom> {
+        let mut freed = self.settle(evictable, collector, hash_of, counts);
+        let used = self.writer.used + 1;
+        if self.writer.closing.is_none() && used * 4 > self.capacity() * 3 {
+            if !self.close(1, collector) {
+                return Err(NoRoom::Full);
+            }
+            freed += self.settle(evictable, collector, hash_of, counts);
+        }
+        let used = self.writer.used + 1;
+        if self.writer.closing.is_some() && used * 8 > self.capacity() * 7 {
+            return Err(NoRoom::Waiting);
+        }
+        Ok(freed)
+    }
+
+    /// Store `key` (not held: neither linked nor in limbo) with `word`,
+    /// linked, in a slot [`make_room`](Self::make_room) made room for.
+    pub(crate) fn put_new(&mut self, hash: u64, key: K, word: u64) -> u32 {
         let table = self.table();
         let pos = table.vacancy(hash);
         table.put(pos, key, word, tag(hash));
         self.writer.used += 1;
         self.writer.linked += 1;
-        Inserted {
-            pos: Some(pos as u32),
-            freed,
-        }
+        pos as u32
     }
 
-    /// Replace the table by one sized for the keys it keeps plus `room`,
-    /// moving every linked key and every key in limbo whose word `evictable`
-    /// does not accept; the others are freed. Returns how many were freed, or
-    /// `None` (nothing changed) when the table would pass `MAX_CAPACITY`.
-    ///
-    /// Decisions on this shard wait meanwhile (see the module's docs). No
-    /// temporary the size of the table is allocated: freed memory of that
-    /// size would stay resident in the allocator's heap.
-    fn rebuild(
-        &mut self,
-        room: usize,
-        evictable: &impl Fn(u64) -> bool,
-        collector: &Collector,
-        hash_of: &impl Fn(&K) -> u64,
-    ) -> Option<usize> {
+    /// Close the table for a rebuild sized for the keys it keeps plus
+    /// `room`: readers that load the pointer from now on take the writer's
+    /// path, and the words move once the readers pinned before are gone
+    /// ([`settle`](Self::settle)). `false` (nothing changed) when the new
+    /// table would pass `MAX_CAPACITY`.
+    fn close(&mut self, room: usize, collector: &Collector) -> bool {
         let held = self.writer.linked + self.writer.limbo.len();
         if capacity_for(held + room) > MAX_CAPACITY {
-            return None;
+            return false;
         }
         // Relaxed: the lock keeps the table published.
-        let old_ptr = self.shard.table.load(Ordering::Relaxed);
+        let table = self.shard.table.load(Ordering::Relaxed);
+        // Release: orders nothing readers read (they read nothing behind a
+        // closed pointer); the snapshot's barrier does the rest.
+        self.shard
+            .table
+            .store(table.map_addr(|a| a | CLOSED), Ordering::Release);
+        self.writer.closing = Some(Closing {
+            snapshot: collector.snapshot(),
+            room,
+        });
+        true
+    }
+
+    /// Move every held key into a new table sized for them, once no reader
+    /// can reach the closed one: first judge each key in limbo once, freeing
+    /// those `evictable` accepts; then copy the rest into a table built
+    /// aside; then publish it and free the old one. A panic in user code
+    /// (`evictable`, a key's `Drop` or `Hash`) leaves the shard closed and
+    /// consistent: the keys freed so far are gone from the books, and a copy
+    /// under way is discarded; the next writer finishes the rebuild.
+    ///
+    /// No temporary the size of the table is allocated: freed memory of that
+    /// size would stay resident in the allocator's heap.
+    fn finish(
+        &mut self,
+        evictable: &impl Fn(u64) -> bool,
+        hash_of: &impl Fn(&K) -> u64,
+        counts: &Counts<'_>,
+    ) -> usize {
+        let room = self.writer.closing.as_ref().map_or(0, |c| c.room);
+        // Relaxed: the lock keeps the table published.
+        let old_ptr = self.shard.table.load(Ordering::Relaxed).map_addr(|a| a & !CLOSED);
         // SAFETY: as in `table()`; read through the pointer so that the
         // bookkeeping can be borrowed mutably beside it. It stays allocated
         // until this function frees it, after its last use.
         let old = unsafe { &*old_ptr };
-        // SAFETY (both closures): called only on slots whose byte says the key
-        // is initialized; the lock keeps it in place.
-        let hash_at = |pos: usize| {
-            old.slot(pos)
-                .key
-                .with(|k| hash_of(unsafe { (*k).assume_init_ref() }))
-        };
-        // Every key is hashed once before the table closes, while a hasher
-        // that panics leaves it open and unchanged. (Each was hashed when it
-        // was inserted too; the move below hashes again rather than keep a
-        // table-sized list.)
-        for pos in old.held() {
-            hash_at(pos);
-        }
-        // 1. Close: readers that load the pointer from now on take the
-        // writer's path. Release: orders nothing they read (they read nothing
-        // behind a closed pointer); the grace period's barrier does the rest.
-        self.shard
-            .table
-            .store(old_ptr.map_addr(|a| a | CLOSED), Ordering::Release);
-        // From here until the new table is published the shard is half
-        // moved: a panic (a hasher that panics on a key it hashed a moment
-        // ago) aborts rather than leave it so.
-        let moving = AbortOnUnwind;
-        // 2. Wait out the readers pinned before: after this no decision runs
-        // on a word of this table, and every word is final.
-        let mut snapshot = collector.snapshot();
-        // The loom mutant `no_grace` moves words without waiting for readers.
-        while !(snapshot.passed(collector) || cfg!(turnstile_mutant = "no_grace")) {
-            crate::sync::wait_for_readers();
-        }
-        // Every earlier batch's snapshot has passed too: a reader it noted is
-        // either gone or was still pinned at this snapshot.
-        self.writer.pending.clear();
-        self.writer.passed = self.writer.batch;
-        // 3. Keep or free each key in limbo, by its final word (the same
-        // answer both times: the word no longer changes, and `evictable`
-        // reads nothing else).
-        // The loom mutant `no_recheck` frees without judging the word again.
-        // `ctrl` is slot `pos`'s byte.
-        let frees = |pos: usize, ctrl: u8| {
-            ctrl == LIMBO
-                && (evictable(old.slot(pos).cell.load()) || cfg!(turnstile_mutant = "no_recheck"))
-        };
-        let (mut kept, mut freed) = (0, 0);
-        for (group, bytes) in old.groups() {
-            for pos in positions(group, holding(bytes)) {
-                if frees(pos, byte(bytes, pos % GROUP)) {
-                    freed += 1;
-                } else {
-                    kept += 1;
-                }
+        // 1. Each key in limbo is judged once, by its final word (no reader
+        // can reach the table, and this writer holds the lock): kept, or
+        // freed here, so the count of keys kept is the books' count.
+        let mut freed = 0;
+        let waiting: Vec<u32> = self.writer.limbo.iter().map(|l| l.pos).collect();
+        for pos in waiting {
+            let word = old.slot(pos as usize).cell.load();
+            // The loom mutant `no_recheck` frees without judging the word again.
+            if evictable(word) || cfg!(turnstile_mutant = "no_recheck") {
+                self.free_limbo(old, pos, counts);
+                freed += 1;
             }
         }
-        let new = Table::with_capacity(capacity_for(kept + room), self.shard.prefetch_from);
-        let mut limbo = HashTable::with_capacity(self.writer.limbo.len() - freed);
+        // 2. Copy every held key into a table built aside. The old table
+        // keeps its keys until the copy is complete: a `Hash` that panics
+        // midway leaves it whole, and the copies are forgotten.
+        let held = self.writer.linked + self.writer.limbo.len();
+        let new = Table::with_capacity(capacity_for(held + room), self.shard.prefetch_from);
+        let mut limbo = HashTable::with_capacity(self.writer.limbo.len());
         let batch = self.writer.batch;
+        let mut discard = DiscardCopy {
+            table: &new,
+            armed: true,
+        };
+        let mut moved = 0;
         for (group, bytes) in old.groups() {
-            // The bytes of the keys moved out of this group, as their top bits.
-            let mut moved = 0;
             for pos in positions(group, holding(bytes)) {
                 let ctrl = byte(bytes, pos % GROUP);
-                if frees(pos, ctrl) {
-                    // Freed keys stay in the old table, whose drop drops them.
-                    continue;
-                }
-                let hash = hash_at(pos);
                 let slot = old.slot(pos);
-                // SAFETY: the byte said the key is initialized; no reader holds
-                // the old table (step 2). Its byte is cleared below, before
-                // anything can drop the old table (a panic here aborts).
+                // SAFETY: the byte says the key is initialized; the lock keeps
+                // it in place.
+                let hash = slot
+                    .key
+                    .with(|k| hash_of(unsafe { (*k).assume_init_ref() }));
+                // SAFETY: as above. A bitwise copy: exactly one of the two
+                // tables drops it (the new one once the old one's byte is
+                // cleared below, or neither copy of the new one if this
+                // loop is interrupted).
                 let key = slot.key.with(|k| unsafe { ptr::read(k).assume_init() });
                 let to = new.vacancy(hash);
                 if is_linked(ctrl) {
@@ -862,39 +962,81 @@ impl<K> Locked<'_, K> {
                         limbo_hash(l.pos)
                     });
                 }
-                moved |= 0x80 << (8 * (pos % GROUP));
-            }
-            if moved != 0 {
-                // Cleared (`EMPTY`), so that the old table's drop does not drop
-                // the keys moved out. Relaxed: no reader reaches this table.
-                old.ctrl[group].store(bytes | ((moved >> 7) * EMPTY as u64), Ordering::Relaxed);
+                moved += 1;
             }
         }
-        self.writer.used = kept;
+        debug_assert_eq!(moved, held, "the books and the table disagree");
+        discard.armed = false;
+        drop(discard);
+        // 3. Commit: the old table gives up the moved keys (their bytes
+        // cleared, so that its drop drops none), and the new one is
+        // published. Relaxed: no reader reaches the old table.
+        for (group, bytes) in old.groups() {
+            let held = holding(bytes);
+            if held != 0 {
+                old.ctrl[group].store(bytes | ((held >> 7) * EMPTY as u64), Ordering::Relaxed);
+            }
+        }
+        self.writer.used = moved;
         self.writer.limbo = limbo;
         self.writer.cursor = 0;
-        // 4. Publish. Release: pairs with readers' Acquire load of the
-        // pointer: the slots written above are visible through it.
+        // The closing snapshot has passed, and with it every earlier batch's
+        // (a reader one of them noted is either gone or was still pinned at
+        // the closing one); keys unlinked since the close were never linked
+        // in a table a reader could reach after it.
+        self.writer.pending.clear();
+        self.writer.passed = self.writer.batch;
+        self.writer.closing = None;
+        // Release: pairs with readers' Acquire load of the pointer: the slots
+        // written above are visible through it. Clears the closed mark.
         self.shard
             .table
             .store(Box::into_raw(Box::new(new)), Ordering::Release);
-        core::mem::forget(moving);
         if cfg!(turnstile_mutant = "no_grace") {
             // Without the grace period a reader may still be in the old table:
             // leak it rather than free memory in use, so that the model
             // catches the lost decision, not a use after free.
-            return Some(freed);
+            return freed;
         }
-        // SAFETY: unpublished and closed before the grace period of step 2, so
-        // no reader holds it; it came from `Box::into_raw`. Its drop drops the
-        // freed keys (still marked `LIMBO`) and no moved one (cleared).
+        // SAFETY: unpublished and closed before a grace period that has
+        // passed, so no reader holds it; it came from `Box::into_raw`. It
+        // holds no key any more.
         drop(unsafe { Box::from_raw(old_ptr) });
-        Some(freed)
+        freed
+    }
+
+    /// Free the key in limbo at `pos` of `table` (the published one): off the
+    /// books and its byte `DEAD` first, then dropped, so that a `Drop` that
+    /// panics leaves nothing to drop twice.
+    fn free_limbo(&mut self, table: &Table<K>, pos: u32, counts: &Counts<'_>) {
+        if let Ok(found) = self
+            .writer
+            .limbo
+            .find_entry(limbo_hash(pos), |l| l.pos == pos)
+        {
+            found.remove();
+        }
+        table.set_ctrl(pos as usize, DEAD);
+        counts.left_limbo();
+        let slot = table.slot(pos as usize);
+        // SAFETY: the key is unlinked and its grace period has passed (or the
+        // table is closed and its readers are gone), so no reader can read
+        // it; it is initialized (it was in limbo), and its byte is now `DEAD`,
+        // so nothing reads or drops it again: this moves it out.
+        // (A mutable access: under loom, one that races a reader's
+        // comparison of the key is reported.)
+        let key = slot.key.with_mut(|k| unsafe { ptr::read(k).assume_init() });
+        drop(key);
     }
 
     /// Free the keys in limbo whose grace period has passed and whose words
     /// `evictable` accepts now, marking their slots `DEAD`; returns how many.
-    fn collect(&mut self, evictable: &impl Fn(u64) -> bool, collector: &Collector) -> usize {
+    fn collect(
+        &mut self,
+        evictable: &impl Fn(u64) -> bool,
+        collector: &Collector,
+        counts: &Counts<'_>,
+    ) -> usize {
         while let Some((batch, snapshot)) = self.writer.pending.front_mut() {
             // The loom mutant `no_grace` frees without waiting for readers.
             if !(snapshot.passed(collector) || cfg!(turnstile_mutant = "no_grace")) {
@@ -908,41 +1050,40 @@ impl<K> Locked<'_, K> {
         }
         let past = self.writer.passed;
         // Relaxed: the lock keeps the table published.
-        let table = self.shard.table.load(Ordering::Relaxed);
+        let table = self.shard.table.load(Ordering::Relaxed).map_addr(|a| a & !CLOSED);
         // SAFETY: as in `table()`; read through the pointer so that the limbo
         // records can be borrowed mutably beside it.
         let table = unsafe { &*table };
-        let before = self.writer.limbo.len();
-        self.writer.limbo.retain(|l| {
-            if l.batch > past {
-                return true;
-            }
-            let slot = table.slot(l.pos as usize);
+        let due: Vec<u32> = self
+            .writer
+            .limbo
+            .iter()
+            .filter(|l| l.batch <= past)
+            .map(|l| l.pos)
+            .collect();
+        let mut freed = 0;
+        for pos in due {
+            let word = table.slot(pos as usize).cell.load();
             // The loom mutant `no_recheck` frees without judging the word again.
-            if !(evictable(slot.cell.load()) || cfg!(turnstile_mutant = "no_recheck")) {
-                // A decision ran on it after the unlink: it stays, and a
-                // decision for its key links it again.
-                return true;
+            if evictable(word) || cfg!(turnstile_mutant = "no_recheck") {
+                self.free_limbo(table, pos, counts);
+                freed += 1;
             }
-            table.set_ctrl(l.pos as usize, DEAD);
-            // SAFETY: the key is unlinked and its grace period has passed, so no
-            // reader can read it (later readers pass its `LIMBO` byte); it is
-            // initialized (it was in limbo), and its byte is now `DEAD`.
-            slot.key.with_mut(|k| unsafe { (*k).assume_init_drop() });
-            false
-        });
-        before - self.writer.limbo.len()
+            // Otherwise a decision ran on it after the unlink: it stays, and a
+            // decision for its key links it again.
+        }
+        freed
     }
 
-    /// First free the keys in limbo whose grace period has passed and whose
-    /// words `evictable` still accepts, and report how many to `freed` (so
-    /// that their places count as room at once). Then unlink the linked keys
-    /// whose words both `evictable` and `idle` accept into limbo, examining at
-    /// most `budget` slots from where the last bounded sweep stopped
-    /// (`usize::MAX`: the whole table), while `limbo_room` grants a place in
-    /// limbo for each.
-    /// Last, a table at under 1/8 load is rebuilt smaller (the keys it frees
-    /// from limbo are reported in [`Swept::freed_after`]).
+    /// Finish a rebuild whose readers are gone, free the keys in limbo whose
+    /// grace period has passed and whose words `evictable` still accepts,
+    /// then unlink the linked keys whose words both `evictable` and `idle`
+    /// accept into limbo, examining at most `budget` slots from where the
+    /// last bounded sweep stopped (`usize::MAX`: the whole table), while
+    /// limbo has room. Last, a table at under 1/8 load is rebuilt smaller.
+    ///
+    /// Each change is counted in `counts` as it is made, and the unlinked
+    /// keys' snapshot is taken even if `evictable` or `idle` panics midway.
     #[expect(
         clippy::too_many_arguments,
         reason = "each closure is one of the limiter's rules; bundling them would only rename them"
@@ -952,58 +1093,63 @@ impl<K> Locked<'_, K> {
         evictable: impl Fn(u64) -> bool,
         idle: impl Fn(u64) -> bool,
         budget: usize,
-        freed: impl FnOnce(usize),
-        mut limbo_room: impl FnMut() -> bool,
         collector: &Collector,
         hash_of: impl Fn(&K) -> u64,
+        counts: &Counts<'_>,
     ) -> Swept {
         let mut swept = Swept {
-            freed: self.collect(&evictable, collector),
+            freed: self.settle(&evictable, collector, &hash_of, counts),
             ..Swept::default()
         };
-        // Before unlinking: the places in limbo just freed are room for this
-        // sweep's own unlinks.
-        freed(swept.freed);
+        swept.freed += self.collect(&evictable, collector, counts);
         let capacity = self.capacity();
         let whole = budget >= capacity;
         let start = if whole { 0 } else { self.writer.cursor };
         let examine = budget.min(capacity);
         let batch = self.writer.batch + 1;
         // Relaxed: the lock keeps the table published.
-        let table = self.shard.table.load(Ordering::Relaxed);
+        let table = self.shard.table.load(Ordering::Relaxed).map_addr(|a| a & !CLOSED);
         // SAFETY: as in `collect`.
         let table = unsafe { &*table };
-        // A control group at a time: the part of it in the `examine` slots
-        // from `start` (a multiple of `GROUP` apart from the table's end).
-        let mut i = 0;
-        'examine: while i < examine {
-            let first = (start + i) & (capacity - 1);
-            let group = first / GROUP;
-            let skip = first % GROUP;
-            let take = (GROUP - skip).min(examine - i);
-            i += take;
-            let window = (MSB >> (8 * (GROUP - take))) << (8 * skip);
-            // Relaxed: the writer's own bytes.
-            let linked = !table.ctrl[group].load(Ordering::Relaxed) & MSB & window;
-            for pos in positions(group, linked) {
-                let word = table.slot(pos).cell.load();
-                if !evictable(word) || !idle(word) {
-                    continue;
+        let unlinking = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            // A control group at a time: the part of it in the `examine`
+            // slots from `start` (a multiple of `GROUP` apart from the
+            // table's end).
+            let mut i = 0;
+            'examine: while i < examine {
+                let first = (start + i) & (capacity - 1);
+                let group = first / GROUP;
+                let skip = first % GROUP;
+                let take = (GROUP - skip).min(examine - i);
+                i += take;
+                let window = (MSB >> (8 * (GROUP - take))) << (8 * skip);
+                // Relaxed: the writer's own bytes.
+                let linked = !table.ctrl[group].load(Ordering::Relaxed) & MSB & window;
+                for pos in positions(group, linked) {
+                    let word = table.slot(pos).cell.load();
+                    if !evictable(word) || !idle(word) {
+                        continue;
+                    }
+                    if !counts.reserve_limbo() {
+                        break 'examine;
+                    }
+                    // A reader that still sees the tag finds the word, which
+                    // stays in place: its decision is kept (see the module's
+                    // docs).
+                    table.set_ctrl(pos, LIMBO);
+                    self.writer.linked -= 1;
+                    counts.unlinked();
+                    let pos = pos as u32;
+                    self.writer.limbo.insert_unique(
+                        limbo_hash(pos),
+                        Limbo { pos, batch },
+                        |l| limbo_hash(l.pos),
+                    );
+                    self.writer.evicted += 1;
+                    swept.unlinked += 1;
                 }
-                if !limbo_room() {
-                    break 'examine;
-                }
-                // A reader that still sees the tag finds the word, which stays
-                // in place: its decision is kept (see the module's docs).
-                table.set_ctrl(pos, LIMBO);
-                self.writer.linked -= 1;
-                let pos = pos as u32;
-                self.writer
-                    .limbo
-                    .insert_unique(limbo_hash(pos), Limbo { pos, batch }, |l| limbo_hash(l.pos));
-                swept.unlinked += 1;
             }
-        }
+        }));
         if !whole {
             self.writer.cursor = (start + examine) & (capacity - 1);
         }
@@ -1012,27 +1158,16 @@ impl<K> Locked<'_, K> {
             let snapshot = collector.snapshot();
             self.writer.pending.push_back((batch, snapshot));
         }
+        if let Err(panic) = unlinking {
+            std::panic::resume_unwind(panic);
+        }
         // Give memory back once the table is mostly empty.
         let held = self.writer.linked + self.writer.limbo.len();
-        if capacity > MIN_CAPACITY && held * 8 < capacity {
-            swept.freed_after = self
-                .rebuild(0, &evictable, collector, &hash_of)
-                .unwrap_or_default();
+        if capacity > MIN_CAPACITY && held * 8 < capacity && self.writer.closing.is_none() {
+            self.close(0, collector);
+            swept.freed += self.settle(&evictable, collector, &hash_of, counts);
         }
         swept
-    }
-}
-
-/// Aborts the process if dropped: held across a rebuild's move, where a
-/// panic would leave a shard half moved.
-struct AbortOnUnwind;
-
-impl Drop for AbortOnUnwind {
-    fn drop(&mut self) {
-        // Under loom a model's failure may unwind through a rebuild: let the
-        // model report it.
-        #[cfg(not(turnstile_loom))]
-        std::process::abort();
     }
 }
 
