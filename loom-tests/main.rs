@@ -950,10 +950,7 @@ mod reclaim_models {
     /// freed value.
     #[test]
     #[cfg_attr(
-        any(
-            turnstile_mutant = "no_pin_fence",
-            turnstile_mutant = "relaxed_unpin"
-        ),
+        any(turnstile_mutant = "no_pin_fence", turnstile_mutant = "relaxed_unpin"),
         should_panic
     )]
     fn reclaim_a_reader_pinned_before_an_unpublish_is_waited_for() {
@@ -972,10 +969,7 @@ mod reclaim_models {
     /// a later pin is a different number from the one a snapshot noted).
     #[test]
     #[cfg_attr(
-        any(
-            turnstile_mutant = "no_pin_fence",
-            turnstile_mutant = "relaxed_unpin"
-        ),
+        any(turnstile_mutant = "no_pin_fence", turnstile_mutant = "relaxed_unpin"),
         should_panic
     )]
     fn reclaim_a_reader_that_pins_again_is_told_apart_from_its_earlier_pin() {
@@ -994,10 +988,7 @@ mod reclaim_models {
     /// record, and reads, while the writer frees.
     #[test]
     #[cfg_attr(
-        any(
-            turnstile_mutant = "no_pin_fence",
-            turnstile_mutant = "relaxed_unpin"
-        ),
+        any(turnstile_mutant = "no_pin_fence", turnstile_mutant = "relaxed_unpin"),
         should_panic
     )]
     fn reclaim_a_record_reused_after_its_thread_exits_keeps_the_rule() {
@@ -1025,10 +1016,7 @@ mod reclaim_models {
     /// counted in the collector's shared count, and waited for too.
     #[test]
     #[cfg_attr(
-        any(
-            turnstile_mutant = "no_pin_fence",
-            turnstile_mutant = "relaxed_unpin"
-        ),
+        any(turnstile_mutant = "no_pin_fence", turnstile_mutant = "relaxed_unpin"),
         should_panic
     )]
     fn reclaim_a_reader_without_a_record_is_waited_for() {

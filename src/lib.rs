@@ -122,11 +122,11 @@ pub use keyed::{
 pub use limiter::{Counted, Counter, DirectStats, RateLimiter, Uncounted};
 pub use live::LiveTokenBucket;
 pub use quota::Quota;
-pub use reclaim::{BarrierMode, Reclamation, reclamation};
 /// The grace-period protocol's interface, for the loom models only.
 #[cfg(turnstile_loom)]
 #[doc(hidden)]
 pub use reclaim::model as reclaim_model;
+pub use reclaim::{BarrierMode, Reclamation, reclamation};
 pub use reserve::{KeyedReservation, Lend, Reservation, ReserveError};
 pub use sliding_window::SlidingWindow;
 pub use tiered::{Tiered, TieredError};

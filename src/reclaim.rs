@@ -315,8 +315,12 @@ struct Indices {
     next: usize,
     /// Indices of exited threads, smallest first out.
     free: std::collections::BTreeSet<usize>,
-    /// Whether each index belongs to a live thread.
-    owned: Vec<bool>,
+    /// The generation of each index's live owner (`None`: free). Each
+    /// owner of an index gets the next generation, so a record can tell
+    /// whether its current owner has written it yet.
+    owner: Vec<Option<u16>>,
+    /// The generation the next owner of each index gets.
+    next_generation: Vec<u16>,
 }
 
 impl Indices {
@@ -324,7 +328,8 @@ impl Indices {
         Indices {
             next: 0,
             free: std::collections::BTreeSet::new(),
-            owned: Vec::new(),
+            owner: Vec::new(),
+            next_generation: Vec::new(),
         }
     }
 }
@@ -340,8 +345,9 @@ fn indices() -> std::sync::MutexGuard<'static, Indices> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// This thread's claim on an index, given back when the thread exits.
-struct ThreadIndex(usize);
+/// This thread's claim on an index, given back when the thread exits, and
+/// its generation.
+struct ThreadIndex(usize, u16);
 
 impl ThreadIndex {
     fn acquire() -> ThreadIndex {
@@ -353,12 +359,15 @@ impl ThreadIndex {
             None => {
                 let index = indices.next;
                 indices.next += 1;
-                indices.owned.push(false);
+                indices.owner.push(None);
+                indices.next_generation.push(0);
                 index
             }
         };
-        indices.owned[index] = true;
-        ThreadIndex(index)
+        let generation = indices.next_generation[index];
+        indices.next_generation[index] = generation.wrapping_add(1);
+        indices.owner[index] = Some(generation);
+        ThreadIndex(index, generation)
     }
 }
 
@@ -367,7 +376,7 @@ impl Drop for ThreadIndex {
         // The mutex orders this thread's last stores to its records (and to
         // its counter slots) before the next owner's first.
         let mut indices = indices();
-        indices.owned[self.0] = false;
+        indices.owner[self.0] = None;
         indices.free.insert(self.0);
     }
 }
@@ -389,16 +398,40 @@ fn thread_index() -> Option<usize> {
     THREAD.try_with(|thread| thread.0).ok()
 }
 
+/// The current thread's index and generation, as [`thread_index`].
+#[inline(always)]
+fn thread_owner() -> Option<(usize, u16)> {
+    THREAD.try_with(|thread| (thread.0, thread.1)).ok()
+}
+
 // ---------------------------------------------------------------------------
 // Records.
 
 /// A record's number: bit 0 set while pinned; bit 1 set when the owner had
 /// seen fence mode before the store; bit 2 set while the owner is on a
-/// writer's path; the rest counts pins.
+/// writer's path; bits 3 to 47 count pins; bits 48 to 63 are the generation
+/// of the thread that wrote it (see [`Indices::owner`]).
 const PINNED: u64 = 1;
 const FENCED: u64 = 2;
 const BUSY: u64 = 4;
 const PIN_STEP: u64 = 8;
+const GENERATION_SHIFT: u32 = 48;
+/// The counted part of a number.
+const COUNT: u64 = ((1 << GENERATION_SHIFT) - 1) & !(PIN_STEP - 1);
+
+/// `seen`, the number in this thread's record, as this thread's own, and
+/// whether this owner has pinned in it yet. A number an earlier owner of the
+/// index wrote starts again from a count of zero under this owner's
+/// generation: it still differs from every number the earlier owner wrote.
+#[inline(always)]
+fn own_number(seen: u64, generation: u16) -> (u64, bool) {
+    let mine = u64::from(generation) << GENERATION_SHIFT;
+    if seen & !(COUNT | PINNED | FENCED | BUSY) == mine {
+        (seen, seen & COUNT != 0)
+    } else {
+        (mine, false)
+    }
+}
 
 /// One thread's record in one collector.
 struct Record {
@@ -431,7 +464,8 @@ const BUCKETS: usize = if cfg!(turnstile_loom) {
 #[inline(always)]
 fn bucket_of(index: usize) -> (usize, usize) {
     let shifted = index + FIRST;
-    let bucket = (usize::BITS - 1 - shifted.leading_zeros()) as usize - FIRST.trailing_zeros() as usize;
+    let bucket =
+        (usize::BITS - 1 - shifted.leading_zeros()) as usize - FIRST.trailing_zeros() as usize;
     (bucket, shifted - (FIRST << bucket))
 }
 
@@ -551,10 +585,10 @@ impl Collector {
     /// The current thread's record, or `None` while its thread-locals are
     /// being destroyed.
     #[inline(always)]
-    fn record(&self) -> Option<(&Record, usize)> {
-        let index = thread_index()?;
+    fn record(&self) -> Option<(&Record, usize, u16)> {
+        let (index, generation) = thread_owner()?;
         let (bucket, offset) = bucket_of(index);
-        Some((&self.bucket(bucket)[offset], index))
+        Some((&self.bucket(bucket)[offset], index, generation))
     }
 
     /// Pin: one store to the thread's own record and a compiler fence (or a
@@ -566,16 +600,28 @@ impl Collector {
     /// path: user code run by the limiter called into it again.
     #[inline(always)]
     pub(crate) fn pin(&self) -> Guard<'_> {
-        let Some((record, index)) = self.record() else {
+        let Some((record, index, generation)) = self.record() else {
             return self.pin_unrecorded();
         };
-        // Relaxed: this thread is the record's only writer.
-        let seen = record.word.load(Ordering::Relaxed);
+        // Relaxed: this thread is the record's only writer (an earlier owner
+        // of its index exited, which the index mutex ordered before us).
+        let (seen, written) = own_number(record.word.load(Ordering::Relaxed), generation);
         if seen & (PINNED | BUSY) != 0 {
             reentered();
         }
-        let fences = mode::reader_fences();
-        let word = (seen & !(PIN_STEP - 1)) + PIN_STEP + PINNED + if fences { FENCED } else { 0 };
+        let saw_fence_mode = mode::reader_fences();
+        // A thread's first pin in a record fences whatever the mode: a writer
+        // that finds the record unwritten by its owner may then count on
+        // every later pin of that owner seeing fence mode after a switch
+        // (`Collector::transition_done`).
+        let fences = saw_fence_mode || !written;
+        // The count wraps within its bits; a snapshot that met the same
+        // number again after 2^42 pins would only wait longer.
+        let count = ((seen & COUNT) + PIN_STEP) & COUNT;
+        let word = (seen & !(COUNT | PINNED | FENCED | BUSY))
+            | count
+            | PINNED
+            | if saw_fence_mode { FENCED } else { 0 };
         // Release: a writer that reads this number (or a later one) acquires
         // every access this thread made under earlier pins.
         record.word.store(word, Ordering::Release);
@@ -620,9 +666,9 @@ impl Collector {
     ///
     /// As [`pin`](Self::pin).
     pub(crate) fn enter(&self) -> Busy<'_> {
-        let record = self.record().map(|(record, _)| {
-            // Relaxed: this thread is the record's only writer.
-            let seen = record.word.load(Ordering::Relaxed);
+        let record = self.record().map(|(record, _, generation)| {
+            // Relaxed: as in `pin`.
+            let (seen, _) = own_number(record.word.load(Ordering::Relaxed), generation);
             if seen & (PINNED | BUSY) != 0 {
                 reentered();
             }
@@ -666,7 +712,9 @@ impl Collector {
                 // Acquire: see `Snapshot::passed`.
                 let word = record.word.load(Ordering::Acquire);
                 if word & PINNED != 0 {
-                    snapshot.pinned.push(((FIRST << bucket) - FIRST + offset, word));
+                    snapshot
+                        .pinned
+                        .push(((FIRST << bucket) - FIRST + offset, word));
                 }
             }
         }
@@ -682,10 +730,19 @@ impl Collector {
 
     /// After a switch to fence mode that no global barrier confirmed: whether
     /// every record of this collector has shown that its owner pins with a
-    /// fence from now on (a store with the `FENCED` bit, whose Release orders
-    /// every earlier unfenced pin before this writer's reads), or belongs to
-    /// no live thread (its next owner takes its index after this check, under
-    /// the same mutex, and sees fence mode).
+    /// fence from now on. A record is *clean* once, after this writer's
+    /// fence:
+    /// - it holds a number its current owner stored after seeing fence mode
+    ///   (the `FENCED` bit; the store's Release orders every earlier unfenced
+    ///   pin before this writer's reads, and the owner's later pins read the
+    ///   mode after it), or
+    /// - its current owner has not written it (that owner's first pin here
+    ///   fences: if this writer does not see its store, that pin's fence comes
+    ///   after this writer's in the fences' total order, after the switch, so
+    ///   the owner's every later reading of the mode sees fence mode), or
+    /// - its index belongs to no live thread (its next owner takes it after
+    ///   this check, under the same mutex, and reads the mode after this
+    ///   writer did).
     fn transition_done(&self) -> bool {
         if !mode::unconfirmed() {
             return true;
@@ -695,6 +752,8 @@ impl Collector {
             // the flag first).
             return false;
         }
+        // SeqCst: the fence the argument above places after the switch.
+        fence(Ordering::SeqCst);
         let indices = indices();
         for (bucket, ptr) in self.buckets.iter().enumerate() {
             // Acquire: as in `bucket`.
@@ -708,14 +767,20 @@ impl Collector {
                 }
                 let index = (FIRST << bucket) - FIRST + offset;
                 // Acquire: pairs with the owner's Release store of the word.
-                let fenced = record.word.load(Ordering::Acquire) & FENCED != 0;
-                if fenced || !indices.owned.get(index).copied().unwrap_or(false) {
-                    // Release: another writer that reads it acquires what this
-                    // one saw.
-                    record.clean.store(true, Ordering::Release);
-                } else {
+                let word = record.word.load(Ordering::Acquire);
+                let clean = match indices.owner.get(index).copied().flatten() {
+                    None => true,
+                    Some(generation) => {
+                        let (own, written) = own_number(word, generation);
+                        !written || own & FENCED != 0
+                    }
+                };
+                if !clean {
                     return false;
                 }
+                // Release: another writer that reads it acquires what this
+                // one saw.
+                record.clean.store(true, Ordering::Release);
             }
         }
         true
@@ -806,8 +871,9 @@ impl Snapshot {
         }
         // Acquire: pairs with the Release of the reader's unpin (or of a
         // later pin), so its reads happen before the caller frees.
-        self.pinned
-            .retain(|&(index, word)| collector.record_at(index).word.load(Ordering::Acquire) == word);
+        self.pinned.retain(|&(index, word)| {
+            collector.record_at(index).word.load(Ordering::Acquire) == word
+        });
         // Acquire: as above, for readers without a record; they are not
         // told apart, so this waits for a moment with none.
         if self.unrecorded && collector.unrecorded.load(Ordering::Acquire) == 0 {

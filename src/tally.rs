@@ -13,7 +13,8 @@ use crate::sync::{AtomicU64, Ordering};
 ///
 /// A thread that owns its slot (a slot below [`OWNED_SLOTS`], from
 /// [`Guard::slot`](crate::reclaim::Guard::slot) or
-/// [`Collector::slot`](crate::reclaim::Collector::slot)) is the
+/// [`thread_slot`](crate::reclaim::thread_slot): its thread index, which no
+/// other live thread holds) is the
 /// only writer of that set, so it counts with a plain load and store: exact,
 /// and no locked read-modify-write on the decision path. Threads beyond the
 /// owned slots share one set and add with `fetch_add`. A reader sums the

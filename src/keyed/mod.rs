@@ -64,11 +64,45 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// denied counters are per thread). `String` keys are looked up by `&str`.
 /// Inserts, sweeps and table rebuilds serialize on a per-shard mutex that
 /// readers never take. A rebuild (the table grows past 3/4 full, or a sweep
-/// leaves it under 1/8) moves every word of its shard; decisions on that
-/// shard wait for it, as they would behind a map's write lock during a
-/// resize, and then decide in the new table. (So a key's `Hash` and `Eq`,
-/// which run inside lookups, must not themselves call into a keyed limiter: a
-/// rebuild there would wait for the lookup that called it.)
+/// leaves it under 1/8) moves every word of its shard: it closes the table,
+/// and once every reader pinned before the close has finished (a grace
+/// period, typically microseconds), the next writer moves the words into a
+/// table built aside. Meanwhile decisions on that shard take its mutex and
+/// decide on the closed table's words; no thread waits for the grace period
+/// but a new key whose shard's table is 7/8 full, which tries again a
+/// bounded number of times and is then refused as at the key bound.
+///
+/// # User code, panics and re-entry
+///
+/// A keyed limiter runs user code: the key's `Hash` (before the lookup, and
+/// for every key when a table is rebuilt, under the shard's mutex), `Eq`
+/// (during lookups, pinned or under the mutex), `ToOwned` and `Drop` (when a
+/// key is stored or freed, under the mutex), the algorithm (pinned or under
+/// the mutex) and the clock (before the lookup, and under the mutex for a
+/// key not found). A panic in any of them leaves the limiter consistent: no
+/// key is dropped twice, the key bound's count is exact (a place reserved
+/// for a new key is given back), a rebuild interrupted midway leaves the old
+/// table whole (the next writer finishes it), and the limiter keeps
+/// working. Such code must not call back into the same limiter on the same
+/// thread (a lookup or a lock would wait for itself): that is detected and
+/// refused with a panic, in debug and release builds alike. The first
+/// `Hash` of a request runs before anything is pinned or locked and may
+/// call into it; calling another limiter is always allowed.
+///
+/// # Grace periods and a stuck reader
+///
+/// Each limiter keeps its own reclamation records, so a thread stuck while
+/// pinned in one limiter (descheduled in the middle of a lookup, stopped in
+/// a debugger, blocked in a key's `Eq`) holds back only that limiter: its
+/// evicted keys wait in limbo (at most `max_keys` of them), a shard whose
+/// table is being rebuilt decides under its mutex, and new keys of that
+/// shard are refused as at the key bound once its table is 7/8 full. Other
+/// limiters, and decisions on keys already held, go on. On Linux, readers
+/// pin with a plain store and writers issue
+/// `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`; if that barrier fails
+/// after start-up the process switches to fences (see [`reclamation`](crate::reclamation)),
+/// and until a global barrier succeeds a limiter frees memory only once
+/// every thread that used it has called it again or exited.
 ///
 /// # Sweeping that loses nothing
 ///
@@ -711,7 +745,9 @@ where
     /// Count a wait's outcome: admitted, or refused by its deadline.
     pub(crate) fn count_outcome(&self, admitted: bool) {
         let inner = &*self.inner;
-        inner.tally.count_outcome(admitted, crate::reclaim::thread_slot());
+        inner
+            .tally
+            .count_outcome(admitted, crate::reclaim::thread_slot());
     }
 
     /// The decision `key` would get for `n` permits now, taking nothing and

@@ -730,7 +730,11 @@ impl<K> Locked<'_, K> {
     /// holds the lock.
     fn table(&self) -> &Table<K> {
         // Relaxed: the mutex's acquire orders the last publication before us.
-        let table = self.shard.table.load(Ordering::Relaxed).map_addr(|a| a & !CLOSED);
+        let table = self
+            .shard
+            .table
+            .load(Ordering::Relaxed)
+            .map_addr(|a| a & !CLOSED);
         // SAFETY: only a writer replaces or frees the published table, and
         // this one holds the lock: the table stays allocated while `self` is
         // borrowed.
@@ -908,7 +912,11 @@ impl<K> Locked<'_, K> {
     ) -> usize {
         let room = self.writer.closing.as_ref().map_or(0, |c| c.room);
         // Relaxed: the lock keeps the table published.
-        let old_ptr = self.shard.table.load(Ordering::Relaxed).map_addr(|a| a & !CLOSED);
+        let old_ptr = self
+            .shard
+            .table
+            .load(Ordering::Relaxed)
+            .map_addr(|a| a & !CLOSED);
         // SAFETY: as in `table()`; read through the pointer so that the
         // bookkeeping can be borrowed mutably beside it. It stays allocated
         // until this function frees it, after its last use.
@@ -1050,7 +1058,11 @@ impl<K> Locked<'_, K> {
         }
         let past = self.writer.passed;
         // Relaxed: the lock keeps the table published.
-        let table = self.shard.table.load(Ordering::Relaxed).map_addr(|a| a & !CLOSED);
+        let table = self
+            .shard
+            .table
+            .load(Ordering::Relaxed)
+            .map_addr(|a| a & !CLOSED);
         // SAFETY: as in `table()`; read through the pointer so that the limbo
         // records can be borrowed mutably beside it.
         let table = unsafe { &*table };
@@ -1084,10 +1096,6 @@ impl<K> Locked<'_, K> {
     ///
     /// Each change is counted in `counts` as it is made, and the unlinked
     /// keys' snapshot is taken even if `evictable` or `idle` panics midway.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "each closure is one of the limiter's rules; bundling them would only rename them"
-    )]
     pub(crate) fn sweep(
         &mut self,
         evictable: impl Fn(u64) -> bool,
@@ -1108,7 +1116,11 @@ impl<K> Locked<'_, K> {
         let examine = budget.min(capacity);
         let batch = self.writer.batch + 1;
         // Relaxed: the lock keeps the table published.
-        let table = self.shard.table.load(Ordering::Relaxed).map_addr(|a| a & !CLOSED);
+        let table = self
+            .shard
+            .table
+            .load(Ordering::Relaxed)
+            .map_addr(|a| a & !CLOSED);
         // SAFETY: as in `collect`.
         let table = unsafe { &*table };
         let unlinking = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
@@ -1140,11 +1152,11 @@ impl<K> Locked<'_, K> {
                     self.writer.linked -= 1;
                     counts.unlinked();
                     let pos = pos as u32;
-                    self.writer.limbo.insert_unique(
-                        limbo_hash(pos),
-                        Limbo { pos, batch },
-                        |l| limbo_hash(l.pos),
-                    );
+                    self.writer
+                        .limbo
+                        .insert_unique(limbo_hash(pos), Limbo { pos, batch }, |l| {
+                            limbo_hash(l.pos)
+                        });
                     self.writer.evicted += 1;
                     swept.unlinked += 1;
                 }
