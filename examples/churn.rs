@@ -49,9 +49,10 @@
 //!
 //! Output: one row per measurement as it ends (the hot thread's decisions per
 //! second, the share admitted and the share of the window it spent on a CPU;
-//! the new keys offered per second during the timed window, the new keys
-//! offered in all, those refused, the most keys seen at an upkeep point (every
-//! `N` new keys), the keys held at the end, and the contender's own counters),
+//! the new keys offered per second during the timed window and per second the
+//! flood thread was on a CPU over its whole run, the new keys offered in all,
+//! those refused, the most keys seen at an upkeep point (every `N` new keys),
+//! the keys held at the end, and the contender's own counters),
 //! then a table of medians and spreads (min–max): without churn, under churn,
 //! the ratio of the two, and the ratio to `governor-ahash` under churn; then
 //! the same medians per second the hot thread was on a CPU (from Linux's
@@ -294,6 +295,9 @@ struct Sample {
     flood_per_s: f64,
     /// New keys offered in all, from the flood's start.
     offered: u64,
+    /// New keys offered per second the flood thread was on a CPU, over its
+    /// whole run (0 without churn, NaN where the kernel does not say).
+    flood_per_cpu_s: f64,
     /// New keys refused room.
     refused: u64,
     /// The most keys held at an upkeep point.
@@ -308,13 +312,14 @@ impl Sample {
     /// One line, as a child prints it: `sample CHURN FIELDS... | NOTE`.
     fn to_line(&self, churn: bool) -> String {
         format!(
-            "sample {} {} {} {} {} {} {} {} {} | {}",
+            "sample {} {} {} {} {} {} {} {} {} {} | {}",
             u8::from(churn),
             self.hot_per_s,
             self.admitted,
             self.hot_cpu,
             self.flood_per_s,
             self.offered,
+            self.flood_per_cpu_s,
             self.refused,
             self.peak,
             self.keys_end,
@@ -326,7 +331,7 @@ impl Sample {
     fn parse(line: &str) -> Option<(bool, Sample)> {
         let (fields, note) = line.strip_prefix("sample ")?.split_once(" | ")?;
         let f: Vec<&str> = fields.split(' ').collect();
-        if f.len() != 9 {
+        if f.len() != 10 {
             return None;
         }
         let sample = Sample {
@@ -335,9 +340,10 @@ impl Sample {
             hot_cpu: f[3].parse().ok()?,
             flood_per_s: f[4].parse().ok()?,
             offered: f[5].parse().ok()?,
-            refused: f[6].parse().ok()?,
-            peak: f[7].parse().ok()?,
-            keys_end: f[8].parse().ok()?,
+            flood_per_cpu_s: f[6].parse().ok()?,
+            refused: f[7].parse().ok()?,
+            peak: f[8].parse().ok()?,
+            keys_end: f[9].parse().ok()?,
             note: note.to_string(),
         };
         Some((f[0] == "1", sample))
@@ -348,6 +354,8 @@ impl Sample {
 #[derive(Default)]
 struct Flood {
     offered: u64,
+    /// The flood thread's time on a CPU, if known.
+    cpu: Option<Duration>,
     refused: u64,
     peak: usize,
 }
@@ -362,6 +370,7 @@ fn flood<S: Subject>(
     limit: Duration,
 ) -> Flood {
     let began = Instant::now();
+    let cpu_from = on_cpu();
     let mut f = Flood::default();
     // Relaxed: the flag only ends the loop; the counts come back through
     // `join`.
@@ -378,6 +387,7 @@ fn flood<S: Subject>(
         // Relaxed: a progress figure for the main thread, nothing more.
         progress.store(f.offered, Ordering::Relaxed);
     }
+    f.cpu = cpu_from.zip(on_cpu()).map(|(a, b)| b.saturating_sub(a));
     f
 }
 
@@ -439,10 +449,9 @@ fn measure<S: Subject>(subject: &S, secs: f64, churn: bool, bound: u64) -> Sampl
         let from = progress.load(Ordering::Relaxed);
         let (decisions, admitted, elapsed) = hot(subject, window);
         let to = progress.load(Ordering::Relaxed);
-        let hot_cpu = match (cpu_from, on_cpu()) {
-            (Some(a), Some(b)) => (b.saturating_sub(a)).as_secs_f64() / elapsed.as_secs_f64(),
-            _ => f64::NAN,
-        };
+        let hot_cpu = cpu_from.zip(on_cpu()).map_or(f64::NAN, |(a, b)| {
+            b.saturating_sub(a).as_secs_f64() / elapsed.as_secs_f64()
+        });
         // Relaxed: as in `flood`.
         stop.store(true, Ordering::Relaxed);
         let f = flooding
@@ -454,6 +463,11 @@ fn measure<S: Subject>(subject: &S, secs: f64, churn: bool, bound: u64) -> Sampl
             hot_cpu,
             flood_per_s: (to - from) as f64 / elapsed.as_secs_f64(),
             offered: f.offered,
+            flood_per_cpu_s: match f.cpu {
+                _ if !churn => 0.0,
+                Some(cpu) => f.offered as f64 / cpu.as_secs_f64(),
+                None => f64::NAN,
+            },
             refused: f.refused,
             peak: f.peak,
             keys_end: subject.keys(),
@@ -587,9 +601,9 @@ fn main() -> ExitCode {
     println!("load average before: {}", loadavg());
     println!();
     println!(
-        "| rep | contender | churn | hot M/s | hot admitted % | hot on CPU % | flood M new keys/s | new keys offered | refused | most keys at upkeep | keys at end | counters |"
+        "| rep | contender | churn | hot M/s | hot admitted % | hot on CPU % | flood M new keys/s | flood M new keys per CPU-s | new keys offered | refused | most keys at upkeep | keys at end | counters |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut samples: Vec<[Vec<Sample>; 2]> = vec![Default::default(); CONTENDERS.len()];
     for r in 0..reps {
         for k in 0..CONTENDERS.len() {
@@ -605,13 +619,14 @@ fn main() -> ExitCode {
             for churn in order(r) {
                 let s = &pair[usize::from(churn)];
                 println!(
-                    "| {} | {name} | {} | {:.2} | {:.2} | {:.1} | {:.2} | {} | {} | {} | {} | {} |",
+                    "| {} | {name} | {} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
                     r + 1,
                     if churn { "yes" } else { "no" },
                     s.hot_per_s / 1e6,
                     100.0 * s.admitted,
                     100.0 * s.hot_cpu,
                     s.flood_per_s / 1e6,
+                    s.flood_per_cpu_s / 1e6,
                     s.offered,
                     s.refused,
                     s.peak,
@@ -664,20 +679,22 @@ fn main() -> ExitCode {
     // waiting for a core is taken out.
     let per_cpu = |s: &Sample| s.hot_per_s / s.hot_cpu / 1e6;
     let on_cpu_share = |s: &Sample| 100.0 * s.hot_cpu;
+    let flood_per_cpu = |s: &Sample| s.flood_per_cpu_s / 1e6;
     let governor_cpu = median(&rates(governor, 1, per_cpu));
     println!();
     println!(
-        "| contender | hot M per CPU-s, no churn | hot on CPU %, no churn | hot M per CPU-s, churn | hot on CPU %, churn | churn / no churn | vs governor-ahash, churn |"
+        "| contender | hot M per CPU-s, no churn | hot on CPU %, no churn | hot M per CPU-s, churn | hot on CPU %, churn | churn / no churn | vs governor-ahash, churn | flood M new keys per CPU-s |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for (c, name) in CONTENDERS.iter().enumerate() {
         let (m0, m1) = (median(&rates(c, 0, per_cpu)), median(&rates(c, 1, per_cpu)));
         println!(
-            "| {name} | {m0:.2} | {:.1} | {m1:.2} | {:.1} | {:.2}× | {:.2}× |",
+            "| {name} | {m0:.2} | {:.1} | {m1:.2} | {:.1} | {:.2}× | {:.2}× | {:.2} |",
             median(&rates(c, 0, on_cpu_share)),
             median(&rates(c, 1, on_cpu_share)),
             m1 / m0,
             m1 / governor_cpu,
+            median(&rates(c, 1, flood_per_cpu)),
         );
     }
     println!();
