@@ -321,6 +321,11 @@ struct Indices {
     owner: Vec<Option<u16>>,
     /// The generation the next owner of each index gets.
     next_generation: Vec<u16>,
+    /// Under loom, the model execution these indices belong to: each
+    /// execution starts afresh, so that every execution of a model hands out
+    /// the same indices (loom requires a deterministic model).
+    #[cfg(turnstile_loom)]
+    execution: u64,
 }
 
 impl Indices {
@@ -330,6 +335,8 @@ impl Indices {
             free: std::collections::BTreeSet::new(),
             owner: Vec::new(),
             next_generation: Vec::new(),
+            #[cfg(turnstile_loom)]
+            execution: 0,
         }
     }
 }
@@ -346,14 +353,30 @@ fn indices() -> std::sync::MutexGuard<'static, Indices> {
 }
 
 /// This thread's claim on an index, given back when the thread exits, and
-/// its generation.
-struct ThreadIndex(usize, u16);
+/// its generation (and under loom, its model execution).
+struct ThreadIndex(usize, u16, #[cfg(turnstile_loom)] u64);
+
+#[cfg(turnstile_loom)]
+static EXECUTIONS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+#[cfg(turnstile_loom)]
+loom::lazy_static! {
+    /// A number per loom execution: a loom static is made anew in each.
+    static ref EXECUTION: u64 = EXECUTIONS.fetch_add(1, core::sync::atomic::Ordering::Relaxed) + 1;
+}
 
 impl ThreadIndex {
     fn acquire() -> ThreadIndex {
         // Before the index: a thread with an index reads a chosen mode.
         mode::init();
         let mut indices = indices();
+        #[cfg(turnstile_loom)]
+        let execution = *EXECUTION;
+        #[cfg(turnstile_loom)]
+        if indices.execution != execution {
+            *indices = Indices::new();
+            indices.execution = execution;
+        }
         let index = match indices.free.pop_first() {
             Some(index) => index,
             None => {
@@ -367,15 +390,27 @@ impl ThreadIndex {
         let generation = indices.next_generation[index];
         indices.next_generation[index] = generation.wrapping_add(1);
         indices.owner[index] = Some(generation);
-        ThreadIndex(index, generation)
+        ThreadIndex(
+            index,
+            generation,
+            #[cfg(turnstile_loom)]
+            execution,
+        )
     }
 }
 
 impl Drop for ThreadIndex {
     fn drop(&mut self) {
+        #[cfg(not(turnstile_loom))]
+        FAST.with(|fast| fast.set(GONE));
         // The mutex orders this thread's last stores to its records (and to
         // its counter slots) before the next owner's first.
         let mut indices = indices();
+        #[cfg(turnstile_loom)]
+        if indices.execution != self.2 {
+            // A thread of an earlier execution, dropped late.
+            return;
+        }
         indices.owner[self.0] = None;
         indices.free.insert(self.0);
     }
@@ -395,13 +430,57 @@ loom::thread_local! {
 /// destroyed.
 #[inline(always)]
 fn thread_index() -> Option<usize> {
-    THREAD.try_with(|thread| thread.0).ok()
+    thread_owner().map(|(index, _)| index)
 }
 
-/// The current thread's index and generation, as [`thread_index`].
+/// The current thread's index, and its generation where a record's number
+/// keeps it (`generation << 48`), as [`thread_index`].
 #[inline(always)]
-fn thread_owner() -> Option<(usize, u16)> {
-    THREAD.try_with(|thread| (thread.0, thread.1)).ok()
+fn thread_owner() -> Option<(usize, u64)> {
+    #[cfg(not(turnstile_loom))]
+    {
+        // A plain thread-local read: `FAST` has no destructor, so no
+        // initialization state to check.
+        let packed = FAST.with(core::cell::Cell::get);
+        if packed < GONE {
+            const LOW: u64 = (1 << GENERATION_SHIFT) - 1;
+            return Some(((packed & LOW) as usize, packed & !LOW));
+        }
+        thread_owner_slow(packed)
+    }
+    #[cfg(turnstile_loom)]
+    THREAD
+        .try_with(|thread| (thread.0, u64::from(thread.1) << GENERATION_SHIFT))
+        .ok()
+}
+
+#[cfg(not(turnstile_loom))]
+#[cold]
+#[inline(never)]
+fn thread_owner_slow(packed: u64) -> Option<(usize, u64)> {
+    if packed == GONE {
+        return None;
+    }
+    let (index, generation) = THREAD.try_with(|thread| (thread.0, thread.1)).ok()?;
+    let mine = u64::from(generation) << GENERATION_SHIFT;
+    FAST.with(|fast| fast.set(mine | index as u64));
+    Some((index, mine))
+}
+
+/// `FAST` before this thread took an index.
+#[cfg(not(turnstile_loom))]
+const UNSET: u64 = u64::MAX;
+/// `FAST` after this thread gave its index back (its thread-locals are being
+/// destroyed).
+#[cfg(not(turnstile_loom))]
+const GONE: u64 = u64::MAX - 1;
+
+#[cfg(not(turnstile_loom))]
+std::thread_local! {
+    /// This thread's generation and index, packed (`generation << 48 |
+    /// index`, the generation where a record's number keeps it), or `UNSET`
+    /// or `GONE`.
+    static FAST: core::cell::Cell<u64> = const { core::cell::Cell::new(UNSET) };
 }
 
 // ---------------------------------------------------------------------------
@@ -424,8 +503,7 @@ const COUNT: u64 = ((1 << GENERATION_SHIFT) - 1) & !(PIN_STEP - 1);
 /// index wrote starts again from a count of zero under this owner's
 /// generation: it still differs from every number the earlier owner wrote.
 #[inline(always)]
-fn own_number(seen: u64, generation: u16) -> (u64, bool) {
-    let mine = u64::from(generation) << GENERATION_SHIFT;
+fn own_number(seen: u64, mine: u64) -> (u64, bool) {
     if seen & !(COUNT | PINNED | FENCED | BUSY) == mine {
         (seen, seen & COUNT != 0)
     } else {
@@ -434,8 +512,11 @@ fn own_number(seen: u64, generation: u16) -> (u64, bool) {
 }
 
 /// One thread's record in one collector.
+/// Aligned to 128 bytes (two lines: the adjacent-line prefetcher pairs them),
+/// so that no other thread's record shares its lines.
+#[repr(align(128))]
 struct Record {
-    word: crossbeam_utils::CachePadded<AtomicU64>,
+    word: AtomicU64,
     /// Set by a writer once it has seen this record prove that its owner no
     /// longer pins without a fence (see [`Collector::transition_done`]).
     clean: crate::sync::AtomicBool,
@@ -444,13 +525,14 @@ struct Record {
 impl Record {
     fn new() -> Record {
         Record {
-            word: crossbeam_utils::CachePadded::new(AtomicU64::new(0)),
+            word: AtomicU64::new(0),
             clean: crate::sync::AtomicBool::new(false),
         }
     }
 }
 
-/// Records in the first bucket; bucket `b` holds `FIRST << b`. (Fewer under
+/// Records held inline in the collector, for the first indices; bucket `b`
+/// (from 1) holds `FIRST << b` more, allocated on first use. (Fewer under
 /// loom, where each record a snapshot reads is a step of the model.)
 const FIRST: usize = if cfg!(turnstile_loom) { 2 } else { 16 };
 /// Buckets: enough for every index, or for the few threads of a loom model.
@@ -460,7 +542,7 @@ const BUCKETS: usize = if cfg!(turnstile_loom) {
     (usize::BITS - FIRST.trailing_zeros()) as usize
 };
 
-/// The bucket and offset of index `index`.
+/// The bucket and offset of index `index` (bucket 0: the inline records).
 #[inline(always)]
 fn bucket_of(index: usize) -> (usize, usize) {
     let shifted = index + FIRST;
@@ -471,7 +553,11 @@ fn bucket_of(index: usize) -> (usize, usize) {
 
 /// A keyed limiter's grace periods: a record per thread that has used it.
 pub(crate) struct Collector {
-    /// Bucket `b` points to `FIRST << b` records, allocated on first use.
+    /// The records of the first `FIRST` indices: a pin by one of them reads
+    /// no pointer.
+    first: [Record; FIRST],
+    /// Bucket `b` (from 1) points to `FIRST << b` records, allocated on
+    /// first use; bucket 0 is `first`.
     buckets: [AtomicPtr<Record>; BUCKETS],
     /// Readers pinned without a record (their thread-locals were being
     /// destroyed).
@@ -481,6 +567,7 @@ pub(crate) struct Collector {
 impl Default for Collector {
     fn default() -> Collector {
         Collector {
+            first: core::array::from_fn(|_| Record::new()),
             buckets: core::array::from_fn(|_| AtomicPtr::new(core::ptr::null_mut())),
             unrecorded: AtomicU64::new(0),
         }
@@ -495,7 +582,10 @@ impl core::fmt::Debug for Collector {
 
 impl Drop for Collector {
     fn drop(&mut self) {
-        for (bucket, ptr) in self.buckets.iter().enumerate() {
+        if crate::sync::unwinding_under_loom() {
+            return;
+        }
+        for (bucket, ptr) in self.buckets.iter().enumerate().skip(1) {
             // Relaxed: `&mut self` orders every earlier store before this.
             let ptr = ptr.load(Ordering::Relaxed);
             if !ptr.is_null() {
@@ -513,10 +603,10 @@ impl Drop for Collector {
 /// A pin: memory reachable while it is held stays allocated until it is
 /// dropped. Not `Send`: it is the current thread's.
 pub(crate) struct Guard<'a> {
-    collector: &'a Collector,
-    /// The record this guard pinned, or `None` for one counted in
-    /// `unrecorded`.
-    record: Option<&'a Record>,
+    /// The word this guard pinned: its record's, or the collector's count
+    /// of readers without a record (`shared`).
+    word: &'a AtomicU64,
+    shared: bool,
     slot: usize,
     _not_send: core::marker::PhantomData<*const ()>,
 }
@@ -543,6 +633,9 @@ impl Collector {
     /// The records of bucket `bucket`, allocating them on first use.
     #[inline(always)]
     fn bucket(&self, bucket: usize) -> &[Record] {
+        if bucket == 0 {
+            return &self.first;
+        }
         // Acquire: pairs with the AcqRel exchange that published the records.
         let mut ptr = self.buckets[bucket].load(Ordering::Acquire);
         if ptr.is_null() {
@@ -585,10 +678,20 @@ impl Collector {
     /// The current thread's record, or `None` while its thread-locals are
     /// being destroyed.
     #[inline(always)]
-    fn record(&self) -> Option<(&Record, usize, u16)> {
-        let (index, generation) = thread_owner()?;
+    fn record(&self) -> Option<(&Record, usize, u64)> {
+        let (index, mine) = thread_owner()?;
+        let record = match self.first.get(index) {
+            Some(record) => record,
+            None => self.record_beyond_first(index),
+        };
+        Some((record, index, mine))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_beyond_first(&self, index: usize) -> &Record {
         let (bucket, offset) = bucket_of(index);
-        Some((&self.bucket(bucket)[offset], index, generation))
+        &self.bucket(bucket)[offset]
     }
 
     /// Pin: one store to the thread's own record and a compiler fence (or a
@@ -600,28 +703,57 @@ impl Collector {
     /// path: user code run by the limiter called into it again.
     #[inline(always)]
     pub(crate) fn pin(&self) -> Guard<'_> {
-        let Some((record, index, generation)) = self.record() else {
+        let Some((record, index, mine)) = self.record() else {
             return self.pin_unrecorded();
         };
         // Relaxed: this thread is the record's only writer (an earlier owner
         // of its index exited, which the index mutex ordered before us).
-        let (seen, written) = own_number(record.word.load(Ordering::Relaxed), generation);
+        let seen = record.word.load(Ordering::Relaxed);
+        // One test for the common case: this owner's number (its generation)
+        // with a count (it has pinned here before), neither pinned nor busy.
+        // Less its generation and one step, such a number is a multiple of
+        // the step below 2^48; anything else sets a bit outside `COUNT`.
+        if (seen & !FENCED).wrapping_sub(mine).wrapping_sub(PIN_STEP) & !COUNT != 0 {
+            return self.pin_first_or_again(record, index, mine);
+        }
+        // The next count, pinned. A count that overflows after 2^45 pins
+        // carries into the generation, which makes the record look unwritten
+        // to its owner: one more fence, and a number still unlike any before.
+        if mode::reader_fences() {
+            self.publish_pin(record, (seen | FENCED) + (PIN_STEP | PINNED), true, index)
+        } else {
+            self.publish_pin(record, (seen & !FENCED) + (PIN_STEP | PINNED), false, index)
+        }
+    }
+
+    /// The pin of a thread whose record holds no number of its own yet (its
+    /// first pin here), or that is already pinned or busy here (a re-entry).
+    #[cold]
+    #[inline(never)]
+    fn pin_first_or_again<'a>(&'a self, record: &'a Record, index: usize, mine: u64) -> Guard<'a> {
+        // Relaxed: as in `pin`.
+        let (seen, written) = own_number(record.word.load(Ordering::Relaxed), mine);
         if seen & (PINNED | BUSY) != 0 {
             reentered();
         }
         let saw_fence_mode = mode::reader_fences();
+        let word = (seen & !FENCED) + (PIN_STEP | PINNED) + if saw_fence_mode { FENCED } else { 0 };
         // A thread's first pin in a record fences whatever the mode: a writer
         // that finds the record unwritten by its owner may then count on
         // every later pin of that owner seeing fence mode after a switch
         // (`Collector::transition_done`).
-        let fences = saw_fence_mode || !written;
-        // The count wraps within its bits; a snapshot that met the same
-        // number again after 2^42 pins would only wait longer.
-        let count = ((seen & COUNT) + PIN_STEP) & COUNT;
-        let word = (seen & !(COUNT | PINNED | FENCED | BUSY))
-            | count
-            | PINNED
-            | if saw_fence_mode { FENCED } else { 0 };
+        self.publish_pin(record, word, saw_fence_mode || !written, index)
+    }
+
+    /// Store a pin's number and order it before the reader's loads.
+    #[inline(always)]
+    fn publish_pin<'a>(
+        &'a self,
+        record: &'a Record,
+        word: u64,
+        fences: bool,
+        index: usize,
+    ) -> Guard<'a> {
         // Release: a writer that reads this number (or a later one) acquires
         // every access this thread made under earlier pins.
         record.word.store(word, Ordering::Release);
@@ -637,8 +769,8 @@ impl Collector {
             compiler_fence(Ordering::SeqCst);
         }
         Guard {
-            collector: self,
-            record: Some(record),
+            word: &record.word,
+            shared: false,
             slot: index.min(OWNED_SLOTS),
             _not_send: core::marker::PhantomData,
         }
@@ -652,8 +784,8 @@ impl Collector {
         #[cfg(not(turnstile_mutant = "no_pin_fence"))]
         fence(Ordering::SeqCst);
         Guard {
-            collector: self,
-            record: None,
+            word: &self.unrecorded,
+            shared: true,
             slot: OWNED_SLOTS,
             _not_send: core::marker::PhantomData,
         }
@@ -666,9 +798,9 @@ impl Collector {
     ///
     /// As [`pin`](Self::pin).
     pub(crate) fn enter(&self) -> Busy<'_> {
-        let record = self.record().map(|(record, _, generation)| {
+        let record = self.record().map(|(record, _, mine)| {
             // Relaxed: as in `pin`.
-            let (seen, _) = own_number(record.word.load(Ordering::Relaxed), generation);
+            let (seen, _) = own_number(record.word.load(Ordering::Relaxed), mine);
             if seen & (PINNED | BUSY) != 0 {
                 reentered();
             }
@@ -703,7 +835,7 @@ impl Collector {
         snapshot.pinned.clear();
         for (bucket, ptr) in self.buckets.iter().enumerate() {
             // Acquire: as in `bucket`.
-            if ptr.load(Ordering::Acquire).is_null() {
+            if bucket > 0 && ptr.load(Ordering::Acquire).is_null() {
                 // Buckets fill in order of thread index, but one may be
                 // allocated before a lower one: look at every bucket.
                 continue;
@@ -757,7 +889,7 @@ impl Collector {
         let indices = indices();
         for (bucket, ptr) in self.buckets.iter().enumerate() {
             // Acquire: as in `bucket`.
-            if ptr.load(Ordering::Acquire).is_null() {
+            if bucket > 0 && ptr.load(Ordering::Acquire).is_null() {
                 continue;
             }
             for (offset, record) in self.bucket(bucket).iter().enumerate() {
@@ -771,7 +903,8 @@ impl Collector {
                 let clean = match indices.owner.get(index).copied().flatten() {
                     None => true,
                     Some(generation) => {
-                        let (own, written) = own_number(word, generation);
+                        let mine = u64::from(generation) << GENERATION_SHIFT;
+                        let (own, written) = own_number(word, mine);
                         !written || own & FENCED != 0
                     }
                 };
@@ -799,34 +932,32 @@ impl Guard<'_> {
 impl Drop for Guard<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        match self.record {
-            Some(record) => {
-                // Relaxed: this thread is the record's only writer.
-                let word = record.word.load(Ordering::Relaxed);
-                // Release: every access made under this pin happens before a
-                // writer's acquire load that sees the new number. (The loom
-                // mutant `relaxed_unpin` makes it Relaxed, and the models of
-                // this protocol fail.)
-                #[cfg(not(turnstile_mutant = "relaxed_unpin"))]
-                let order = Ordering::Release;
-                #[cfg(turnstile_mutant = "relaxed_unpin")]
-                let order = Ordering::Relaxed;
-                record.word.store(word & !PINNED, order);
-            }
-            None => {
-                // Release: as above, for the shared count.
-                #[cfg(not(turnstile_mutant = "relaxed_unpin"))]
-                let order = Ordering::Release;
-                #[cfg(turnstile_mutant = "relaxed_unpin")]
-                let order = Ordering::Relaxed;
-                self.collector.unrecorded.fetch_sub(1, order);
-            }
+        if crate::sync::unwinding_under_loom() {
+            return;
+        }
+        // Release: every access made under this pin happens before a
+        // writer's acquire load that sees the new number (or count). (The
+        // loom mutant `relaxed_unpin` makes it Relaxed, and the models of
+        // this protocol fail.)
+        #[cfg(not(turnstile_mutant = "relaxed_unpin"))]
+        let order = Ordering::Release;
+        #[cfg(turnstile_mutant = "relaxed_unpin")]
+        let order = Ordering::Relaxed;
+        if self.shared {
+            self.word.fetch_sub(1, order);
+        } else {
+            // Relaxed: this thread is the record's only writer.
+            let word = self.word.load(Ordering::Relaxed);
+            self.word.store(word & !PINNED, order);
         }
     }
 }
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
+        if crate::sync::unwinding_under_loom() {
+            return;
+        }
         if let Some(record) = self.record {
             // Relaxed: this thread is the record's only writer.
             let word = record.word.load(Ordering::Relaxed);

@@ -82,6 +82,15 @@ pub(crate) fn lost_race() {
     loom::hint::spin_loop();
 }
 
+/// Whether this thread is unwinding from a failed loom model: drops then
+/// skip their atomic operations, which loom cannot run once an execution
+/// has failed (it aborts the process instead of reporting the failure).
+/// Always `false` outside loom.
+#[inline(always)]
+pub(crate) fn unwinding_under_loom() -> bool {
+    cfg!(turnstile_loom) && std::thread::panicking()
+}
+
 /// What a writer does while it waits for the keyed map's readers to finish a
 /// lookup (a grace period, `crate::reclaim`): let them run. Under loom,
 /// `loom::thread::yield_now`, so that the model schedules the readers.

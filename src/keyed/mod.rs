@@ -1420,6 +1420,9 @@ impl Reserved<'_> {
 
 impl Drop for Reserved<'_> {
     fn drop(&mut self) {
+        if crate::sync::unwinding_under_loom() {
+            return;
+        }
         // Relaxed: as in `reserve`.
         self.count.fetch_sub(1, Ordering::Relaxed);
     }

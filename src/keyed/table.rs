@@ -433,6 +433,9 @@ impl<K> Table<K> {
 
 impl<K> Drop for Table<K> {
     fn drop(&mut self) {
+        if crate::sync::unwinding_under_loom() {
+            return;
+        }
         if !core::mem::needs_drop::<K>() {
             return;
         }
@@ -682,6 +685,9 @@ impl<K> Shard<K> {
 
 impl<K> Drop for Shard<K> {
     fn drop(&mut self) {
+        if crate::sync::unwinding_under_loom() {
+            return;
+        }
         // Relaxed: `&mut self` orders every earlier write before this.
         let table = self.table.load(Ordering::Relaxed).map_addr(|a| a & !CLOSED);
         // SAFETY: the table came from `Box::into_raw` (closed or not), and
@@ -698,6 +704,9 @@ pub(crate) struct Locked<'a, K> {
 
 impl<K> Drop for Locked<'_, K> {
     fn drop(&mut self) {
+        if crate::sync::unwinding_under_loom() {
+            return;
+        }
         // Relaxed: a hint (see `Shard::linked_hint`), stored before the lock
         // is let go.
         self.shard
@@ -716,6 +725,9 @@ struct DiscardCopy<'t, K> {
 
 impl<K> Drop for DiscardCopy<'_, K> {
     fn drop(&mut self) {
+        if crate::sync::unwinding_under_loom() {
+            return;
+        }
         if self.armed {
             for group in self.table.ctrl.iter() {
                 // Relaxed: no reader reaches this table.
