@@ -641,13 +641,11 @@ fn keyed_string_key_racing_its_unlink_and_free_is_kept() {
 /// sweeping an idle key (in its own shard or the other) while another
 /// thread decides on that idle key. The idle key's spend is never lost:
 /// capacity 1, one token a second, spent at 0 s: at 1 s one token, which the
-/// late decision took or the key still holds. Fails under `no_recheck` (a key in limbo freed
-/// without judging its word again: the racing spend is forgotten).
+/// late decision took or the key still holds. Fails under `no_recheck` (a
+/// key in limbo freed without judging its word again: the racing spend is
+/// forgotten).
 #[test]
-#[cfg_attr(
-    any(turnstile_mutant = "no_recheck", turnstile_mutant = "no_grace"),
-    should_panic
-)]
+#[cfg_attr(turnstile_mutant = "no_recheck", should_panic)]
 fn keyed_new_key_at_the_bound_reclaiming_a_key_in_use_loses_nothing() {
     loom::model(|| {
         let period = Duration::from_secs(1);

@@ -341,15 +341,62 @@ impl Indices {
     }
 }
 
-/// Every thread's index. A `std` mutex under loom too: its critical sections
-/// hold no loom operation, and a loom static would be gone before the main
-/// thread's locals are dropped.
+/// Every thread's index.
+#[cfg(not(turnstile_loom))]
 static INDICES: std::sync::Mutex<Indices> = std::sync::Mutex::new(Indices::new());
 
+#[cfg(not(turnstile_loom))]
 fn indices() -> std::sync::MutexGuard<'static, Indices> {
     INDICES
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Under loom, the indices of each model: a loom model runs on one OS thread,
+/// and models run side by side on several. A `std` mutex, as its critical
+/// sections hold no loom operation (and a loom static would be gone before
+/// the main thread's locals are dropped).
+#[cfg(turnstile_loom)]
+static INDICES: std::sync::Mutex<Vec<(std::thread::ThreadId, Indices)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The current model's indices.
+#[cfg(turnstile_loom)]
+struct ModelIndices(
+    std::sync::MutexGuard<'static, Vec<(std::thread::ThreadId, Indices)>>,
+    usize,
+);
+
+#[cfg(turnstile_loom)]
+impl core::ops::Deref for ModelIndices {
+    type Target = Indices;
+
+    fn deref(&self) -> &Indices {
+        &self.0[self.1].1
+    }
+}
+
+#[cfg(turnstile_loom)]
+impl core::ops::DerefMut for ModelIndices {
+    fn deref_mut(&mut self) -> &mut Indices {
+        &mut self.0[self.1].1
+    }
+}
+
+#[cfg(turnstile_loom)]
+fn indices() -> ModelIndices {
+    let mut all = INDICES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let model = std::thread::current().id();
+    let at = match all.iter().position(|(id, _)| *id == model) {
+        Some(at) => at,
+        None => {
+            all.push((model, Indices::new()));
+            all.len() - 1
+        }
+    };
+    ModelIndices(all, at)
 }
 
 /// This thread's claim on an index, given back when the thread exits, and
@@ -369,9 +416,9 @@ impl ThreadIndex {
     fn acquire() -> ThreadIndex {
         // Before the index: a thread with an index reads a chosen mode.
         mode::init();
-        let mut indices = indices();
         #[cfg(turnstile_loom)]
         let execution = *EXECUTION;
+        let mut indices = indices();
         #[cfg(turnstile_loom)]
         if indices.execution != execution {
             *indices = Indices::new();
