@@ -1088,9 +1088,14 @@ where
                     crate::sync::wait_for_readers();
                     continue;
                 }
-                Err(_) => {
+                Err(no_room) => {
                     // The shard's table cannot grow (2^31 slots), or a reader
-                    // has held its rebuild for longer than this request waits.
+                    // has held its rebuild for longer than this request waits:
+                    // later new keys of this shard are refused without
+                    // waiting, until the rebuild finishes.
+                    if no_room == NoRoom::Waiting {
+                        locked.writer().gave_up_waiting = true;
+                    }
                     drop(reserved);
                     return self.refuse_new_key(&mut locked, now);
                 }
@@ -1431,7 +1436,8 @@ impl Drop for Reserved<'_> {
 /// How many times a new key whose shard's table is full while its rebuild
 /// waits for a reader lets the lock go and tries again before it is refused
 /// as at the key bound: a reader that stays pinned (descheduled, stopped)
-/// then costs new keys of that one shard a refusal, not a hang.
+/// then costs new keys of that one shard a refusal, not a hang, and only the
+/// first of them waits (the shard remembers until the rebuild finishes).
 const MAX_ROOM_WAITS: u32 = 10_000;
 
 impl<K, A, C, S> KeyedLimiter<K, A, C, S> {

@@ -489,6 +489,9 @@ pub(crate) struct Writer {
     passed: u64,
     /// The rebuild waiting for its grace period, if any.
     closing: Option<Closing>,
+    /// A new key gave up waiting for that rebuild: until it finishes, new
+    /// keys past 7/8 are refused without waiting.
+    pub(crate) gave_up_waiting: bool,
     /// Where the next bounded sweep of this shard starts.
     cursor: usize,
     /// Inserts since the last full sweep, and how many trigger the next.
@@ -582,7 +585,8 @@ pub(crate) struct Swept {
 /// Why a new key cannot be stored now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NoRoom {
-    /// The table cannot grow (2^31 slots).
+    /// The table cannot grow (2^31 slots), or it is full while its rebuild
+    /// waits for a reader that a new key has already waited for in vain.
     Full,
     /// The table is full for now: its rebuild waits for readers pinned
     /// before it closed.
@@ -608,6 +612,7 @@ impl<K> Shard<K> {
                 pending: VecDeque::new(),
                 passed: 0,
                 closing: None,
+                gave_up_waiting: false,
                 cursor: 0,
                 inserts_since_sweep: 0,
                 sweep_threshold,
@@ -866,7 +871,11 @@ impl<K> Locked<'_, K> {
         }
         let used = self.writer.used + 1;
         if self.writer.closing.is_some() && used * 8 > self.capacity() * 7 {
-            return Err(NoRoom::Waiting);
+            return Err(if self.writer.gave_up_waiting {
+                NoRoom::Full
+            } else {
+                NoRoom::Waiting
+            });
         }
         Ok(freed)
     }
@@ -1007,6 +1016,7 @@ impl<K> Locked<'_, K> {
         self.writer.pending.clear();
         self.writer.passed = self.writer.batch;
         self.writer.closing = None;
+        self.writer.gave_up_waiting = false;
         // Release: pairs with readers' Acquire load of the pointer: the slots
         // written above are visible through it. Clears the closed mark.
         self.shard
