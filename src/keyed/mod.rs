@@ -954,6 +954,17 @@ where
         );
     }
 
+    /// [`Locked::make_room`] with this limiter's rules, at `now` (read under
+    /// the lock).
+    fn make_room(&self, locked: &mut Locked<'_, K>, now: u64) -> Result<usize, NoRoom> {
+        locked.make_room(
+            &|word| self.algorithm.is_fresh_equivalent(word, now),
+            &self.collector,
+            &|k| self.hasher.hash_one(k),
+            &self.counts(),
+        )
+    }
+
     /// A key not linked in its shard: take the shard's mutex, read the clock,
     /// and decide on the key's entry (linked meanwhile by another thread, or
     /// waiting in limbo) or on a fresh word stored as a new entry.
@@ -1070,13 +1081,7 @@ where
                 reserved.keep();
                 return self.decide_on(algorithm, locked.cell(entry), now, n, counted);
             }
-            let room = locked.make_room(
-                &|word| self.algorithm.is_fresh_equivalent(word, now),
-                &self.collector,
-                &|k| self.hasher.hash_one(k),
-                &self.counts(),
-            );
-            match room {
+            match self.make_room(&mut locked, now) {
                 Ok(_) => {}
                 Err(NoRoom::Waiting) if waits < MAX_ROOM_WAITS => {
                     // The table is full until its rebuild's readers are gone:

@@ -519,24 +519,7 @@ pub(crate) struct Counts<'a> {
 impl Counts<'_> {
     /// Take one place in limbo under its bound.
     fn reserve_limbo(&self) -> bool {
-        // Relaxed: the count publishes nothing; each change is ordered with
-        // its table change by the shard's mutex, and the compare-and-swap
-        // alone keeps the count within the bound.
-        let mut held = self.limbo.load(Ordering::Relaxed);
-        loop {
-            if held >= self.max_keys {
-                return false;
-            }
-            match self.limbo.compare_exchange_weak(
-                held,
-                held + 1,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(actual) => held = actual,
-            }
-        }
+        super::reserve(self.limbo, self.max_keys)
     }
 
     fn left_limbo(&self) {
