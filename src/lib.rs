@@ -65,72 +65,64 @@
     unreachable_pub
 )]
 
+mod admission;
 mod algorithm;
 mod cell;
 pub mod chain;
 mod clock;
 mod concurrency;
 mod decision;
-mod divide;
 mod error;
-#[cfg(feature = "tokio")]
-mod fair;
-mod fixed_window;
-mod gate;
-mod gcra;
+mod http;
 mod keyed;
 mod limiter;
-mod live;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 mod quota;
 mod reclaim;
 #[cfg(feature = "redis")]
 pub mod redis;
-mod reserve;
-mod sliding_window;
 mod sync;
 mod tally;
-mod tiered;
-mod token_bucket;
-#[cfg(feature = "tower")]
-pub mod tower;
 mod wait;
-mod window;
+mod word;
 
+pub use admission::Admission;
 pub use algorithm::Algorithm;
-pub use chain::{Admission, ChainAdmission};
+pub use algorithm::fixed_window::FixedWindow;
+pub use algorithm::gcra::Gcra;
+pub use algorithm::live::LiveTokenBucket;
+pub use algorithm::sliding_window::SlidingWindow;
+pub use algorithm::token_bucket::TokenBucket;
+pub use chain::ChainAdmission;
 #[cfg(not(turnstile_loom))]
 pub use clock::CoarseClock;
 pub use clock::{Clock, ClockSource, ManualClock, MonotonicClock, RealClock, TscClock};
 pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::{Decision, KeyedDecision, NotYet, RateLimited, RetryAfter};
 pub use error::{AcquireError, KeyedConfigError, QuotaError};
-#[cfg(feature = "tokio")]
-pub use fair::{Fair, FairError, FairTarget};
-pub use fixed_window::FixedWindow;
-pub use gate::{
+pub use http::gate::{
     AdvertisedQuota, Gate, GateLimiter, GateStats, LimiterStats, Outcome, PolicyError,
     RateLimitPolicy,
 };
-pub use gcra::Gcra;
+#[cfg(feature = "tower")]
+pub use http::tower;
 #[cfg(not(turnstile_loom))]
 pub use keyed::Sweeper;
+pub use keyed::tiered::{Tiered, TieredError};
 pub use keyed::{
     DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, KeyedAdmission, KeyedBuilder, KeyedLimiter, KeyedStats,
 };
 pub use limiter::{Counted, Counter, DirectStats, RateLimiter, Uncounted};
-pub use live::LiveTokenBucket;
 pub use quota::Quota;
 /// The grace-period protocol's interface, for the loom models only.
 #[cfg(turnstile_loom)]
 #[doc(hidden)]
 pub use reclaim::model as reclaim_model;
 pub use reclaim::{BarrierMode, Reclamation, reclamation};
-pub use reserve::{KeyedReservation, Lend, Reservation, ReserveError};
-pub use sliding_window::SlidingWindow;
-pub use tiered::{Tiered, TieredError};
-pub use token_bucket::TokenBucket;
+#[cfg(feature = "tokio")]
+pub use wait::fair::{Fair, FairError, FairTarget};
+pub use wait::reserve::{KeyedReservation, Lend, Reservation, ReserveError};
 pub use wait::{WaitError, WaitOptions};
 
 // The README's examples are compiled and run as doc tests: by `cargo test` at

@@ -1,16 +1,17 @@
 //! A direct (unkeyed) limiter: one cell, one algorithm, one clock.
 
+use crate::admission::{Admission, Receipt, Stage, admit};
 use crate::algorithm::Algorithm;
+use crate::algorithm::live::LiveTokenBucket;
+use crate::algorithm::token_bucket::TokenBucket;
+use crate::algorithm::within_refund_horizon;
 use crate::cell::Cell;
-use crate::chain::{Admission, admit};
 use crate::clock::{Clock, RealClock};
 use crate::decision::{Decision, KeyedDecision, NotYet};
 use crate::error::{AcquireError, QuotaError};
-use crate::live::LiveTokenBucket;
 use crate::quota::Quota;
 use crate::reclaim::thread_slot;
 use crate::tally::{ADMITTED, DENIED, Tally};
-use crate::token_bucket::TokenBucket;
 
 /// A lock-free rate limiter for one stream of requests (one API, one client, one
 /// outbound dependency). Share it by reference or in an `Arc`; every method takes
@@ -392,5 +393,46 @@ pub(crate) fn check_permits(n: u32, capacity: u32) -> Result<(), AcquireError> {
         })
     } else {
         Ok(())
+    }
+}
+
+impl<A: Algorithm, C: Clock, M: Counter> crate::admission::sealed::Sealed for RateLimiter<A, C, M> {}
+
+impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
+    fn capacity(&self) -> u32 {
+        RateLimiter::capacity(self)
+    }
+
+    #[inline]
+    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        let epoch = self.algorithm().epoch();
+        let now = self.clock().now();
+        let (decision, written) = self.cell().take(self.algorithm(), now, n);
+        self.count(decision.is_allowed());
+        (
+            decision.into(),
+            written.map(|written| Receipt {
+                written,
+                n,
+                epoch,
+                at: now,
+            }),
+        )
+    }
+
+    fn peek(&self, n: u32) -> KeyedDecision {
+        let now = self.clock().now();
+        self.algorithm().decide(self.cell().load(), now, n).0.into()
+    }
+
+    fn give_back(&self, receipt: Receipt) -> bool {
+        if !within_refund_horizon(receipt.at, self.clock().now()) {
+            return false;
+        }
+        let cell = self.cell();
+        self.algorithm()
+            .refund_unless_changed(receipt.epoch, &mut || {
+                cell.refund(self.algorithm(), receipt.written, receipt.n)
+            })
     }
 }

@@ -33,7 +33,7 @@
 
 use metrics::{counter, gauge};
 
-use crate::gate::GateStats;
+use crate::http::gate::GateStats;
 use crate::keyed::KeyedStats;
 use crate::limiter::DirectStats;
 
@@ -148,7 +148,7 @@ impl GateStats {
 }
 
 #[cfg(feature = "tower")]
-impl crate::tower::LayerStats {
+impl crate::http::tower::LayerStats {
     /// Publish the gate's counts and the layer's configuration errors
     /// (`turnstile_responses_total{status="500"}`) with the label `limiter`.
     pub fn publish(&self, limiter: &str) {
@@ -182,7 +182,7 @@ impl crate::redis::LeasedStats {
 #[cfg(all(feature = "redis", feature = "tower", feature = "tokio"))]
 impl crate::redis::RedisLayerStats {
     /// Write the layer's answers as `turnstile_responses_total{limiter,status}`,
-    /// as [`LayerStats::publish`](crate::tower::LayerStats::publish) does.
+    /// as [`LayerStats::publish`](crate::http::tower::LayerStats::publish) does.
     pub fn publish(&self, limiter: &str) {
         responses(limiter, "200", self.admitted);
         responses(limiter, "401", self.unauthorized);

@@ -3,7 +3,7 @@
 use core::time::Duration;
 
 use crate::error::QuotaError;
-use crate::token_bucket::Layout;
+use crate::word::Layout;
 
 const MICROS_PER_SECOND: u64 = 1_000_000;
 /// The rate constructors keep their rounding below one part in this many.

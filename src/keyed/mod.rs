@@ -8,26 +8,30 @@ use core::marker::PhantomData;
 
 use crossbeam_utils::CachePadded;
 
+use crate::admission::{Admission, admit};
 use crate::algorithm::Algorithm;
 use crate::cell::Cell;
-use crate::chain::{Admission, KeyedStage, admit};
 
 /// An admission by one key of a [`KeyedLimiter`], to give back with
 /// [`Admission::refund`] ([`KeyedLimiter::try_acquire_refundable`]).
 pub type KeyedAdmission<'a, K, Q, A, C, S> = Admission<KeyedStage<'a, K, Q, A, C, S>>;
+use crate::algorithm::live::LiveTokenBucket;
+use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock, saturating_nanos};
 use crate::decision::{KeyedDecision, NotYet, RetryAfter};
 use crate::error::{AcquireError, KeyedConfigError, QuotaError};
 use crate::limiter::check_permits;
-use crate::live::LiveTokenBucket;
 use crate::quota::Quota;
 use crate::reclaim::{Busy, Collector};
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 use crate::tally::Tally;
-use crate::token_bucket::TokenBucket;
 
+mod stage;
 #[allow(unsafe_code)]
 mod table;
+pub(crate) mod tiered;
+
+pub use stage::KeyedStage;
 use table::{Counts, Locked, NEVER_SWEPT, NoRoom, Shard};
 
 /// The default bound on keys held.

@@ -9,13 +9,13 @@ use ::redis::ConnectionLike;
 
 use super::{RedisLimitError, RedisLimiter};
 use crate::algorithm::Algorithm;
+use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::Clock;
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::{AcquireError, QuotaError};
 use crate::keyed::KeyedLimiter;
 use crate::quota::Quota;
 use crate::sync::{AtomicU64, Ordering};
-use crate::token_bucket::TokenBucket;
 
 /// The answer of a [`Guarded`] limiter while Redis fails and for the backoff
 /// after each failure.

@@ -14,20 +14,20 @@ use super::{Guarded, LeasedLimiter, ReconnectingConnection};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
-use crate::gate::{Outcome, PolicyError, RateLimitPolicy};
-use crate::reclaim::thread_slot;
-use crate::tally::Tally;
-use crate::tower::{
+use crate::http::gate::{Outcome, PolicyError, RateLimitPolicy};
+use crate::http::tower::{
     Denial, DenialResponse, DenyWith, KeyExtractor, Layer, PlainDenial, Reported, RequestHead,
     ResponseFuture, Service, deny, policy_fields,
 };
+use crate::reclaim::thread_slot;
+use crate::tally::Tally;
 
 /// A key as the bytes that follow the limiter's prefix in Redis: what a
 /// [`KeyExtractor`]'s lookup type must be for a [`RedisRateLimitLayer`].
 ///
-/// Text and bytes are themselves (borrowed, not copied); `()` ([`Global`](crate::tower::Global))
+/// Text and bytes are themselves (borrowed, not copied); `()` ([`Global`](crate::http::tower::Global))
 /// is empty, so the one key is the prefix alone; an IP address
-/// ([`PeerIp`](crate::tower::PeerIp), [`ForwardedFor`](crate::tower::ForwardedFor))
+/// ([`PeerIp`](crate::http::tower::PeerIp), [`ForwardedFor`](crate::http::tower::ForwardedFor))
 /// is its text, `192.0.2.7` or `2001:db8:aa::`.
 ///
 /// ```
@@ -215,7 +215,7 @@ pub struct RedisLayerStats {
 /// `http` crate's types (axum, hyper): [`Guarded`] (exact mode) or
 /// [`LeasedLimiter`] (leased mode). Features `redis`, `tower` and `tokio`.
 ///
-/// It answers as [`RateLimitLayer`](crate::tower::RateLimitLayer) does: the
+/// It answers as [`RateLimitLayer`](crate::http::tower::RateLimitLayer) does: the
 /// key comes from a [`KeyExtractor`] (401 with `WWW-Authenticate` when there
 /// is none, 500 when the server did not provide what the extractor needs);
 /// an admitted request goes to the inner service; a denied one is answered
@@ -335,7 +335,7 @@ impl<L, X, R> RedisRateLimitLayer<L, X, R> {
     }
 
     /// Build denial responses with `respond`, as
-    /// [`RateLimitLayer::deny_with`](crate::tower::RateLimitLayer::deny_with)
+    /// [`RateLimitLayer::deny_with`](crate::http::tower::RateLimitLayer::deny_with)
     /// does: the layer still sets the status and its header fields.
     pub fn deny_with<F, B>(self, respond: F) -> RedisRateLimitLayer<L, X, DenyWith<F>>
     where

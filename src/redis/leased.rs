@@ -16,12 +16,12 @@ use super::BlockingConnection;
 use super::guarded::OnFailure;
 use super::{GIVE_BACK, LEASE, RedisAlgorithm, RedisConfigError, RedisLimitError, RedisLimiter};
 use crate::algorithm::Algorithm;
+use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
 use crate::keyed::{KeyedBuilder, KeyedLimiter};
 use crate::sync::{AtomicU64, Ordering};
-use crate::token_bucket::TokenBucket;
 
 /// The largest lease, `2^23 − 1`: a process holds at most a lease and a
 /// quarter, which the word's 24-bit count holds.

@@ -95,7 +95,7 @@
 //!
 //! With features `tower` and `tokio` too, [`RedisRateLimitLayer`] puts a
 //! [`Guarded`] or a [`LeasedLimiter`] in front of a service, with the HTTP
-//! answers of [`RateLimitLayer`](crate::tower::RateLimitLayer); a request
+//! answers of [`RateLimitLayer`](crate::http::tower::RateLimitLayer); a request
 //! awaits only the round trip its decision needs (none while a lease covers
 //! it).
 //!
@@ -134,12 +134,12 @@ use std::sync::LazyLock;
 use ::redis::{ConnectionLike, Script, ScriptInvocation, Value};
 
 use crate::algorithm::Algorithm;
+use crate::algorithm::fixed_window::FixedWindow;
+use crate::algorithm::gcra::Gcra;
+use crate::algorithm::sliding_window::SlidingWindow;
+use crate::algorithm::token_bucket::TokenBucket;
 use crate::decision::{Decision, RetryAfter};
 use crate::error::AcquireError;
-use crate::fixed_window::FixedWindow;
-use crate::gcra::Gcra;
-use crate::sliding_window::SlidingWindow;
-use crate::token_bucket::TokenBucket;
 
 /// Every script: the shared prelude (time, permits, exact division) and then
 /// the algorithm's own part.
@@ -213,7 +213,7 @@ impl From<Gcra> for RedisAlgorithm {
 /// What the algorithm enforces, as in process: the layer's `RateLimit-Policy`
 /// field (`RedisRateLimitLayer::with_derived_policy`, with features `tower`
 /// and `tokio`).
-impl crate::gate::AdvertisedQuota for RedisAlgorithm {
+impl crate::http::gate::AdvertisedQuota for RedisAlgorithm {
     fn advertised_quota(&self) -> (u32, Duration) {
         match self {
             RedisAlgorithm::TokenBucket(a) => a.advertised_quota(),

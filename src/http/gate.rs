@@ -7,19 +7,19 @@ use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
 use crate::algorithm::Algorithm;
+use crate::algorithm::fixed_window::FixedWindow;
+use crate::algorithm::gcra::Gcra;
+use crate::algorithm::sliding_window::SlidingWindow;
+use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
 use crate::decision::{KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
-use crate::fixed_window::FixedWindow;
-use crate::gcra::Gcra;
+use crate::keyed::tiered::Tiered;
 use crate::keyed::{KeyedLimiter, KeyedStats};
 use crate::quota::Quota;
 use crate::reclaim::thread_slot;
-use crate::sliding_window::SlidingWindow;
 use crate::sync::{AtomicBool, Ordering};
 use crate::tally::Tally;
-use crate::tiered::Tiered;
-use crate::token_bucket::TokenBucket;
 
 /// What the gate answers a request.
 ///
@@ -452,7 +452,7 @@ pub trait LimiterStats: sealed::Sealed {
 mod sealed {
     pub trait Sealed {}
     impl<K, A, C, S> Sealed for crate::keyed::KeyedLimiter<K, A, C, S> {}
-    impl<K, F, A, C, S> Sealed for crate::tiered::Tiered<K, F, A, C, S> {}
+    impl<K, F, A, C, S> Sealed for crate::keyed::tiered::Tiered<K, F, A, C, S> {}
 }
 
 impl<K, A, C, S> LimiterStats for KeyedLimiter<K, A, C, S>

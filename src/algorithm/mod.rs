@@ -4,6 +4,14 @@ use core::time::Duration;
 
 use crate::decision::Decision;
 
+pub(crate) mod divide;
+pub(crate) mod fixed_window;
+pub(crate) mod gcra;
+pub(crate) mod live;
+pub(crate) mod sliding_window;
+pub(crate) mod token_bucket;
+pub(crate) mod window;
+
 /// How long after its decision's clock reading an admission can be refunded,
 /// or a reservation cancelled, in nanoseconds: `2^45` µs (1.1 years). Every
 /// built-in word but GCRA's keeps its time modulo a span of at least `2^47`

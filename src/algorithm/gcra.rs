@@ -5,8 +5,8 @@ use core::num::NonZeroU64;
 use core::time::Duration;
 
 use crate::algorithm::Algorithm;
+use crate::algorithm::divide::Divisor;
 use crate::decision::{Decision, RetryAfter};
-use crate::divide::Divisor;
 use crate::quota::Quota;
 
 /// The leaky bucket as pacing: the generic cell rate algorithm (GCRA, ITU-T

@@ -3,9 +3,9 @@
 use core::time::Duration;
 
 use crate::algorithm::Algorithm;
+use crate::algorithm::window::{Position, Windows};
 use crate::decision::{Decision, RetryAfter};
 use crate::error::QuotaError;
-use crate::window::{Position, Windows};
 
 /// The rate-limiter pattern's `FixedWindowLimiter`: at most `limit` permits per
 /// window, windows at fixed boundaries from the clock's epoch (0, `window`,

@@ -134,10 +134,10 @@ use http::{Extensions, HeaderMap, Method, Request, Response, StatusCode, Uri};
 pub use tower_layer::Layer;
 pub use tower_service::Service;
 
+use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::RealClock;
-use crate::gate::{Gate, GateLimiter, GateStats, LimiterStats, Outcome, RateLimitPolicy};
+use crate::http::gate::{Gate, GateLimiter, GateStats, LimiterStats, Outcome, RateLimitPolicy};
 use crate::keyed::KeyedLimiter;
-use crate::token_bucket::TokenBucket;
 
 /// What a key extractor may look at: the request without its body.
 #[derive(Clone, Copy, Debug)]

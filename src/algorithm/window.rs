@@ -5,7 +5,7 @@
 use core::num::NonZeroU64;
 use core::time::Duration;
 
-use crate::divide::Divisor;
+use crate::algorithm::divide::Divisor;
 use crate::error::QuotaError;
 
 /// The longest window: `2^47` µs (4.46 years), the same bound as the longest

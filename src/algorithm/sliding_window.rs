@@ -3,9 +3,9 @@
 use core::time::Duration;
 
 use crate::algorithm::Algorithm;
+use crate::algorithm::window::{Position, Windows};
 use crate::decision::{Decision, RetryAfter};
 use crate::error::QuotaError;
-use crate::window::{Position, Windows};
 
 /// The sliding window counter: at most `limit` permits in the window that ends
 /// now, estimated from two fixed windows.

@@ -5,11 +5,12 @@ use core::num::NonZeroU64;
 use core::time::Duration;
 
 use crate::algorithm::Algorithm;
+use crate::algorithm::token_bucket::{self, Params, RawBucket, TokenBucket};
 use crate::decision::Decision;
 use crate::error::QuotaError;
 use crate::quota::Quota;
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, fence, lock};
-use crate::token_bucket::{self, Layout, Params, RawBucket, TokenBucket};
+use crate::word::Layout;
 
 /// The largest capacity whose bucket keeps time in whole microseconds; the
 /// ceiling [`LiveTokenBucket::new`] gives any smaller quota.

@@ -1,6 +1,10 @@
 //! Waiting for permits on the client side: sleep until admitted, with an
 //! optional deadline and jitter.
 
+#[cfg(feature = "tokio")]
+pub(crate) mod fair;
+pub(crate) mod reserve;
+
 use core::borrow::Borrow;
 use core::fmt;
 use core::hash::{BuildHasher, Hash};

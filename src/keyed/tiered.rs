@@ -6,13 +6,13 @@ use core::fmt;
 use core::hash::{BuildHasher, Hash};
 
 use crate::algorithm::Algorithm;
+use crate::algorithm::live::LiveTokenBucket;
+use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
 use crate::decision::KeyedDecision;
 use crate::error::{AcquireError, QuotaError};
 use crate::keyed::{KeyedLimiter, KeyedStats};
-use crate::live::LiveTokenBucket;
 use crate::quota::Quota;
-use crate::token_bucket::TokenBucket;
 
 /// Different quotas for different keys: a keyed limiter per tier, and a
 /// function that names a key's tier.

@@ -6,14 +6,14 @@ use core::fmt;
 use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
+use crate::algorithm::live::LiveTokenBucket;
+use crate::algorithm::token_bucket::{self, TokenBucket};
 use crate::algorithm::{Algorithm, within_refund_horizon};
 use crate::clock::{Clock, RealClock, saturating_nanos};
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
 use crate::keyed::KeyedLimiter;
 use crate::limiter::{Counter, RateLimiter, Uncounted, check_permits};
-use crate::live::LiveTokenBucket;
-use crate::token_bucket::{self, TokenBucket};
 
 /// Permits reserved from a token bucket ([`RateLimiter::reserve_n`]): taken
 /// now, usable once [`delay`](Reservation::delay) has passed. `A` is the

@@ -11,6 +11,9 @@ use crate::sync::{AtomicU64, Ordering};
 // counter inside is what the model checks.
 use std::sync::Arc;
 
+#[cfg(feature = "tokio")]
+pub(crate) mod signal;
+
 /// At most `limit` permits held at once, whatever the rate: a bulkhead in front
 /// of a resource that is bounded by concurrency (connections, CPU, memory)
 /// rather than by requests per second.
@@ -46,7 +49,7 @@ pub struct ConcurrencyLimiter {
     limit: u32,
     /// Wakes the head of a [`Fair`](crate::Fair) queue when a permit is dropped.
     #[cfg(feature = "tokio")]
-    pub(crate) released: crate::fair::ReleaseSignal,
+    pub(crate) released: signal::ReleaseSignal,
 }
 
 impl ConcurrencyLimiter {
@@ -63,7 +66,7 @@ impl ConcurrencyLimiter {
             in_flight: CachePadded::new(AtomicU64::new(0)),
             limit,
             #[cfg(feature = "tokio")]
-            released: crate::fair::ReleaseSignal::default(),
+            released: signal::ReleaseSignal::default(),
         })
     }
 

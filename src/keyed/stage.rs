@@ -1,0 +1,86 @@
+//! One key of a keyed limiter as a stage of a [chain](crate::chain).
+
+use core::borrow::Borrow;
+use core::fmt;
+use core::hash::{BuildHasher, Hash};
+
+use crate::admission::{Receipt, Stage};
+use crate::algorithm::{Algorithm, within_refund_horizon};
+use crate::clock::Clock;
+use crate::decision::KeyedDecision;
+use crate::keyed::KeyedLimiter;
+
+/// One key of a [`KeyedLimiter`] as a chain stage ([`KeyedLimiter::stage`]).
+pub struct KeyedStage<'a, K, Q: ?Sized, A, C, S> {
+    limiter: &'a KeyedLimiter<K, A, C, S>,
+    key: &'a Q,
+}
+
+impl<'a, K, A, C, S> KeyedLimiter<K, A, C, S> {
+    /// `key`'s limit as a stage of a [chain](crate::chain).
+    pub fn stage<Q>(&'a self, key: &'a Q) -> KeyedStage<'a, K, Q, A, C, S>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        KeyedStage { limiter: self, key }
+    }
+}
+
+impl<K, Q, A, C, S> crate::admission::sealed::Sealed for KeyedStage<'_, K, Q, A, C, S> where
+    Q: ?Sized
+{
+}
+
+impl<K, Q, A, C, S> Stage for KeyedStage<'_, K, Q, A, C, S>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    fn capacity(&self) -> u32 {
+        self.limiter.algorithm().capacity()
+    }
+
+    #[inline]
+    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        // The limiter reads the clock itself, and says when.
+        let epoch = self.limiter.algorithm().epoch();
+        let (decision, written, at) = self.limiter.take(self.key, n);
+        (
+            decision,
+            written.map(|written| Receipt {
+                written,
+                n,
+                epoch,
+                at,
+            }),
+        )
+    }
+
+    fn peek(&self, n: u32) -> KeyedDecision {
+        self.limiter.peek(self.key, n)
+    }
+
+    fn give_back(&self, receipt: Receipt) -> bool {
+        let (limiter, key) = (self.limiter, self.key);
+        if !within_refund_horizon(receipt.at, limiter.clock().now()) {
+            return false;
+        }
+        limiter
+            .algorithm()
+            .refund_unless_changed(receipt.epoch, &mut || {
+                limiter.refund(key, receipt.written, receipt.n)
+            })
+    }
+}
+
+impl<K, Q: fmt::Debug + ?Sized, A, C, S> fmt::Debug for KeyedStage<'_, K, Q, A, C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedStage")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
