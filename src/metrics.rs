@@ -20,6 +20,10 @@
 //! publish the responses they sent, and the keys and evictions of their
 //! limiter.
 //!
+//! For a whole application, register every limiter, gate and layer once in
+//! a [`Registry`] under its name, and call [`Registry::publish`] in the
+//! `/metrics` handler: one call publishes them all.
+//!
 //! ```
 //! use turnstile::{Gate, KeyedLimiter, Quota};
 //!
@@ -30,6 +34,10 @@
 //! gate.stats().publish("api");
 //! # Ok::<(), turnstile::QuotaError>(())
 //! ```
+
+use core::fmt;
+use core::hash::{BuildHasher, Hash};
+use std::sync::{Arc, Mutex};
 
 use metrics::{counter, gauge};
 
@@ -188,5 +196,192 @@ impl crate::redis::RedisLayerStats {
         responses(limiter, "401", self.unauthorized);
         responses(limiter, "429", self.too_many_requests);
         responses(limiter, "500", self.misconfigured);
+    }
+}
+
+/// A limiter, gate or layer whose counts a [`Registry`] publishes under a
+/// name: each type's `stats().publish(name)`. Implemented for
+/// [`RateLimiter`](crate::RateLimiter) when counted
+/// ([`counted`](crate::RateLimiter::counted)), [`KeyedLimiter`](crate::KeyedLimiter),
+/// [`Gate`](crate::Gate), the tower layer, and the Redis limiters and layer;
+/// and for an [`Arc`] of any of them, so that a limiter shared with the code
+/// that decides can be registered as it is.
+pub trait Observed: Send + Sync + 'static {
+    /// Publish the counts now, with the label `limiter` = `name`.
+    fn publish(&self, name: &str);
+}
+
+impl<T: Observed + ?Sized> Observed for Arc<T> {
+    fn publish(&self, name: &str) {
+        (**self).publish(name);
+    }
+}
+
+impl<A, C> Observed for crate::limiter::RateLimiter<A, C, crate::limiter::Counted>
+where
+    Self: Send + Sync + 'static,
+{
+    fn publish(&self, name: &str) {
+        self.stats().publish(name);
+    }
+}
+
+impl<K, A, C, S> Observed for crate::keyed::KeyedLimiter<K, A, C, S>
+where
+    K: Hash + Eq,
+    A: crate::algorithm::Algorithm,
+    C: crate::clock::Clock,
+    S: BuildHasher,
+    Self: Send + Sync + 'static,
+{
+    fn publish(&self, name: &str) {
+        self.stats().publish(name);
+    }
+}
+
+impl<L> Observed for crate::http::gate::Gate<L>
+where
+    L: crate::http::gate::LimiterStats,
+    Self: Send + Sync + 'static,
+{
+    fn publish(&self, name: &str) {
+        self.stats().publish(name);
+    }
+}
+
+#[cfg(feature = "tower")]
+impl<X, L, R> Observed for crate::http::tower::RateLimitLayer<X, L, R>
+where
+    X: crate::http::tower::KeyExtractor,
+    L: crate::http::gate::LimiterStats,
+    Self: Send + Sync + 'static,
+{
+    fn publish(&self, name: &str) {
+        self.stats().publish(name);
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<A, C> Observed for crate::redis::Guarded<A, C>
+where
+    Self: Send + Sync + 'static,
+{
+    fn publish(&self, name: &str) {
+        self.stats().publish(name);
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<C: crate::clock::Clock> Observed for crate::redis::LeasedLimiter<C>
+where
+    Self: Send + Sync + 'static,
+{
+    fn publish(&self, name: &str) {
+        self.stats().publish(name);
+    }
+}
+
+#[cfg(all(feature = "redis", feature = "tower", feature = "tokio"))]
+impl<L, X, R> Observed for crate::redis::RedisRateLimitLayer<L, X, R>
+where
+    Self: Send + Sync + 'static,
+{
+    fn publish(&self, name: &str) {
+        self.stats().publish(name);
+    }
+}
+
+/// Every limiter, gate and layer of an application under its name, published
+/// together: the one place a `/metrics` handler asks.
+///
+/// Register each source once, where it is built (a layer is registered as a
+/// clone: clones share their counts), and call [`publish`](Self::publish)
+/// just before the exporter renders. A `Registry` is cheap to clone; clones
+/// share the list. Registering a name again replaces its source.
+///
+/// ```
+/// use std::sync::Arc;
+/// use turnstile::metrics::Registry;
+/// use turnstile::{Gate, KeyedLimiter, Quota, RateLimiter};
+///
+/// let registry = Registry::new();
+/// let per_user = Arc::new(Gate::new(KeyedLimiter::<String>::new(Quota::per_second(10)?)));
+/// let global = Arc::new(RateLimiter::new(Quota::per_second(1_000)?).counted());
+/// registry.register("per_user", Arc::clone(&per_user));
+/// registry.register("global", Arc::clone(&global));
+/// assert_eq!(registry.names(), ["global", "per_user"]);
+///
+/// let _ = per_user.check(Some("alice"));
+/// // In the `/metrics` handler, with the exporter's recorder installed: sets
+/// // turnstile_responses_total{limiter="per_user",status="200"} to 1, and
+/// // turnstile_decisions_total{limiter="global",...} from its counts.
+/// registry.publish();
+/// # Ok::<(), turnstile::QuotaError>(())
+/// ```
+///
+/// With axum and `metrics-exporter-prometheus`, the whole handler is
+/// `get(move || { registry.publish(); std::future::ready(handle.render()) })`
+/// (the server example, `examples/server.rs`, serves it).
+#[derive(Clone, Default)]
+pub struct Registry {
+    sources: Arc<Mutex<Sources>>,
+}
+
+/// The registered sources, by name, in name order.
+type Sources = Vec<(String, Arc<dyn Observed>)>;
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Publish `source`'s counts under `name` from now on (replacing the
+    /// source registered under that name, if any).
+    pub fn register(&self, name: impl Into<String>, source: impl Observed) -> &Registry {
+        let name = name.into();
+        let source: Arc<dyn Observed> = Arc::new(source);
+        let mut sources = self.lock();
+        match sources.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, held)) => *held = source,
+            None => sources.push((name, source)),
+        }
+        sources.sort_by(|a, b| a.0.cmp(&b.0));
+        self
+    }
+
+    /// The registered names, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.lock().iter().map(|(name, _)| name.clone()).collect()
+    }
+
+    /// Publish every registered source's counts now, each under its name.
+    /// The sources are asked outside the registry's lock, so a slow one holds
+    /// up no registration.
+    pub fn publish(&self) {
+        let sources: Vec<_> = self
+            .lock()
+            .iter()
+            .map(|(name, source)| (name.clone(), Arc::clone(source)))
+            .collect();
+        for (name, source) in sources {
+            source.publish(&name);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sources> {
+        // A panic while holding the lock (in a sort or a push) leaves the
+        // list whole: carry on with it.
+        self.sources
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("names", &self.names())
+            .finish()
     }
 }

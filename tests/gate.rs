@@ -13,7 +13,7 @@ fn gate(
     period: Duration,
     max_keys: usize,
 ) -> (
-    Gate<String, turnstile::TokenBucket, ManualClock>,
+    Gate<KeyedLimiter<String, turnstile::TokenBucket, ManualClock>>,
     ManualClock,
 ) {
     let clock = ManualClock::new();
@@ -199,4 +199,43 @@ fn the_counts_are_the_gates_answers_not_the_limiters_decisions() {
     assert_eq!((stats.admitted, stats.too_many_requests), (1, 0));
     assert_eq!(gate.limiter().stats().admitted, 2);
     assert_eq!(stats.keys, 2);
+}
+
+/// A direct limiter behind the gate is one limit for every key: what one key
+/// spends, another cannot; a request without a key is still a 401 and spends
+/// nothing.
+#[test]
+fn a_direct_limiter_behind_the_gate_limits_all_keys_together() {
+    let clock = ManualClock::new();
+    let gate = Gate::new(turnstile::RateLimiter::with_clock(
+        Quota::new(2, 1, Duration::from_secs(10)).unwrap(),
+        clock.clone(),
+    ))
+    .with_derived_policy("all")
+    .unwrap();
+    assert_eq!(gate.check(None::<&str>), Outcome::Unauthorized);
+    assert_eq!(gate.check(Some("alice")).status(), 200);
+    assert_eq!(gate.check(Some("bob")).status(), 200);
+    let denied = gate.check(Some("carol"));
+    assert_eq!(denied.status(), 429);
+    assert_eq!(gate.headers(&denied)[0], ("Retry-After", "10".to_string()));
+    assert_eq!(
+        gate.check_n(Some("dave"), 3),
+        Err(AcquireError::InsufficientCapacity {
+            requested: 3,
+            capacity: 2
+        })
+    );
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(gate.check(Some("erin")).status(), 200);
+    let stats = gate.stats();
+    assert_eq!(
+        (
+            stats.admitted,
+            stats.too_many_requests,
+            stats.unauthorized,
+            stats.keys
+        ),
+        (3, 1, 1, 0)
+    );
 }

@@ -59,7 +59,7 @@ fn a_counted_direct_limiter_counts_a_wait_once() {
 /// Known traffic through a gate: `keys` keys at a bound of `max_keys`, each
 /// sending `per_key` requests, plus `anonymous` requests without a key.
 fn traffic(
-    gate: &Gate<u64, turnstile::TokenBucket, ManualClock>,
+    gate: &Gate<KeyedLimiter<u64, turnstile::TokenBucket, ManualClock>>,
     keys: u64,
     per_key: u32,
     anonymous: u32,
@@ -76,7 +76,7 @@ fn traffic(
     outcomes
 }
 
-fn gate(max_keys: usize) -> Gate<u64, turnstile::TokenBucket, ManualClock> {
+fn gate(max_keys: usize) -> Gate<KeyedLimiter<u64, turnstile::TokenBucket, ManualClock>> {
     let limiter = KeyedLimiter::<u64>::builder(Quota::per_minute(3).unwrap())
         .clock(ManualClock::new())
         .max_keys(max_keys)
@@ -193,6 +193,57 @@ fn published_metrics_render_the_exact_counts() {
         r#"turnstile_decisions_total{limiter="outbound",outcome="admitted"} 2"#,
         r#"turnstile_decisions_total{limiter="outbound",outcome="denied"} 3"#,
         "# HELP turnstile_responses_total",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(line)),
+            "missing {line:?} in:\n{text}"
+        );
+    }
+}
+
+/// One registry publishes every source under its name: a gate shared with
+/// the code that checks, its keyed limiter, a counted direct limiter and a
+/// layer (as a clone: clones share their counts). Registering a name again
+/// replaces its source, so nothing is published twice.
+#[test]
+fn a_registry_publishes_every_source_under_its_name() {
+    use std::sync::Arc;
+    use turnstile::metrics::Registry;
+    use turnstile::tower::{Global, RateLimitLayer};
+
+    let gate = Arc::new(gate(4));
+    let _ = traffic(&gate, 6, 5, 7);
+    let direct = Arc::new(
+        RateLimiter::with_clock(Quota::per_minute(2).unwrap(), ManualClock::new()).counted(),
+    );
+    for _ in 0..5 {
+        let _ = direct.try_acquire();
+    }
+    let layer = RateLimitLayer::global(Quota::per_minute(1).unwrap());
+    let _ = layer.gate().check(Some(&()));
+    let _ = layer.gate().check(Some(&()));
+
+    let registry = Registry::new();
+    registry
+        .register("api", Arc::clone(&gate))
+        .register("outbound", Arc::clone(&direct))
+        .register("edge", layer.clone())
+        .register("outbound", Arc::clone(&direct));
+    assert_eq!(registry.names(), ["api", "edge", "outbound"]);
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || registry.clone().publish());
+    let text = handle.render();
+    for line in [
+        r#"turnstile_responses_total{limiter="api",status="200"} 12"#,
+        r#"turnstile_responses_total{limiter="api",status="503"} 10"#,
+        r#"turnstile_keys{limiter="api"} 4"#,
+        r#"turnstile_decisions_total{limiter="outbound",outcome="admitted"} 2"#,
+        r#"turnstile_decisions_total{limiter="outbound",outcome="denied"} 3"#,
+        r#"turnstile_responses_total{limiter="edge",status="200"} 1"#,
+        r#"turnstile_responses_total{limiter="edge",status="429"} 1"#,
+        r#"turnstile_responses_total{limiter="edge",status="500"} 0"#,
+        r#"turnstile_keys{limiter="edge"} 0"#,
     ] {
         assert!(
             text.lines().any(|l| l.starts_with(line)),

@@ -20,6 +20,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use tower::ServiceExt;
+use turnstile::metrics::Registry;
 use turnstile::tower::{ApiKeyHeader, Denial, PeerIp, RateLimitLayer};
 use turnstile::{Gate, KeyedLimiter, Quota};
 
@@ -90,8 +91,8 @@ impl Default for Settings {
 
 /// The gates behind the routes, to read their limiters' state.
 pub struct Gates {
-    pub api: Arc<Gate<String>>,
-    pub public: Arc<Gate<std::net::IpAddr>>,
+    pub api: Arc<Gate<KeyedLimiter<String>>>,
+    pub public: Arc<Gate<KeyedLimiter<std::net::IpAddr>>>,
 }
 
 /// The app with the default [`Settings`], with RateLimit header fields on `/api`.
@@ -157,7 +158,9 @@ pub fn app_with(handled: Arc<Handled>, settings: Settings) -> (Router, Gates) {
             None => well_formed(key),
         });
     let api_layer = RateLimitLayer::shared(api_gate.clone(), keys).deny_with(problem);
-    let api_counts = api_layer.clone();
+    // Every layer's counts, under one name each, for `/metrics`.
+    let registry = Registry::new();
+    registry.register("api", api_layer.clone());
     let per_ip = KeyedLimiter::builder(settings.public)
         .max_keys(settings.public_max_keys)
         .build()
@@ -166,7 +169,7 @@ pub fn app_with(handled: Arc<Handled>, settings: Settings) -> (Router, Gates) {
         .expect("a sweeper thread");
     let public_gate = Arc::new(Gate::new(per_ip));
     let ip_layer = RateLimitLayer::shared(public_gate.clone(), PeerIp::connect_info());
-    let public_counts = ip_layer.clone();
+    registry.register("public", ip_layer.clone());
     // `/metrics`: the layers' counts in Prometheus's text format, published
     // into a recorder of the app's own at each scrape (exact, and no global
     // recorder to install). Serve it where only your scraper can reach it.
@@ -174,12 +177,8 @@ pub fn app_with(handled: Arc<Handled>, settings: Settings) -> (Router, Gates) {
     metrics::with_local_recorder(&*recorder, turnstile::metrics::describe);
     let scrape = move || {
         let recorder: Arc<PrometheusRecorder> = recorder.clone();
-        let (api, public) = (api_counts.stats(), public_counts.stats());
+        metrics::with_local_recorder(&*recorder, || registry.publish());
         async move {
-            metrics::with_local_recorder(&*recorder, || {
-                api.publish("api");
-                public.publish("public");
-            });
             (
                 [(CONTENT_TYPE, "text/plain; version=0.0.4")],
                 recorder.handle().render(),

@@ -11,11 +11,12 @@ use crate::algorithm::fixed_window::FixedWindow;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::sliding_window::SlidingWindow;
 use crate::algorithm::token_bucket::TokenBucket;
-use crate::clock::{Clock, RealClock};
+use crate::clock::Clock;
 use crate::decision::{KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
 use crate::keyed::tiered::Tiered;
 use crate::keyed::{KeyedLimiter, KeyedStats};
+use crate::limiter::{Counter, RateLimiter};
 use crate::quota::Quota;
 use crate::reclaim::thread_slot;
 use crate::sync::{AtomicBool, Ordering};
@@ -380,22 +381,12 @@ impl AdvertisedQuota for SlidingWindow {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
-pub struct Gate<
-    K,
-    A = TokenBucket,
-    C = RealClock,
-    S = ahash::RandomState,
-    L = KeyedLimiter<K, A, C, S>,
-> {
+pub struct Gate<L = KeyedLimiter<String>> {
     limiter: L,
-    _limits: Limits<K, A, C, S>,
     policy: Option<RateLimitPolicy>,
     shadow: AtomicBool,
     counts: Tally<6>,
 }
-
-/// The type parameters a [`Gate`] names besides its limiter's type.
-type Limits<K, A, C, S> = core::marker::PhantomData<fn() -> (K, A, C, S)>;
 
 /// The gate's own counters, beside the limiter's.
 const UNAUTHORIZED: usize = 0;
@@ -453,6 +444,7 @@ mod sealed {
     pub trait Sealed {}
     impl<K, A, C, S> Sealed for crate::keyed::KeyedLimiter<K, A, C, S> {}
     impl<K, F, A, C, S> Sealed for crate::keyed::tiered::Tiered<K, F, A, C, S> {}
+    impl<A, C, M> Sealed for crate::limiter::RateLimiter<A, C, M> {}
 }
 
 impl<K, A, C, S> LimiterStats for KeyedLimiter<K, A, C, S>
@@ -526,12 +518,40 @@ where
     }
 }
 
-impl<K, A, C, S> Gate<K, A, C, S> {
-    /// A gate in front of `limiter`, without `RateLimit` header fields.
-    pub fn new(limiter: KeyedLimiter<K, A, C, S>) -> Gate<K, A, C, S> {
-        Gate::with_limiter(limiter)
+impl<A, C, M> LimiterStats for RateLimiter<A, C, M>
+where
+    A: Algorithm,
+    C: Clock,
+    M: Counter,
+{
+    /// No keys, no evictions: the gate counts its own answers.
+    fn limiter_stats(&self) -> KeyedStats {
+        KeyedStats::default()
+    }
+}
+
+/// Every key, and a request without one, is decided by the one limiter: a
+/// limit on the whole service. (A request without a key is still a 401: the
+/// gate answers that before asking the limiter.)
+impl<A, C, M, Q> GateLimiter<Q> for RateLimiter<A, C, M>
+where
+    A: Algorithm,
+    C: Clock,
+    M: Counter,
+    Q: ?Sized,
+{
+    #[inline]
+    fn acquire(&self, _key: &Q) -> KeyedDecision {
+        self.try_acquire().into()
     }
 
+    #[inline]
+    fn acquire_n(&self, _key: &Q, n: u32) -> Result<KeyedDecision, AcquireError> {
+        self.try_acquire_n(n).map(Into::into)
+    }
+}
+
+impl<K, A: AdvertisedQuota, C, S> Gate<KeyedLimiter<K, A, C, S>> {
     /// Add `RateLimit-Policy` and `RateLimit` header fields derived from the
     /// limiter's algorithm ([`RateLimitPolicy::from_algorithm`]).
     ///
@@ -548,26 +568,41 @@ impl<K, A, C, S> Gate<K, A, C, S> {
     /// # Errors
     ///
     /// [`PolicyError::Name`] for a name that could break the header's syntax.
-    pub fn with_derived_policy(self, name: &str) -> Result<Gate<K, A, C, S>, PolicyError>
-    where
-        A: AdvertisedQuota,
-    {
+    pub fn with_derived_policy(self, name: &str) -> Result<Self, PolicyError> {
         let policy = RateLimitPolicy::from_algorithm(name, self.limiter.algorithm())?;
         Ok(self.with_policy(policy))
     }
+}
 
-    /// The limiter behind the gate.
-    pub fn limiter(&self) -> &KeyedLimiter<K, A, C, S> {
-        &self.limiter
+impl<A: AdvertisedQuota + Algorithm, C: Clock, M: Counter> Gate<RateLimiter<A, C, M>> {
+    /// Add `RateLimit-Policy` and `RateLimit` header fields derived from the
+    /// limiter's algorithm, as for a keyed limiter: the quota is the whole
+    /// service's.
+    ///
+    /// ```
+    /// use turnstile::{Gate, Quota, RateLimiter};
+    ///
+    /// let gate = Gate::new(RateLimiter::new(Quota::per_second(100)?)).with_derived_policy("all")?;
+    /// assert_eq!(gate.policy().unwrap().policy_value(), "\"all\";q=100;w=1");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Name`] for a name that could break the header's syntax.
+    pub fn with_derived_policy(self, name: &str) -> Result<Self, PolicyError> {
+        let policy = RateLimitPolicy::from_algorithm(name, self.limiter.algorithm())?;
+        Ok(self.with_policy(policy))
     }
 }
 
-impl<K, F, A, C, S> Gate<K, A, C, S, Tiered<K, F, A, C, S>> {
+impl<K, F, A, C, S> Gate<Tiered<K, F, A, C, S>> {
     /// A gate in front of `tiers`: each key is decided by its tier's limiter
     /// (see [`Tiered`]), without `RateLimit` header fields (the tiers' quotas
-    /// differ; [`with_policy`](Gate::with_policy) sets one for all).
+    /// differ; [`with_policy`](Gate::with_policy) sets one for all). The same
+    /// as [`Gate::new`].
     pub fn tiered(tiers: Tiered<K, F, A, C, S>) -> Self {
-        Gate::with_limiter(tiers)
+        Gate::new(tiers)
     }
 
     /// The tiers behind the gate.
@@ -576,15 +611,33 @@ impl<K, F, A, C, S> Gate<K, A, C, S, Tiered<K, F, A, C, S>> {
     }
 }
 
-impl<K, A, C, S, L> Gate<K, A, C, S, L> {
-    fn with_limiter(limiter: L) -> Gate<K, A, C, S, L> {
+impl<L> Gate<L> {
+    /// A gate in front of `limiter`, without `RateLimit` header fields: a
+    /// [`KeyedLimiter`] (a limit per key), a [`Tiered`] set of them (a quota
+    /// per kind of key) or a [`RateLimiter`] (one limit for every request,
+    /// whatever its key: no keyed map, no key bound).
+    ///
+    /// ```
+    /// use turnstile::{Gate, Quota, RateLimiter};
+    ///
+    /// // One limit for the whole service: the key is not looked at.
+    /// let gate = Gate::new(RateLimiter::new(Quota::per_minute(1)?));
+    /// assert_eq!(gate.check(Some("alice")).status(), 200);
+    /// assert_eq!(gate.check(Some("bob")).status(), 429);
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn new(limiter: L) -> Gate<L> {
         Gate {
             limiter,
-            _limits: core::marker::PhantomData,
             policy: None,
             shadow: AtomicBool::new(false),
             counts: Tally::new(),
         }
+    }
+
+    /// The limiter behind the gate.
+    pub fn limiter(&self) -> &L {
+        &self.limiter
     }
 
     /// This gate in shadow mode: decide and count every request, and deny none
@@ -609,7 +662,7 @@ impl<K, A, C, S, L> Gate<K, A, C, S, L> {
     /// assert_eq!(gate.check(None::<&str>).status(), 401); // no key: not a rate decision
     /// # Ok::<(), turnstile::QuotaError>(())
     /// ```
-    pub fn shadow(self) -> Gate<K, A, C, S, L> {
+    pub fn shadow(self) -> Gate<L> {
         self.set_shadow(true);
         self
     }
@@ -629,7 +682,7 @@ impl<K, A, C, S, L> Gate<K, A, C, S, L> {
 
     /// Add `RateLimit-Policy` and `RateLimit` header fields to every answer
     /// ([`headers`](Self::headers)).
-    pub fn with_policy(self, policy: RateLimitPolicy) -> Gate<K, A, C, S, L> {
+    pub fn with_policy(self, policy: RateLimitPolicy) -> Gate<L> {
         Gate {
             policy: Some(policy),
             ..self
@@ -696,7 +749,7 @@ impl<K, A, C, S, L> Gate<K, A, C, S, L> {
     }
 }
 
-impl<K, A, C, S, L: LimiterStats> Gate<K, A, C, S, L> {
+impl<L: LimiterStats> Gate<L> {
     /// What the gate has answered so far.
     pub fn stats(&self) -> GateStats {
         let limiter: KeyedStats = self.limiter.limiter_stats();

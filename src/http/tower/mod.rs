@@ -134,10 +134,10 @@ use http::{Extensions, HeaderMap, Method, Request, Response, StatusCode, Uri};
 pub use tower_layer::Layer;
 pub use tower_service::Service;
 
-use crate::algorithm::token_bucket::TokenBucket;
-use crate::clock::RealClock;
 use crate::http::gate::{Gate, GateLimiter, GateStats, LimiterStats, Outcome, RateLimitPolicy};
 use crate::keyed::KeyedLimiter;
+use crate::limiter::RateLimiter;
+use crate::quota::Quota;
 
 /// What a key extractor may look at: the request without its body.
 #[derive(Clone, Copy, Debug)]
@@ -1164,34 +1164,25 @@ pub struct LayerStats {
 /// with [`deny_with`](RateLimitLayer::deny_with).
 pub struct RateLimitLayer<
     X: KeyExtractor,
-    A = TokenBucket,
-    C = RealClock,
-    S = ahash::RandomState,
+    L = KeyedLimiter<<X as KeyExtractor>::Key>,
     R = PlainDenial,
-    L = KeyedLimiter<<X as KeyExtractor>::Key, A, C, S>,
 > {
-    gate: Arc<Gate<X::Key, A, C, S, L>>,
+    gate: Arc<Gate<L>>,
     extractor: X,
     respond: R,
     challenge: Option<HeaderValue>,
     reported: Reported,
 }
 
-impl<X: KeyExtractor, A, C, S, L> RateLimitLayer<X, A, C, S, PlainDenial, L> {
+impl<X: KeyExtractor, L> RateLimitLayer<X, L, PlainDenial> {
     /// A layer limiting requests by the key `extractor` picks, through `gate`
     /// (one keyed limiter, or tiers: [`Gate::tiered`]).
-    pub fn new(
-        gate: Gate<X::Key, A, C, S, L>,
-        extractor: X,
-    ) -> RateLimitLayer<X, A, C, S, PlainDenial, L> {
+    pub fn new(gate: Gate<L>, extractor: X) -> RateLimitLayer<X, L, PlainDenial> {
         RateLimitLayer::shared(Arc::new(gate), extractor)
     }
 
     /// A layer on a gate shared with other code (to read its stats, say).
-    pub fn shared(
-        gate: Arc<Gate<X::Key, A, C, S, L>>,
-        extractor: X,
-    ) -> RateLimitLayer<X, A, C, S, PlainDenial, L> {
+    pub fn shared(gate: Arc<Gate<L>>, extractor: X) -> RateLimitLayer<X, L, PlainDenial> {
         RateLimitLayer {
             gate,
             extractor,
@@ -1202,9 +1193,51 @@ impl<X: KeyExtractor, A, C, S, L> RateLimitLayer<X, A, C, S, PlainDenial, L> {
     }
 }
 
-impl<X: KeyExtractor, A, C, S, R, L> RateLimitLayer<X, A, C, S, R, L> {
+impl<X: KeyExtractor> RateLimitLayer<X> {
+    /// A layer limiting each key `extractor` picks to `quota`: the common case
+    /// in one call, a [`KeyedLimiter`] with its defaults (the token bucket,
+    /// the real clock, at most [`DEFAULT_MAX_KEYS`](crate::DEFAULT_MAX_KEYS)
+    /// keys) behind a [`Gate`]. Build the gate yourself for anything else
+    /// ([`RateLimitLayer::new`]).
+    ///
+    /// ```
+    /// use http::header::HeaderName;
+    /// use turnstile::Quota;
+    /// use turnstile::tower::{ApiKeyHeader, RateLimitLayer};
+    ///
+    /// let layer: RateLimitLayer<ApiKeyHeader> = RateLimitLayer::per_key(
+    ///     ApiKeyHeader::new(HeaderName::from_static("x-api-key")),
+    ///     Quota::per_second(10)?.burst(20)?,
+    /// );
+    /// assert_eq!(layer.gate().limiter().max_keys(), turnstile::DEFAULT_MAX_KEYS);
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn per_key(extractor: X, quota: Quota) -> RateLimitLayer<X> {
+        RateLimitLayer::new(Gate::new(KeyedLimiter::new(quota)), extractor)
+    }
+}
+
+impl RateLimitLayer<Global, RateLimiter> {
+    /// A layer limiting every request together to `quota`: one
+    /// [`RateLimiter`] behind a [`Gate`], no keyed map.
+    ///
+    /// ```
+    /// use turnstile::Quota;
+    /// use turnstile::tower::{Global, RateLimitLayer};
+    ///
+    /// let layer: RateLimitLayer<Global, turnstile::RateLimiter> =
+    ///     RateLimitLayer::global(Quota::per_second(1_000)?);
+    /// assert_eq!(layer.stats().gate.keys, 0);
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn global(quota: Quota) -> RateLimitLayer<Global, RateLimiter> {
+        RateLimitLayer::new(Gate::new(RateLimiter::new(quota)), Global)
+    }
+}
+
+impl<X: KeyExtractor, L, R> RateLimitLayer<X, L, R> {
     /// The gate.
-    pub fn gate(&self) -> &Arc<Gate<X::Key, A, C, S, L>> {
+    pub fn gate(&self) -> &Arc<Gate<L>> {
         &self.gate
     }
 
@@ -1237,7 +1270,7 @@ impl<X: KeyExtractor, A, C, S, R, L> RateLimitLayer<X, A, C, S, R, L> {
     /// # })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn deny_with<F, B>(self, respond: F) -> RateLimitLayer<X, A, C, S, DenyWith<F>, L>
+    pub fn deny_with<F, B>(self, respond: F) -> RateLimitLayer<X, L, DenyWith<F>>
     where
         F: Fn(&Denial) -> Response<B> + Send + Sync + 'static,
     {
@@ -1266,7 +1299,7 @@ impl<X: KeyExtractor, A, C, S, R, L> RateLimitLayer<X, A, C, S, R, L> {
     /// # let _ = layer;
     /// # Ok::<(), turnstile::QuotaError>(())
     /// ```
-    pub fn challenge(self, challenge: HeaderValue) -> RateLimitLayer<X, A, C, S, R, L> {
+    pub fn challenge(self, challenge: HeaderValue) -> RateLimitLayer<X, L, R> {
         RateLimitLayer {
             challenge: Some(challenge),
             ..self
@@ -1274,7 +1307,7 @@ impl<X: KeyExtractor, A, C, S, R, L> RateLimitLayer<X, A, C, S, R, L> {
     }
 }
 
-impl<X, A, C, S, R, L> RateLimitLayer<X, A, C, S, R, L>
+impl<X, L, R> RateLimitLayer<X, L, R>
 where
     X: KeyExtractor,
     L: LimiterStats,
@@ -1289,7 +1322,7 @@ where
     }
 }
 
-impl<X: KeyExtractor, A, C, S, R: Clone, L> Clone for RateLimitLayer<X, A, C, S, R, L> {
+impl<X: KeyExtractor, L, R: Clone> Clone for RateLimitLayer<X, L, R> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             gate: Arc::clone(&self.gate),
@@ -1301,7 +1334,7 @@ impl<X: KeyExtractor, A, C, S, R: Clone, L> Clone for RateLimitLayer<X, A, C, S,
     }
 }
 
-impl<X: KeyExtractor + fmt::Debug, A, C, S, R, L> fmt::Debug for RateLimitLayer<X, A, C, S, R, L> {
+impl<X: KeyExtractor + fmt::Debug, L, R> fmt::Debug for RateLimitLayer<X, L, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("extractor", &self.extractor)
@@ -1310,8 +1343,8 @@ impl<X: KeyExtractor + fmt::Debug, A, C, S, R, L> fmt::Debug for RateLimitLayer<
     }
 }
 
-impl<Svc, X: KeyExtractor, A, C, S, R: Clone, L> Layer<Svc> for RateLimitLayer<X, A, C, S, R, L> {
-    type Service = RateLimit<Svc, X, A, C, S, R, L>;
+impl<Svc, X: KeyExtractor, L, R: Clone> Layer<Svc> for RateLimitLayer<X, L, R> {
+    type Service = RateLimit<Svc, X, L, R>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
         RateLimit {
@@ -1326,17 +1359,14 @@ impl<Svc, X: KeyExtractor, A, C, S, R: Clone, L> Layer<Svc> for RateLimitLayer<X
 pub struct RateLimit<
     Svc,
     X: KeyExtractor,
-    A = TokenBucket,
-    C = RealClock,
-    S = ahash::RandomState,
+    L = KeyedLimiter<<X as KeyExtractor>::Key>,
     R = PlainDenial,
-    L = KeyedLimiter<<X as KeyExtractor>::Key, A, C, S>,
 > {
     inner: Svc,
-    layer: RateLimitLayer<X, A, C, S, R, L>,
+    layer: RateLimitLayer<X, L, R>,
 }
 
-impl<Svc: Clone, X: KeyExtractor, A, C, S, R: Clone, L> Clone for RateLimit<Svc, X, A, C, S, R, L> {
+impl<Svc: Clone, X: KeyExtractor, L, R: Clone> Clone for RateLimit<Svc, X, L, R> {
     fn clone(&self) -> Self {
         RateLimit {
             inner: self.inner.clone(),
@@ -1345,9 +1375,7 @@ impl<Svc: Clone, X: KeyExtractor, A, C, S, R: Clone, L> Clone for RateLimit<Svc,
     }
 }
 
-impl<Svc: fmt::Debug, X: KeyExtractor + fmt::Debug, A, C, S, R, L> fmt::Debug
-    for RateLimit<Svc, X, A, C, S, R, L>
-{
+impl<Svc: fmt::Debug, X: KeyExtractor + fmt::Debug, L, R> fmt::Debug for RateLimit<Svc, X, L, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -1356,8 +1384,7 @@ impl<Svc: fmt::Debug, X: KeyExtractor + fmt::Debug, A, C, S, R, L> fmt::Debug
     }
 }
 
-impl<Svc, X, A, C, S, R, L, ReqBody, ResBody> Service<Request<ReqBody>>
-    for RateLimit<Svc, X, A, C, S, R, L>
+impl<Svc, X, L, R, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<Svc, X, L, R>
 where
     Svc: Service<Request<ReqBody>, Response = Response<ResBody>>,
     X: KeyExtractor,
@@ -1394,7 +1421,7 @@ where
     }
 }
 
-impl<X: KeyExtractor, A, C, S, R, L> RateLimitLayer<X, A, C, S, R, L> {
+impl<X: KeyExtractor, L, R> RateLimitLayer<X, L, R> {
     /// The response to `denial`: the hook's, with the layer's status and
     /// fields set over it.
     fn deny<B>(&self, denial: &Denial) -> Response<B>
