@@ -78,6 +78,8 @@ mod fair;
 mod fixed_window;
 mod gate;
 mod gcra;
+#[cfg(any(doc, all(doctest, turnstile_docs)))]
+pub mod guide;
 mod keyed;
 mod limiter;
 mod live;
