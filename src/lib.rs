@@ -49,11 +49,16 @@
 //! - **One limit across processes**: the `redis` module (feature `redis`),
 //!   exact or leased.
 //!
-//! The README is the guide: the semantics and bounds of each algorithm, the
-//! hazards the rate-limiter pattern names (unsynchronized counters, unbounded
-//! per-key memory, untrusted keys, counters split across servers) and how the
-//! crate meets each, a table for users of governor and Go's x/time/rate, and
-//! the measurements.
+//! The [`guide`] is the manual, one chapter per topic, in reading order:
+//! [`algorithms`](guide::algorithms) (the semantics and bounds of each),
+//! [`keyed`](guide::keyed), [`http`](guide::http), [`waiting`](guide::waiting),
+//! [`redis`](guide::redis), [`clocks`](guide::clocks),
+//! [`observability`](guide::observability), [`production`](guide::production)
+//! (the checklist), [`migrating`](guide::migrating) (from governor and Go's
+//! x/time/rate) and [`design`](guide::design) (with the measurements). It says
+//! how the crate meets each hazard the rate-limiter pattern names:
+//! unsynchronized counters, unbounded per-key memory, untrusted keys, counters
+//! split across servers.
 // `unsafe` lives in the keyed map's lock-free table (`keyed/table.rs`) and in
 // one system call (`membarrier`, `reclaim.rs`), each block with the argument
 // for why it is sound.
