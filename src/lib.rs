@@ -35,9 +35,12 @@
 //!   serving**: [`LiveTokenBucket`] ([`RateLimiter::live`],
 //!   [`KeyedLimiter::live`], then `set_quota`).
 //! - **HTTP**: [`Gate`] turns decisions into 200/401/429/503 with
-//!   `Retry-After` and `RateLimit` fields for any framework; with feature
-//!   `tower`, `tower::RateLimitLayer` with the key extractors
-//!   `tower::ApiKeyHeader`, `tower::PeerIp` and `tower::ForwardedFor`.
+//!   `Retry-After` and `RateLimit` fields for any framework, in front of a
+//!   keyed limiter, tiers, or one [`RateLimiter`] for the whole service; with
+//!   feature `tower`, `tower::RateLimitLayer` (`per_key(extractor, quota)`,
+//!   `global(quota)`) with the key extractors `tower::ApiKeyHeader`,
+//!   `tower::PeerIp` and `tower::ForwardedFor`. **Metrics** for a whole app:
+//!   `metrics::Registry` (feature `metrics`).
 //! - **Several limits at once**, all or nothing: [`chain`]. **Counting only
 //!   some outcomes** (failed logins): `try_acquire_refundable`, then
 //!   [`Admission::refund`]. **Reserving ahead**: `reserve_n`, [`Reservation`].
@@ -49,13 +52,18 @@
 //! - **One limit across processes**: the `redis` module (feature `redis`),
 //!   exact or leased.
 //!
-//! The README is the guide: the semantics and bounds of each algorithm, the
-//! hazards the rate-limiter pattern names (unsynchronized counters, unbounded
-//! per-key memory, untrusted keys, counters split across servers) and how the
-//! crate meets each, a table for users of governor and Go's x/time/rate, and
-//! the measurements.
+//! The [`guide`] is the manual, one chapter per topic, in reading order:
+//! [`algorithms`](guide::algorithms) (the semantics and bounds of each),
+//! [`keyed`](guide::keyed), [`http`](guide::http), [`waiting`](guide::waiting),
+//! [`redis`](guide::redis), [`clocks`](guide::clocks),
+//! [`observability`](guide::observability), [`production`](guide::production)
+//! (the checklist), [`migrating`](guide::migrating) (from governor and Go's
+//! x/time/rate) and [`design`](guide::design) (with the measurements). It says
+//! how the crate meets each hazard the rate-limiter pattern names:
+//! unsynchronized counters, unbounded per-key memory, untrusted keys, counters
+//! split across servers.
 // `unsafe` lives in the keyed map's lock-free table (`keyed/table.rs`) and in
-// one system call (`membarrier`, `reclaim.rs`), each block with the argument
+// one system call (`membarrier`, `reclaim/`), each block with the argument
 // for why it is sound.
 #![deny(unsafe_code, unsafe_op_in_unsafe_fn)]
 #![warn(
@@ -73,6 +81,8 @@ mod clock;
 mod concurrency;
 mod decision;
 mod error;
+#[cfg(any(doc, all(doctest, turnstile_docs)))]
+pub mod guide;
 mod http;
 mod keyed;
 mod limiter;
