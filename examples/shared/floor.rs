@@ -1,5 +1,5 @@
 //! The floor a keyed decision can reach, shared by `benches/keyed.rs` and
-//! `examples/decision_cost.rs` so both measure the same thing.
+//! `examples/decision_cost/` so both measure the same thing.
 //!
 //! A [`Floor`] does the least work any keyed rate limiter must do per check:
 //! one `ahash` of the key, one `hashbrown::HashTable` lookup, one clock reading

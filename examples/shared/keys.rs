@@ -1,5 +1,5 @@
 //! The fixed shuffled order of keys that the keyed benchmarks visit, shared by
-//! `benches/keyed.rs` and `examples/decision_cost.rs` so both measure the same walk.
+//! `benches/keyed.rs` and `examples/decision_cost/` so both measure the same walk.
 
 /// A fixed permutation of `0..n` (a Fisher-Yates shuffle driven by a linear
 /// congruential generator with a fixed seed).

@@ -1,5 +1,5 @@
 //! The layer-overhead setups, shared by `benches/layer.rs` and
-//! `examples/decision_cost.rs`: an axum router with one small handler, bare,
+//! `examples/decision_cost/`: an axum router with one small handler, bare,
 //! behind turnstile's layer, and behind tower_governor's, all keyed by the same
 //! API-key header.
 

@@ -79,16 +79,26 @@
 
 use core::borrow::Borrow;
 use core::mem::MaybeUninit;
-use core::ptr;
 use std::collections::VecDeque;
 
 use hashbrown::HashTable;
 
 use crate::cell::Cell;
-use crate::reclaim::{Busy, Collector, Guard, Snapshot};
+use crate::reclaim::{Busy, Guard, Snapshot};
 use crate::sync::{
     AtomicPtr, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, UnsafeCell, lock,
 };
+
+// Limbo and the sweeps that fill and empty it; rebuilds. Both read and
+// write keys in place, as the table's own code does.
+#[allow(unsafe_code)]
+mod limbo;
+#[allow(unsafe_code)]
+mod rebuild;
+
+use limbo::Limbo;
+use rebuild::Closing;
+pub(crate) use rebuild::NoRoom;
 
 /// Slots per control group.
 const GROUP: usize = 8;
@@ -449,29 +459,8 @@ impl<K> Drop for Table<K> {
     }
 }
 
-/// A key in limbo: unlinked by sweep batch `batch`, at slot `pos`.
-struct Limbo {
-    pos: u32,
-    batch: u64,
-}
-
-/// The hash a limbo record is filed under.
-#[inline]
-const fn limbo_hash(pos: u32) -> u64 {
-    (pos as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
 /// [`Writer::swept_at`] of a shard not swept yet.
 pub(crate) const NEVER_SWEPT: u64 = u64::MAX;
-
-/// A rebuild under way: the table is closed and waits for the readers pinned
-/// before it closed.
-struct Closing {
-    snapshot: Snapshot,
-    /// Keys to make room for beyond those held (1 for a growth, 0 for a
-    /// shrink).
-    room: usize,
-}
 
 /// What the shard's mutex guards.
 pub(crate) struct Writer {
@@ -555,26 +544,6 @@ pub(crate) struct Shard<K> {
 unsafe impl<K: Send> Send for Shard<K> {}
 // SAFETY: as above.
 unsafe impl<K: Send + Sync> Sync for Shard<K> {}
-
-/// What a shard's sweep did.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Swept {
-    /// Keys unlinked into limbo.
-    pub(crate) unlinked: usize,
-    /// Keys freed from limbo (also counted off [`Counts::limbo`] already).
-    pub(crate) freed: usize,
-}
-
-/// Why a new key cannot be stored now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum NoRoom {
-    /// The table cannot grow (2^31 slots), or it is full while its rebuild
-    /// waits for a reader that a new key has already waited for in vain.
-    Full,
-    /// The table is full for now: its rebuild waits for readers pinned
-    /// before it closed.
-    Waiting,
-}
 
 impl<K> Shard<K> {
     /// An empty shard; its tables of `prefetch_from` slots or more prefetch
@@ -703,28 +672,6 @@ impl<K> Drop for Locked<'_, K> {
     }
 }
 
-/// Drops a table being filled, without dropping its keys (bitwise copies of
-/// keys the old table still owns), unless disarmed: a rebuild's copy that
-/// user code interrupts leaves the old table as it was.
-struct DiscardCopy<'t, K> {
-    table: &'t Table<K>,
-    armed: bool,
-}
-
-impl<K> Drop for DiscardCopy<'_, K> {
-    fn drop(&mut self) {
-        if crate::sync::unwinding_under_loom() {
-            return;
-        }
-        if self.armed {
-            for group in self.table.ctrl.iter() {
-                // Relaxed: no reader reaches this table.
-                group.store(LSB * EMPTY as u64, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
 impl<K> Locked<'_, K> {
     /// The published table, closed or not: only writers publish, and this one
     /// holds the lock.
@@ -781,24 +728,6 @@ impl<K> Locked<'_, K> {
         self.table().find_in_limbo(hash, key).map(|pos| pos as u32)
     }
 
-    /// Link again the key in limbo at slot `pos` (found by
-    /// [`find_in_limbo`](Self::find_in_limbo) for `hash`, under this same
-    /// lock, with no insert, sweep or settle since). The caller has reserved
-    /// its place under the key bound.
-    pub(crate) fn relink(&mut self, hash: u64, pos: u32, counts: &Counts<'_>) {
-        let found = self
-            .writer
-            .limbo
-            .find_entry(limbo_hash(pos), |l| l.pos == pos);
-        debug_assert!(found.is_ok(), "slot {pos} is not in limbo");
-        if let Ok(found) = found {
-            found.remove();
-        }
-        self.table().set_ctrl(pos as usize, tag(hash));
-        self.writer.linked += 1;
-        counts.left_limbo();
-    }
-
     /// Every word that still counts: linked keys' and those in limbo (which a
     /// returning key links again).
     pub(crate) fn for_each_held(&self, mut f: impl FnMut(&Cell)) {
@@ -813,56 +742,6 @@ impl<K> Locked<'_, K> {
         self.table().capacity()
     }
 
-    /// Finish the rebuild under way if its grace period has passed; returns
-    /// the keys it freed from limbo (already counted off). Every path that
-    /// takes the lock calls this first, so a closed table does not stay
-    /// closed past the first writer or decision after its readers are gone.
-    pub(crate) fn settle(
-        &mut self,
-        evictable: &impl Fn(u64) -> bool,
-        collector: &Collector,
-        hash_of: &impl Fn(&K) -> u64,
-        counts: &Counts<'_>,
-    ) -> usize {
-        let Some(closing) = &mut self.writer.closing else {
-            return 0;
-        };
-        // The loom mutant `no_grace` moves words without waiting for readers.
-        if !(closing.snapshot.passed(collector) || cfg!(turnstile_mutant = "no_grace")) {
-            return 0;
-        }
-        self.finish(evictable, hash_of, counts)
-    }
-
-    /// Make room for one new key: start a rebuild at 3/4 load (finished at
-    /// once if no reader is pinned), and refuse past 7/8 while one waits.
-    /// Returns the keys a finished rebuild freed from limbo.
-    pub(crate) fn make_room(
-        &mut self,
-        evictable: &impl Fn(u64) -> bool,
-        collector: &Collector,
-        hash_of: &impl Fn(&K) -> u64,
-        counts: &Counts<'_>,
-    ) -> Result<usize, NoRoom> {
-        let mut freed = self.settle(evictable, collector, hash_of, counts);
-        let used = self.writer.used + 1;
-        if self.writer.closing.is_none() && used * 4 > self.capacity() * 3 {
-            if !self.close(1, collector) {
-                return Err(NoRoom::Full);
-            }
-            freed += self.settle(evictable, collector, hash_of, counts);
-        }
-        let used = self.writer.used + 1;
-        if self.writer.closing.is_some() && used * 8 > self.capacity() * 7 {
-            return Err(if self.writer.gave_up_waiting {
-                NoRoom::Full
-            } else {
-                NoRoom::Waiting
-            });
-        }
-        Ok(freed)
-    }
-
     /// Store `key` (not held: neither linked nor in limbo) with `word`,
     /// linked, in a slot [`make_room`](Self::make_room) made room for.
     pub(crate) fn put_new(&mut self, hash: u64, key: K, word: u64) -> u32 {
@@ -873,327 +752,6 @@ impl<K> Locked<'_, K> {
         self.writer.linked += 1;
         pos as u32
     }
-
-    /// Close the table for a rebuild sized for the keys it keeps plus
-    /// `room`: readers that load the pointer from now on take the writer's
-    /// path, and the words move once the readers pinned before are gone
-    /// ([`settle`](Self::settle)). `false` (nothing changed) when the new
-    /// table would pass `MAX_CAPACITY`.
-    fn close(&mut self, room: usize, collector: &Collector) -> bool {
-        let held = self.writer.linked + self.writer.limbo.len();
-        if capacity_for(held + room) > MAX_CAPACITY {
-            return false;
-        }
-        // Relaxed: the lock keeps the table published.
-        let table = self.shard.table.load(Ordering::Relaxed);
-        // Release: orders nothing readers read (they read nothing behind a
-        // closed pointer); the snapshot's barrier does the rest.
-        self.shard
-            .table
-            .store(table.map_addr(|a| a | CLOSED), Ordering::Release);
-        self.writer.closing = Some(Closing {
-            snapshot: collector.snapshot(),
-            room,
-        });
-        true
-    }
-
-    /// Move every held key into a new table sized for them, once no reader
-    /// can reach the closed one: first judge each key in limbo once, freeing
-    /// those `evictable` accepts; then copy the rest into a table built
-    /// aside; then publish it and free the old one. A panic in user code
-    /// (`evictable`, a key's `Drop` or `Hash`) leaves the shard closed and
-    /// consistent: the keys freed so far are gone from the books, and a copy
-    /// under way is discarded; the next writer finishes the rebuild.
-    ///
-    /// No temporary the size of the table is allocated: freed memory of that
-    /// size would stay resident in the allocator's heap.
-    fn finish(
-        &mut self,
-        evictable: &impl Fn(u64) -> bool,
-        hash_of: &impl Fn(&K) -> u64,
-        counts: &Counts<'_>,
-    ) -> usize {
-        let room = self.writer.closing.as_ref().map_or(0, |c| c.room);
-        // Relaxed: the lock keeps the table published.
-        let old_ptr = self
-            .shard
-            .table
-            .load(Ordering::Relaxed)
-            .map_addr(|a| a & !CLOSED);
-        // SAFETY: as in `table()`; read through the pointer so that the
-        // bookkeeping can be borrowed mutably beside it. It stays allocated
-        // until this function frees it, after its last use.
-        let old = unsafe { &*old_ptr };
-        // 1. Each key in limbo is judged once, by its final word (no reader
-        // can reach the table, and this writer holds the lock): kept, or
-        // freed here, so the count of keys kept is the books' count.
-        let mut freed = 0;
-        let waiting: Vec<u32> = self.writer.limbo.iter().map(|l| l.pos).collect();
-        for pos in waiting {
-            let word = old.slot(pos as usize).cell.load();
-            // The loom mutant `no_recheck` frees without judging the word again.
-            if evictable(word) || cfg!(turnstile_mutant = "no_recheck") {
-                self.free_limbo(old, pos, counts);
-                freed += 1;
-            }
-        }
-        // 2. Copy every held key into a table built aside. The old table
-        // keeps its keys until the copy is complete: a `Hash` that panics
-        // midway leaves it whole, and the copies are forgotten.
-        let held = self.writer.linked + self.writer.limbo.len();
-        let new = Table::with_capacity(capacity_for(held + room), self.shard.prefetch_from);
-        let mut limbo = HashTable::with_capacity(self.writer.limbo.len());
-        let batch = self.writer.batch;
-        let mut discard = DiscardCopy {
-            table: &new,
-            armed: true,
-        };
-        let mut moved = 0;
-        for (group, bytes) in old.groups() {
-            for pos in positions(group, holding(bytes)) {
-                let ctrl = byte(bytes, pos % GROUP);
-                let slot = old.slot(pos);
-                // SAFETY: the byte says the key is initialized; the lock keeps
-                // it in place.
-                let hash = slot
-                    .key
-                    .with(|k| hash_of(unsafe { (*k).assume_init_ref() }));
-                // SAFETY: as above. A bitwise copy: exactly one of the two
-                // tables drops it (the new one once the old one's byte is
-                // cleared below, or neither copy of the new one if this
-                // loop is interrupted).
-                let key = slot.key.with(|k| unsafe { ptr::read(k).assume_init() });
-                let to = new.vacancy(hash);
-                if is_linked(ctrl) {
-                    new.put(to, key, slot.cell.load(), tag(hash));
-                } else {
-                    new.put(to, key, slot.cell.load(), LIMBO);
-                    let to = to as u32;
-                    limbo.insert_unique(limbo_hash(to), Limbo { pos: to, batch }, |l| {
-                        limbo_hash(l.pos)
-                    });
-                }
-                moved += 1;
-            }
-        }
-        debug_assert_eq!(moved, held, "the books and the table disagree");
-        discard.armed = false;
-        drop(discard);
-        // 3. Commit: the old table gives up the moved keys (their bytes
-        // cleared, so that its drop drops none), and the new one is
-        // published. Relaxed: no reader reaches the old table.
-        for (group, bytes) in old.groups() {
-            let held = holding(bytes);
-            if held != 0 {
-                old.ctrl[group].store(bytes | ((held >> 7) * EMPTY as u64), Ordering::Relaxed);
-            }
-        }
-        self.writer.used = moved;
-        self.writer.limbo = limbo;
-        self.writer.cursor = 0;
-        // The closing snapshot has passed, and with it every earlier batch's
-        // (a reader one of them noted is either gone or was still pinned at
-        // the closing one); keys unlinked since the close were never linked
-        // in a table a reader could reach after it.
-        self.writer.pending.clear();
-        self.writer.passed = self.writer.batch;
-        self.writer.closing = None;
-        self.writer.gave_up_waiting = false;
-        // Release: pairs with readers' Acquire load of the pointer: the slots
-        // written above are visible through it. Clears the closed mark.
-        self.shard
-            .table
-            .store(Box::into_raw(Box::new(new)), Ordering::Release);
-        if cfg!(turnstile_mutant = "no_grace") {
-            // Without the grace period a reader may still be in the old table:
-            // leak it rather than free memory in use, so that the model
-            // catches the lost decision, not a use after free.
-            return freed;
-        }
-        // SAFETY: unpublished and closed before a grace period that has
-        // passed, so no reader holds it; it came from `Box::into_raw`. It
-        // holds no key any more.
-        drop(unsafe { Box::from_raw(old_ptr) });
-        freed
-    }
-
-    /// Free the key in limbo at `pos` of `table` (the published one): off the
-    /// books and its byte `DEAD` first, then dropped, so that a `Drop` that
-    /// panics leaves nothing to drop twice.
-    fn free_limbo(&mut self, table: &Table<K>, pos: u32, counts: &Counts<'_>) {
-        if let Ok(found) = self
-            .writer
-            .limbo
-            .find_entry(limbo_hash(pos), |l| l.pos == pos)
-        {
-            found.remove();
-        }
-        table.set_ctrl(pos as usize, DEAD);
-        counts.left_limbo();
-        let slot = table.slot(pos as usize);
-        // SAFETY: the key is unlinked and its grace period has passed (or the
-        // table is closed and its readers are gone), so no reader can read
-        // it; it is initialized (it was in limbo), and its byte is now `DEAD`,
-        // so nothing reads or drops it again: this moves it out.
-        // (A mutable access: under loom, one that races a reader's
-        // comparison of the key is reported.)
-        let key = slot.key.with_mut(|k| unsafe { ptr::read(k).assume_init() });
-        drop(key);
-    }
-
-    /// Free the keys in limbo whose grace period has passed and whose words
-    /// `evictable` accepts now, marking their slots `DEAD`; returns how many.
-    fn collect(
-        &mut self,
-        evictable: &impl Fn(u64) -> bool,
-        collector: &Collector,
-        counts: &Counts<'_>,
-    ) -> usize {
-        while let Some((batch, snapshot)) = self.writer.pending.front_mut() {
-            // The loom mutant `no_grace` frees without waiting for readers.
-            if !(snapshot.passed(collector) || cfg!(turnstile_mutant = "no_grace")) {
-                break;
-            }
-            self.writer.passed = *batch;
-            self.writer.pending.pop_front();
-        }
-        if self.writer.limbo.is_empty() {
-            return 0;
-        }
-        let past = self.writer.passed;
-        // Relaxed: the lock keeps the table published.
-        let table = self
-            .shard
-            .table
-            .load(Ordering::Relaxed)
-            .map_addr(|a| a & !CLOSED);
-        // SAFETY: as in `table()`; read through the pointer so that the limbo
-        // records can be borrowed mutably beside it.
-        let table = unsafe { &*table };
-        let due: Vec<u32> = self
-            .writer
-            .limbo
-            .iter()
-            .filter(|l| l.batch <= past)
-            .map(|l| l.pos)
-            .collect();
-        let mut freed = 0;
-        for pos in due {
-            let word = table.slot(pos as usize).cell.load();
-            // The loom mutant `no_recheck` frees without judging the word again.
-            if evictable(word) || cfg!(turnstile_mutant = "no_recheck") {
-                self.free_limbo(table, pos, counts);
-                freed += 1;
-            }
-            // Otherwise a decision ran on it after the unlink: it stays, and a
-            // decision for its key links it again.
-        }
-        freed
-    }
-
-    /// Finish a rebuild whose readers are gone, free the keys in limbo whose
-    /// grace period has passed and whose words `evictable` still accepts,
-    /// then unlink the linked keys whose words both `evictable` and `idle`
-    /// accept into limbo, examining at most `budget` slots from where the
-    /// last bounded sweep stopped (`usize::MAX`: the whole table), while
-    /// limbo has room. Last, a table at under 1/8 load is rebuilt smaller.
-    ///
-    /// Each change is counted in `counts` as it is made, and the unlinked
-    /// keys' snapshot is taken even if `evictable` or `idle` panics midway.
-    pub(crate) fn sweep(
-        &mut self,
-        evictable: impl Fn(u64) -> bool,
-        idle: impl Fn(u64) -> bool,
-        budget: usize,
-        collector: &Collector,
-        hash_of: impl Fn(&K) -> u64,
-        counts: &Counts<'_>,
-    ) -> Swept {
-        let mut swept = Swept {
-            freed: self.settle(&evictable, collector, &hash_of, counts),
-            ..Swept::default()
-        };
-        swept.freed += self.collect(&evictable, collector, counts);
-        let capacity = self.capacity();
-        let whole = budget >= capacity;
-        let start = if whole { 0 } else { self.writer.cursor };
-        let examine = budget.min(capacity);
-        let batch = self.writer.batch + 1;
-        // Relaxed: the lock keeps the table published.
-        let table = self
-            .shard
-            .table
-            .load(Ordering::Relaxed)
-            .map_addr(|a| a & !CLOSED);
-        // SAFETY: as in `collect`.
-        let table = unsafe { &*table };
-        let unlinking = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
-            // A control group at a time: the part of it in the `examine`
-            // slots from `start` (a multiple of `GROUP` apart from the
-            // table's end).
-            let mut i = 0;
-            'examine: while i < examine {
-                let first = (start + i) & (capacity - 1);
-                let group = first / GROUP;
-                let skip = first % GROUP;
-                let take = (GROUP - skip).min(examine - i);
-                i += take;
-                let window = (MSB >> (8 * (GROUP - take))) << (8 * skip);
-                // Relaxed: the writer's own bytes.
-                let linked = !table.ctrl[group].load(Ordering::Relaxed) & MSB & window;
-                for pos in positions(group, linked) {
-                    let word = table.slot(pos).cell.load();
-                    if !evictable(word) || !idle(word) {
-                        continue;
-                    }
-                    if !counts.reserve_limbo() {
-                        break 'examine;
-                    }
-                    // A reader that still sees the tag finds the word, which
-                    // stays in place: its decision is kept (see the module's
-                    // docs).
-                    table.set_ctrl(pos, LIMBO);
-                    self.writer.linked -= 1;
-                    counts.unlinked();
-                    let pos = pos as u32;
-                    self.writer
-                        .limbo
-                        .insert_unique(limbo_hash(pos), Limbo { pos, batch }, |l| {
-                            limbo_hash(l.pos)
-                        });
-                    self.writer.evicted += 1;
-                    swept.unlinked += 1;
-                }
-            }
-        }));
-        if !whole {
-            self.writer.cursor = (start + examine) & (capacity - 1);
-        }
-        if swept.unlinked > 0 {
-            self.writer.batch = batch;
-            let snapshot = collector.snapshot();
-            self.writer.pending.push_back((batch, snapshot));
-        }
-        if let Err(panic) = unlinking {
-            std::panic::resume_unwind(panic);
-        }
-        // Give memory back once the table is mostly empty.
-        let held = self.writer.linked + self.writer.limbo.len();
-        if capacity > MIN_CAPACITY && held * 8 < capacity && self.writer.closing.is_none() {
-            self.close(0, collector);
-            swept.freed += self.settle(&evictable, collector, &hash_of, counts);
-        }
-        swept
-    }
-}
-
-/// The table capacity for `keys` keys: at most half full.
-fn capacity_for(keys: usize) -> usize {
-    keys.saturating_mul(2)
-        .checked_next_power_of_two()
-        .unwrap_or(usize::MAX)
-        .max(MIN_CAPACITY)
 }
 
 #[cfg(all(test, not(turnstile_loom)))]
@@ -1303,14 +861,5 @@ mod tests {
         assert!(has_empty(u64::MAX));
         assert!(!holds_key(EMPTY) && !holds_key(DEAD));
         assert!(holds_key(LIMBO) && holds_key(0) && holds_key(0x7F));
-    }
-
-    #[test]
-    fn tables_are_sized_at_most_half_full() {
-        assert_eq!(capacity_for(0), MIN_CAPACITY);
-        assert_eq!(capacity_for(4), 8);
-        assert_eq!(capacity_for(5), 16);
-        assert_eq!(capacity_for(125_000), 262_144);
-        assert_eq!(capacity_for(usize::MAX), usize::MAX);
     }
 }

@@ -1,0 +1,152 @@
+//! The algorithm modes: `paired-algorithms` (each algorithm against
+//! governor's GCRA in alternating blocks) and, for callgrind, `algorithm`
+//! (one algorithm's decision on a manual clock).
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::{ALLOW_RATE, measured};
+
+/// Each algorithm's direct decision against governor's GCRA, coarse clocks, in
+/// alternating blocks; allow-path limiters are replaced every 2^20 decisions
+/// (window counts are bounded), governor's alike.
+pub(crate) fn run_paired_algorithms() {
+    use turnstile::{
+        Algorithm, CoarseClock, FixedWindow, Gcra, Quota, RateLimiter, SlidingWindow, TokenBucket,
+    };
+    const HOUR: Duration = Duration::from_secs(3_600);
+    const BLOCKS: usize = 41;
+    const BLOCK: u32 = 1 << 18;
+    let nz = |n| NonZeroU32::new(n).expect("nonzero");
+    let coarse = CoarseClock::new().expect("upkeep thread");
+    let upkeep = governor::clock::QuantaUpkeepClock::from_interval(Duration::from_millis(1))
+        .expect("upkeep thread");
+    fn median(v: &mut [f64]) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    /// Median ns per decision of `ours` and of governor over alternating blocks,
+    /// each block on a fresh limiter made untimed.
+    fn blocks<A: Algorithm + Copy>(
+        a: A,
+        coarse: &CoarseClock,
+        theirs: &dyn Fn() -> f64,
+    ) -> (f64, f64) {
+        let (mut ours, mut gov) = (Vec::new(), Vec::new());
+        for _ in 0..BLOCKS {
+            let l = RateLimiter::from_parts(a, coarse.clone());
+            let _ = l.try_acquire(); // deny limiters: take the one permit
+            let start = std::time::Instant::now();
+            for _ in 0..BLOCK {
+                let _ = black_box(l.try_acquire());
+            }
+            ours.push(start.elapsed().as_nanos() as f64 / f64::from(BLOCK));
+            gov.push(theirs());
+        }
+        (median(&mut ours), median(&mut gov))
+    }
+    for allow in [true, false] {
+        let quota = if allow {
+            Quota::per_second(ALLOW_RATE)
+        } else {
+            Quota::per_hour(1)
+        }
+        .expect("a valid quota");
+        let limit = if allow { (1 << 24) - 1 } else { 1 };
+        let governor_quota = if allow {
+            governor::Quota::per_second(nz(ALLOW_RATE))
+        } else {
+            governor::Quota::per_hour(nz(1))
+        };
+        let theirs = || {
+            let g = governor::RateLimiter::direct_with_clock(governor_quota, upkeep.clone());
+            let _ = g.check();
+            let start = std::time::Instant::now();
+            for _ in 0..BLOCK {
+                let _ = black_box(g.check());
+            }
+            start.elapsed().as_nanos() as f64 / f64::from(BLOCK)
+        };
+        let path = if allow { "allow" } else { "deny" };
+        let results = [
+            (
+                "token-bucket",
+                blocks(TokenBucket::new(quota), &coarse, &theirs),
+            ),
+            (
+                "fixed-window",
+                blocks(
+                    FixedWindow::new(limit, HOUR).expect("valid"),
+                    &coarse,
+                    &theirs,
+                ),
+            ),
+            (
+                "sliding-window",
+                blocks(
+                    SlidingWindow::new(limit, 2 * HOUR).expect("valid"),
+                    &coarse,
+                    &theirs,
+                ),
+            ),
+            ("gcra", blocks(Gcra::new(quota), &coarse, &theirs)),
+        ];
+        for (name, (ours, gov)) in results {
+            println!(
+                "{path:<5} {name:<15} turnstile {ours:6.2} ns  governor {gov:6.2} ns  ratio {:.2}",
+                ours / gov
+            );
+        }
+    }
+}
+
+/// One algorithm's direct decision on a manual clock (governor's on its fake
+/// clock): the algorithm alone, without a clock read's cost.
+pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
+    use turnstile::{FixedWindow, Gcra, ManualClock, Quota, RateLimiter, SlidingWindow};
+    const HOUR: Duration = Duration::from_secs(3_600);
+    fn run<A: turnstile::Algorithm>(a: A, n: u64) {
+        let l = RateLimiter::from_parts(a, ManualClock::new());
+        let _ = l.try_acquire();
+        measured(n, || l.try_acquire());
+    }
+    let quota = if allow {
+        Quota::per_second(ALLOW_RATE)
+    } else {
+        Quota::per_hour(1)
+    }
+    .expect("a valid quota");
+    let limit = if allow { (1 << 24) - 1 } else { 1 };
+    match which {
+        "token-bucket" => run(turnstile::TokenBucket::new(quota), n),
+        "live-token-bucket" => run(
+            turnstile::LiveTokenBucket::new(quota).expect("a quota within the ceiling"),
+            n,
+        ),
+        "fixed-window" => run(FixedWindow::new(limit, HOUR).expect("valid"), n),
+        "sliding-window" => run(SlidingWindow::new(limit, 2 * HOUR).expect("valid"), n),
+        "gcra" => run(Gcra::new(quota), n),
+        "governor" => {
+            let nz = |n| NonZeroU32::new(n).expect("nonzero");
+            let quota = if allow {
+                governor::Quota::per_second(nz(ALLOW_RATE))
+            } else {
+                governor::Quota::per_hour(nz(1))
+            };
+            let clock = governor::clock::FakeRelativeClock::default();
+            let g = governor::RateLimiter::direct_with_clock(quota, clock);
+            let _ = g.check();
+            measured(n, || g.check());
+        }
+        other => {
+            eprintln!(
+                "unknown algorithm {other:?}: token-bucket, live-token-bucket, fixed-window, \
+                 sliding-window, gcra or governor"
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}

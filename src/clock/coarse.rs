@@ -1,0 +1,192 @@
+//! [`CoarseClock`]: a reading that an upkeep thread of its own keeps fresh
+//! from the OS monotonic clock, and that thread.
+
+use core::fmt;
+use core::time::Duration;
+use std::sync::{Mutex, PoisonError, Weak};
+use std::thread::{self, JoinHandle};
+
+use crossbeam_utils::CachePadded;
+
+use super::{Clock, MonotonicClock};
+use crate::sync::{Arc, AtomicU64, Ordering};
+
+/// A cheap, coarse clock: one load of a shared word that an upkeep thread
+/// refreshes from the OS monotonic clock ([`MonotonicClock`]) every
+/// `resolution` (1 ms by default); its epoch is when it was created.
+///
+/// The upkeep reads the OS clock rather than the TSC: it reads once per
+/// resolution, so the TSC's speed buys nothing there, and the OS clock is the
+/// one the kernel vouches for.
+///
+/// For callers who take speed over precision: a limiter on this clock sees time
+/// in steps of the resolution, so refills arrive up to one resolution late (it
+/// under-credits, never over-credits). Clones share one upkeep thread; it stops
+/// when the last clone is dropped.
+///
+/// The thread is the clock's own rather than quanta's global upkeep: quanta allows
+/// one upkeep per process, so a second user (another library) would make ours
+/// fail to start, and its owner stopping it would freeze our time.
+///
+/// ```
+/// use turnstile::{Clock, CoarseClock};
+///
+/// let clock = CoarseClock::new()?;
+/// let a = clock.now();
+/// std::thread::sleep(std::time::Duration::from_millis(20));
+/// assert!(clock.now() > a);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct CoarseClock {
+    shared: Arc<Shared>,
+}
+
+impl CoarseClock {
+    /// A coarse clock refreshed every millisecond.
+    ///
+    /// # Errors
+    ///
+    /// The upkeep thread could not be spawned.
+    pub fn new() -> std::io::Result<CoarseClock> {
+        CoarseClock::with_resolution(Duration::from_millis(1))
+    }
+
+    /// A coarse clock refreshed every `resolution`.
+    ///
+    /// # Errors
+    ///
+    /// `resolution` is zero (`InvalidInput`: the thread would spin a core), or the
+    /// upkeep thread could not be spawned.
+    pub fn with_resolution(resolution: Duration) -> std::io::Result<CoarseClock> {
+        if resolution.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "coarse clock resolution is zero; it must be at least 1 ns (1 ms is typical)",
+            ));
+        }
+        start(resolution).map(|shared| CoarseClock { shared })
+    }
+
+    /// How often the upkeep thread refreshes the reading.
+    pub fn resolution(&self) -> Duration {
+        self.shared.resolution
+    }
+}
+
+impl Clock for CoarseClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        // Relaxed: the reading publishes no other data; any recent value will do,
+        // and coherence keeps one thread's readings from going backwards.
+        self.shared.now.load(Ordering::Relaxed)
+    }
+}
+
+impl fmt::Debug for CoarseClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CoarseClock")
+            .field("resolution", &self.shared.resolution)
+            .field("now", &self.now())
+            .finish()
+    }
+}
+
+pub(super) struct Shared {
+    /// The latest reading. Padded: every limiter thread reads this line, and
+    /// only the upkeep thread writes it.
+    pub(super) now: CachePadded<AtomicU64>,
+    pub(super) resolution: Duration,
+    /// The clock the upkeep thread samples.
+    pub(super) os: MonotonicClock,
+    upkeep: Mutex<Option<JoinHandle<()>>>,
+}
+
+pub(super) fn start(resolution: Duration) -> std::io::Result<Arc<Shared>> {
+    let os = MonotonicClock::new();
+    let shared = Arc::new(Shared {
+        now: CachePadded::new(AtomicU64::new(os.now())),
+        os,
+        resolution,
+        upkeep: Mutex::new(None),
+    });
+    // The thread holds only a weak reference, so dropping the last clock ends it.
+    let weak: Weak<Shared> = Arc::downgrade(&shared);
+    let handle = thread::Builder::new()
+        .name("turnstile-coarse-clock".into())
+        .spawn(move || {
+            loop {
+                thread::park_timeout(resolution);
+                let Some(shared) = weak.upgrade() else { return };
+                // Relaxed: see `CoarseClock::now`. `fetch_max` keeps the reading
+                // monotonic whatever the platform's `Instant` does.
+                shared.now.fetch_max(shared.os.now(), Ordering::Relaxed);
+            }
+        })?;
+    *shared.upkeep.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
+    Ok(shared)
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let handle = self
+            .upkeep
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(handle) = handle {
+            // The upkeep thread may itself hold the last reference for an
+            // instant; it then simply returns on its next upgrade.
+            if handle.thread().id() != thread::current().id() {
+                handle.thread().unpark();
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coarse_clock_tracks_the_os_clock_and_stops_on_drop() {
+        let clock = CoarseClock::with_resolution(Duration::from_millis(1)).unwrap();
+        let before = clock.now();
+        let mark = clock.shared.os.now();
+        // It catches up with a reading of the OS clock taken before: waited
+        // for, not timed, since on a loaded machine the upkeep thread may
+        // not run for a while (5 s is a hang guard).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while clock.now() < mark {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the coarse clock does not move"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let after = clock.now();
+        assert!(after > before, "{before} then {after}");
+        // Never ahead of the OS clock it samples.
+        let os = clock.shared.os.now();
+        assert!(after <= os, "{after} ahead of {os}");
+        let weak = Arc::downgrade(&clock.shared);
+        drop(clock);
+        // The upkeep thread holds a strong reference for an instant each tick at
+        // most; give it a generous second to let go.
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while weak.upgrade().is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the upkeep thread keeps it alive"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn coarse_clock_refuses_zero_resolution() {
+        let err = CoarseClock::with_resolution(Duration::ZERO).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    }
+}

@@ -1,0 +1,229 @@
+//! What the rest of the crate calls on a keyed limiter beyond its public
+//! API: decisions that also report the word written and when (chain stages,
+//! reservations), uncounted tries (waits), peeks, refunds and in-place
+//! changes of a linked key's word (leases), and the lookups behind them.
+
+use core::borrow::Borrow;
+use core::hash::{BuildHasher, Hash};
+
+use super::{Inner, KeyedLimiter};
+use crate::algorithm::Algorithm;
+use crate::cell::Cell;
+use crate::clock::Clock;
+use crate::decision::KeyedDecision;
+
+impl<K, A, C, S> KeyedLimiter<K, A, C, S>
+where
+    K: Hash + Eq,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// Decide for `key`, also returning the word an admission wrote and a
+    /// clock reading no later than the decision's (what a refund needs).
+    pub(crate) fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>, u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.inner.take(key, n, true)
+    }
+
+    /// Note that a reservation stamps a word `ahead` nanoseconds ahead of the
+    /// clock, before its compare-and-swap writes it: key-limit denials wait
+    /// that much longer for idle keys to become sweepable.
+    pub(crate) fn note_loan(&self, ahead: u64) {
+        self.inner.note_loan(ahead);
+    }
+
+    /// [`take`](Self::take), deciding with `algorithm` on this limiter's
+    /// words (a reservation's).
+    pub(crate) fn take_with<B, Q>(
+        &self,
+        algorithm: &B,
+        key: &Q,
+        n: u32,
+    ) -> (KeyedDecision, Option<u64>, u64)
+    where
+        B: Algorithm,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.inner.take_with(algorithm, key, n, true)
+    }
+
+    /// Replace `key`'s word by `next(word)` if the key is linked and `next`
+    /// gives one; whether it did.
+    pub(crate) fn transform_linked<Q>(&self, key: &Q, next: impl FnMut(u64) -> Option<u64>) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.inner
+            .on_linked_cell(key, |cell| cell.transform(next).is_some())
+            .unwrap_or(false)
+    }
+
+    /// One try of a wait: the decision for `key`, not counted (the wait
+    /// counts its outcome once, [`count_outcome`](Self::count_outcome)).
+    pub(crate) fn try_uncounted<Q>(&self, key: &Q, n: u32) -> KeyedDecision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.inner.take(key, n, false).0
+    }
+
+    /// Count a wait's outcome: admitted, or refused by its deadline.
+    pub(crate) fn count_outcome(&self, admitted: bool) {
+        let inner = &*self.inner;
+        inner
+            .tally
+            .count_outcome(admitted, crate::reclaim::thread_slot());
+    }
+
+    /// The decision `key` would get for `n` permits now, taking nothing and
+    /// storing nothing.
+    pub(crate) fn peek<Q>(&self, key: &Q, n: u32) -> KeyedDecision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let inner = &*self.inner;
+        inner.on_word(key, |word, now, linked| {
+            // A key not linked (new, or waiting in limbo) meets the key bound
+            // first when it is full. (A request might still find a sweepable
+            // key to make room; the peek takes nothing, so it answers with the
+            // bound's wait, an upper bound on when room is certain.)
+            if !linked && inner.len() >= inner.max_keys {
+                return KeyedDecision::KeyLimit {
+                    retry_after: inner.key_limit_wait(),
+                };
+            }
+            inner.algorithm.decide(word, now, n).0.into()
+        })
+    }
+
+    /// Give back `n` permits an admission for `key` took (see
+    /// [`Algorithm::refund`]); `true` when they went back. Only a key that is
+    /// linked takes a refund. A key evicted since was fresh-equivalent with the
+    /// permits spent, so nothing it owes matters any more: while it is not
+    /// linked (waiting in limbo, or freed) the refund declines; created again,
+    /// its word is a later one than `written` (a later refill time, window or
+    /// theoretical arrival time), and every algorithm declines a refund
+    /// against it.
+    pub(crate) fn refund<Q>(&self, key: &Q, written: u64, n: u32) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let inner = &*self.inner;
+        inner
+            .on_linked_cell(key, |cell| cell.refund(&inner.algorithm, written, n))
+            .unwrap_or(false)
+    }
+}
+
+impl<K, A, C, S> Inner<K, A, C, S>
+where
+    K: Hash + Eq,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// As [`decide`](Self::decide), also returning the word an admission
+    /// wrote; counted in the tally only when `counted` (a wait counts its
+    /// outcome once, not every try).
+    fn take<Q>(&self, key: &Q, n: u32, counted: bool) -> (KeyedDecision, Option<u64>, u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.take_with(&self.algorithm, key, n, counted)
+    }
+
+    /// [`take`](Self::take), deciding with `algorithm`: the limiter's own, or
+    /// one acting for it on the same words (a reservation's). The reading
+    /// returned is the first this takes: the decision's, or (for a key not
+    /// found without the lock) an earlier one.
+    fn take_with<B, Q>(
+        &self,
+        algorithm: &B,
+        key: &Q,
+        n: u32,
+        counted: bool,
+    ) -> (KeyedDecision, Option<u64>, u64)
+    where
+        B: Algorithm,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        // As in `decide`: any reading will do for a word found in the table.
+        let now = self.clock.now();
+        {
+            let guard = self.collector.pin();
+            if let Some(cell) = shard.find(hash, key, &guard) {
+                let (decision, written) = self.decide_on(algorithm, cell, now, n, counted);
+                return (decision, written, now);
+            }
+        }
+        let (decision, written) =
+            self.insert_and_decide(algorithm, key, hash, shard, now, n, counted);
+        (decision, written, now)
+    }
+
+    /// `f(word, now, linked)` on `key`'s word (linked, or in limbo) and a
+    /// reading taken after it was found; for a key not held, on a fresh word.
+    /// `linked` is true only for a key that holds a place under the key bound
+    /// (a key in limbo does not: linking it again takes one). Stores nothing.
+    pub(super) fn on_word<Q, R>(&self, key: &Q, f: impl FnOnce(u64, u64, bool) -> R) -> R
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        {
+            let guard = self.collector.pin();
+            if let Some(cell) = shard.find(hash, key, &guard) {
+                let word = cell.load();
+                return f(word, self.clock.now(), true);
+            }
+        }
+        // Not linked: it may wait in limbo with a word that still counts.
+        let busy = self.collector.enter();
+        let (locked, now) = self.lock_settled(shard, &busy);
+        if let Some(entry) = locked.find(hash, key) {
+            return f(locked.cell(entry).load(), now, true);
+        }
+        // In limbo the word still counts, but the key holds no place under
+        // the bound: linking it again takes one, as a new key does.
+        match locked.find_in_limbo(hash, key) {
+            Some(entry) => f(locked.cell(entry).load(), now, false),
+            None => f(self.algorithm.fresh(), now, false),
+        }
+    }
+
+    /// `f` on `key`'s word cell, if the key is linked.
+    fn on_linked_cell<Q, R>(&self, key: &Q, f: impl FnOnce(&Cell) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        {
+            let guard = self.collector.pin();
+            if let Some(cell) = shard.find(hash, key, &guard) {
+                return Some(f(cell));
+            }
+        }
+        // Not linked, or its shard's table is closed for a rebuild: decided
+        // under the lock.
+        let busy = self.collector.enter();
+        let (locked, _) = self.lock_settled(shard, &busy);
+        locked.find(hash, key).map(|entry| f(locked.cell(entry)))
+    }
+}

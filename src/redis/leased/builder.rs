@@ -1,0 +1,167 @@
+//! Building a [`LeasedLimiter`]: [`LeasedBuilder`], its defaults and limits.
+
+use core::fmt;
+use core::time::Duration;
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use super::give_back::{Holders, MIN_PRUNE};
+use super::local::{LeaseWord, Since};
+use super::stats::Counters;
+use super::{LeasedLimiter, MAX_LEASE, MAX_LIFETIME, saturating_nanos, word};
+use crate::algorithm::Algorithm;
+use crate::algorithm::token_bucket::TokenBucket;
+use crate::clock::{Clock, RealClock};
+use crate::keyed::KeyedBuilder;
+use crate::redis::guarded::OnFailure;
+use crate::redis::{RedisAlgorithm, RedisConfigError, RedisLimiter};
+use crate::sync::AtomicU64;
+
+/// Builds a [`LeasedLimiter`]: the largest lease, the lease lifetime, the idle
+/// time after which a lease is given back, the failure policy and its
+/// backoff, the local clock.
+pub struct LeasedBuilder<C = RealClock> {
+    limiter: RedisLimiter,
+    bucket: TokenBucket,
+    max_lease: u32,
+    lifetime: Duration,
+    idle: Duration,
+    on_failure: OnFailure<TokenBucket, RealClock>,
+    backoff: Duration,
+    max_keys: Option<usize>,
+    clock: C,
+}
+
+impl<C: fmt::Debug> fmt::Debug for LeasedBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedBuilder")
+            .field("limiter", &self.limiter)
+            .field("max_lease", &self.max_lease)
+            .field("lifetime", &self.lifetime)
+            .field("idle", &self.idle)
+            .field("on_failure", &self.on_failure)
+            .field("backoff", &self.backoff)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeasedBuilder {
+    /// Leases of at most `max_lease` tokens (clamped to `1..=`[`MAX_LEASE`]
+    /// and to the bucket's capacity) from `limiter`'s token buckets.
+    /// Defaults: a lifetime of 1 s, give-back after 250 ms idle, fail closed
+    /// with a backoff of 1 s.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisConfigError::NotLeasable`] when `limiter` is not a token bucket.
+    pub fn new(limiter: RedisLimiter, max_lease: u32) -> Result<Self, RedisConfigError> {
+        let RedisAlgorithm::TokenBucket(bucket) = *limiter.algorithm() else {
+            return Err(RedisConfigError::NotLeasable);
+        };
+        Ok(LeasedBuilder {
+            max_lease: max_lease.clamp(1, MAX_LEASE).min(bucket.capacity()),
+            limiter,
+            bucket,
+            lifetime: Duration::from_secs(1),
+            idle: Duration::from_millis(250),
+            on_failure: OnFailure::Deny,
+            backoff: Duration::from_secs(1),
+            max_keys: None,
+            clock: RealClock::default(),
+        })
+    }
+}
+
+impl<C: Clock> LeasedBuilder<C> {
+    /// How long a lease may be spent from (at least 10 ms, at most an hour):
+    /// a token not spent by then is lost to the bucket, which refills it.
+    /// Bounds how long a token may wait in a lease.
+    pub fn lifetime(mut self, lifetime: Duration) -> Self {
+        self.lifetime = lifetime.clamp(Duration::from_millis(10), MAX_LIFETIME);
+        self
+    }
+
+    /// A lease not topped up for `idle` is given back by
+    /// [`give_back_idle`](LeasedLimiter::give_back_idle).
+    pub fn idle(mut self, idle: Duration) -> Self {
+        self.idle = idle;
+        self
+    }
+
+    /// What to answer, for requests the leases held here cannot serve, while
+    /// Redis fails and for `backoff` after each failure.
+    pub fn on_failure(mut self, on_failure: OnFailure, backoff: Duration) -> Self {
+        self.on_failure = on_failure;
+        self.backoff = backoff;
+        self
+    }
+
+    /// At most `max_keys` keys hold a lease word at once (the keyed map's
+    /// bound; past it a new key is decided by exact mode).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// The clock that times leases here (lifetimes and idle times; Redis'
+    /// own clock decides the bucket).
+    pub fn clock<C2: Clock>(self, clock: C2) -> LeasedBuilder<C2> {
+        LeasedBuilder {
+            limiter: self.limiter,
+            bucket: self.bucket,
+            max_lease: self.max_lease,
+            lifetime: self.lifetime,
+            idle: self.idle,
+            on_failure: self.on_failure,
+            backoff: self.backoff,
+            max_keys: self.max_keys,
+            clock,
+        }
+    }
+
+    /// The limiter.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisConfigError::Keyed`] if the map of keys cannot be built (never
+    /// in practice: a `max_keys` of 0 is taken as 1).
+    pub fn build(self) -> Result<LeasedLimiter<C>, RedisConfigError> {
+        let algorithm = LeaseWord {
+            capacity: self.bucket.capacity(),
+            lifetime: self.lifetime,
+        };
+        // Leases count time from now, not from the clock's epoch (the TSC's is
+        // the host's boot): the word's time field spans 208 days from here.
+        let start = self.clock.now();
+        let clock = Since {
+            clock: self.clock,
+            start,
+        };
+        let mut builder = KeyedBuilder::new(algorithm).clock(clock);
+        if let Some(max_keys) = self.max_keys {
+            builder = builder.max_keys(max_keys.max(1));
+        }
+        let local = builder.build().map_err(RedisConfigError::Keyed)?;
+        let lifetime_units = word::units_down(saturating_nanos(self.lifetime)).max(1);
+        Ok(LeasedLimiter {
+            limiter: self.limiter,
+            capacity: self.bucket.capacity(),
+            max_lease: self.max_lease,
+            lifetime_units,
+            idle: self.idle,
+            local,
+            holders: Mutex::new(Holders {
+                keys: HashSet::new(),
+                prune_at: MIN_PRUNE,
+            }),
+            refresher: OnceLock::new(),
+            on_failure: self.on_failure,
+            backoff: self.backoff,
+            epoch: Instant::now(),
+            retry_at: AtomicU64::new(0),
+            counters: Counters::default(),
+        })
+    }
+}

@@ -1,0 +1,527 @@
+//! Leased mode: see [`LeasedLimiter`].
+
+use core::fmt;
+use core::time::Duration;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use ::redis::{ConnectionLike, RedisResult, ScriptInvocation, Value};
+
+use crate::algorithm::token_bucket::TokenBucket;
+use crate::clock::{Clock, RealClock};
+use crate::decision::{Decision, KeyedDecision, RetryAfter};
+use crate::error::AcquireError;
+use crate::keyed::KeyedLimiter;
+use crate::redis::RedisLimiter;
+use crate::redis::guarded::OnFailure;
+use crate::sync::{AtomicU64, Ordering};
+
+mod backoff;
+mod builder;
+mod give_back;
+mod lease;
+mod local;
+mod refresher;
+mod stats;
+mod word;
+
+use backoff::Turn;
+pub use builder::LeasedBuilder;
+use give_back::Holders;
+use lease::Claim;
+use local::{LeaseWord, Since};
+use refresher::Queue;
+pub use refresher::Refresher;
+use stats::Counters;
+pub use stats::LeasedStats;
+
+/// The largest lease, `2^23 − 1`: a process holds at most a lease and a
+/// quarter, which the word's 24-bit count holds.
+pub const MAX_LEASE: u32 = (1 << 23) - 1;
+/// The longest lease lifetime (the word's time field covers 208 days; an hour
+/// keeps every comparison far from its end).
+const MAX_LIFETIME: Duration = Duration::from_secs(3_600);
+
+fn saturating_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A limit kept in a token bucket in Redis, spent here from leases (leased
+/// mode): a process takes tokens from a key's global bucket in Redis in
+/// batches (leases) and spends them from a word of its own, by
+/// compare-and-swap, at in-process speed.
+///
+/// # How a decision goes
+///
+/// Each key has one word in a [`KeyedLimiter`] of this process (the same
+/// lock-free map and compare-and-swap cell as every in-process limit): the
+/// tokens of its lease, the lease's expiry, its size (and so its low-water
+/// mark), and three flags.
+/// A request for `n` permits spends `n` of those tokens by one
+/// compare-and-swap, with no call to Redis, while the lease is valid and holds
+/// them. The request whose spend takes the count below the low-water mark
+/// claims the key's fetch (a flag in the word, so exactly one request fetches
+/// while the others keep spending): the next lease is fetched ahead of need,
+/// in one script call. With a [`Refresher`]
+/// ([`start_refresher`](LeasedLimiter::start_refresher), a thread with a
+/// connection of its own) the request only queues the key and the thread
+/// makes the call, off the request path ([`start_refresher_async`](LeasedLimiter::start_refresher_async)
+/// is the same as a tokio task); without one, the claiming request makes it
+/// after its own decision is made (its answer does not depend on it). A request that finds no tokens (a new key, a lease spent or expired)
+/// claims the fetch and takes a lease for itself (one call, within the
+/// connection's deadline); if another request is fetching already it asks
+/// Redis for its own permits, as exact mode does (one call). A bucket that
+/// has too few tokens answers with the wait until it has what was asked for.
+/// With no tokens held here the word keeps that denial (up to one lease
+/// lifetime) with the count its wait is for, so the denials that follow for
+/// as many permits or fewer cost no call either; a larger request asks Redis
+/// for its own wait (the denial kept stays if it is for fewer permits and
+/// ends no later, for the requests it covers). A request that
+/// needs more than the tokens held here is denied with the wait for what it
+/// lacks beyond them, and they stay, for smaller requests and for its retry.
+/// That wait is a lower bound, not exact mode's exact one: other processes
+/// may take the tokens first, and a kept wait longer than the lifetime is cut
+/// to it. A client that comes back too early is denied again with what
+/// remains.
+///
+/// The lease script (`lease.lua`) works on the token bucket's own key and
+/// state, so processes in exact mode ([`RedisLimiter`]) and in leased mode
+/// share one limit. It takes `min(want, available)` tokens atomically when at
+/// least `need` are there, and none otherwise, with the wait until `need`
+/// are: `want` is the key's lease size (or what the request lacks, if more),
+/// `need` a quarter of the lease size (or what the request lacks, if more).
+/// The quarter is the difference from taking whatever is there: on a bucket
+/// that is dry under load, calls for one or two tokens at a time would cost a
+/// call per decision, as exact mode does, where waiting for a quarter of a
+/// lease costs one call per quarter lease (and delays this process's next
+/// admission by at most a quarter lease's refill time). The lease size adapts
+/// to the key's demand: it starts at 1, doubles when a lease was spent down to
+/// its low-water mark in under a quarter of the lease lifetime or ran out
+/// before the next one came, and halves when a lease expired with tokens
+/// left; it never exceeds the configured largest lease `L`. The low-water
+/// mark is a quarter of the lease size (none below a size of 4).
+///
+/// # Bounds
+///
+/// `N` processes share a key; leases have at most `L` tokens and lifetime
+/// `τ`; the bucket has capacity `B` and refills `r(T)` over a time `T`. A
+/// process holds at most `L + ⌊L/4⌋ − 1` tokens of a key: a fetch starts below
+/// the low-water mark `⌊size/4⌋` and brings at most one lease, and a request
+/// that finds too few tokens asks only for what it lacks beyond that.
+///
+/// - **Over-admission.** Every token spent from a lease was taken from the
+///   global bucket first. In any interval of length `T` the bucket gives out
+///   at most `B + r(T)` tokens plus what is given back to it meanwhile, and
+///   tokens given back were never spent. What a process admits in an interval
+///   is at most what it took in the interval plus what it held when the
+///   interval began. So all processes together admit at most
+///   `B + r(T) + N·(L + ⌊L/4⌋)` in any interval of length `T`, against exact
+///   mode's `B + r(T)`, for as long as Redis keeps the key (a Redis that
+///   loses its data starts the bucket full again, in either mode). The
+///   tokens left when a lease is topped up (fewer than the low-water mark)
+///   take the new lease's expiry.
+/// - **Stranded tokens.** At any moment at most `N·(L + ⌊L/4⌋)` tokens are out
+///   of the global bucket and not yet spent. Others cannot use them until they
+///   are spent, given back ([`give_back_idle`](LeasedLimiter::give_back_idle),
+///   one script per key), or expire: a lease is never spent after `τ`, and
+///   what it left is lost to the bucket, which refills it at its own rate.
+/// - **Redis calls.** Once the lease size has grown to `L`, one call brings
+///   `L` tokens: at most one call per `L` admissions while the bucket has
+///   tokens. While it is dry, a lease brings only what has refilled, and costs
+///   two calls: the one that grants it and a prefetch at its low-water mark
+///   that finds the bucket dry (then none until the lease runs out). A denial
+///   costs one call per wait (at most one lease lifetime) per process for
+///   the requests its count covers, and one for each larger request; a
+///   request that misses while another fetches costs one.
+///
+/// # Failures
+///
+/// Every call runs on the caller's connection, with its deadline
+/// ([`Deadlines`](super::Deadlines)); a request makes at most one call, so no
+/// request waits longer than one call's deadlines (`Deadlines` names the two
+/// cases in redis-rs that take more than one). A failed call starts a backoff, for
+/// which no request calls Redis; while it lasts a request that the leases held
+/// here cannot serve is answered by the [`OnFailure`] policy: denied (fail
+/// closed: only tokens already leased are spent) or decided by a local keyed
+/// limit (fail open). After the backoff one request probes Redis; its success
+/// ends the backoff. [`stats`](LeasedLimiter::stats) counts failures and
+/// fallback decisions.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use turnstile::redis::{Deadlines, LeasedBuilder, RedisLimiter};
+/// use turnstile::{Quota, TokenBucket};
+///
+/// let mut con = Deadlines::default().blocking(redis::Client::open("redis://127.0.0.1/")?);
+/// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(10_000)?))?;
+/// // Leases of up to 100 tokens, each spendable for 1 s.
+/// let limiter = LeasedBuilder::new(global, 100)?
+///     .lifetime(Duration::from_secs(1))
+///     .build()?;
+/// let decision = limiter.try_acquire(&mut con, "k_live_123")?;
+/// println!("{decision:?}; {} calls to Redis so far", limiter.stats().redis_calls());
+/// // Now and then (a timer): give back leases left idle.
+/// limiter.give_back_idle(&mut con);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct LeasedLimiter<C = RealClock> {
+    limiter: RedisLimiter,
+    capacity: u32,
+    max_lease: u32,
+    lifetime_units: u64,
+    idle: Duration,
+    local: KeyedLimiter<Vec<u8>, LeaseWord, Since<C>>,
+    /// Keys that took a lease since the last give-back pass.
+    holders: Mutex<Holders>,
+    /// The refresher's queue, once one is started: prefetches go there
+    /// instead of being made by the request that claimed them.
+    refresher: OnceLock<Queue>,
+    on_failure: OnFailure<TokenBucket, RealClock>,
+    backoff: Duration,
+    epoch: Instant,
+    /// Nanoseconds since `epoch` before which Redis is not called; 0 when it
+    /// is called.
+    retry_at: AtomicU64,
+    counters: Counters,
+}
+
+impl<C: Clock + fmt::Debug> fmt::Debug for LeasedLimiter<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedLimiter")
+            .field("limiter", &self.limiter)
+            .field("max_lease", &self.max_lease)
+            .field("on_failure", &self.on_failure)
+            .field("backoff", &self.backoff)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a request calls Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Purpose {
+    /// The request was decided from the lease; this tops the lease up.
+    Prefetch(Decision),
+    /// The request needs `n` tokens the lease does not have.
+    Miss,
+}
+
+/// A claimed fetch: the call to make, and how to read its answer.
+pub(crate) struct Fetch {
+    purpose: Purpose,
+    /// The size code the next lease gets.
+    size_code: u32,
+    /// The tokens Redis is asked to have before it grants any: its wait,
+    /// when it grants none, is for this many.
+    need: u32,
+    invocation: ScriptInvocation<'static>,
+}
+
+/// Releases a key's fetch claim when a fetch is dropped before its reply.
+#[cfg(feature = "tokio")]
+struct ReleaseOnDrop<'a, C: Clock> {
+    limiter: &'a LeasedLimiter<C>,
+    key: &'a [u8],
+    armed: bool,
+}
+
+#[cfg(feature = "tokio")]
+impl<C: Clock> Drop for ReleaseOnDrop<'_, C> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.limiter
+                .local
+                .transform_linked(self.key, |w| Some(w & !word::FETCHING));
+        }
+    }
+}
+
+/// What a request does next.
+pub(crate) enum Step {
+    /// Decided without Redis.
+    Done(Decision),
+    /// Take a lease.
+    Lease(Fetch),
+    /// Ask Redis for the permits themselves (exact mode).
+    Exact(ScriptInvocation<'static>),
+}
+
+#[cfg(all(feature = "tower", feature = "tokio"))]
+impl Step {
+    /// The request's decision, when it is made without waiting for Redis:
+    /// from the lease (with or without a prefetch to make after it).
+    pub(crate) fn decided(&self) -> Option<Decision> {
+        match self {
+            Step::Done(decision) => Some(*decision),
+            Step::Lease(Fetch {
+                purpose: Purpose::Prefetch(decision),
+                ..
+            }) => Some(*decision),
+            Step::Lease(_) | Step::Exact(_) => None,
+        }
+    }
+
+    /// Whether a call to Redis is left to make.
+    pub(crate) fn calls(&self) -> bool {
+        !matches!(self, Step::Done(_))
+    }
+}
+
+impl<C: Clock> LeasedLimiter<C> {
+    /// The limit in Redis.
+    pub fn limiter(&self) -> &RedisLimiter {
+        &self.limiter
+    }
+
+    /// The largest lease.
+    pub fn max_lease(&self) -> u32 {
+        self.max_lease
+    }
+
+    /// The tokens of `key`'s lease held here now, without taking any.
+    pub fn held(&self, key: impl AsRef<[u8]>) -> u32 {
+        self.local.remaining(key.as_ref())
+    }
+
+    /// `true` while a failure is being backed off from: requests the leases
+    /// cannot serve are answered by the failure policy.
+    pub fn is_backing_off(&self) -> bool {
+        // Relaxed: a hint; `retry_at` publishes no other data.
+        self.retry_at.load(Ordering::Relaxed) != 0
+    }
+
+    /// Ask for one permit for `key`; see [`try_acquire_n`](Self::try_acquire_n).
+    ///
+    /// # Errors
+    ///
+    /// None in practice: a request for one permit always fits.
+    pub fn try_acquire(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Decision, AcquireError> {
+        self.try_acquire_n(con, key, 1)
+    }
+
+    /// Ask for `n` permits for `key`, all or nothing: from the lease held
+    /// here when it has them (no call), else from Redis in at most one call on
+    /// `con`, or from the failure policy while Redis fails. An admission's
+    /// `remaining` is what the lease held here has left, not the global
+    /// bucket, except for a request decided in Redis itself (exact mode: `n`
+    /// above `max_lease`, or a miss while another request fetches this key's
+    /// lease), whose `remaining` is the global bucket's.
+    ///
+    /// A request that finds too few tokens here asks Redis for a lease; if
+    /// the tokens it counted on are spent by other requests while it waits,
+    /// it is denied with the least wait there is (1 ns; `Retry-After: 1`),
+    /// and a retry takes another lease.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError`] for `n = 0` or above the capacity, before anything else.
+    pub fn try_acquire_n(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<Decision, AcquireError> {
+        let key = key.as_ref();
+        match self.step(key, n)? {
+            Step::Done(decision) => Ok(decision),
+            Step::Lease(fetch) => {
+                let result = fetch.invocation.invoke(con);
+                Ok(self.finish_lease(key, n, &fetch, result))
+            }
+            Step::Exact(invocation) => {
+                let result = invocation.invoke(con);
+                Ok(self.finish_exact(key, n, result))
+            }
+        }
+    }
+
+    /// [`try_acquire`](Self::try_acquire) on an asynchronous connection
+    /// (feature `tokio` too); a decision from a lease held here completes
+    /// without awaiting anything.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    #[cfg(feature = "tokio")]
+    pub async fn try_acquire_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Decision, AcquireError> {
+        self.try_acquire_n_async(con, key, 1).await
+    }
+
+    /// [`try_acquire_n`](Self::try_acquire_n) on an asynchronous connection
+    /// (feature `tokio` too). A decision from the lease held here completes
+    /// without awaiting anything; the request that claims a prefetch awaits
+    /// it after its decision is made (a `RedisRateLimitLayer`,
+    /// features `tower` and `tokio`, fetches it in a task of its own
+    /// instead). Dropped while it awaits a call, the future releases the
+    /// key's claim on the fetch: a cancelled request leaves no key unable
+    /// to take a lease.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    #[cfg(feature = "tokio")]
+    pub async fn try_acquire_n_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<Decision, AcquireError> {
+        let key = key.as_ref();
+        let step = self.step(key, n)?;
+        Ok(self.complete_async(con, key, n, step).await)
+    }
+
+    /// Make the call `step` asked for, if any, and answer the request. Dropped
+    /// before the call returns, it releases the key's fetch, so that a
+    /// cancelled request (a client that hung up) does not leave the key
+    /// claimed; the tokens of a lease Redis granted meanwhile are lost to the
+    /// bucket, which refills them, as after a timeout.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn complete_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        key: &[u8],
+        n: u32,
+        step: Step,
+    ) -> Decision {
+        match step {
+            Step::Done(decision) => decision,
+            Step::Lease(fetch) => {
+                let mut claim = ReleaseOnDrop {
+                    limiter: self,
+                    key,
+                    armed: true,
+                };
+                let result = fetch.invocation.invoke_async(con).await;
+                claim.armed = false;
+                self.finish_lease(key, n, &fetch, result)
+            }
+            Step::Exact(invocation) => {
+                let result = invocation.invoke_async(con).await;
+                self.finish_exact(key, n, result)
+            }
+        }
+    }
+
+    /// Decide what the request does: spend, fall back, or call Redis.
+    pub(crate) fn step(&self, key: &[u8], n: u32) -> Result<Step, AcquireError> {
+        if n == 0 {
+            return Err(AcquireError::ZeroPermits);
+        }
+        if n > self.capacity {
+            return Err(AcquireError::InsufficientCapacity {
+                requested: n,
+                capacity: self.capacity,
+            });
+        }
+        if n > self.max_lease {
+            return Ok(self.exact_or_fallback(key, n));
+        }
+        let (decision, written, _) = self.local.take(key, n);
+        match decision {
+            KeyedDecision::Allowed { remaining } => {
+                let decision = Decision::Allowed { remaining };
+                let Some(written) = written else {
+                    return Ok(Step::Done(decision));
+                };
+                let low = self.size(word::size_code(written)) / 4;
+                if remaining >= low
+                    || written & (word::FETCHING | word::DRY) != 0
+                    || self.is_backing_off()
+                {
+                    return Ok(Step::Done(decision));
+                }
+                Ok(match self.claim(key, n, Purpose::Prefetch(decision)) {
+                    // Claimed first, then the turn: a probe after a backoff
+                    // is only taken by a request that will call.
+                    Claim::Fetch(_) if matches!(self.turn(), Turn::Skip { .. }) => {
+                        self.local
+                            .transform_linked(key, |w| Some(w & !word::FETCHING));
+                        Step::Done(decision)
+                    }
+                    Claim::Fetch(fetch) => match self.refresher.get() {
+                        None => Step::Lease(fetch),
+                        // The queue is full, or its refresher stopped: this
+                        // request fetches, as without a refresher.
+                        Some(queue) => match queue.send(key, fetch) {
+                            Ok(()) => Step::Done(decision),
+                            Err(Some(fetch)) => Step::Lease(fetch),
+                            Err(None) => {
+                                // Not reached (see `Queue::send`); were it,
+                                // the claim is released, and a later request
+                                // prefetches.
+                                self.local
+                                    .transform_linked(key, |w| Some(w & !word::FETCHING));
+                                Step::Done(decision)
+                            }
+                        },
+                    },
+                    _ => Step::Done(decision),
+                })
+            }
+            KeyedDecision::Denied { retry_after } if retry_after.as_nanos() > 0 => {
+                Ok(Step::Done(Decision::Denied { retry_after }))
+            }
+            KeyedDecision::Denied { .. } | KeyedDecision::KeyLimit { .. } => {
+                if let Turn::Skip { wait } = self.turn() {
+                    return Ok(Step::Done(self.fallback(key, n, wait)));
+                }
+                Ok(match self.claim(key, n, Purpose::Miss) {
+                    Claim::Fetch(fetch) => Step::Lease(fetch),
+                    Claim::Spent(decision) => Step::Done(decision),
+                    // The turn is taken: no second look at the backoff.
+                    Claim::Busy | Claim::Claimed => self.exact(key, n),
+                })
+            }
+        }
+    }
+
+    fn exact_or_fallback(&self, key: &[u8], n: u32) -> Step {
+        if let Turn::Skip { wait } = self.turn() {
+            return Step::Done(self.fallback(key, n, wait));
+        }
+        self.exact(key, n)
+    }
+
+    /// Ask Redis for the permits themselves, as exact mode does.
+    fn exact(&self, key: &[u8], n: u32) -> Step {
+        match self.limiter.invocation(key, n, None) {
+            Ok(invocation) => Step::Exact(invocation),
+            // Checked already: n is within 1..=capacity.
+            Err(_) => Step::Done(Decision::Denied {
+                retry_after: RETRY_AT_ONCE,
+            }),
+        }
+    }
+
+    fn finish_exact(&self, key: &[u8], n: u32, result: RedisResult<Value>) -> Decision {
+        match self.limiter.decide(result) {
+            Ok(decision) => {
+                self.succeed();
+                Counters::add(&self.counters.exact_calls, 1);
+                decision
+            }
+            Err(_) => {
+                self.fail();
+                self.fallback(key, n, self.backoff)
+            }
+        }
+    }
+}
+
+/// The wait of a request denied by a race rather than by the bucket (the
+/// tokens it was to be served with were spent by others while its lease was
+/// fetched): the least wait there is, which `Retry-After` rounds up to 1 s.
+/// Never 0, which would tell a client that it was admitted no later than
+/// now.
+const RETRY_AT_ONCE: RetryAfter = RetryAfter::from_nanos(1);

@@ -1,0 +1,73 @@
+//! The counts of a [`LeasedLimiter`]: [`LeasedStats`], and the counters
+//! behind them.
+
+use super::LeasedLimiter;
+use crate::clock::Clock;
+use crate::sync::{AtomicU64, Ordering};
+
+/// A [`LeasedLimiter`]'s counts: what Redis was asked, and what the failure
+/// policy answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeasedStats {
+    /// Lease script calls that returned (with or without tokens).
+    pub lease_calls: u64,
+    /// Tokens those calls granted.
+    pub tokens_leased: u64,
+    /// Give-back script calls that returned.
+    pub give_back_calls: u64,
+    /// Tokens given back.
+    pub tokens_given_back: u64,
+    /// Exact-mode calls (a miss while another request was fetching, or a
+    /// request larger than the largest lease).
+    pub exact_calls: u64,
+    /// Calls to Redis that failed (no connection, a timeout, an error reply).
+    pub failures: u64,
+    /// Decisions made by the failure policy instead of Redis.
+    pub fallbacks: u64,
+}
+
+impl LeasedStats {
+    /// Every call to Redis that returned: lease, give-back and exact-mode
+    /// calls.
+    pub fn redis_calls(&self) -> u64 {
+        self.lease_calls + self.give_back_calls + self.exact_calls
+    }
+}
+
+/// Counters, each on its own.
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) lease_calls: AtomicU64,
+    pub(super) tokens_leased: AtomicU64,
+    pub(super) give_back_calls: AtomicU64,
+    pub(super) tokens_given_back: AtomicU64,
+    pub(super) exact_calls: AtomicU64,
+    pub(super) failures: AtomicU64,
+    pub(super) fallbacks: AtomicU64,
+}
+
+impl Counters {
+    pub(super) fn add(counter: &AtomicU64, by: u64) {
+        // Relaxed: a count, which publishes no other data.
+        counter.fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+impl<C: Clock> LeasedLimiter<C> {
+    /// Counts so far.
+    pub fn stats(&self) -> LeasedStats {
+        // Relaxed: counts, which publish no other data.
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let c = &self.counters;
+        LeasedStats {
+            lease_calls: load(&c.lease_calls),
+            tokens_leased: load(&c.tokens_leased),
+            give_back_calls: load(&c.give_back_calls),
+            tokens_given_back: load(&c.tokens_given_back),
+            exact_calls: load(&c.exact_calls),
+            failures: load(&c.failures),
+            fallbacks: load(&c.fallbacks),
+        }
+    }
+}
