@@ -3,5 +3,7 @@
 //! its key extractors.
 
 pub(crate) mod gate;
+pub(crate) mod outcome;
+pub(crate) mod policy;
 #[cfg(feature = "tower")]
 pub mod tower;

@@ -1,0 +1,215 @@
+//! The `RateLimit-Policy` and `RateLimit` header fields: [`RateLimitPolicy`],
+//! and what an algorithm may advertise in them ([`AdvertisedQuota`]).
+
+use core::fmt;
+use core::time::Duration;
+
+use crate::algorithm::fixed_window::FixedWindow;
+use crate::algorithm::gcra::Gcra;
+use crate::algorithm::sliding_window::SlidingWindow;
+use crate::algorithm::token_bucket::TokenBucket;
+use crate::quota::Quota;
+
+use crate::http::outcome::Outcome;
+
+/// A policy name, quota and window for the `RateLimit-Policy` and `RateLimit`
+/// header fields of the IETF httpapi draft ("RateLimit header fields for
+/// HTTP"): `RateLimit-Policy: "name";q=100;w=60` and
+/// `RateLimit: "name";r=42` (with `;t=` the seconds to wait, on a denial).
+///
+/// In the draft, `q` is the quota (units, here permits) the policy allocates
+/// and `w` the window in seconds over which it applies: a client that sends at
+/// most `q` units in any `w` seconds is not refused.
+/// [`from_algorithm`](RateLimitPolicy::from_algorithm) derives both from the
+/// limiter's algorithm ([`AdvertisedQuota`]), so that they cannot drift from
+/// what is enforced; [`new`](RateLimitPolicy::new) states them by hand.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Quota, RateLimitPolicy, TokenBucket};
+///
+/// // A bucket of 3 that gains one token every 10 s: a burst of 3 is always
+/// // back 30 s later, and nothing larger is ever promised.
+/// let bucket = TokenBucket::new(Quota::new(3, 1, Duration::from_secs(10))?);
+/// let policy = RateLimitPolicy::from_algorithm("api", &bucket)?;
+/// assert_eq!(policy.policy_value(), "\"api\";q=3;w=30");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateLimitPolicy {
+    name: String,
+    quota: u32,
+    window_secs: u64,
+}
+
+/// Why a [`RateLimitPolicy`] was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The name must be 1 to 64 characters from `A-Z a-z 0-9 _ - .`, so that
+    /// it is safe inside a quoted header string.
+    Name(String),
+    /// The window must be at least one second (the fields count whole seconds).
+    Window(Duration),
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PolicyError::Name(name) => write!(
+                f,
+                "policy name {name:?}: use 1 to 64 characters from A-Z, a-z, 0-9, '_', '-', '.'"
+            ),
+            PolicyError::Window(window) => {
+                write!(f, "policy window {window:?}: it must be at least 1 second")
+            }
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+impl RateLimitPolicy {
+    /// A policy called `name` of `quota` units per `window` (whole seconds,
+    /// rounded up).
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Name`] for a name that could break the header's syntax,
+    /// [`PolicyError::Window`] for a window under one second.
+    pub fn new(name: &str, quota: u32, window: Duration) -> Result<RateLimitPolicy, PolicyError> {
+        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+        if name.is_empty() || name.len() > 64 || !name.chars().all(valid) {
+            return Err(PolicyError::Name(name.chars().take(80).collect()));
+        }
+        if window < Duration::from_secs(1) {
+            return Err(PolicyError::Window(window));
+        }
+        Ok(RateLimitPolicy {
+            name: name.to_string(),
+            quota,
+            window_secs: window
+                .as_secs()
+                .saturating_add(u64::from(window.subsec_nanos() > 0)),
+        })
+    }
+
+    /// A policy called `name` that advertises what `algorithm` enforces
+    /// ([`AdvertisedQuota`]): `q` the largest burst it always admits and `w`
+    /// the time after which that burst is always admitted again, rounded up to
+    /// whole seconds (a longer window for the same quota only promises less).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{FixedWindow, Quota, RateLimitPolicy};
+    ///
+    /// let per_second = RateLimitPolicy::from_algorithm("burst", &Quota::per_second(100)?.burst(20)?)?;
+    /// // 20 at once, refilled in 200 ms: advertised over a whole second.
+    /// assert_eq!(per_second.policy_value(), "\"burst\";q=20;w=1");
+    /// let window = FixedWindow::new(50, Duration::from_secs(60))?;
+    /// assert_eq!(RateLimitPolicy::from_algorithm("w", &window)?.policy_value(), "\"w\";q=50;w=60");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Name`] as for [`new`](RateLimitPolicy::new).
+    pub fn from_algorithm(
+        name: &str,
+        algorithm: &impl AdvertisedQuota,
+    ) -> Result<RateLimitPolicy, PolicyError> {
+        let (quota, window) = algorithm.advertised_quota();
+        // Every algorithm's window is positive; a sub-second one is advertised
+        // as one second (the fields count whole seconds).
+        RateLimitPolicy::new(name, quota, window.max(Duration::from_secs(1)))
+    }
+
+    /// The `RateLimit-Policy` field value.
+    pub fn policy_value(&self) -> String {
+        format!("\"{}\";q={};w={}", self.name, self.quota, self.window_secs)
+    }
+
+    /// The `RateLimit` field value for `outcome`: the units left, and on a
+    /// denial the seconds until the request could succeed. `None` for 401.
+    pub fn value(&self, outcome: &Outcome) -> Option<String> {
+        match outcome {
+            Outcome::Admitted { remaining } => Some(format!("\"{}\";r={remaining}", self.name)),
+            Outcome::Unauthorized => None,
+            Outcome::TooManyRequests { retry_after } | Outcome::Unavailable { retry_after } => {
+                Some(format!(
+                    "\"{}\";r=0;t={}",
+                    self.name,
+                    retry_after.header_secs()
+                ))
+            }
+        }
+    }
+}
+
+/// An algorithm whose limit can be advertised in a `RateLimit-Policy` field:
+/// the quota `q` and window `w` of [`RateLimitPolicy::from_algorithm`].
+///
+/// The pair must never promise more than the algorithm allows: a client that
+/// sends `q` permits at once, and again each time `w` has passed, must never
+/// be refused. `q` can be no larger than the largest burst (the capacity), so
+/// each implementation advertises its capacity over the shortest window after
+/// which that burst is certain to be available again:
+///
+/// - a token bucket ([`Quota`], [`TokenBucket`]): `q = capacity`,
+///   `w = fill_time = ceil(capacity / amount) * period`, since a bucket
+///   emptied at `t` has gained at least `capacity` tokens by `t + w`;
+/// - [`Gcra`]: `q = capacity`, `w` the larger of the fill time and
+///   `capacity` emission intervals (the interval is rounded up to whole
+///   nanoseconds);
+/// - [`FixedWindow`]: `q = limit`, `w = window`: two instants one window
+///   apart lie in different windows;
+/// - [`SlidingWindow`]: `q = limit`, `w = 2 * window`: one window later the
+///   previous window's count still weighs fully, two windows later it is gone.
+///
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{AdvertisedQuota, Quota, SlidingWindow};
+///
+/// let bucket = Quota::new(5, 2, Duration::from_secs(10))?; // full again 30 s after a burst
+/// assert_eq!(bucket.advertised_quota(), (5, Duration::from_secs(30)));
+/// let sliding = SlidingWindow::new(10, Duration::from_secs(60))?;
+/// assert_eq!(sliding.advertised_quota(), (10, Duration::from_secs(120)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait AdvertisedQuota {
+    /// `(q, w)`: the permits a client may send at once, and the time after
+    /// which it may do so again.
+    fn advertised_quota(&self) -> (u32, Duration);
+}
+
+impl AdvertisedQuota for Quota {
+    fn advertised_quota(&self) -> (u32, Duration) {
+        (self.capacity(), self.fill_time())
+    }
+}
+
+impl AdvertisedQuota for TokenBucket {
+    fn advertised_quota(&self) -> (u32, Duration) {
+        self.quota().advertised_quota()
+    }
+}
+
+impl AdvertisedQuota for Gcra {
+    fn advertised_quota(&self) -> (u32, Duration) {
+        let quota = self.quota();
+        let intervals = self.emission_interval().saturating_mul(quota.capacity());
+        (quota.capacity(), quota.fill_time().max(intervals))
+    }
+}
+
+impl AdvertisedQuota for FixedWindow {
+    fn advertised_quota(&self) -> (u32, Duration) {
+        (self.limit(), self.window())
+    }
+}
+
+impl AdvertisedQuota for SlidingWindow {
+    fn advertised_quota(&self) -> (u32, Duration) {
+        (self.limit(), self.window().saturating_mul(2))
+    }
+}
