@@ -47,6 +47,32 @@ impl<C: fmt::Debug> fmt::Debug for LeasedBuilder<C> {
     }
 }
 
+impl LeasedLimiter {
+    /// A [`LeasedBuilder`] for leases of at most `max_lease` tokens from
+    /// `limiter`'s token buckets: the same as [`LeasedBuilder::new`], named as
+    /// [`KeyedLimiter::builder`](crate::KeyedLimiter::builder) is.
+    ///
+    /// ```
+    /// use turnstile::redis::{LeasedLimiter, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(1_000)?))?;
+    /// let leased = LeasedLimiter::builder(global, 50)?.max_keys(10_000).build()?;
+    /// assert_eq!(leased.max_lease(), 50);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`RedisConfigError::NotLeasable`] when `limiter` is not a token bucket.
+    pub fn builder(
+        limiter: RedisLimiter,
+        max_lease: u32,
+    ) -> Result<LeasedBuilder, RedisConfigError> {
+        LeasedBuilder::new(limiter, max_lease)
+    }
+}
+
 impl LeasedBuilder {
     /// Leases of at most `max_lease` tokens (clamped to `1..=`[`MAX_LEASE`]
     /// and to the bucket's capacity) from `limiter`'s token buckets.
