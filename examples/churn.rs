@@ -28,7 +28,7 @@
 //!   bucket, `ahash`, default shards, `RealClock`) bounded at `N` keys. Each
 //!   runs in a child process of this binary started with
 //!   `TURNSTILE_BARRIER=membarrier` or `TURNSTILE_BARRIER=fence`, since the
-//!   keyed map's barrier mode (`src/reclaim.rs`) is chosen once per process;
+//!   keyed map's barrier mode (`src/reclaim/`) is chosen once per process;
 //!   the child reports the mode it asked for (a build that does not read the
 //!   variable runs its default mode in both). The limiter sweeps and reclaims
 //!   by itself; the flood only decides, and counts the new keys refused at the

@@ -15,7 +15,7 @@
 //! - `hashbrown`: one `hashbrown::HashTable<(u64, AtomicU64)>` (the floor's
 //!   table): a control byte per bucket in one array, the key and word in
 //!   another at the same position.
-//! - `index`: turnstile's keyed map before 2026-12-01 (`src/keyed/table.rs`
+//! - `index`: turnstile's keyed map before 2026-12-01 (`src/keyed/table/`
 //!   at commit `7fb37a1`): per shard an open-addressing index of 8-byte slots
 //!   (a hash tag and an entry number) over an arena of 16-byte entries (key,
 //!   word) that never move. The map now has the `hashbrown` layout.

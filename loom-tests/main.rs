@@ -879,7 +879,7 @@ fn a_cancel_racing_a_request_never_gives_back_more_than_was_taken() {
     });
 }
 
-/// Models of the grace-period protocol itself (`src/reclaim.rs`), in fence
+/// Models of the grace-period protocol itself (`src/reclaim/`), in fence
 /// mode, the mode loom can check: a writer unpublishes one of two values,
 /// waits for its snapshot to pass and then frees the value (writes it). A
 /// reader that could still read it when it is freed is a data race on the

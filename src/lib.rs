@@ -62,7 +62,7 @@
 //! how the crate meets each hazard the rate-limiter pattern names:
 //! unsynchronized counters, unbounded per-key memory, untrusted keys, counters
 //! split across servers.
-// `unsafe` lives in the keyed map's lock-free table (`keyed/table.rs`) and in
+// `unsafe` lives in the keyed map's lock-free table (`src/keyed/table/`) and in
 // one system call (`membarrier`, `reclaim/`), each block with the argument
 // for why it is sound.
 #![deny(unsafe_code, unsafe_op_in_unsafe_fn)]

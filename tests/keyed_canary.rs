@@ -32,7 +32,7 @@
 //! allowed), `TURNSTILE_CANARY_READERS` how many reader threads (default 3).
 //! CI runs it under `tests/shim/membarrier_fail.c`, which makes the expedited
 //! and global membarrier calls that stand in for the readers' fences fail
-//! after a successful registration (see `src/reclaim.rs`).
+//! after a successful registration (see `src/reclaim/`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -5,7 +5,7 @@
  * The keyed map's readers pin with a plain store and a compiler fence when
  * the process has registered for private expedited barriers; the writer's
  * MEMBARRIER_CMD_PRIVATE_EXPEDITED stands in for the readers' fences (see
- * src/reclaim.rs). This shim lets the registration succeed and then makes the
+ * src/reclaim/). This shim lets the registration succeed and then makes the
  * barriers fail, as a seccomp filter installed later, a kernel out of memory
  * or a nohz_full machine (EINVAL for MEMBARRIER_CMD_GLOBAL) would, so that the
  * path that handles such a failure is exercised on any machine.
