@@ -133,9 +133,10 @@ pub use tiered::{Tiered, TieredError};
 pub use token_bucket::TokenBucket;
 pub use wait::{WaitError, WaitOptions};
 
-// The README's examples are compiled and run as doc tests: by `cargo test` at
-// the workspace root, which builds the crate with every feature its examples
-// use (the `turnstile-dev` member asks for them).
+// The README's examples are compiled and run as doc tests of the all-features
+// twin only (`cargo test` at the workspace root), which has every feature and
+// the dev-dependencies they use; its build script sets `turnstile_docs`
+// (benches/all-features/Cargo.toml).
 #[doc = include_str!("../README.md")]
-#[cfg(all(doctest, feature = "axum", feature = "tokio"))]
+#[cfg(all(doctest, turnstile_docs))]
 pub struct ReadmeDoctests;
