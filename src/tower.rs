@@ -67,11 +67,27 @@
 //! hook runs only for denials: an admitted request costs nothing more.
 //!
 //! ```
-//! use std::convert::Infallible;
 //! use http::{Request, Response, StatusCode, header};
-//! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use turnstile::tower::{Denial, Global, RateLimitLayer};
+//! use turnstile::tower::{Denial, Global, Layer, RateLimitLayer};
 //! use turnstile::{Gate, KeyedLimiter, Quota};
+//! # use std::convert::Infallible;
+//! # use std::future::{Ready, ready};
+//! # use std::pin::pin;
+//! # use std::task::{Context, Poll, Waker};
+//! # use turnstile::tower::Service;
+//! # #[derive(Clone)]
+//! # struct Hello;
+//! # impl Service<Request<()>> for Hello {
+//! #     type Response = Response<String>;
+//! #     type Error = Infallible;
+//! #     type Future = Ready<Result<Response<String>, Infallible>>;
+//! #     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+//! #         Poll::Ready(Ok(()))
+//! #     }
+//! #     fn call(&mut self, _: Request<()>) -> Self::Future {
+//! #         ready(Ok(Response::new(String::new())))
+//! #     }
+//! # }
 //!
 //! fn problem(denial: &Denial) -> Response<String> {
 //!     let status = denial.status();
@@ -88,21 +104,23 @@
 //!     response
 //! }
 //!
-//! # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
 //! let gate = Gate::new(KeyedLimiter::<()>::new(Quota::per_minute(1)?)).with_derived_policy("all")?;
 //! let layer = RateLimitLayer::new(gate, Global).deny_with(problem);
-//! let service = ServiceBuilder::new()
-//!     .layer(layer)
-//!     .service(service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) }));
-//! assert_eq!(service.clone().oneshot(Request::new(())).await?.status(), StatusCode::OK);
-//! let denied = service.oneshot(Request::new(())).await?;
+//! // `Hello` and `send` as in the first example.
+//! let mut service = layer.layer(Hello);
+//! # let mut send = |request: Request<()>| {
+//! #     match pin!(service.call(request)).poll(&mut Context::from_waker(Waker::noop())) {
+//! #         Poll::Ready(Ok(response)) => response,
+//! #         _ => unreachable!("ready at once"),
+//! #     }
+//! # };
+//! assert_eq!(send(Request::new(())).status(), StatusCode::OK);
+//! let denied = send(Request::new(()));
 //! assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
 //! assert_eq!(denied.headers()["content-type"], "application/problem+json");
 //! assert_eq!(denied.headers()["retry-after"], "60");
 //! assert_eq!(denied.headers()["ratelimit"], "\"all\";r=0;t=60");
 //! assert_eq!(denied.body(), r#"{"type":"about:blank","title":"Too Many Requests","status":429}"#);
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! # })?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -1215,26 +1233,45 @@ impl<X: KeyExtractor, A, C, S, R, L> RateLimitLayer<X, A, C, S, R, L> {
     /// denials, and is shared, not copied, by every clone of the layer.
     ///
     /// ```
-    /// use std::convert::Infallible;
     /// use http::{Request, Response, StatusCode};
-    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
-    /// use turnstile::tower::{Denial, Global, RateLimitLayer};
+    /// use turnstile::tower::{Denial, Global, Layer, RateLimitLayer};
     /// use turnstile::{Gate, KeyedLimiter, Quota};
+    /// # use std::convert::Infallible;
+    /// # use std::future::{Ready, ready};
+    /// # use std::pin::pin;
+    /// # use std::task::{Context, Poll, Waker};
+    /// # use turnstile::tower::Service;
+    /// # #[derive(Clone)]
+    /// # struct Hello;
+    /// # impl Service<Request<()>> for Hello {
+    /// #     type Response = Response<String>;
+    /// #     type Error = Infallible;
+    /// #     type Future = Ready<Result<Response<String>, Infallible>>;
+    /// #     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+    /// #         Poll::Ready(Ok(()))
+    /// #     }
+    /// #     fn call(&mut self, _: Request<()>) -> Self::Future {
+    /// #         ready(Ok(Response::new(String::new())))
+    /// #     }
+    /// # }
     ///
-    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
     /// let layer = RateLimitLayer::new(Gate::new(KeyedLimiter::<()>::new(Quota::per_hour(1)?)), Global)
     ///     // A hook that even tries to change the status: the layer's wins.
     ///     .deny_with(|d: &Denial| Response::builder().status(418).body(format!("{:?}", d.status())).unwrap());
-    /// let service = ServiceBuilder::new()
-    ///     .layer(layer)
-    ///     .service(service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) }));
-    /// service.clone().oneshot(Request::new(())).await?;
-    /// let denied = service.oneshot(Request::new(())).await?;
+    /// // `Hello` answers 200; `send` polls the response future, ready at once
+    /// // (both as in the module docs).
+    /// let mut service = layer.layer(Hello);
+    /// # let mut send = |request: Request<()>| {
+    /// #     match pin!(service.call(request)).poll(&mut Context::from_waker(Waker::noop())) {
+    /// #         Poll::Ready(Ok(response)) => response,
+    /// #         _ => unreachable!("ready at once"),
+    /// #     }
+    /// # };
+    /// send(Request::new(()));
+    /// let denied = send(Request::new(()));
     /// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     /// assert_eq!(denied.body(), "429");
     /// assert_eq!(denied.headers()["retry-after"], "3600");
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn deny_with<F, B>(self, respond: F) -> RateLimitLayer<X, A, C, S, DenyWith<F>, L>
