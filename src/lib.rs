@@ -58,6 +58,11 @@
 // one system call (`membarrier`, `reclaim.rs`), each block with the argument
 // for why it is sound.
 #![deny(unsafe_code, unsafe_op_in_unsafe_fn)]
+// On docs.rs (`--cfg docsrs`, nightly, every feature: Cargo.toml's
+// `[package.metadata.docs.rs]`) each item behind a feature is labelled with
+// it. The loom models' cfg is no user's choice: it labels nothing.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(docsrs, doc(auto_cfg(hide(turnstile_loom))))]
 #![warn(
     missing_docs,
     missing_debug_implementations,
