@@ -66,6 +66,11 @@
 // one system call (`membarrier`, `reclaim/`), each block with the argument
 // for why it is sound.
 #![deny(unsafe_code, unsafe_op_in_unsafe_fn)]
+// On docs.rs (`--cfg docsrs`, nightly, every feature: Cargo.toml's
+// `[package.metadata.docs.rs]`) each item behind a feature is labelled with
+// it. The loom models' cfg is no user's choice: it labels nothing.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(docsrs, doc(auto_cfg(hide(turnstile_loom))))]
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -102,6 +107,7 @@ pub use algorithm::Algorithm;
 pub use algorithm::fixed_window::FixedWindow;
 pub use algorithm::gcra::Gcra;
 pub use algorithm::live::LiveTokenBucket;
+
 pub use algorithm::sliding_window::SlidingWindow;
 pub use algorithm::token_bucket::TokenBucket;
 pub use chain::ChainAdmission;
@@ -135,9 +141,10 @@ pub use wait::fair::{Fair, FairError, FairTarget};
 pub use wait::reserve::{KeyedReservation, Lend, Reservation, ReserveError};
 pub use wait::{WaitError, WaitOptions};
 
-// The README's examples are compiled and run as doc tests: by `cargo test` at
-// the workspace root, which builds the crate with every feature its examples
-// use (the `turnstile-dev` member asks for them).
+// The README's examples are compiled and run as doc tests of the all-features
+// twin only (`cargo test` at the workspace root), which has every feature and
+// the dev-dependencies they use; its build script sets `turnstile_docs`
+// (benches/all-features/Cargo.toml).
 #[doc = include_str!("../README.md")]
-#[cfg(all(doctest, feature = "axum", feature = "tokio"))]
+#[cfg(all(doctest, turnstile_docs))]
 pub struct ReadmeDoctests;

@@ -248,13 +248,29 @@ pub struct RedisLayerStats {
 /// claimed.
 ///
 /// ```no_run
-/// use std::convert::Infallible;
+/// use std::future::poll_fn;
 /// use std::time::Duration;
-/// use http::{Request, Response, header::HeaderName};
-/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+/// use http::{Request, header::HeaderName};
 /// use turnstile::redis::{Deadlines, Guarded, OnFailure, RedisLimiter, RedisRateLimitLayer};
-/// use turnstile::tower::ApiKeyHeader;
+/// use turnstile::tower::{ApiKeyHeader, Layer, Service};
 /// use turnstile::{Quota, TokenBucket};
+/// # use std::convert::Infallible;
+/// # use std::future::{Ready, ready};
+/// # use std::task::{Context, Poll};
+/// # use http::Response;
+/// # #[derive(Clone)]
+/// # struct Hello;
+/// # impl Service<Request<()>> for Hello {
+/// #     type Response = Response<String>;
+/// #     type Error = Infallible;
+/// #     type Future = Ready<Result<Response<String>, Infallible>>;
+/// #     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+/// #         Poll::Ready(Ok(()))
+/// #     }
+/// #     fn call(&mut self, _: Request<()>) -> Self::Future {
+/// #         ready(Ok(Response::new(String::new())))
+/// #     }
+/// # }
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 /// let con = Deadlines::default().reconnecting(redis::Client::open("redis://127.0.0.1/")?);
@@ -266,11 +282,11 @@ pub struct RedisLayerStats {
 /// );
 /// let layer = RedisRateLimitLayer::new(limit, con, ApiKeyHeader::new(HeaderName::from_static("x-api-key")))
 ///     .with_derived_policy("api")?;
-/// let service = ServiceBuilder::new()
-///     .layer(layer)
-///     .service(service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) }));
+/// // The service behind the layer (with axum, a `Router`); `Hello` answers 200.
+/// let mut service = layer.layer(Hello);
 /// let request = Request::builder().header("x-api-key", "k_live_1").body(())?;
-/// let response = service.oneshot(request).await?;
+/// poll_fn(|cx| service.poll_ready(cx)).await?;
+/// let response = service.call(request).await?;
 /// println!("{} {:?}", response.status(), response.headers().get("retry-after"));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # })?;
