@@ -107,7 +107,7 @@ pub use algorithm::Algorithm;
 pub use algorithm::fixed_window::FixedWindow;
 pub use algorithm::gcra::Gcra;
 pub use algorithm::live::LiveTokenBucket;
-
+pub use algorithm::not_yet::NotYet;
 pub use algorithm::sliding_window::SlidingWindow;
 pub use algorithm::token_bucket::TokenBucket;
 pub use chain::ChainAdmission;
@@ -115,7 +115,7 @@ pub use chain::ChainAdmission;
 pub use clock::CoarseClock;
 pub use clock::{Clock, ClockSource, ManualClock, MonotonicClock, RealClock, TscClock};
 pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
-pub use decision::{Decision, KeyedDecision, NotYet, RateLimited, RetryAfter};
+pub use decision::{Decision, KeyedDecision, RateLimited, RetryAfter};
 pub use error::{AcquireError, KeyedConfigError, QuotaError};
 pub use http::gate::{
     AdvertisedQuota, Gate, GateLimiter, GateStats, LimiterStats, Outcome, PolicyError,

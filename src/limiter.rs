@@ -3,11 +3,12 @@
 use crate::admission::{Admission, Receipt, Stage, admit};
 use crate::algorithm::Algorithm;
 use crate::algorithm::live::LiveTokenBucket;
+use crate::algorithm::not_yet::NotYet;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::algorithm::within_refund_horizon;
 use crate::cell::Cell;
 use crate::clock::{Clock, RealClock};
-use crate::decision::{Decision, KeyedDecision, NotYet};
+use crate::decision::{Decision, KeyedDecision};
 use crate::error::{AcquireError, QuotaError};
 use crate::quota::Quota;
 use crate::reclaim::thread_slot;

@@ -8,6 +8,7 @@ pub(crate) mod divide;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 pub(crate) mod live;
+pub(crate) mod not_yet;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 pub(crate) mod window;

@@ -14,9 +14,10 @@ use crate::cell::Cell;
 /// An admission by one key of a [`KeyedLimiter`], to give back with
 /// [`Admission::refund`] ([`KeyedLimiter::try_acquire_refundable`]).
 pub type KeyedAdmission<'a, K, Q, A, C, S> = Admission<KeyedStage<'a, K, Q, A, C, S>>;
+use crate::algorithm::not_yet::NotYet;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
-use crate::decision::{KeyedDecision, NotYet};
+use crate::decision::KeyedDecision;
 use crate::error::AcquireError;
 use crate::limiter::check_permits;
 use crate::reclaim::{Busy, Collector};
