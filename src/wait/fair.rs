@@ -200,8 +200,8 @@ impl FairTarget for Arc<ConcurrencyLimiter> {
 /// use std::time::Duration;
 /// use turnstile::{Fair, ManualClock, Quota, RateLimiter};
 ///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
 /// let clock = ManualClock::new();
 /// let limiter = RateLimiter::with_clock(Quota::new(1, 1, Duration::from_secs(1))?, clock);
 /// let fair = Fair::new(limiter, 1_000)?;
@@ -210,7 +210,8 @@ impl FairTarget for Arc<ConcurrencyLimiter> {
 /// assert_eq!(fair.acquire(None).await?, Duration::from_secs(1));
 /// // A deadline shorter than the wait gives up at once.
 /// assert!(fair.acquire(Some(Duration::from_millis(10))).await.is_err());
-/// # Ok(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })
 /// # }
 /// ```
 pub struct Fair<L: FairTarget> {
@@ -375,8 +376,8 @@ where
     /// use std::time::Duration;
     /// use turnstile::{Fair, KeyedLimiter, ManualClock, Quota};
     ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
     /// let limiter = KeyedLimiter::<String>::builder(Quota::new(1, 1, Duration::from_secs(1))?)
     ///     .clock(ManualClock::new())
     ///     .build()?;
@@ -385,7 +386,8 @@ where
     /// assert_eq!(fair.acquire("bob", None).await?, Duration::ZERO); // another key
     /// assert_eq!(fair.acquire("alice", None).await?, Duration::from_secs(1));
     /// assert_eq!(fair.waiting(), 0); // every key's queue is gone
-    /// # Ok(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })
     /// # }
     /// ```
     ///
@@ -466,8 +468,8 @@ impl Fair<Arc<ConcurrencyLimiter>> {
     /// use std::sync::Arc;
     /// use turnstile::{ConcurrencyLimiter, Fair};
     ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
     /// let fair = Arc::new(Fair::new(Arc::new(ConcurrencyLimiter::new(1)?), 100)?);
     /// let first = fair.acquire(None).await?;
     /// let waiter = tokio::spawn({
@@ -478,7 +480,8 @@ impl Fair<Arc<ConcurrencyLimiter>> {
     /// assert_eq!(fair.waiting(), 1);
     /// drop(first); // wakes it
     /// assert_eq!(waiter.await?, Ok(1));
-    /// # Ok(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })
     /// # }
     /// ```
     ///
