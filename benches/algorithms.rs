@@ -2,7 +2,7 @@
 //! governor's GCRA beside them in the same groups, so every figure is a ratio
 //! from one run.
 //!
-//! `cargo bench --bench algorithms`
+//! `cargo bench -p turnstile-bench --bench algorithms`
 //!
 //! All on coarse clocks (turnstile's `CoarseClock`, governor's
 //! `QuantaUpkeepClock`, both 1 ms), so that the figures show the algorithms

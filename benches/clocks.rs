@@ -1,6 +1,6 @@
 //! What each clock costs, per reading and per decision.
 //!
-//! `cargo bench --bench clocks`
+//! `cargo bench -p turnstile-bench --bench clocks`
 //!
 //! - `clock_read`: one reading of each clock: quanta's raw TSC (`rdtsc`, no
 //!   scaling), `TscClock` (quanta scaled to nanoseconds), `RealClock` (the

@@ -1,7 +1,7 @@
 //! The direct (unkeyed) limiter against governor's, in the same groups so that
 //! every figure is a ratio from one run.
 //!
-//! `cargo bench --bench direct`
+//! `cargo bench -p turnstile-bench --bench direct`
 //!
 //! - `direct_allow`: every check is admitted (a bucket too big to run dry).
 //! - `direct_live`: the allow path of a `LiveTokenBucket` beside a `TokenBucket` of

@@ -1,7 +1,7 @@
 //! The keyed limiter against governor's keyed limiter, in the same groups so that
 //! every figure is a ratio from one run.
 //!
-//! `cargo bench --bench keyed` (the bench profile: fat LTO, one codegen unit,
+//! `cargo bench -p turnstile-bench --bench keyed` (the bench profile: fat LTO, one codegen unit,
 //! for every crate in the build).
 //!
 //! Contenders, in every group:

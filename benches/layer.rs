@@ -10,7 +10,7 @@
 //!   a layer) on the same router, keyed by the same header. Its `Retry-After`
 //!   is the wait in whole seconds rounded *down*.
 //!
-//! `cargo bench --bench layer`. Requests are built outside the timed region;
+//! `cargo bench -p turnstile-bench --bench layer`. Requests are built outside the timed region;
 //! futures are polled once (every one here is ready at once).
 
 #[path = "../examples/shared/layer.rs"]

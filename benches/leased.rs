@@ -2,7 +2,7 @@
 //! in-process keyed decision and governor's keyed check, in one group so that
 //! every figure is a ratio from one run.
 //!
-//! `cargo bench --bench leased` (needs `redis-server` on PATH; without it the
+//! `cargo bench -p turnstile-bench --bench leased` (needs `redis-server` on PATH; without it the
 //! bench says so and measures nothing).
 //!
 //! The leased limiter takes leases of the largest size (`MAX_LEASE`) from a

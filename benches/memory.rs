@@ -3,7 +3,7 @@
 //! limiter (DashMap, with its default SipHash and with `ahash`), each measured in
 //! a fresh process so none inherits another's heap.
 //!
-//! `cargo bench --bench memory` (Linux: reads `VmRSS` from `/proc/self/status`).
+//! `cargo bench -p turnstile-bench --bench memory` (Linux: reads `VmRSS` from `/proc/self/status`).
 
 use std::hash::BuildHasher;
 use std::num::NonZeroU32;
