@@ -209,7 +209,7 @@ fn published_metrics_render_the_exact_counts() {
 fn a_registry_publishes_every_source_under_its_name() {
     use std::sync::Arc;
     use turnstile::metrics::Registry;
-    use turnstile::tower::{Global, RateLimitLayer};
+    use turnstile::tower::RateLimitLayer;
 
     let gate = Arc::new(gate(4));
     let _ = traffic(&gate, 6, 5, 7);
