@@ -882,3 +882,37 @@ fn a_gate_answers_each_outcome_as_a_response() {
     let no_key: Response<String> = gate.response(&gate.check(None::<&str>));
     assert_eq!(no_key.status(), StatusCode::UNAUTHORIZED);
 }
+
+/// The one-call layers through the service: `per_key` keys each peer apart;
+/// `global` is one budget for every request, with no keys held.
+#[tokio::test]
+async fn the_one_call_layers_limit_per_key_and_globally() {
+    let per_key = RateLimitLayer::per_key(PeerIp::new(), Quota::per_hour(1).unwrap());
+    let service = ServiceBuilder::new()
+        .layer(per_key.clone())
+        .service(ok_service());
+    let call = |peer: &str| service.clone().oneshot(request(peer, &[]));
+    assert_eq!(call("192.0.2.1:1").await.unwrap().status(), StatusCode::OK);
+    let limited = call("192.0.2.1:2").await.unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(limited.headers()["retry-after"], "3600");
+    assert_eq!(call("192.0.2.2:1").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(per_key.stats().gate.keys, 2);
+
+    let global: RateLimitLayer<Global, RateLimiter> =
+        RateLimitLayer::global(Quota::per_hour(2).unwrap());
+    let service = ServiceBuilder::new()
+        .layer(global.clone())
+        .service(ok_service());
+    let call = |peer: &str| service.clone().oneshot(request(peer, &[]));
+    assert_eq!(call("192.0.2.1:1").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(call("192.0.2.2:1").await.unwrap().status(), StatusCode::OK);
+    let limited = call("192.0.2.3:1").await.unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(limited.headers()["retry-after"], "1800");
+    let stats = global.stats().gate;
+    assert_eq!(
+        (stats.admitted, stats.too_many_requests, stats.keys),
+        (2, 1, 0)
+    );
+}
