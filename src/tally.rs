@@ -51,6 +51,12 @@ impl<const N: usize> Tally<N> {
     /// Add one to counter `which` for the thread whose slot is `slot`.
     #[inline(always)]
     pub(crate) fn add(&self, which: usize, slot: usize) {
+        self.add_n(which, slot, 1);
+    }
+
+    /// Add `n` to counter `which` for the thread whose slot is `slot`.
+    #[inline(always)]
+    pub(crate) fn add_n(&self, which: usize, slot: usize, n: u64) {
         // `slot <= OWNED_SLOTS`: a guard's slot, or the shared one.
         let counter = &self.slots[slot][which];
         if slot < OWNED_SLOTS {
@@ -58,13 +64,13 @@ impl<const N: usize> Tally<N> {
             // writer, so no other write can fall between them; the counts
             // publish nothing.
             counter.store(
-                counter.load(Ordering::Relaxed).wrapping_add(1),
+                counter.load(Ordering::Relaxed).wrapping_add(n),
                 Ordering::Relaxed,
             );
         } else {
             // Relaxed: the shared slot has several writers, so the add must be
             // atomic; it publishes nothing.
-            counter.fetch_add(1, Ordering::Relaxed);
+            counter.fetch_add(n, Ordering::Relaxed);
         }
     }
 

@@ -183,4 +183,9 @@ impl Algorithm for FixedWindow {
     fn fresh_after_idle(&self) -> Duration {
         self.window()
     }
+
+    fn advertise(&self) -> Option<(u32, Duration)> {
+        // Two instants one window apart lie in different windows.
+        Some((self.limit(), self.window()))
+    }
 }

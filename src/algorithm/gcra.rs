@@ -176,4 +176,12 @@ impl Algorithm for Gcra {
     fn fresh_after_idle(&self) -> Duration {
         Duration::from_nanos(self.horizon)
     }
+
+    fn advertise(&self) -> Option<(u32, Duration)> {
+        // The interval is rounded up to whole nanoseconds: `capacity` of them
+        // may outlast the quota's fill time.
+        let quota = self.quota();
+        let intervals = self.emission_interval().saturating_mul(quota.capacity());
+        Some((quota.capacity(), quota.fill_time().max(intervals)))
+    }
 }

@@ -670,6 +670,13 @@ impl Algorithm for LiveTokenBucket {
         let b = self.bucket(1).fresh_after_idle();
         a.max(b)
     }
+
+    fn advertise(&self) -> Option<(u32, Duration)> {
+        // The quota in force: a change converts every word before it ends,
+        // so only during one can a word of the previous quota still decide.
+        let quota = self.quota();
+        Some((quota.capacity(), quota.fill_time()))
+    }
 }
 
 impl fmt::Debug for LiveTokenBucket {

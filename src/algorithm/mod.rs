@@ -83,6 +83,26 @@ pub trait Algorithm {
     /// idle can be swept.
     fn fresh_after_idle(&self) -> Duration;
 
+    /// What the `RateLimit-Policy` header field may promise for this
+    /// algorithm: `(q, w)`, the permits a client may send at once and the time
+    /// after which it may always do so again, or `None` when nothing can be
+    /// promised (the default, for an algorithm of your own). The crate's
+    /// algorithms advertise their capacity over the shortest window after
+    /// which that burst is certain to be available again (see
+    /// [`AdvertisedQuota`](crate::AdvertisedQuota) for each rule).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Algorithm, FixedWindow};
+    ///
+    /// let window = FixedWindow::new(50, Duration::from_secs(60))?;
+    /// assert_eq!(window.advertise(), Some((50, Duration::from_secs(60))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn advertise(&self) -> Option<(u32, Duration)> {
+        None
+    }
+
     /// How many times the parameters have changed (a live bucket's quota
     /// changes); 0 for parameters that never change. An admission that may be
     /// refunded notes it before it decides.

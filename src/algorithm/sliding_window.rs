@@ -291,4 +291,10 @@ impl Algorithm for SlidingWindow {
         // Counts in window k weigh nothing from the start of window k + 2.
         self.window().saturating_mul(2)
     }
+
+    fn advertise(&self) -> Option<(u32, Duration)> {
+        // One window later the previous window's count still weighs fully;
+        // two windows later it is gone.
+        Some((self.limit(), self.window().saturating_mul(2)))
+    }
 }

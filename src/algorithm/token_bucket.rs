@@ -283,6 +283,12 @@ impl Algorithm for TokenBucket {
     fn fresh_after_idle(&self) -> Duration {
         self.quota.fill_time()
     }
+
+    fn advertise(&self) -> Option<(u32, Duration)> {
+        // A bucket emptied at `t` has gained at least `capacity` tokens by
+        // `t + fill_time`.
+        Some((self.quota.capacity(), self.quota.fill_time()))
+    }
 }
 
 /// Where a token bucket's decision reads its parameters: a [`TokenBucket`]'s

@@ -1,9 +1,11 @@
 //! The HTTP gate, independent of any framework: a request's key in, a status
 //! and headers out.
 
+use std::borrow::Cow;
 use core::borrow::Borrow;
 use core::hash::{BuildHasher, Hash};
 
+use crate::admission::{Receipt, Stage};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::decision::KeyedDecision;
@@ -84,6 +86,9 @@ pub use crate::http::policy::{AdvertisedQuota, PolicyError, RateLimitPolicy};
 pub struct Gate<L = KeyedLimiter<String>> {
     limiter: L,
     policy: Option<RateLimitPolicy>,
+    /// Set by `with_derived_policy`: the fields are derived at each answer
+    /// from the key's own limit, under this name (with `.tier` for tiers).
+    derived: Option<String>,
     shadow: AtomicBool,
     counts: Tally<6>,
 }
@@ -129,6 +134,50 @@ pub trait GateLimiter<Q: ?Sized>: LimiterStats {
     /// `n` permits for `key`.
     #[doc(hidden)]
     fn acquire_n(&self, key: &Q, n: u32) -> Result<KeyedDecision, AcquireError>;
+    /// The most permits one request can ever get, whatever its key (for
+    /// tiers, the smallest tier's).
+    #[doc(hidden)]
+    fn min_capacity(&self) -> u32;
+    /// `n` permits for `key` (`1 <= n <= min_capacity()`), and the receipt
+    /// that gives them back.
+    #[doc(hidden)]
+    fn stage_take(&self, key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>);
+    /// Give back what [`stage_take`](Self::stage_take) took for `key`, exactly
+    /// or not at all.
+    #[doc(hidden)]
+    fn stage_give_back(&self, key: &Q, receipt: Receipt) -> bool;
+    /// The decision `n` permits for `key` would get now, taking nothing.
+    #[doc(hidden)]
+    fn stage_peek(&self, key: &Q, n: u32) -> KeyedDecision;
+    /// What `key`'s limit may advertise ([`Algorithm::advertise`]), with the
+    /// name of its tier when the limiter has tiers.
+    #[doc(hidden)]
+    fn advertise_for(&self, key: &Q) -> Option<Advertised<'_>>;
+    /// The names of the tiers, for a limiter with tiers; empty otherwise.
+    #[doc(hidden)]
+    fn tier_names(&self) -> Vec<&str> {
+        Vec::new()
+    }
+}
+
+/// What one key's limit may advertise: `q` permits at once, again after `w`,
+/// and the name of the key's tier, if any.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Advertised<'a> {
+    pub quota: u32,
+    pub window: core::time::Duration,
+    pub tier: Option<&'a str>,
+}
+
+impl Advertised<'_> {
+    fn untiered((quota, window): (u32, core::time::Duration)) -> Advertised<'static> {
+        Advertised {
+            quota,
+            window,
+            tier: None,
+        }
+    }
 }
 
 /// The counts of the limiter behind a [`Gate`] (for a [`Tiered`] set,
@@ -176,6 +225,27 @@ where
     fn acquire_n(&self, key: &Q, n: u32) -> Result<KeyedDecision, AcquireError> {
         self.try_acquire_n(key, n)
     }
+
+    fn min_capacity(&self) -> u32 {
+        self.algorithm().capacity()
+    }
+
+    #[inline]
+    fn stage_take(&self, key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        self.stage(key).take(n)
+    }
+
+    fn stage_give_back(&self, key: &Q, receipt: Receipt) -> bool {
+        self.stage(key).give_back(receipt)
+    }
+
+    fn stage_peek(&self, key: &Q, n: u32) -> KeyedDecision {
+        self.stage(key).peek(n)
+    }
+
+    fn advertise_for(&self, _key: &Q) -> Option<Advertised<'_>> {
+        self.algorithm().advertise().map(Advertised::untiered)
+    }
 }
 
 impl<K, F, A, C, S> LimiterStats for Tiered<K, F, A, C, S>
@@ -216,6 +286,40 @@ where
     fn acquire_n(&self, key: &Q, n: u32) -> Result<KeyedDecision, AcquireError> {
         self.try_acquire_n(key, n)
     }
+
+    fn min_capacity(&self) -> u32 {
+        (0..self.len_tiers())
+            .filter_map(|i| self.tier(i))
+            .map(|tier| tier.algorithm().capacity())
+            .min()
+            .unwrap_or(0)
+    }
+
+    #[inline]
+    fn stage_take(&self, key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        self.limiter_of(key).stage(key).take(n)
+    }
+
+    fn stage_give_back(&self, key: &Q, receipt: Receipt) -> bool {
+        self.limiter_of(key).stage(key).give_back(receipt)
+    }
+
+    fn stage_peek(&self, key: &Q, n: u32) -> KeyedDecision {
+        self.limiter_of(key).stage(key).peek(n)
+    }
+
+    fn advertise_for(&self, key: &Q) -> Option<Advertised<'_>> {
+        let (quota, window) = self.limiter_of(key).algorithm().advertise()?;
+        Some(Advertised {
+            quota,
+            window,
+            tier: Some(self.tier_name(key)),
+        })
+    }
+
+    fn tier_names(&self) -> Vec<&str> {
+        self.names().collect()
+    }
 }
 
 impl<A, C, M> LimiterStats for RateLimiter<A, C, M>
@@ -249,6 +353,27 @@ where
     fn acquire_n(&self, _key: &Q, n: u32) -> Result<KeyedDecision, AcquireError> {
         self.try_acquire_n(n).map(Into::into)
     }
+
+    fn min_capacity(&self) -> u32 {
+        self.capacity()
+    }
+
+    #[inline]
+    fn stage_take(&self, _key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        Stage::take(self, n)
+    }
+
+    fn stage_give_back(&self, _key: &Q, receipt: Receipt) -> bool {
+        Stage::give_back(self, receipt)
+    }
+
+    fn stage_peek(&self, _key: &Q, n: u32) -> KeyedDecision {
+        Stage::peek(self, n)
+    }
+
+    fn advertise_for(&self, _key: &Q) -> Option<Advertised<'_>> {
+        self.algorithm().advertise().map(Advertised::untiered)
+    }
 }
 
 impl<K, A: AdvertisedQuota, C, S> Gate<KeyedLimiter<K, A, C, S>> {
@@ -270,7 +395,7 @@ impl<K, A: AdvertisedQuota, C, S> Gate<KeyedLimiter<K, A, C, S>> {
     /// [`PolicyError::Name`] for a name that could break the header's syntax.
     pub fn with_derived_policy(self, name: &str) -> Result<Self, PolicyError> {
         let policy = RateLimitPolicy::from_algorithm(name, self.limiter.algorithm())?;
-        Ok(self.with_policy(policy))
+        Ok(self.derive(name, Some(policy)))
     }
 }
 
@@ -292,7 +417,49 @@ impl<A: AdvertisedQuota + Algorithm, C: Clock, M: Counter> Gate<RateLimiter<A, C
     /// [`PolicyError::Name`] for a name that could break the header's syntax.
     pub fn with_derived_policy(self, name: &str) -> Result<Self, PolicyError> {
         let policy = RateLimitPolicy::from_algorithm(name, self.limiter.algorithm())?;
-        Ok(self.with_policy(policy))
+        Ok(self.derive(name, Some(policy)))
+    }
+}
+
+impl<K, F, A: AdvertisedQuota, C, S> Gate<Tiered<K, F, A, C, S>> {
+    /// Add `RateLimit-Policy` and `RateLimit` header fields derived, for each
+    /// request, from its key's own tier: one policy per tier, named
+    /// `name.tier` (`"api.free";q=10;w=1` for a key of the `free` tier), its
+    /// quota and window derived from the tier's algorithm as for one keyed
+    /// limiter, and read at each answer (a tier's quota changed with
+    /// [`Tiered::set_quota`] is advertised from then on).
+    ///
+    /// ```
+    /// use turnstile::{Gate, KeyedLimiter, Quota, Tiered};
+    ///
+    /// let tiers = Tiered::new(
+    ///     [
+    ///         ("free", KeyedLimiter::<String>::new(Quota::per_second(10)?)),
+    ///         ("paid", KeyedLimiter::<String>::new(Quota::per_second(100)?)),
+    ///     ],
+    ///     |key: &str| usize::from(key.starts_with("paid_")),
+    /// )?;
+    /// let gate = Gate::tiered(tiers).with_derived_policy("api")?;
+    /// let outcome = gate.check(Some("paid_1"));
+    /// assert_eq!(
+    ///     gate.headers_for(Some("paid_1"), &outcome),
+    ///     vec![
+    ///         ("RateLimit-Policy", "\"api.paid\";q=100;w=1".to_string()),
+    ///         ("RateLimit", "\"api.paid\";r=99".to_string()),
+    ///     ]
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Name`] when `name`, or `name.tier` for some tier, could
+    /// break the header's syntax.
+    pub fn with_derived_policy(self, name: &str) -> Result<Self, PolicyError> {
+        for tier in self.limiter.names() {
+            RateLimitPolicy::new(&format!("{name}.{tier}"), 1, core::time::Duration::from_secs(1))?;
+        }
+        Ok(self.derive(name, None))
     }
 }
 
@@ -330,6 +497,7 @@ impl<L> Gate<L> {
         Gate {
             limiter,
             policy: None,
+            derived: None,
             shadow: AtomicBool::new(false),
             counts: Tally::new(),
         }
@@ -385,13 +553,26 @@ impl<L> Gate<L> {
     pub fn with_policy(self, policy: RateLimitPolicy) -> Gate<L> {
         Gate {
             policy: Some(policy),
+            derived: None,
             ..self
         }
     }
 
-    /// The `RateLimit` header policy, if one is set.
+    /// The `RateLimit` header policy, if one is set: as given to
+    /// [`with_policy`](Self::with_policy), or as derived when
+    /// `with_derived_policy` was called. `None` for tiers, whose policy is
+    /// each key's tier's ([`policy_for`](Self::policy_for)).
     pub fn policy(&self) -> Option<&RateLimitPolicy> {
         self.policy.as_ref()
+    }
+
+    /// Keep the derived policy's name, with a snapshot for [`policy`](Self::policy).
+    fn derive(self, name: &str, snapshot: Option<RateLimitPolicy>) -> Gate<L> {
+        Gate {
+            policy: snapshot,
+            derived: Some(name.to_owned()),
+            ..self
+        }
     }
 
     /// `outcome` as an HTTP response with an empty body (feature `tower`,
@@ -440,6 +621,61 @@ impl<L> Gate<L> {
             headers.push(("Retry-After", secs.to_string()));
         }
         if let Some(policy) = &self.policy
+            && let Some(value) = policy.value(outcome)
+        {
+            headers.push(("RateLimit-Policy", policy.policy_value()));
+            headers.push(("RateLimit", value));
+        }
+        headers
+    }
+}
+
+impl<L> Gate<L> {
+    /// The policy `key`'s answers advertise: the one set with
+    /// [`with_policy`](Self::with_policy), or the one derived now from
+    /// `key`'s own limit (its tier's, for tiers) when `with_derived_policy`
+    /// was called; `None` when no policy is set.
+    pub fn policy_for<Q>(&self, key: &Q) -> Option<RateLimitPolicy>
+    where
+        L: GateLimiter<Q>,
+        Q: ?Sized,
+    {
+        self.advertised(key).map(Cow::into_owned)
+    }
+
+    /// [`policy_for`](Self::policy_for), borrowing a policy set by hand.
+    #[inline]
+    pub(crate) fn advertised<Q>(&self, key: &Q) -> Option<Cow<'_, RateLimitPolicy>>
+    where
+        L: GateLimiter<Q>,
+        Q: ?Sized,
+    {
+        let Some(name) = &self.derived else {
+            return self.policy.as_ref().map(Cow::Borrowed);
+        };
+        let advertised = self.limiter.advertise_for(key)?;
+        let window = advertised.window.max(core::time::Duration::from_secs(1));
+        match advertised.tier {
+            Some(tier) => RateLimitPolicy::new(&format!("{name}.{tier}"), advertised.quota, window),
+            None => RateLimitPolicy::new(name, advertised.quota, window),
+        }
+        .ok()
+        .map(Cow::Owned)
+    }
+
+    /// As [`headers`](Self::headers), with the policy advertised for `key`
+    /// ([`policy_for`](Self::policy_for)): for tiers, the key's own tier's.
+    /// `None` is a request without a key (401: no policy fields).
+    pub fn headers_for<Q>(&self, key: Option<&Q>, outcome: &Outcome) -> Vec<(&'static str, String)>
+    where
+        L: GateLimiter<Q>,
+        Q: ?Sized,
+    {
+        let mut headers = Vec::new();
+        if let Some(secs) = outcome.retry_after_secs() {
+            headers.push(("Retry-After", secs.to_string()));
+        }
+        if let Some(policy) = key.and_then(|key| self.policy_for(key))
             && let Some(value) = policy.value(outcome)
         {
             headers.push(("RateLimit-Policy", policy.policy_value()));

@@ -4,7 +4,9 @@
 use core::fmt;
 use core::time::Duration;
 
+use crate::algorithm::Algorithm;
 use crate::algorithm::fixed_window::FixedWindow;
+use crate::algorithm::live::LiveTokenBucket;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::sliding_window::SlidingWindow;
 use crate::algorithm::token_bucket::TokenBucket;
@@ -188,28 +190,17 @@ impl AdvertisedQuota for Quota {
     }
 }
 
-impl AdvertisedQuota for TokenBucket {
-    fn advertised_quota(&self) -> (u32, Duration) {
-        self.quota().advertised_quota()
-    }
+/// The algorithm's own rule ([`Algorithm::advertise`]); every algorithm of
+/// the crate advertises one.
+macro_rules! advertised_by_algorithm {
+    ($($algorithm:ty),*) => {$(
+        impl AdvertisedQuota for $algorithm {
+            fn advertised_quota(&self) -> (u32, Duration) {
+                Algorithm::advertise(self)
+                    .unwrap_or((Algorithm::capacity(self), Algorithm::fresh_after_idle(self)))
+            }
+        }
+    )*};
 }
 
-impl AdvertisedQuota for Gcra {
-    fn advertised_quota(&self) -> (u32, Duration) {
-        let quota = self.quota();
-        let intervals = self.emission_interval().saturating_mul(quota.capacity());
-        (quota.capacity(), quota.fill_time().max(intervals))
-    }
-}
-
-impl AdvertisedQuota for FixedWindow {
-    fn advertised_quota(&self) -> (u32, Duration) {
-        (self.limit(), self.window())
-    }
-}
-
-impl AdvertisedQuota for SlidingWindow {
-    fn advertised_quota(&self) -> (u32, Duration) {
-        (self.limit(), self.window().saturating_mul(2))
-    }
-}
+advertised_by_algorithm!(TokenBucket, Gcra, FixedWindow, SlidingWindow, LiveTokenBucket);

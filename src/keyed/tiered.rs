@@ -199,6 +199,11 @@ impl<K, F, A, C, S> Tiered<K, F, A, C, S> {
         self.names.iter().map(String::as_str)
     }
 
+    /// How many tiers there are.
+    pub(crate) fn len_tiers(&self) -> usize {
+        self.tiers.len()
+    }
+
     /// Tier `index`'s limiter, or `None` past the last.
     pub fn tier(&self, index: usize) -> Option<&KeyedLimiter<K, A, C, S>> {
         self.tiers.get(index)
@@ -218,6 +223,16 @@ where
     C: Clock,
     S: BuildHasher,
 {
+    /// The limiter for `key`'s tier (for the gate's stages).
+    #[inline(always)]
+    pub(crate) fn limiter_of<Q>(&self, key: &Q) -> &KeyedLimiter<K, A, C, S>
+    where
+        F: Fn(&Q) -> usize,
+        Q: ?Sized,
+    {
+        self.limiter(key)
+    }
+
     /// The limiter for `key`'s tier.
     #[inline(always)]
     fn limiter<Q>(&self, key: &Q) -> &KeyedLimiter<K, A, C, S>

@@ -17,7 +17,7 @@ use crate::decision::{Decision, RetryAfter};
 use crate::http::gate::{Outcome, PolicyError, RateLimitPolicy};
 use crate::http::tower::{
     Denial, DenialResponse, DenyWith, KeyExtractor, Layer, PlainDenial, Reported, RequestHead,
-    ResponseFuture, Service, deny, policy_fields,
+    Fields, ResponseFuture, Service, deny, policy_fields,
 };
 use crate::reclaim::thread_slot;
 use crate::tally::Tally;
@@ -444,7 +444,7 @@ impl<Svc, L, X: KeyExtractor, R: Clone> Layer<Svc> for RedisRateLimitLayer<L, X,
 /// How the layer answers a decision: the policy fields of an admission, or
 /// the denial's response.
 enum Answer<B> {
-    Admit(Option<[Option<HeaderValue>; 2]>),
+    Admit(Option<Fields>),
     Deny(Response<B>),
 }
 
@@ -460,20 +460,21 @@ impl<L, X: KeyExtractor, R> RedisRateLimitLayer<L, X, R> {
             Answer::Admit(self.policy.as_deref().map(|p| policy_fields(p, &outcome)))
         } else {
             self.counts.add(TOO_MANY_REQUESTS, thread_slot());
-            Answer::Deny(self.deny(&Denial::Refused(outcome)))
+            let fields = self.policy.as_deref().map(|p| policy_fields(p, &outcome));
+            Answer::Deny(self.deny(&Denial::Refused(outcome), fields))
         }
     }
 
-    fn deny<B>(&self, denial: &Denial) -> Response<B>
+    fn deny<B>(&self, denial: &Denial, fields: Option<Fields>) -> Response<B>
     where
         R: DenialResponse<B>,
     {
         deny(
             &self.respond,
             denial,
-            &self.extractor,
             self.challenge.as_ref(),
-            self.policy.as_deref(),
+            || self.extractor.challenge(),
+            fields,
         )
     }
 }
@@ -537,7 +538,7 @@ where
                         }
                     };
                     return RedisResponseFuture::answering(ResponseFuture::denied(
-                        layer.deny(&denial),
+                        layer.deny(&denial, None),
                     ));
                 }
             }

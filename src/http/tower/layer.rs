@@ -339,16 +339,19 @@ where
             && let Some(problem) = layer.extractor.misconfiguration(&head)
         {
             layer.reported.report(problem);
-            return ResponseFuture::denied(layer.deny(&Denial::Misconfigured(problem)));
+            return ResponseFuture::denied(layer.deny(&Denial::Misconfigured(problem), None));
         }
         let outcome = layer.gate.check(key.as_deref());
+        // The policy of this key's own limit (its tier's), when one is set.
+        let fields = key
+            .as_deref()
+            .and_then(|key| layer.gate.advertised(key))
+            .map(|policy| policy_fields(&policy, &outcome));
         drop(key);
         if outcome.is_admitted() {
-            // Only a policy adds fields to an admitted response.
-            let fields = layer.gate.policy().map(|p| policy_fields(p, &outcome));
             ResponseFuture::admitted(self.inner.call(request), fields)
         } else {
-            ResponseFuture::denied(layer.deny(&Denial::Refused(outcome)))
+            ResponseFuture::denied(layer.deny(&Denial::Refused(outcome), fields))
         }
     }
 }
@@ -356,29 +359,29 @@ where
 impl<X: KeyExtractor, L, R> RateLimitLayer<X, L, R> {
     /// The response to `denial`: the hook's, with the layer's status and
     /// fields set over it.
-    fn deny<B>(&self, denial: &Denial) -> Response<B>
+    fn deny<B>(&self, denial: &Denial, fields: Option<Fields>) -> Response<B>
     where
         R: DenialResponse<B>,
     {
         deny(
             &self.respond,
             denial,
-            &self.extractor,
             self.challenge.as_ref(),
-            self.gate.policy(),
+            || self.extractor.challenge(),
+            fields,
         )
     }
 }
 
 /// The response to `denial`: `respond`'s, with the layer's status and fields
-/// set over it (`challenge`, or else the extractor's, on a 401; `policy`'s
-/// fields on the others). Shared by every layer of the crate.
-pub(crate) fn deny<B, R: DenialResponse<B>, X: KeyExtractor>(
+/// set over it (`challenge`, or else the default one, on a 401; the policy
+/// `fields` on the others). Shared by every layer of the crate.
+pub(crate) fn deny<B, R: DenialResponse<B>>(
     respond: &R,
     denial: &Denial,
-    extractor: &X,
     challenge: Option<&HeaderValue>,
-    policy: Option<&RateLimitPolicy>,
+    default_challenge: impl FnOnce() -> HeaderValue,
+    fields: Option<Fields>,
 ) -> Response<B> {
     let mut response = respond.respond(denial);
     *response.status_mut() = denial.status();
@@ -393,23 +396,23 @@ pub(crate) fn deny<B, R: DenialResponse<B>, X: KeyExtractor>(
         if outcome == Outcome::Unauthorized {
             let challenge = match challenge {
                 Some(challenge) => challenge.clone(),
-                None => extractor.challenge(),
+                None => default_challenge(),
             };
             headers.insert(WWW_AUTHENTICATE, challenge);
         }
         // A 401 has no `RateLimit` value, so no policy fields either.
-        if let Some(policy) = policy {
-            add_policy_fields(headers, policy_fields(policy, &outcome));
+        if let Some(fields) = fields {
+            add_policy_fields(headers, fields);
         }
     }
     response
 }
 
+/// One policy's `RateLimit-Policy` and `RateLimit` list items.
+pub(crate) type Fields = [Option<HeaderValue>; 2];
+
 /// The `RateLimit-Policy` and `RateLimit` field values for `outcome`.
-pub(crate) fn policy_fields(
-    policy: &RateLimitPolicy,
-    outcome: &Outcome,
-) -> [Option<HeaderValue>; 2] {
+pub(crate) fn policy_fields(policy: &RateLimitPolicy, outcome: &Outcome) -> Fields {
     // Validated policy names and numbers make valid values; anything else
     // would be left out, never a panic.
     let value = |s: Option<String>| s.and_then(|s| HeaderValue::from_str(&s).ok());
@@ -419,16 +422,48 @@ pub(crate) fn policy_fields(
     ]
 }
 
-pub(crate) fn add_policy_fields(headers: &mut HeaderMap, fields: [Option<HeaderValue>; 2]) {
+/// Add one policy's items to the `RateLimit-Policy` and `RateLimit` fields.
+///
+/// Both fields are structured-field Lists (draft-ietf-httpapi-ratelimit-headers,
+/// -07 onwards), one item per policy: an item is appended to what a layer
+/// closer to the service already set, never written over it, so that every
+/// limit a request met is told. The items go on one field line each (a List
+/// split across lines means the same, but not every client joins them).
+pub(crate) fn add_policy_fields(headers: &mut HeaderMap, fields: Fields) {
     let [policy, value] = fields;
     if let (Some(policy), Some(value)) = (policy, value) {
-        headers.insert(RATELIMIT_POLICY, policy);
-        headers.insert(RATELIMIT, value);
+        append_item(headers, RATELIMIT_POLICY, policy);
+        append_item(headers, RATELIMIT, value);
     }
 }
 
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// Append `item` to the List field `name`, joining its lines into one.
+pub(crate) fn append_item(headers: &mut HeaderMap, name: HeaderName, item: HeaderValue) {
+    let mut lines = headers.get_all(&name).iter().peekable();
+    if lines.peek().is_none() {
+        headers.insert(name, item);
+        return;
+    }
+    let mut joined = Vec::with_capacity(64);
+    for line in lines {
+        joined.extend_from_slice(line.as_bytes());
+        joined.extend_from_slice(b", ");
+    }
+    joined.extend_from_slice(item.as_bytes());
+    // Valid values joined by ", " make a valid value; were it not, the item
+    // would be appended as a line of its own, never lost.
+    match HeaderValue::from_bytes(&joined) {
+        Ok(value) => {
+            headers.insert(name, value);
+        }
+        Err(_) => {
+            headers.append(name, item);
+        }
+    }
+}
+
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 pin_project_lite::pin_project! {
     /// The future of a [`RateLimit`] service's response.
@@ -443,7 +478,7 @@ impl<F, B> ResponseFuture<F, B> {
     /// `fields` added.
     pub(crate) fn admitted(
         future: F,
-        fields: Option<[Option<HeaderValue>; 2]>,
+        fields: Option<Fields>,
     ) -> ResponseFuture<F, B> {
         ResponseFuture {
             state: State::Admitted { future, fields },
@@ -465,7 +500,7 @@ pin_project_lite::pin_project! {
         Admitted {
             #[pin]
             future: F,
-            fields: Option<[Option<HeaderValue>; 2]>,
+            fields: Option<Fields>,
         },
         Denied {
             response: Option<Response<B>>,

@@ -1,0 +1,537 @@
+//! Several limits on one request: the combined layer (`Limits`), stacked
+//! layers and tiers, their `RateLimit` fields parsed as the structured-field
+//! Lists they are, and requests priced by their responses.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::{HeaderMap, Request, Response, StatusCode};
+use proptest::prelude::*;
+use tower::{Layer, Service, ServiceExt, service_fn};
+use turnstile::tower::{ApiKeyHeader, Global, Limits, LimitsError, PeerIp, RateLimitLayer};
+use turnstile::{Gate, KeyedLimiter, ManualClock, Quota, RateLimiter, Tiered};
+
+/// One parsed List item: its name and its integer parameters.
+type ListItem = (String, BTreeMap<String, i64>);
+
+/// The items of the List field `name`, every line of it, parsed.
+fn list(headers: &HeaderMap, name: &str) -> Vec<ListItem> {
+    let joined = headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().expect("ASCII"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if joined.is_empty() {
+        return Vec::new();
+    }
+    let list = sfv::Parser::new(&joined)
+        .parse_list()
+        .unwrap_or_else(|e| panic!("{name}: {joined:?} is not a structured-field List: {e}"));
+    list.into_iter()
+        .map(|entry| match entry {
+            sfv::ListEntry::Item(item) => {
+                let name = item
+                    .bare_item
+                    .as_string()
+                    .expect("a policy name is a String")
+                    .as_str()
+                    .to_owned();
+                let params = item
+                    .params
+                    .iter()
+                    .map(|(k, v)| (k.as_str().to_owned(), v.as_integer().expect("integer").into()))
+                    .collect();
+                (name, params)
+            }
+            sfv::ListEntry::InnerList(_) => panic!("{name}: an inner list"),
+        })
+        .collect()
+}
+
+/// `name`'s parameter `param` in the List.
+fn param(items: &[ListItem], name: &str, param: &str) -> Option<i64> {
+    items
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, params)| params.get(param).copied())
+}
+
+fn names(items: &[ListItem]) -> Vec<&str> {
+    items.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+fn request(key: Option<&str>, peer: &str) -> Request<()> {
+    let mut builder = Request::builder();
+    if let Some(key) = key {
+        builder = builder.header("x-api-key", key);
+    }
+    let mut request = builder.body(()).unwrap();
+    request
+        .extensions_mut()
+        .insert(peer.parse::<SocketAddr>().unwrap());
+    request
+}
+
+fn api_key() -> ApiKeyHeader {
+    ApiKeyHeader::new(HeaderName::from_static("x-api-key"))
+}
+
+/// A service answering 200, or the status and header a request asks for in
+/// `x-answer` / `x-cost`.
+fn echo() -> impl Service<
+    Request<()>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<String>, Infallible>> + Send,
+> + Clone {
+    service_fn(|request: Request<()>| async move {
+        let mut response = Response::new(String::new());
+        if let Some(status) = request.headers().get("x-answer") {
+            *response.status_mut() =
+                StatusCode::from_bytes(status.as_bytes()).expect("a status");
+        }
+        if let Some(cost) = request.headers().get("x-cost") {
+            response.headers_mut().insert("x-tokens-used", cost.clone());
+        }
+        Ok(response)
+    })
+}
+
+async fn send<S>(service: &mut S, request: Request<()>) -> Response<String>
+where
+    S: Service<Request<()>, Response = Response<String>, Error = Infallible>,
+{
+    service.ready().await.unwrap().call(request).await.unwrap()
+}
+
+struct Three {
+    clock: ManualClock,
+    per_key: Arc<KeyedLimiter<String, turnstile::TokenBucket, ManualClock>>,
+    per_ip: Arc<KeyedLimiter<IpAddr, turnstile::TokenBucket, ManualClock>>,
+    global: Arc<RateLimiter<turnstile::TokenBucket, ManualClock>>,
+}
+
+fn three(key: u32, ip: u32, global: u32) -> Three {
+    let clock = ManualClock::new();
+    let quota = |n: u32| Quota::new(n, 1, Duration::from_secs(1)).unwrap();
+    Three {
+        per_key: Arc::new(
+            KeyedLimiter::builder(quota(key))
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        ),
+        per_ip: Arc::new(
+            KeyedLimiter::builder(quota(ip))
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        ),
+        global: Arc::new(RateLimiter::with_clock(quota(global), clock.clone())),
+        clock,
+    }
+}
+
+impl Three {
+    fn layer(&self) -> Limits {
+        Limits::builder()
+            .limit_shared("key", api_key(), Arc::clone(&self.per_key))
+            .unwrap()
+            .limit_shared("ip", PeerIp::new(), Arc::clone(&self.per_ip))
+            .unwrap()
+            .limit_shared("all", Global, Arc::clone(&self.global))
+            .unwrap()
+            .build()
+            .unwrap()
+    }
+
+    fn state(&self, key: &str, ip: &str) -> (u32, u32, u32) {
+        (
+            self.per_key.remaining(key),
+            self.per_ip.remaining(&ip.parse::<IpAddr>().unwrap()),
+            self.global.remaining(),
+        )
+    }
+}
+
+#[tokio::test]
+async fn a_denial_by_a_later_limit_spends_nothing_in_the_earlier_ones() {
+    let t = three(5, 2, 100);
+    let layer = t.layer();
+    let mut service = layer.clone().layer(echo());
+    assert_eq!(send(&mut service, request(Some("a"), "10.0.0.1:1")).await.status(), 200);
+    assert_eq!(send(&mut service, request(Some("b"), "10.0.0.1:1")).await.status(), 200);
+    assert_eq!(t.state("c", "10.0.0.1"), (5, 0, 98));
+    // The per-IP limit refuses "c": its key and the global limit keep their permits.
+    let denied = send(&mut service, request(Some("c"), "10.0.0.1:1")).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.headers()["retry-after"], "1");
+    assert_eq!(t.state("c", "10.0.0.1"), (5, 0, 98));
+    let stats = layer.stats();
+    assert_eq!(
+        stats.denied_by,
+        vec![("key".into(), 0), ("ip".into(), 1), ("all".into(), 0)]
+    );
+    assert_eq!((stats.admitted, stats.too_many_requests), (2, 1));
+}
+
+#[tokio::test]
+async fn a_missing_key_is_a_401_that_spends_nothing() {
+    let t = three(5, 5, 5);
+    let mut service = t.layer().layer(echo());
+    let before = t.state("a", "10.0.0.1");
+    let denied = send(&mut service, request(None, "10.0.0.1:1")).await;
+    assert_eq!(denied.status(), StatusCode::UNAUTHORIZED);
+    assert!(denied.headers().contains_key("www-authenticate"));
+    assert!(!denied.headers().contains_key("ratelimit"));
+    assert_eq!(t.state("a", "10.0.0.1"), before);
+    // No peer address: the server's fault, a 500, nothing spent either.
+    let mut no_peer = Request::builder().header("x-api-key", "a").body(()).unwrap();
+    no_peer.extensions_mut().clear();
+    assert_eq!(send(&mut service, no_peer).await.status(), 500);
+    assert_eq!(t.state("a", "10.0.0.1"), before);
+    assert_eq!(t.global.remaining(), 5);
+}
+
+#[tokio::test]
+async fn a_denial_tells_the_longest_wait_of_the_limits_that_refuse() {
+    let clock = ManualClock::new();
+    let per_key = KeyedLimiter::<String, _, _>::builder(Quota::new(1, 1, Duration::from_secs(3)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let global = RateLimiter::with_clock(Quota::new(1, 1, Duration::from_secs(10)).unwrap(), clock);
+    let layer = Limits::builder()
+        .limit("key", api_key(), per_key)
+        .unwrap()
+        .limit("all", Global, global)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(echo());
+    assert_eq!(send(&mut service, request(Some("a"), "10.0.0.1:1")).await.status(), 200);
+    // "a" is refused by its key (3 s) and would be by the global limit (10 s).
+    let denied = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(denied.headers()["retry-after"], "10");
+    let value = list(denied.headers(), "ratelimit");
+    assert_eq!(names(&value), ["key", "all"]);
+    assert_eq!(param(&value, "key", "t"), Some(3));
+    assert_eq!(param(&value, "all", "t"), Some(10));
+    // "b": its key admits, the global limit refuses; b's permit goes back.
+    let denied = send(&mut service, request(Some("b"), "10.0.0.1:1")).await;
+    assert_eq!(denied.headers()["retry-after"], "10");
+    let value = list(denied.headers(), "ratelimit");
+    assert_eq!(param(&value, "key", "r"), Some(1), "b's own limit is untouched");
+    assert_eq!(param(&value, "all", "r"), Some(0));
+}
+
+#[tokio::test]
+async fn a_combined_layer_advertises_one_item_per_limit_with_its_own_remaining() {
+    let t = three(5, 50, 1000);
+    let mut service = t.layer().layer(echo());
+    let admitted = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+    let policy = list(admitted.headers(), "ratelimit-policy");
+    let value = list(admitted.headers(), "ratelimit");
+    assert_eq!(names(&policy), ["key", "ip", "all"]);
+    assert_eq!(names(&value), ["key", "ip", "all"]);
+    assert_eq!(param(&policy, "key", "q"), Some(5));
+    assert_eq!(param(&policy, "key", "w"), Some(5));
+    assert_eq!(param(&policy, "all", "q"), Some(1000));
+    assert_eq!(param(&value, "key", "r"), Some(4));
+    assert_eq!(param(&value, "ip", "r"), Some(49));
+    assert_eq!(param(&value, "all", "r"), Some(999));
+    for (name, params) in &value {
+        assert!(params["r"] <= param(&policy, name, "q").unwrap(), "{name}: r above q");
+    }
+    t.clock.advance(Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn stacked_layers_append_their_items_instead_of_overwriting() {
+    // The per-key layer inside, a global one outside: a 429 from the inner
+    // one carries both items, and the inner one says r=0.
+    let inner = RateLimitLayer::new(
+        Gate::new(KeyedLimiter::<String>::new(Quota::per_hour(1).unwrap()))
+            .with_derived_policy("api")
+            .unwrap(),
+        api_key(),
+    );
+    let outer = RateLimitLayer::new(
+        Gate::new(RateLimiter::new(Quota::per_second(1000).unwrap()))
+            .with_derived_policy("global")
+            .unwrap(),
+        Global,
+    );
+    let mut service = outer.layer(inner.layer(echo()));
+    let admitted = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(names(&list(admitted.headers(), "ratelimit")), ["api", "global"]);
+    assert_eq!(names(&list(admitted.headers(), "ratelimit-policy")), ["api", "global"]);
+    let denied = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    let value = list(denied.headers(), "ratelimit");
+    assert_eq!(names(&value), ["api", "global"]);
+    assert_eq!(param(&value, "api", "r"), Some(0));
+    assert_eq!(param(&value, "api", "t"), Some(3600));
+    assert_eq!(denied.headers().get_all("ratelimit").iter().count(), 1, "one line");
+    // A combined layer outside a stacked one appends too.
+    let combined = Limits::builder()
+        .limit("edge", Global, RateLimiter::new(Quota::per_second(10).unwrap()))
+        .unwrap()
+        .build()
+        .unwrap();
+    let inner = RateLimitLayer::new(
+        Gate::new(KeyedLimiter::<String>::new(Quota::per_hour(5).unwrap()))
+            .with_derived_policy("api")
+            .unwrap(),
+        api_key(),
+    );
+    let mut service = combined.layer(inner.layer(echo()));
+    let admitted = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(names(&list(admitted.headers(), "ratelimit")), ["api", "edge"]);
+}
+
+fn tiers() -> Tiered<String, impl Fn(&str) -> usize + Send + Sync + 'static> {
+    Tiered::new(
+        [
+            ("free", KeyedLimiter::<String>::new(Quota::per_second(10).unwrap())),
+            ("paid", KeyedLimiter::<String>::new(Quota::per_second(100).unwrap())),
+        ],
+        |key: &str| usize::from(key.starts_with("paid_")),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn tiers_advertise_the_keys_own_tier() {
+    let layer = RateLimitLayer::new(Gate::tiered(tiers()).with_derived_policy("api").unwrap(), api_key());
+    let mut service = layer.layer(echo());
+    let paid = send(&mut service, request(Some("paid_1"), "10.0.0.1:1")).await;
+    let (policy, value) = (list(paid.headers(), "ratelimit-policy"), list(paid.headers(), "ratelimit"));
+    assert_eq!(names(&policy), ["api.paid"]);
+    assert_eq!(param(&policy, "api.paid", "q"), Some(100));
+    assert_eq!(param(&value, "api.paid", "r"), Some(99));
+    let free = send(&mut service, request(Some("free_1"), "10.0.0.1:1")).await;
+    let (policy, value) = (list(free.headers(), "ratelimit-policy"), list(free.headers(), "ratelimit"));
+    assert_eq!(param(&policy, "api.free", "q"), Some(10));
+    assert_eq!(param(&value, "api.free", "r"), Some(9));
+    // The same in a combined layer.
+    let layer = Limits::builder()
+        .limit("api", api_key(), tiers())
+        .unwrap()
+        .limit("all", Global, RateLimiter::new(Quota::per_second(1000).unwrap()))
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(echo());
+    let paid = send(&mut service, request(Some("paid_1"), "10.0.0.1:1")).await;
+    let (policy, value) = (list(paid.headers(), "ratelimit-policy"), list(paid.headers(), "ratelimit"));
+    assert_eq!(names(&policy), ["api.paid", "all"]);
+    assert_eq!(param(&value, "api.paid", "r"), Some(99));
+    assert!(param(&value, "api.paid", "r") <= param(&policy, "api.paid", "q"));
+}
+
+#[test]
+fn the_builder_refuses_what_could_never_work() {
+    let quota = Quota::per_second(10).unwrap();
+    assert!(matches!(
+        Limits::builder().limit("bad name", Global, RateLimiter::new(quota)),
+        Err(LimitsError::Name(_))
+    ));
+    let twice = Limits::builder()
+        .limit("a", Global, RateLimiter::new(quota))
+        .unwrap()
+        .limit("a", Global, RateLimiter::new(quota));
+    assert!(matches!(twice, Err(LimitsError::DuplicateName(name)) if name == "a"));
+    let too_dear = Limits::builder()
+        .limit("a", Global, RateLimiter::new(quota))
+        .unwrap()
+        .cost(11)
+        .build();
+    assert!(matches!(too_dear, Err(LimitsError::Cost { cost: 11, capacity: 10, .. })));
+    assert!(matches!(
+        Limits::builder().cost(0).build(),
+        Err(LimitsError::Cost { cost: 0, .. })
+    ));
+}
+
+#[tokio::test]
+async fn refund_when_counts_only_failures() {
+    let t = three(3, 100, 100);
+    let layer = Limits::builder()
+        .limit_shared("login", api_key(), Arc::clone(&t.per_key))
+        .unwrap()
+        .limit_shared("all", Global, Arc::clone(&t.global))
+        .unwrap()
+        .refund_when(|parts| parts.status.is_success())
+        .build()
+        .unwrap();
+    let mut service = layer.clone().layer(echo());
+    let login = |ok: bool| {
+        let mut r = request(Some("alice"), "10.0.0.1:1");
+        if !ok {
+            r.headers_mut().insert("x-answer", "401".parse().unwrap());
+        }
+        r
+    };
+    // Successes are free: any number of them.
+    for _ in 0..10 {
+        let ok = send(&mut service, login(true)).await;
+        assert_eq!(ok.status(), 200);
+        assert_eq!(param(&list(ok.headers(), "ratelimit"), "login", "r"), Some(3));
+    }
+    // Three failures, then the fourth attempt is refused.
+    for left in [2, 1, 0] {
+        let failed = send(&mut service, login(false)).await;
+        assert_eq!(failed.status(), 401);
+        assert_eq!(param(&list(failed.headers(), "ratelimit"), "login", "r"), Some(left));
+    }
+    assert_eq!(send(&mut service, login(true)).await.status(), 429);
+    let stats = layer.stats();
+    assert_eq!((stats.refunded, stats.refund_declined), (20, 0), "two limits, ten refunds");
+    assert_eq!(t.global.remaining(), 97);
+}
+
+#[tokio::test]
+async fn cost_from_response_settles_and_forgives_no_more_than_it_counts() {
+    let t = three(10, 100, 100);
+    let layer = Limits::builder()
+        .limit_shared("tokens", api_key(), Arc::clone(&t.per_key))
+        .unwrap()
+        .cost(2)
+        .cost_from_response(|parts| parts.headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+        .build()
+        .unwrap();
+    let mut service = layer.clone().layer(echo());
+    let costing = |cost: u32| {
+        let mut r = request(Some("a"), "10.0.0.1:1");
+        r.headers_mut().insert("x-cost", cost.into());
+        r
+    };
+    // Cheaper than charged: 2 taken, 1 used.
+    let r = send(&mut service, costing(1)).await;
+    assert_eq!(param(&list(r.headers(), "ratelimit"), "tokens", "r"), Some(9));
+    // Dearer: 2 taken, 6 used: 4 more.
+    let r = send(&mut service, costing(6)).await;
+    assert_eq!(param(&list(r.headers(), "ratelimit"), "tokens", "r"), Some(3));
+    // 2 taken, 8 used: only 1 more is held, 5 are forgiven.
+    let r = send(&mut service, costing(8)).await;
+    assert_eq!(param(&list(r.headers(), "ratelimit"), "tokens", "r"), Some(0));
+    assert_eq!(send(&mut service, costing(1)).await.status(), 429);
+    let stats = layer.stats();
+    assert_eq!(stats.forgiven, 5);
+    assert_eq!(stats.charged, 1 + 4 + 1);
+    // The bound: permits used (1 + 6 + 8) = what the bucket held (10) + forgiven.
+    assert_eq!(1 + 6 + 8, 10 + stats.forgiven);
+}
+
+#[tokio::test]
+async fn drain_when_empties_the_allowance() {
+    let t = three(10, 100, 100);
+    let layer = Limits::builder()
+        .limit_shared("up", api_key(), Arc::clone(&t.per_key))
+        .unwrap()
+        .drain_when(|parts| parts.status == StatusCode::TOO_MANY_REQUESTS)
+        .build()
+        .unwrap();
+    let mut service = layer.clone().layer(echo());
+    let mut upstream_429 = request(Some("a"), "10.0.0.1:1");
+    upstream_429.headers_mut().insert("x-answer", "429".parse().unwrap());
+    let r = send(&mut service, upstream_429).await;
+    assert_eq!(r.status(), 429, "the upstream's own answer");
+    assert_eq!(param(&list(r.headers(), "ratelimit"), "up", "r"), Some(0));
+    assert_eq!(t.per_key.remaining("a"), 0);
+    assert_eq!(layer.stats().drained, 9);
+    let refused = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"), "refused by the layer");
+}
+
+/// One limit of a random combined layer: a global or a keyed token bucket.
+#[derive(Clone, Debug)]
+struct Spec {
+    keyed: bool,
+    capacity: u32,
+    period_ms: u64,
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    (any::<bool>(), 1u32..6, 50u64..2_000).prop_map(|(keyed, capacity, period_ms)| Spec {
+        keyed,
+        capacity,
+        period_ms,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Over random traces through 2 to 4 random limits: each limit admits no
+    /// more than its own bound, and a denied request changes no limit's state.
+    #[test]
+    fn every_limit_holds_its_bound_and_denials_change_nothing(
+        specs in prop::collection::vec(spec(), 2..=4),
+        trace in prop::collection::vec((0u8..3, 0u64..400), 1..120),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let clock = ManualClock::new();
+        enum One {
+            Keyed(Arc<KeyedLimiter<String, turnstile::TokenBucket, ManualClock>>),
+            Direct(Arc<RateLimiter<turnstile::TokenBucket, ManualClock>>),
+        }
+        let mut builder = Limits::builder();
+        let mut limits = Vec::new();
+        for (i, s) in specs.iter().enumerate() {
+            let quota = Quota::new(s.capacity, 1, Duration::from_millis(s.period_ms)).unwrap();
+            let name = format!("l{i}");
+            if s.keyed {
+                let l = Arc::new(KeyedLimiter::builder(quota).clock(clock.clone()).build().unwrap());
+                builder = builder.limit_shared(&name, api_key(), Arc::clone(&l)).unwrap();
+                limits.push(One::Keyed(l));
+            } else {
+                let l = Arc::new(RateLimiter::with_clock(quota, clock.clone()));
+                builder = builder.limit_shared(&name, Global, Arc::clone(&l)).unwrap();
+                limits.push(One::Direct(l));
+            }
+        }
+        let mut service = builder.build().unwrap().layer(echo());
+        let keys = ["k0", "k1", "k2"];
+        let state = |key: &str| -> Vec<u32> {
+            limits.iter().map(|l| match l {
+                One::Keyed(l) => l.remaining(key),
+                One::Direct(l) => l.remaining(),
+            }).collect()
+        };
+        // Admissions per limit and key (a direct limit: one key).
+        let mut admitted: Vec<BTreeMap<&str, u64>> = vec![BTreeMap::new(); specs.len()];
+        let mut elapsed_ms = 0u64;
+        for (k, advance) in trace {
+            clock.advance(Duration::from_millis(advance));
+            elapsed_ms += advance;
+            let key = keys[usize::from(k)];
+            let before: Vec<Vec<u32>> = keys.iter().map(|k| state(k)).collect();
+            let response = runtime.block_on(send(&mut service, request(Some(key), "10.0.0.1:1")));
+            if response.status() == StatusCode::OK {
+                for (i, s) in specs.iter().enumerate() {
+                    let slot = if s.keyed { key } else { "" };
+                    *admitted[i].entry(slot).or_default() += 1;
+                }
+            } else {
+                prop_assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+                let after: Vec<Vec<u32>> = keys.iter().map(|k| state(k)).collect();
+                prop_assert_eq!(before, after, "a denial changed a limit");
+            }
+        }
+        // A token bucket admits at most capacity + elapsed / period.
+        for (i, s) in specs.iter().enumerate() {
+            let bound = u64::from(s.capacity) + elapsed_ms / s.period_ms;
+            for (key, n) in &admitted[i] {
+                prop_assert!(*n <= bound, "limit {} key {:?}: {} > {}", i, key, n, bound);
+            }
+        }
+    }
+}
