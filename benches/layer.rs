@@ -8,7 +8,12 @@
 //!   the router is never called);
 //! - `layer/tower_governor/*`: tower_governor 0.8 (governor's keyed limiter as
 //!   a layer) on the same router, keyed by the same header. Its `Retry-After`
-//!   is the wait in whole seconds rounded *down*.
+//!   is the wait in whole seconds rounded *down*;
+//! - `layer/combined3/*`: three limits (per API key, per peer address, global)
+//!   in one `Limits` layer, all or nothing, one `RateLimit` item each;
+//! - `layer/stacked3/*`: the same three limits as three stacked
+//!   `RateLimitLayer`s (a denial by the per-key one, closest to the router,
+//!   has already spent the other two's permits).
 //!
 //! `cargo bench -p turnstile-bench --bench layer`. Requests are built outside the timed region;
 //! futures are polled once (every one here is ready at once).
@@ -21,7 +26,10 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use layer::{governor_service, poll_ready_now, request, router, turnstile_service};
+use layer::{
+    combined_service, governor_service, poll_ready_now, request, router, stacked_service,
+    turnstile_service,
+};
 use tower::Service;
 
 fn run<S>(
@@ -64,6 +72,13 @@ fn bench(c: &mut Criterion) {
         turnstile_service(false),
         StatusCode::TOO_MANY_REQUESTS,
     );
+    for (name, admit, expect) in [
+        ("admitted", true, StatusCode::OK),
+        ("denied", false, StatusCode::TOO_MANY_REQUESTS),
+    ] {
+        run(&mut group, &format!("combined3/{name}"), combined_service(admit), expect);
+        run(&mut group, &format!("stacked3/{name}"), stacked_service(admit), expect);
+    }
     run(
         &mut group,
         "tower_governor/admitted",

@@ -1,11 +1,13 @@
 //! The layer-overhead setups, shared by `benches/layer.rs` and
 //! `examples/decision_cost/`: an axum router with one small handler, bare,
 //! behind turnstile's layer, and behind tower_governor's, all keyed by the same
-//! API-key header.
+//! API-key header; and three limits (per API key, per peer address, global)
+//! as one combined layer (`Limits`) and as three stacked layers.
 
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -14,8 +16,8 @@ use axum::body::Body;
 use axum::http::{Request, header::HeaderName};
 use axum::routing::get;
 use tower::Layer;
-use turnstile::tower::{ApiKeyHeader, RateLimitLayer};
-use turnstile::{Gate, KeyedLimiter, Quota};
+use turnstile::tower::{ApiKeyHeader, Global, Limits, PeerIp, RateLimitLayer};
+use turnstile::{Gate, KeyedLimiter, Quota, RateLimiter};
 
 pub fn poll_ready_now<F: Future>(future: F) -> F::Output {
     let mut future = std::pin::pin!(future);
@@ -32,6 +34,9 @@ pub fn request() -> Request<Body> {
     Request::builder()
         .uri("/")
         .header("x-api-key", "k_live_0123456789")
+        // The peer address a server puts in the extensions (read by
+        // `PeerIp` in the three-limit setups only).
+        .extension(SocketAddr::from(([203, 0, 113, 7], 40_000)))
         .body(Body::empty())
         .expect("a valid request")
 }
@@ -106,4 +111,55 @@ pub fn governor_service(
     } else {
         governor_layer(Duration::from_secs(3_600), 1).layer(router())
     }
+}
+
+/// The quota of the three-limit setups: `admit` every request, or deny all
+/// but the first (in the per-key limit, asked first).
+fn three_quotas(admit: bool) -> [Quota; 3] {
+    let wide = Quota::per_second(1_000_000_000).expect("a valid quota");
+    let key = if admit {
+        wide
+    } else {
+        Quota::per_hour(1).expect("a valid quota")
+    };
+    [key, wide, wide]
+}
+
+/// The router behind one combined layer of three limits: per API key, per
+/// peer address and global, all or nothing.
+pub fn combined_service(
+    admit: bool,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+> + Clone {
+    let [key, ip, all] = three_quotas(admit);
+    Limits::builder()
+        .limit(
+            "key",
+            ApiKeyHeader::new(HeaderName::from_static("x-api-key")),
+            KeyedLimiter::<String>::new(key),
+        )
+        .and_then(|b| b.limit("ip", PeerIp::new(), KeyedLimiter::<IpAddr>::new(ip)))
+        .and_then(|b| b.limit("all", Global, RateLimiter::new(all)))
+        .and_then(|b| b.build())
+        .expect("a valid configuration")
+        .layer(router())
+}
+
+/// The same three limits as three stacked layers (the per-key one closest
+/// to the router, as a combined layer asks it first).
+pub fn stacked_service(
+    admit: bool,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+> + Clone {
+    let [key, ip, all] = three_quotas(admit);
+    let key = layer(key);
+    let ip = RateLimitLayer::new(Gate::new(KeyedLimiter::<IpAddr>::new(ip)), PeerIp::new());
+    let all = RateLimitLayer::global(all);
+    all.layer(ip.layer(key.layer(router())))
 }
