@@ -71,6 +71,18 @@ fn keys_and_evictions(limiter: &str, keys: usize, evicted: u64) {
     gauge!("turnstile_keys", "limiter" => limiter.to_owned()).set(keys_value(keys));
 }
 
+#[cfg(feature = "tower")]
+fn refunds(limiter: &str, result: &'static str, value: u64) {
+    counter!("turnstile_refunds_total", "limiter" => limiter.to_owned(), "result" => result)
+        .absolute(value);
+}
+
+#[cfg(feature = "tower")]
+fn settled_permits(limiter: &str, kind: &'static str, value: u64) {
+    counter!("turnstile_settled_permits_total", "limiter" => limiter.to_owned(), "kind" => kind)
+        .absolute(value);
+}
+
 #[cfg(feature = "redis")]
 fn redis_calls(limiter: &str, call: &'static str, value: u64) {
     counter!("turnstile_redis_calls_total", "limiter" => limiter.to_owned(), "call" => call)
@@ -104,6 +116,21 @@ pub fn describe() {
         "Idle keys a keyed limiter has evicted."
     );
     metrics::describe_gauge!("turnstile_keys", "Keys a keyed limiter holds now.");
+    #[cfg(feature = "tower")]
+    {
+        metrics::describe_counter!(
+            "turnstile_refunds_total",
+            "Admissions given back by a layer settling responses, by result (exact, declined)."
+        );
+        metrics::describe_counter!(
+            "turnstile_settled_permits_total",
+            "Permits a layer settled after responses, by kind (charged, forgiven, drained)."
+        );
+        metrics::describe_counter!(
+            "turnstile_denied_by_total",
+            "Denials of a combined layer, by the limit that refused first."
+        );
+    }
     #[cfg(feature = "redis")]
     {
         metrics::describe_counter!(
@@ -165,6 +192,35 @@ impl crate::http::tower::LayerStats {
     }
 }
 
+#[cfg(feature = "tower")]
+impl crate::http::tower::LimitsStats {
+    /// Publish a combined layer's answers (`turnstile_responses_total` by
+    /// status), its denials by limit (`turnstile_denied_by_total{limit}`),
+    /// its refunds (`turnstile_refunds_total{result="exact"|"declined"}`)
+    /// and its settled permits (`turnstile_settled_permits_total{kind=
+    /// "charged"|"forgiven"|"drained"}`), with the label `limiter`.
+    pub fn publish(&self, limiter: &str) {
+        responses(limiter, "200", self.admitted);
+        responses(limiter, "401", self.unauthorized);
+        responses(limiter, "429", self.too_many_requests);
+        responses(limiter, "503", self.unavailable);
+        responses(limiter, "500", self.misconfigured);
+        for (limit, denied) in &self.denied_by {
+            counter!(
+                "turnstile_denied_by_total",
+                "limiter" => limiter.to_owned(),
+                "limit" => limit.clone()
+            )
+            .absolute(*denied);
+        }
+        refunds(limiter, "exact", self.refunded);
+        refunds(limiter, "declined", self.refund_declined);
+        settled_permits(limiter, "charged", self.charged);
+        settled_permits(limiter, "forgiven", self.forgiven);
+        settled_permits(limiter, "drained", self.drained);
+    }
+}
+
 #[cfg(feature = "redis")]
 impl crate::redis::GuardedStats {
     /// Write the counts as `turnstile_redis_failures_total{limiter}` and
@@ -203,7 +259,8 @@ impl crate::redis::RedisLayerStats {
 /// name: each type's `stats().publish(name)`. Implemented for
 /// [`RateLimiter`](crate::RateLimiter) when counted
 /// ([`counted`](crate::RateLimiter::counted)), [`KeyedLimiter`](crate::KeyedLimiter),
-/// [`Gate`](crate::Gate), the tower layer, and the Redis limiters and layer;
+/// [`Gate`](crate::Gate), the tower layers ([`RateLimitLayer`](crate::tower::RateLimitLayer),
+/// [`Limits`](crate::tower::Limits)), and the Redis limiters and layer;
 /// and for an [`Arc`] of any of them, so that a limiter shared with the code
 /// that decides can be registered as it is.
 pub trait Observed: Send + Sync + 'static {
@@ -254,6 +311,16 @@ impl<X, L, R> Observed for crate::http::tower::RateLimitLayer<X, L, R>
 where
     X: crate::http::tower::KeyExtractor,
     L: crate::http::gate::LimiterStats,
+    Self: Send + Sync + 'static,
+{
+    fn publish(&self, name: &str) {
+        self.stats().publish(name);
+    }
+}
+
+#[cfg(feature = "tower")]
+impl<R> Observed for crate::http::tower::Limits<R>
+where
     Self: Send + Sync + 'static,
 {
     fn publish(&self, name: &str) {

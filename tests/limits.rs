@@ -535,3 +535,46 @@ proptest! {
         }
     }
 }
+
+#[tokio::test]
+async fn the_metrics_series_carry_refunds_settled_permits_and_denials_by_limit() {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use turnstile::metrics::Registry;
+
+    let t = three(2, 100, 100);
+    let layer = Limits::builder()
+        .limit_shared("key", api_key(), Arc::clone(&t.per_key))
+        .unwrap()
+        .limit_shared("all", Global, Arc::clone(&t.global))
+        .unwrap()
+        .refund_when(|parts| parts.status == StatusCode::NO_CONTENT)
+        .build()
+        .unwrap();
+    let mut service = layer.clone().layer(echo());
+    let mut free = request(Some("a"), "10.0.0.1:1");
+    free.headers_mut().insert("x-answer", "204".parse().unwrap());
+    assert_eq!(send(&mut service, free).await.status(), 204);
+    for status in [200, 200, 429] {
+        let r = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+        assert_eq!(r.status().as_u16(), status);
+    }
+    let _ = send(&mut service, request(None, "10.0.0.1:1")).await;
+    let registry = Registry::new();
+    registry.register("edge", layer);
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || registry.publish());
+    let text = handle.render();
+    for line in [
+        r#"turnstile_responses_total{limiter="edge",status="200"} 3"#,
+        r#"turnstile_responses_total{limiter="edge",status="429"} 1"#,
+        r#"turnstile_responses_total{limiter="edge",status="401"} 1"#,
+        r#"turnstile_denied_by_total{limiter="edge",limit="key"} 1"#,
+        r#"turnstile_denied_by_total{limiter="edge",limit="all"} 0"#,
+        r#"turnstile_refunds_total{limiter="edge",result="exact"} 2"#,
+        r#"turnstile_refunds_total{limiter="edge",result="declined"} 0"#,
+        r#"turnstile_settled_permits_total{limiter="edge",kind="forgiven"} 0"#,
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(line)), "missing {line:?} in:\n{text}");
+    }
+}
