@@ -149,7 +149,8 @@ pub fn combined_service(
 }
 
 /// The same three limits as three stacked layers (the per-key one closest
-/// to the router, as a combined layer asks it first).
+/// to the router, as a combined layer asks it first), each advertising its
+/// policy as the combined layer does (its items appended to the inner ones').
 pub fn stacked_service(
     admit: bool,
 ) -> impl tower::Service<
@@ -158,8 +159,24 @@ pub fn stacked_service(
     Error = std::convert::Infallible,
 > + Clone {
     let [key, ip, all] = three_quotas(admit);
-    let key = layer(key);
-    let ip = RateLimitLayer::new(Gate::new(KeyedLimiter::<IpAddr>::new(ip)), PeerIp::new());
-    let all = RateLimitLayer::global(all);
+    let policy = "a valid policy name";
+    let key = RateLimitLayer::new(
+        Gate::new(KeyedLimiter::<String>::new(key))
+            .with_derived_policy("key")
+            .expect(policy),
+        ApiKeyHeader::new(HeaderName::from_static("x-api-key")),
+    );
+    let ip = RateLimitLayer::new(
+        Gate::new(KeyedLimiter::<IpAddr>::new(ip))
+            .with_derived_policy("ip")
+            .expect(policy),
+        PeerIp::new(),
+    );
+    let all = RateLimitLayer::new(
+        Gate::new(RateLimiter::new(all))
+            .with_derived_policy("all")
+            .expect(policy),
+        Global,
+    );
     all.layer(ip.layer(key.layer(router())))
 }

@@ -2,7 +2,6 @@
 //! [`LimitsBuilder`], and the [`Limited`] service it wraps.
 
 use core::fmt;
-use core::fmt::Write as _;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
@@ -673,11 +672,12 @@ struct Decide {
     depth: usize,
 }
 
-/// The `RateLimit-Policy` and `RateLimit` items being written.
+/// The `RateLimit-Policy` and `RateLimit` items being written, as bytes
+/// (written by hand: `core::fmt` costs several times the decision itself).
 #[derive(Default)]
 struct Items {
-    policy: String,
-    value: String,
+    policy: Vec<u8>,
+    value: Vec<u8>,
 }
 
 /// One limit's state, for its `RateLimit` item.
@@ -686,31 +686,66 @@ enum State {
     Wait(RetryAfter),
 }
 
+/// `n` in decimal.
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        // `n % 10 < 10`: the cast keeps every bit.
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// `"name"` or `"name.tier"`: a quoted policy name.
+fn push_name(out: &mut Vec<u8>, name: &str, tier: Option<&str>) {
+    out.push(b'"');
+    out.extend_from_slice(name.as_bytes());
+    if let Some(tier) = tier {
+        out.push(b'.');
+        out.extend_from_slice(tier.as_bytes());
+    }
+    out.push(b'"');
+}
+
 impl Items {
     fn push(&mut self, name: &str, advertised: Option<Advertised<'_>>, state: &State) {
         let Some(advertised) = advertised else {
             return;
         };
-        if !self.policy.is_empty() {
-            self.policy.push_str(", ");
-            self.value.push_str(", ");
+        let (policy, value) = (&mut self.policy, &mut self.value);
+        if policy.is_empty() {
+            policy.reserve(96);
+            value.reserve(96);
+        } else {
+            policy.extend_from_slice(b", ");
+            value.extend_from_slice(b", ");
         }
         let window = advertised.window.max(Duration::from_secs(1));
         let secs = window
             .as_secs()
             .saturating_add(u64::from(window.subsec_nanos() > 0));
-        // Writing to a String cannot fail.
-        let (policy, value) = (&mut self.policy, &mut self.value);
-        let _ = match advertised.tier {
-            Some(tier) => write!(policy, "\"{name}.{tier}\";q={};w={secs}", advertised.quota)
-                .and_then(|()| write!(value, "\"{name}.{tier}\"")),
-            None => write!(policy, "\"{name}\";q={};w={secs}", advertised.quota)
-                .and_then(|()| write!(value, "\"{name}\"")),
-        };
-        let _ = match state {
-            State::Remaining(r) => write!(value, ";r={r}"),
-            State::Wait(wait) => write!(value, ";r=0;t={}", wait.header_secs()),
-        };
+        push_name(policy, name, advertised.tier);
+        policy.extend_from_slice(b";q=");
+        push_decimal(policy, advertised.quota.into());
+        policy.extend_from_slice(b";w=");
+        push_decimal(policy, secs);
+        push_name(value, name, advertised.tier);
+        match state {
+            State::Remaining(r) => {
+                value.extend_from_slice(b";r=");
+                push_decimal(value, (*r).into());
+            }
+            State::Wait(wait) => {
+                value.extend_from_slice(b";r=0;t=");
+                push_decimal(value, wait.header_secs());
+            }
+        }
     }
 
     fn fields(self) -> Option<Fields> {
@@ -719,8 +754,8 @@ impl Items {
         }
         // Validated names and numbers make valid values.
         Some([
-            HeaderValue::from_str(&self.policy).ok(),
-            HeaderValue::from_str(&self.value).ok(),
+            HeaderValue::from_bytes(&self.policy).ok(),
+            HeaderValue::from_bytes(&self.value).ok(),
         ])
     }
 }
