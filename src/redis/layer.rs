@@ -17,7 +17,7 @@ use crate::decision::{Decision, RetryAfter};
 use crate::http::gate::{Outcome, PolicyError, RateLimitPolicy};
 use crate::http::tower::{
     Denial, DenialResponse, DenyWith, KeyExtractor, Layer, PlainDenial, Reported, RequestHead,
-    ResponseFuture, Service, deny, policy_fields,
+    ResponseFuture, Service, close_if_body_unread, deny, policy_fields,
 };
 use crate::reclaim::thread_slot;
 use crate::tally::Tally;
@@ -536,9 +536,13 @@ where
                             Denial::Refused(Outcome::Unauthorized)
                         }
                     };
-                    return RedisResponseFuture::answering(ResponseFuture::denied(
-                        layer.deny(&denial),
-                    ));
+                    let mut response = layer.deny(&denial);
+                    close_if_body_unread(
+                        request.version(),
+                        request.headers(),
+                        response.headers_mut(),
+                    );
+                    return RedisResponseFuture::answering(ResponseFuture::denied(response));
                 }
             }
         };
@@ -548,7 +552,14 @@ where
                     Answer::Admit(fields) => {
                         ResponseFuture::admitted(self.inner.call(request), fields)
                     }
-                    Answer::Deny(response) => ResponseFuture::denied(response),
+                    Answer::Deny(mut response) => {
+                        close_if_body_unread(
+                            request.version(),
+                            request.headers(),
+                            response.headers_mut(),
+                        );
+                        ResponseFuture::denied(response)
+                    }
                 })
             }
             Decided::Later(decision) => {
@@ -649,7 +660,14 @@ where
                         Answer::Admit(fields) => {
                             ResponseFuture::admitted(inner.call(request), fields)
                         }
-                        Answer::Deny(response) => ResponseFuture::denied(response),
+                        Answer::Deny(mut response) => {
+                            close_if_body_unread(
+                                request.version(),
+                                request.headers(),
+                                response.headers_mut(),
+                            );
+                            ResponseFuture::denied(response)
+                        }
                     }
                 }
             };
