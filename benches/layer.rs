@@ -10,7 +10,9 @@
 //!   a layer) on the same router, keyed by the same header. Its `Retry-After`
 //!   is the wait in whole seconds rounded *down*;
 //! - `layer/combined3/*`: three limits (per API key, per peer address, global)
-//!   in one `Limits` layer, all or nothing, one `RateLimit` item each;
+//!   in one `Limits` layer, all or nothing, one `RateLimit` item each
+//!   (`combined3-nofields`: the same without the fields, as
+//!   `layer/turnstile` has none);
 //! - `layer/stacked3/*`: the same three limits as three stacked
 //!   `RateLimitLayer`s (a denial by the per-key one, closest to the router,
 //!   has already spent the other two's permits).
@@ -27,7 +29,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use layer::{
-    combined_service, governor_service, poll_ready_now, request, router, stacked_service,
+    combined_service, combined_service_advertising, governor_service, poll_ready_now, request, router, stacked_service,
     turnstile_service,
 };
 use tower::Service;
@@ -79,6 +81,12 @@ fn bench(c: &mut Criterion) {
         run(&mut group, &format!("combined3/{name}"), combined_service(admit), expect);
         run(&mut group, &format!("stacked3/{name}"), stacked_service(admit), expect);
     }
+    run(
+        &mut group,
+        "combined3-nofields/admitted",
+        combined_service_advertising(true, false),
+        StatusCode::OK,
+    );
     run(
         &mut group,
         "tower_governor/admitted",

@@ -578,3 +578,43 @@ async fn the_metrics_series_carry_refunds_settled_permits_and_denials_by_limit()
         assert!(text.lines().any(|l| l.starts_with(line)), "missing {line:?} in:\n{text}");
     }
 }
+
+#[tokio::test]
+async fn a_changed_quota_is_advertised_from_then_on_and_fields_can_be_off() {
+    use turnstile::{KeyedBuilder, LiveTokenBucket};
+
+    let live = Arc::new(
+        KeyedBuilder::<String, _>::new(LiveTokenBucket::new(Quota::per_minute(10).unwrap()).unwrap())
+            .build()
+            .unwrap(),
+    );
+    let layer = Limits::builder()
+        .limit_shared("key", api_key(), Arc::clone(&live))
+        .unwrap()
+        .limit("all", Global, RateLimiter::new(Quota::per_second(100).unwrap()))
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(echo());
+    let r = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(r.headers()["ratelimit-policy"], r#""key";q=10;w=60, "all";q=100;w=1"#);
+    live.set_quota(Quota::per_minute(5).unwrap()).unwrap();
+    let r = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(r.headers()["ratelimit-policy"], r#""key";q=5;w=60, "all";q=100;w=1"#);
+    let value = list(r.headers(), "ratelimit");
+    assert!(param(&value, "key", "r") <= Some(5), "never more than the new quota");
+
+    let quiet = Limits::builder()
+        .limit("all", Global, RateLimiter::new(Quota::per_hour(1).unwrap()))
+        .unwrap()
+        .advertise(false)
+        .build()
+        .unwrap();
+    let mut service = quiet.layer(echo());
+    let r = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+    assert!(!r.headers().contains_key("ratelimit") && !r.headers().contains_key("ratelimit-policy"));
+    let r = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "3600");
+    assert!(!r.headers().contains_key("ratelimit"));
+}

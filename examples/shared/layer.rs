@@ -126,9 +126,21 @@ fn three_quotas(admit: bool) -> [Quota; 3] {
 }
 
 /// The router behind one combined layer of three limits: per API key, per
-/// peer address and global, all or nothing.
+/// peer address and global, all or nothing, with the `RateLimit` fields.
 pub fn combined_service(
     admit: bool,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+> + Clone {
+    combined_service_advertising(admit, true)
+}
+
+/// [`combined_service`], with or without the `RateLimit` fields.
+pub fn combined_service_advertising(
+    admit: bool,
+    advertise: bool,
 ) -> impl tower::Service<
     Request<Body>,
     Response = axum::response::Response,
@@ -143,7 +155,7 @@ pub fn combined_service(
         )
         .and_then(|b| b.limit("ip", PeerIp::new(), KeyedLimiter::<IpAddr>::new(ip)))
         .and_then(|b| b.limit("all", Global, RateLimiter::new(all)))
-        .and_then(|b| b.build())
+        .and_then(|b| b.advertise(advertise).build())
         .expect("a valid configuration")
         .layer(router())
 }

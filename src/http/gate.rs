@@ -158,6 +158,12 @@ pub trait GateLimiter<Q: ?Sized>: LimiterStats {
     fn tier_names(&self) -> Vec<&str> {
         Vec::new()
     }
+    /// What every key's limit advertises, for a limiter without tiers;
+    /// `None` for tiers (each key's tier says) or when nothing is advertised.
+    #[doc(hidden)]
+    fn advertise_untiered(&self) -> Option<(u32, core::time::Duration)> {
+        None
+    }
 }
 
 /// What one key's limit may advertise: `q` permits at once, again after `w`,
@@ -245,6 +251,10 @@ where
 
     fn advertise_for(&self, _key: &Q) -> Option<Advertised<'_>> {
         self.algorithm().advertise().map(Advertised::untiered)
+    }
+
+    fn advertise_untiered(&self) -> Option<(u32, core::time::Duration)> {
+        self.algorithm().advertise()
     }
 }
 
@@ -373,6 +383,10 @@ where
 
     fn advertise_for(&self, _key: &Q) -> Option<Advertised<'_>> {
         self.algorithm().advertise().map(Advertised::untiered)
+    }
+
+    fn advertise_untiered(&self) -> Option<(u32, core::time::Duration)> {
+        self.algorithm().advertise()
     }
 }
 

@@ -17,7 +17,7 @@ use crate::decision::{Decision, RetryAfter};
 use crate::http::gate::{Outcome, PolicyError, RateLimitPolicy};
 use crate::http::tower::{
     Denial, DenialResponse, DenyWith, KeyExtractor, Layer, PlainDenial, Reported, RequestHead,
-    Fields, ResponseFuture, Service, deny, policy_fields,
+    Fields, ResponseFuture, Service, close_if_body_unread, deny, policy_fields,
 };
 use crate::reclaim::thread_slot;
 use crate::tally::Tally;
@@ -537,9 +537,13 @@ where
                             Denial::Refused(Outcome::Unauthorized)
                         }
                     };
-                    return RedisResponseFuture::answering(ResponseFuture::denied(
-                        layer.deny(&denial, None),
-                    ));
+                    let mut response = layer.deny(&denial, None);
+                    close_if_body_unread(
+                        request.version(),
+                        request.headers(),
+                        response.headers_mut(),
+                    );
+                    return RedisResponseFuture::answering(ResponseFuture::denied(response));
                 }
             }
         };
@@ -549,7 +553,14 @@ where
                     Answer::Admit(fields) => {
                         ResponseFuture::admitted(self.inner.call(request), fields)
                     }
-                    Answer::Deny(response) => ResponseFuture::denied(response),
+                    Answer::Deny(mut response) => {
+                        close_if_body_unread(
+                            request.version(),
+                            request.headers(),
+                            response.headers_mut(),
+                        );
+                        ResponseFuture::denied(response)
+                    }
                 })
             }
             Decided::Later(decision) => {
@@ -650,7 +661,14 @@ where
                         Answer::Admit(fields) => {
                             ResponseFuture::admitted(inner.call(request), fields)
                         }
-                        Answer::Deny(response) => ResponseFuture::denied(response),
+                        Answer::Deny(mut response) => {
+                            close_if_body_unread(
+                                request.version(),
+                                request.headers(),
+                                response.headers_mut(),
+                            );
+                            ResponseFuture::denied(response)
+                        }
                     }
                 }
             };

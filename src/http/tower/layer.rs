@@ -10,7 +10,7 @@ use std::sync::Arc;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, Request, Response};
 
-use super::denial::{Denial, DenialResponse, DenyWith, PlainDenial};
+use super::denial::{Denial, DenialResponse, DenyWith, PlainDenial, close_if_body_unread};
 use super::extract::{Global, KeyExtractor, RequestHead};
 use super::{Layer, Service};
 use crate::http::gate::{Gate, GateLimiter, GateStats, LimiterStats, Outcome, RateLimitPolicy};
@@ -339,7 +339,9 @@ where
             && let Some(problem) = layer.extractor.misconfiguration(&head)
         {
             layer.reported.report(problem);
-            return ResponseFuture::denied(layer.deny(&Denial::Misconfigured(problem), None));
+            let mut response = layer.deny(&Denial::Misconfigured(problem), None);
+            close_if_body_unread(request.version(), request.headers(), response.headers_mut());
+            return ResponseFuture::denied(response);
         }
         let outcome = layer.gate.check(key.as_deref());
         // The policy of this key's own limit (its tier's), when one is set.
@@ -351,7 +353,9 @@ where
         if outcome.is_admitted() {
             ResponseFuture::admitted(self.inner.call(request), fields)
         } else {
-            ResponseFuture::denied(layer.deny(&Denial::Refused(outcome), fields))
+            let mut response = layer.deny(&Denial::Refused(outcome), fields);
+            close_if_body_unread(request.version(), request.headers(), response.headers_mut());
+            ResponseFuture::denied(response)
         }
     }
 }

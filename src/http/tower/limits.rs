@@ -14,7 +14,7 @@ use http::header::HeaderValue;
 use http::response::Parts;
 use http::{Request, Response};
 
-use super::denial::{Denial, DenialResponse, DenyWith, PlainDenial};
+use super::denial::{Denial, DenialResponse, DenyWith, PlainDenial, close_if_body_unread};
 use super::extract::{KeyExtractor, RequestHead};
 use super::layer::{Fields, RATELIMIT, RATELIMIT_POLICY, Reported, append_item, deny};
 use super::{Layer, Service};
@@ -158,6 +158,11 @@ struct Shared {
     drain_when: Option<When>,
     cost_from_response: Option<CostOf>,
     challenge: Option<HeaderValue>,
+    /// Write the `RateLimit` fields.
+    advertise: bool,
+    /// The whole `RateLimit-Policy` value when every limit advertises what it
+    /// did when added, and how many items it has.
+    policy_line: Option<(usize, HeaderValue)>,
     counts: Tally<COUNTERS>,
     /// Denials by each limit (the first that refused), in order.
     denied_by: Vec<AtomicU64>,
@@ -220,6 +225,7 @@ pub struct LimitsStats {
 /// Builds a [`Limits`] layer ([`Limits::builder`]).
 pub struct LimitsBuilder {
     limits: Vec<Box<dyn Limit>>,
+    advertise: bool,
     cost: u32,
     refund_when: Option<When>,
     drain_when: Option<When>,
@@ -241,6 +247,7 @@ impl Limits {
     pub fn builder() -> LimitsBuilder {
         LimitsBuilder {
             limits: Vec::new(),
+            advertise: true,
             cost: 1,
             refund_when: None,
             drain_when: None,
@@ -292,10 +299,14 @@ impl LimitsBuilder {
         if self.limits.iter().any(|l| l.name() == name) {
             return Err(LimitsError::DuplicateName(name.to_owned()));
         }
+        let cached = limiter
+            .advertise_untiered()
+            .map(|advertised| Cached::new(name, advertised));
         self.limits.push(Box::new(Entry {
             name: name.to_owned(),
             extractor,
             limiter,
+            cached,
         }));
         Ok(self)
     }
@@ -397,6 +408,14 @@ impl LimitsBuilder {
         }
     }
 
+    /// Whether answers carry the `RateLimit-Policy` and `RateLimit` fields
+    /// (`true` by default). Without them a layer costs less per request
+    /// (BENCHMARKS.md, the layer group), and clients learn nothing but
+    /// `Retry-After`.
+    pub fn advertise(self, advertise: bool) -> Self {
+        LimitsBuilder { advertise, ..self }
+    }
+
     /// The `WWW-Authenticate` challenge on a 401, instead of the challenge of
     /// the extractor that found no key ([`KeyExtractor::challenge`]).
     pub fn challenge(self, challenge: HeaderValue) -> Self {
@@ -431,6 +450,10 @@ impl LimitsBuilder {
             });
         }
         let denied_by = self.limits.iter().map(|_| AtomicU64::new(0)).collect();
+        let items: Option<Vec<&[u8]>> = self.limits.iter().map(|l| l.cached_item()).collect();
+        let policy_line = items
+            .filter(|items| !items.is_empty())
+            .and_then(|items| HeaderValue::from_bytes(&items.join(&b", "[..])).ok().map(|v| (items.len(), v)));
         Ok(Limits {
             shared: Arc::new(Shared {
                 limits: self.limits,
@@ -439,6 +462,8 @@ impl LimitsBuilder {
                 drain_when: self.drain_when,
                 cost_from_response: self.cost_from_response,
                 challenge: self.challenge,
+                advertise: self.advertise,
+                policy_line,
                 counts: Tally::new(),
                 denied_by,
                 reported: Reported::default(),
@@ -578,10 +603,11 @@ where
                     challenge,
                     None,
                 );
-                return LimitedFuture::denied(response);
+                return LimitedFuture::denied(closing(&request, response));
             }
         }
         let mut decide = Decide {
+            advertise: shared.advertise,
             keep: shared.settles(),
             items: Items::default(),
             tickets: Vec::new(),
@@ -604,7 +630,7 @@ where
                         }),
                     )
                 } else {
-                    (decide.items.fields(), None)
+                    (decide.items.fields(shared.policy_line.as_ref()), None)
                 };
                 LimitedFuture::admitted(self.inner.call(request), fields, settle)
             }
@@ -620,8 +646,10 @@ where
                 }
                 // Every limit's state after this decision (the refunds made).
                 let mut items = Items::default();
-                for limit in &shared.limits {
-                    limit.report(&head, shared.cost, &mut items);
+                if shared.advertise {
+                    for limit in &shared.limits {
+                        limit.report(&head, shared.cost, &mut items);
+                    }
                 }
                 let outcome = Outcome::from_decision(Some(decision));
                 let response = deny(
@@ -629,9 +657,9 @@ where
                     &Denial::Refused(outcome),
                     shared.challenge.as_ref(),
                     || HeaderValue::from_static("ApiKey"),
-                    items.fields(),
+                    items.fields(shared.policy_line.as_ref()),
                 );
-                LimitedFuture::denied(response)
+                LimitedFuture::denied(closing(&request, response))
             }
             Verdict::NoKey => {
                 // Keys were all found above; an extractor that answers
@@ -644,10 +672,17 @@ where
                     || HeaderValue::from_static("ApiKey"),
                     None,
                 );
-                LimitedFuture::denied(response)
+                LimitedFuture::denied(closing(&request, response))
             }
         }
     }
+}
+
+/// `response` to a denied `request`, telling the client to reconnect when
+/// the request's body was left unread (see [`close_if_body_unread`]).
+fn closing<ReqBody, B>(request: &Request<ReqBody>, mut response: Response<B>) -> Response<B> {
+    close_if_body_unread(request.version(), request.headers(), response.headers_mut());
+    response
 }
 
 /// How a request was decided.
@@ -664,6 +699,8 @@ enum Verdict {
 
 /// What deciding a request collects.
 struct Decide {
+    /// Write the `RateLimit` items.
+    advertise: bool,
     /// Keep tickets for settling.
     keep: bool,
     items: Items,
@@ -674,10 +711,57 @@ struct Decide {
 
 /// The `RateLimit-Policy` and `RateLimit` items being written, as bytes
 /// (written by hand: `core::fmt` costs several times the decision itself).
-#[derive(Default)]
 struct Items {
     policy: Vec<u8>,
     value: Vec<u8>,
+    /// Items written.
+    count: usize,
+    /// Whether every policy item was the limit's cached one.
+    all_cached: bool,
+}
+
+impl Default for Items {
+    fn default() -> Items {
+        Items {
+            policy: Vec::new(),
+            value: Vec::new(),
+            count: 0,
+            all_cached: true,
+        }
+    }
+}
+
+/// A limit's `RateLimit-Policy` item, written once for the quota and window
+/// it advertised when it was added (a limit without tiers).
+struct Cached {
+    quota: u32,
+    window: Duration,
+    item: Box<[u8]>,
+}
+
+impl Cached {
+    fn new(name: &str, (quota, window): (u32, Duration)) -> Cached {
+        let mut item = Vec::new();
+        push_policy(&mut item, name, None, quota, window);
+        Cached {
+            quota,
+            window,
+            item: item.into(),
+        }
+    }
+}
+
+/// `"name";q=Q;w=W`, the window in whole seconds rounded up (at least 1).
+fn push_policy(out: &mut Vec<u8>, name: &str, tier: Option<&str>, quota: u32, window: Duration) {
+    let window = window.max(Duration::from_secs(1));
+    let secs = window
+        .as_secs()
+        .saturating_add(u64::from(window.subsec_nanos() > 0));
+    push_name(out, name, tier);
+    out.extend_from_slice(b";q=");
+    push_decimal(out, quota.into());
+    out.extend_from_slice(b";w=");
+    push_decimal(out, secs);
 }
 
 /// One limit's state, for its `RateLimit` item.
@@ -714,10 +798,17 @@ fn push_name(out: &mut Vec<u8>, name: &str, tier: Option<&str>) {
 }
 
 impl Items {
-    fn push(&mut self, name: &str, advertised: Option<Advertised<'_>>, state: &State) {
+    fn push(
+        &mut self,
+        name: &str,
+        cached: Option<&Cached>,
+        advertised: Option<Advertised<'_>>,
+        state: &State,
+    ) {
         let Some(advertised) = advertised else {
             return;
         };
+        self.count += 1;
         let (policy, value) = (&mut self.policy, &mut self.value);
         if policy.is_empty() {
             policy.reserve(96);
@@ -726,15 +817,18 @@ impl Items {
             policy.extend_from_slice(b", ");
             value.extend_from_slice(b", ");
         }
-        let window = advertised.window.max(Duration::from_secs(1));
-        let secs = window
-            .as_secs()
-            .saturating_add(u64::from(window.subsec_nanos() > 0));
-        push_name(policy, name, advertised.tier);
-        policy.extend_from_slice(b";q=");
-        push_decimal(policy, advertised.quota.into());
-        policy.extend_from_slice(b";w=");
-        push_decimal(policy, secs);
+        match cached {
+            Some(cached)
+                if advertised.tier.is_none()
+                    && (cached.quota, cached.window) == (advertised.quota, advertised.window) =>
+            {
+                policy.extend_from_slice(&cached.item);
+            }
+            _ => {
+                self.all_cached = false;
+                push_policy(policy, name, advertised.tier, advertised.quota, advertised.window);
+            }
+        }
         push_name(value, name, advertised.tier);
         match state {
             State::Remaining(r) => {
@@ -748,21 +842,27 @@ impl Items {
         }
     }
 
-    fn fields(self) -> Option<Fields> {
+    /// The two field values; `line` is the whole `RateLimit-Policy` value
+    /// of `limits` limits each with its cached item, shared rather than
+    /// copied when every item written was that.
+    fn fields(self, line: Option<&(usize, HeaderValue)>) -> Option<Fields> {
         if self.policy.is_empty() {
             return None;
         }
-        // Validated names and numbers make valid values.
-        Some([
-            HeaderValue::from_bytes(&self.policy).ok(),
-            HeaderValue::from_bytes(&self.value).ok(),
-        ])
+        let policy = match line {
+            Some((limits, line)) if self.all_cached && self.count == *limits => Some(line.clone()),
+            // Validated names and numbers make valid values.
+            _ => HeaderValue::from_bytes(&self.policy).ok(),
+        };
+        Some([policy, HeaderValue::from_bytes(&self.value).ok()])
     }
 }
 
 /// One limit of a [`Limits`] layer, its types erased.
 trait Limit: Send + Sync {
     fn name(&self) -> &str;
+    /// The policy item it advertises for every key, when it has no tiers.
+    fn cached_item(&self) -> Option<&[u8]>;
     /// The most permits one request can get, whatever its key.
     fn capacity(&self) -> u32;
     /// Why the request has no key for this limit, if it has none.
@@ -788,6 +888,8 @@ struct Entry<X, L> {
     name: String,
     extractor: X,
     limiter: Arc<L>,
+    /// The policy item, for a limit without tiers.
+    cached: Option<Cached>,
 }
 
 impl<X, L> Limit for Entry<X, L>
@@ -797,6 +899,10 @@ where
 {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn cached_item(&self) -> Option<&[u8]> {
+        self.cached.as_ref().map(|c| &*c.item)
     }
 
     fn capacity(&self) -> u32 {
@@ -847,9 +953,10 @@ where
             };
             return Verdict::Refused { by, decision };
         };
-        if !cx.keep {
+        if cx.advertise && !cx.keep {
             cx.items.push(
                 &self.name,
+                self.cached.as_ref(),
                 self.limiter.advertise_for(&key),
                 &State::Remaining(remaining),
             );
@@ -889,7 +996,12 @@ where
             return;
         };
         let state = now_state(&*self.limiter, &key, n);
-        items.push(&self.name, self.limiter.advertise_for(&key), &state);
+        items.push(
+            &self.name,
+            self.cached.as_ref(),
+            self.limiter.advertise_for(&key),
+            &state,
+        );
     }
 }
 
@@ -991,7 +1103,7 @@ where
             Settle::Cost(_) => {}
         }
         let state = now_state(&*limiter, key, 1);
-        items.push(&name, limiter.advertise_for(key), &state);
+        items.push(&name, None, limiter.advertise_for(key), &state);
         settled
     }
 }
@@ -1067,7 +1179,10 @@ impl Settlement {
                 shared.counts.add_n(which, slot, n);
             }
         }
-        items.fields()
+        if !shared.advertise {
+            return None;
+        }
+        items.fields(None)
     }
 }
 

@@ -124,6 +124,75 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Denials and keep-alive
+//!
+//! The layer answers a denial without reading the request's body. Over
+//! HTTP/1.x, hyper 1.x (under axum) then reads at most one more piece of that
+//! body and, if it has not ended, closes the connection: after a response
+//! that said nothing of it, so the client's next request on the connection
+//! would fail with a broken pipe or a reset. So a denial of an HTTP/1.0 or
+//! HTTP/1.1 request that may carry a body (`Content-Length` other than 0, or
+//! any `Transfer-Encoding`) carries `Connection: close`: the client sees the
+//! whole denial, then the end of the connection, and opens a new one. A
+//! bodiless request's denial (most `GET`s) keeps the connection, and HTTP/2
+//! and HTTP/3 responses never carry the field (it is not allowed there).
+//!
+//! ```
+//! use http::{Request, StatusCode, Version, header};
+//! use turnstile::tower::{Global, Layer, RateLimitLayer};
+//! use turnstile::{Gate, KeyedLimiter, Quota};
+//! # use std::convert::Infallible;
+//! # use std::future::{Ready, ready};
+//! # use std::pin::pin;
+//! # use std::task::{Context, Poll, Waker};
+//! # use http::Response;
+//! # use turnstile::tower::Service;
+//! # #[derive(Clone)]
+//! # struct Hello;
+//! # impl Service<Request<()>> for Hello {
+//! #     type Response = Response<String>;
+//! #     type Error = Infallible;
+//! #     type Future = Ready<Result<Response<String>, Infallible>>;
+//! #     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+//! #         Poll::Ready(Ok(()))
+//! #     }
+//! #     fn call(&mut self, _: Request<()>) -> Self::Future {
+//! #         ready(Ok(Response::new(String::new())))
+//! #     }
+//! # }
+//!
+//! let gate = Gate::new(KeyedLimiter::<()>::new(Quota::per_hour(1)?));
+//! // `Hello` and `send` as in the first example.
+//! let mut service = RateLimitLayer::new(gate, Global).layer(Hello);
+//! # let mut send = |request: Request<()>| {
+//! #     match pin!(service.call(request)).poll(&mut Context::from_waker(Waker::noop())) {
+//! #         Poll::Ready(Ok(response)) => response,
+//! #         _ => unreachable!("ready at once"),
+//! #     }
+//! # };
+//! let upload = |version| {
+//!     Request::post("/").version(version).header(header::CONTENT_LENGTH, "65536").body(())
+//! };
+//! assert_eq!(send(upload(Version::HTTP_11)?).status(), StatusCode::OK);
+//! let denied = send(upload(Version::HTTP_11)?);
+//! assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(denied.headers()["connection"], "close");
+//! // No body, or HTTP/2: the connection stays.
+//! assert!(send(Request::get("/").body(())?).headers().get("connection").is_none());
+//! assert!(send(upload(Version::HTTP_2)?).headers().get("connection").is_none());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The layer does not read the body itself to keep the connection: its
+//! service takes any request body type (`Request<()>` included), so draining
+//! would need an `http_body::Body` bound, and a timer to stop a slow sender;
+//! and a denied client is the last one a limiter should spend reads and time
+//! on. hyper still drains what it can on its own (a small body that came
+//! with the head) before it closes; the close costs the refused client one
+//! reconnect. The Redis layer (`turnstile::redis::RedisRateLimitLayer`) does
+//! the same. Admitted requests are untouched: their bodies are the inner
+//! service's.
+//!
 //! # Misconfiguration
 //!
 //! A key extractor that reads something the *server* must provide (the peer
@@ -145,6 +214,8 @@ mod forwarded;
 mod layer;
 mod limits;
 
+#[cfg(all(feature = "redis", feature = "tokio"))]
+pub(crate) use denial::close_if_body_unread;
 pub use denial::{Denial, DenialResponse, DenyWith, PlainDenial};
 pub use extract::{ApiKeyHeader, DEFAULT_IPV6_PREFIX, Global, KeyExtractor, PeerIp, RequestHead};
 pub use forwarded::{ForwardedFor, IpNet, IpNetError};
