@@ -29,8 +29,8 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use layer::{
-    combined_service, combined_service_advertising, governor_service, poll_ready_now, request, router, stacked_service,
-    turnstile_service,
+    combined_service, combined_service_advertising, governor_service, poll_ready_now, request,
+    router, stacked_service, turnstile_service,
 };
 use tower::Service;
 
@@ -78,8 +78,18 @@ fn bench(c: &mut Criterion) {
         ("admitted", true, StatusCode::OK),
         ("denied", false, StatusCode::TOO_MANY_REQUESTS),
     ] {
-        run(&mut group, &format!("combined3/{name}"), combined_service(admit), expect);
-        run(&mut group, &format!("stacked3/{name}"), stacked_service(admit), expect);
+        run(
+            &mut group,
+            &format!("combined3/{name}"),
+            combined_service(admit),
+            expect,
+        );
+        run(
+            &mut group,
+            &format!("stacked3/{name}"),
+            stacked_service(admit),
+            expect,
+        );
     }
     run(
         &mut group,

@@ -26,9 +26,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
+use turnstile::RateLimiter;
 use turnstile::redis::{Deadlines, Guarded, OnFailure, RedisLimiter, RedisRateLimitLayer};
 use turnstile::tower::{ApiKeyHeader, Global, Limits, RateLimitLayer};
-use turnstile::RateLimiter;
 use turnstile::{Gate, KeyedLimiter, Quota, TokenBucket};
 
 /// Long enough for a loaded machine; a hang is a failure, not a stuck suite.

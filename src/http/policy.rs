@@ -6,8 +6,8 @@ use core::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::algorithm::fixed_window::FixedWindow;
-use crate::algorithm::live::LiveTokenBucket;
 use crate::algorithm::gcra::Gcra;
+use crate::algorithm::live::LiveTokenBucket;
 use crate::algorithm::sliding_window::SlidingWindow;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::quota::Quota;
@@ -126,6 +126,36 @@ impl RateLimitPolicy {
         RateLimitPolicy::new(name, quota, window.max(Duration::from_secs(1)))
     }
 
+    /// The `RateLimit-Policy` item, written to `out` by hand.
+    #[cfg(feature = "tower")]
+    pub(crate) fn push_policy_item(&self, out: &mut Vec<u8>) {
+        push_name(out, &self.name, None);
+        out.extend_from_slice(b";q=");
+        push_decimal(out, self.quota.into());
+        out.extend_from_slice(b";w=");
+        push_decimal(out, self.window_secs);
+    }
+
+    /// The `RateLimit` item for `outcome`, written to `out` by hand; `false`
+    /// (nothing written) for a 401.
+    #[cfg(feature = "tower")]
+    pub(crate) fn push_value_item(&self, out: &mut Vec<u8>, outcome: &Outcome) -> bool {
+        match outcome {
+            Outcome::Unauthorized => return false,
+            Outcome::Admitted { remaining } => {
+                push_name(out, &self.name, None);
+                out.extend_from_slice(b";r=");
+                push_decimal(out, (*remaining).into());
+            }
+            Outcome::TooManyRequests { retry_after } | Outcome::Unavailable { retry_after } => {
+                push_name(out, &self.name, None);
+                out.extend_from_slice(b";r=0;t=");
+                push_decimal(out, retry_after.header_secs());
+            }
+        }
+        true
+    }
+
     /// The `RateLimit-Policy` field value.
     pub fn policy_value(&self) -> String {
         format!("\"{}\";q={};w={}", self.name, self.quota, self.window_secs)
@@ -203,4 +233,39 @@ macro_rules! advertised_by_algorithm {
     )*};
 }
 
-advertised_by_algorithm!(TokenBucket, Gcra, FixedWindow, SlidingWindow, LiveTokenBucket);
+advertised_by_algorithm!(
+    TokenBucket,
+    Gcra,
+    FixedWindow,
+    SlidingWindow,
+    LiveTokenBucket
+);
+
+/// `n` in decimal.
+#[cfg(feature = "tower")]
+pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        // `n % 10 < 10`: the cast keeps every bit.
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// `"name"` or `"name.tier"`: a quoted policy name.
+#[cfg(feature = "tower")]
+pub(crate) fn push_name(out: &mut Vec<u8>, name: &str, tier: Option<&str>) {
+    out.push(b'"');
+    out.extend_from_slice(name.as_bytes());
+    if let Some(tier) = tier {
+        out.push(b'.');
+        out.extend_from_slice(tier.as_bytes());
+    }
+    out.push(b'"');
+}

@@ -7,13 +7,14 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::sync::Arc;
 
-use http::header::{HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
-use http::{HeaderMap, Request, Response};
+use http::header::{HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{Request, Response};
 
 use super::denial::{Denial, DenialResponse, DenyWith, PlainDenial, close_if_body_unread};
 use super::extract::{Global, KeyExtractor, RequestHead};
+use super::fields::{Fields, add_policy_fields, policy_fields};
 use super::{Layer, Service};
-use crate::http::gate::{Gate, GateLimiter, GateStats, LimiterStats, Outcome, RateLimitPolicy};
+use crate::http::gate::{Gate, GateLimiter, GateStats, LimiterStats, Outcome};
 use crate::keyed::KeyedLimiter;
 use crate::limiter::RateLimiter;
 use crate::quota::Quota;
@@ -412,63 +413,6 @@ pub(crate) fn deny<B, R: DenialResponse<B>>(
     response
 }
 
-/// One policy's `RateLimit-Policy` and `RateLimit` list items.
-pub(crate) type Fields = [Option<HeaderValue>; 2];
-
-/// The `RateLimit-Policy` and `RateLimit` field values for `outcome`.
-pub(crate) fn policy_fields(policy: &RateLimitPolicy, outcome: &Outcome) -> Fields {
-    // Validated policy names and numbers make valid values; anything else
-    // would be left out, never a panic.
-    let value = |s: Option<String>| s.and_then(|s| HeaderValue::from_str(&s).ok());
-    [
-        value(Some(policy.policy_value())),
-        value(policy.value(outcome)),
-    ]
-}
-
-/// Add one policy's items to the `RateLimit-Policy` and `RateLimit` fields.
-///
-/// Both fields are structured-field Lists (draft-ietf-httpapi-ratelimit-headers,
-/// -07 onwards), one item per policy: an item is appended to what a layer
-/// closer to the service already set, never written over it, so that every
-/// limit a request met is told. The items go on one field line each (a List
-/// split across lines means the same, but not every client joins them).
-pub(crate) fn add_policy_fields(headers: &mut HeaderMap, fields: Fields) {
-    let [policy, value] = fields;
-    if let (Some(policy), Some(value)) = (policy, value) {
-        append_item(headers, RATELIMIT_POLICY, policy);
-        append_item(headers, RATELIMIT, value);
-    }
-}
-
-/// Append `item` to the List field `name`, joining its lines into one.
-pub(crate) fn append_item(headers: &mut HeaderMap, name: HeaderName, item: HeaderValue) {
-    let mut lines = headers.get_all(&name).iter().peekable();
-    if lines.peek().is_none() {
-        headers.insert(name, item);
-        return;
-    }
-    let mut joined = Vec::with_capacity(64);
-    for line in lines {
-        joined.extend_from_slice(line.as_bytes());
-        joined.extend_from_slice(b", ");
-    }
-    joined.extend_from_slice(item.as_bytes());
-    // Valid values joined by ", " make a valid value; were it not, the item
-    // would be appended as a line of its own, never lost.
-    match HeaderValue::from_bytes(&joined) {
-        Ok(value) => {
-            headers.insert(name, value);
-        }
-        Err(_) => {
-            headers.append(name, item);
-        }
-    }
-}
-
-pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-
 pin_project_lite::pin_project! {
     /// The future of a [`RateLimit`] service's response.
     pub struct ResponseFuture<F, B> {
@@ -480,10 +424,7 @@ pin_project_lite::pin_project! {
 impl<F, B> ResponseFuture<F, B> {
     /// The inner service's response to an admitted request, with the policy
     /// `fields` added.
-    pub(crate) fn admitted(
-        future: F,
-        fields: Option<Fields>,
-    ) -> ResponseFuture<F, B> {
+    pub(crate) fn admitted(future: F, fields: Option<Fields>) -> ResponseFuture<F, B> {
         ResponseFuture {
             state: State::Admitted { future, fields },
         }

@@ -1,12 +1,12 @@
 //! Several limits in one layer, all or nothing: [`Limits`], built by
 //! [`LimitsBuilder`], and the [`Limited`] service it wraps.
 
+use core::borrow::Borrow;
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 use core::time::Duration;
-use core::borrow::Borrow;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -16,7 +16,10 @@ use http::{Request, Response};
 
 use super::denial::{Denial, DenialResponse, DenyWith, PlainDenial, close_if_body_unread};
 use super::extract::{KeyExtractor, RequestHead};
-use super::layer::{Fields, RATELIMIT, RATELIMIT_POLICY, Reported, append_item, deny};
+use super::fields::{
+    Fields, RATELIMIT, RATELIMIT_POLICY, append_item, push_decimal, push_name, push_policy,
+};
+use super::layer::{Reported, deny};
 use super::{Layer, Service};
 use crate::admission::Receipt;
 use crate::decision::{KeyedDecision, RetryAfter};
@@ -236,7 +239,10 @@ pub struct LimitsBuilder {
 impl fmt::Debug for LimitsBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LimitsBuilder")
-            .field("limits", &self.limits.iter().map(|l| l.name()).collect::<Vec<_>>())
+            .field(
+                "limits",
+                &self.limits.iter().map(|l| l.name()).collect::<Vec<_>>(),
+            )
             .field("cost", &self.cost)
             .finish_non_exhaustive()
     }
@@ -451,9 +457,11 @@ impl LimitsBuilder {
         }
         let denied_by = self.limits.iter().map(|_| AtomicU64::new(0)).collect();
         let items: Option<Vec<&[u8]>> = self.limits.iter().map(|l| l.cached_item()).collect();
-        let policy_line = items
-            .filter(|items| !items.is_empty())
-            .and_then(|items| HeaderValue::from_bytes(&items.join(&b", "[..])).ok().map(|v| (items.len(), v)));
+        let policy_line = items.filter(|items| !items.is_empty()).and_then(|items| {
+            HeaderValue::from_bytes(&items.join(&b", "[..]))
+                .ok()
+                .map(|v| (items.len(), v))
+        });
         Ok(Limits {
             shared: Arc::new(Shared {
                 limits: self.limits,
@@ -751,50 +759,10 @@ impl Cached {
     }
 }
 
-/// `"name";q=Q;w=W`, the window in whole seconds rounded up (at least 1).
-fn push_policy(out: &mut Vec<u8>, name: &str, tier: Option<&str>, quota: u32, window: Duration) {
-    let window = window.max(Duration::from_secs(1));
-    let secs = window
-        .as_secs()
-        .saturating_add(u64::from(window.subsec_nanos() > 0));
-    push_name(out, name, tier);
-    out.extend_from_slice(b";q=");
-    push_decimal(out, quota.into());
-    out.extend_from_slice(b";w=");
-    push_decimal(out, secs);
-}
-
 /// One limit's state, for its `RateLimit` item.
 enum State {
     Remaining(u32),
     Wait(RetryAfter),
-}
-
-/// `n` in decimal.
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        // `n % 10 < 10`: the cast keeps every bit.
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
-}
-
-/// `"name"` or `"name.tier"`: a quoted policy name.
-fn push_name(out: &mut Vec<u8>, name: &str, tier: Option<&str>) {
-    out.push(b'"');
-    out.extend_from_slice(name.as_bytes());
-    if let Some(tier) = tier {
-        out.push(b'.');
-        out.extend_from_slice(tier.as_bytes());
-    }
-    out.push(b'"');
 }
 
 impl Items {
@@ -826,7 +794,13 @@ impl Items {
             }
             _ => {
                 self.all_cached = false;
-                push_policy(policy, name, advertised.tier, advertised.quota, advertised.window);
+                push_policy(
+                    policy,
+                    name,
+                    advertised.tier,
+                    advertised.quota,
+                    advertised.window,
+                );
             }
         }
         push_name(value, name, advertised.tier);
@@ -1150,7 +1124,11 @@ impl Settlement {
             Settle::Drain
         } else if shared.refund_when.as_ref().is_some_and(|when| when(parts)) {
             Settle::Refund
-        } else if let Some(cost) = shared.cost_from_response.as_ref().and_then(|cost| cost(parts)) {
+        } else if let Some(cost) = shared
+            .cost_from_response
+            .as_ref()
+            .and_then(|cost| cost(parts))
+        {
             Settle::Cost(cost)
         } else {
             Settle::Keep

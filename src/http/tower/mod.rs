@@ -210,6 +210,7 @@ pub use tower_service::Service;
 
 mod denial;
 mod extract;
+mod fields;
 mod forwarded;
 mod layer;
 mod limits;
@@ -218,8 +219,10 @@ mod limits;
 pub(crate) use denial::close_if_body_unread;
 pub use denial::{Denial, DenialResponse, DenyWith, PlainDenial};
 pub use extract::{ApiKeyHeader, DEFAULT_IPV6_PREFIX, Global, KeyExtractor, PeerIp, RequestHead};
+#[cfg(all(feature = "redis", feature = "tokio"))]
+pub(crate) use fields::{Fields, policy_fields};
 pub use forwarded::{ForwardedFor, IpNet, IpNetError};
 pub use layer::{LayerStats, RateLimit, RateLimitLayer, ResponseFuture};
-pub use limits::{Limited, LimitedFuture, Limits, LimitsBuilder, LimitsError, LimitsStats};
 #[cfg(all(feature = "redis", feature = "tokio"))]
-pub(crate) use layer::{Fields, Reported, deny, policy_fields};
+pub(crate) use layer::{Reported, deny};
+pub use limits::{Limited, LimitedFuture, Limits, LimitsBuilder, LimitsError, LimitsStats};

@@ -1,0 +1,139 @@
+//! The `RateLimit-Policy` and `RateLimit` fields as the layers write them:
+//! structured-field List items, appended to what a layer closer to the
+//! service set, written by hand (`core::fmt` costs more than a decision).
+
+use core::time::Duration;
+
+use http::HeaderMap;
+use http::header::{HeaderName, HeaderValue};
+
+use crate::http::outcome::Outcome;
+use crate::http::policy::RateLimitPolicy;
+pub(crate) use crate::http::policy::{push_decimal, push_name};
+
+/// `"name";q=Q;w=W`, the window in whole seconds rounded up (at least 1).
+pub(crate) fn push_policy(
+    out: &mut Vec<u8>,
+    name: &str,
+    tier: Option<&str>,
+    quota: u32,
+    window: Duration,
+) {
+    let window = window.max(Duration::from_secs(1));
+    let secs = window
+        .as_secs()
+        .saturating_add(u64::from(window.subsec_nanos() > 0));
+    push_name(out, name, tier);
+    out.extend_from_slice(b";q=");
+    push_decimal(out, quota.into());
+    out.extend_from_slice(b";w=");
+    push_decimal(out, secs);
+}
+
+/// One policy's `RateLimit-Policy` and `RateLimit` list items.
+pub(crate) type Fields = [Option<HeaderValue>; 2];
+
+/// The `RateLimit-Policy` and `RateLimit` field values for `outcome`.
+pub(crate) fn policy_fields(policy: &RateLimitPolicy, outcome: &Outcome) -> Fields {
+    let mut item = Vec::with_capacity(48);
+    policy.push_policy_item(&mut item);
+    let policy_value = HeaderValue::from_bytes(&item).ok();
+    item.clear();
+    if !policy.push_value_item(&mut item, outcome) {
+        return [policy_value, None];
+    }
+    [policy_value, HeaderValue::from_bytes(&item).ok()]
+}
+
+/// The values as `RateLimitPolicy`'s strings, for comparison in tests.
+#[cfg(test)]
+fn formatted(policy: &RateLimitPolicy, outcome: &Outcome) -> Fields {
+    // Validated policy names and numbers make valid values; anything else
+    // would be left out, never a panic.
+    let value = |s: Option<String>| s.and_then(|s| HeaderValue::from_str(&s).ok());
+    [
+        value(Some(policy.policy_value())),
+        value(policy.value(outcome)),
+    ]
+}
+
+/// Add one policy's items to the `RateLimit-Policy` and `RateLimit` fields.
+///
+/// Both fields are structured-field Lists (draft-ietf-httpapi-ratelimit-headers,
+/// -07 onwards), one item per policy: an item is appended to what a layer
+/// closer to the service already set, never written over it, so that every
+/// limit a request met is told. The items go on one field line each (a List
+/// split across lines means the same, but not every client joins them).
+pub(crate) fn add_policy_fields(headers: &mut HeaderMap, fields: Fields) {
+    let [policy, value] = fields;
+    if let (Some(policy), Some(value)) = (policy, value) {
+        append_item(headers, RATELIMIT_POLICY, policy);
+        append_item(headers, RATELIMIT, value);
+    }
+}
+
+/// Append `item` to the List field `name`, joining its lines into one.
+pub(crate) fn append_item(headers: &mut HeaderMap, name: HeaderName, item: HeaderValue) {
+    let mut lines = headers.get_all(&name).iter().peekable();
+    if lines.peek().is_none() {
+        headers.insert(name, item);
+        return;
+    }
+    let mut joined = Vec::with_capacity(64);
+    for line in lines {
+        joined.extend_from_slice(line.as_bytes());
+        joined.extend_from_slice(b", ");
+    }
+    joined.extend_from_slice(item.as_bytes());
+    // Valid values joined by ", " make a valid value; were it not, the item
+    // would be appended as a line of its own, never lost.
+    match HeaderValue::from_bytes(&joined) {
+        Ok(value) => {
+            headers.insert(name, value);
+        }
+        Err(_) => {
+            headers.append(name, item);
+        }
+    }
+}
+
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::{KeyedDecision, RetryAfter};
+
+    #[test]
+    fn items_written_by_hand_are_the_policy_s_own_strings() {
+        let policy =
+            RateLimitPolicy::new("api.paid-1", 4_294_967_295, Duration::from_millis(1_500))
+                .unwrap();
+        for outcome in [
+            Outcome::Admitted { remaining: 0 },
+            Outcome::Admitted {
+                remaining: 1_234_567,
+            },
+            Outcome::Unauthorized,
+            Outcome::from_decision(Some(KeyedDecision::Denied {
+                retry_after: RetryAfter::from_nanos(2_500_000_000),
+            })),
+            Outcome::from_decision(Some(KeyedDecision::KeyLimit {
+                retry_after: RetryAfter::from_nanos(1),
+            })),
+        ] {
+            assert_eq!(
+                policy_fields(&policy, &outcome),
+                formatted(&policy, &outcome),
+                "{outcome:?}"
+            );
+        }
+        let mut n = Vec::new();
+        for x in [0, 9, 10, 99, 100, u64::MAX] {
+            n.clear();
+            push_decimal(&mut n, x);
+            assert_eq!(n, x.to_string().as_bytes());
+        }
+    }
+}
