@@ -27,6 +27,19 @@ pub enum QuotaError {
         /// The time unit for the capacity asked for.
         unit: Duration,
     },
+    /// [`Quota::burst`](crate::Quota::burst) was given a capacity above 65,535
+    /// whose coarser time unit does not divide the quota's refill period (the
+    /// period was valid for the old capacity: the burst is at fault).
+    BurstResolution {
+        /// The capacity (burst) asked for.
+        capacity: u32,
+        /// The time unit of that capacity.
+        unit: Duration,
+        /// The quota's refill period, which that unit does not divide.
+        period: Duration,
+        /// The largest burst whose time unit divides the period.
+        max: u32,
+    },
     /// Refilling an empty bucket would take longer than the packed word's time field
     /// can measure exactly for this capacity (half its range).
     FillTimeTooLong {
@@ -102,6 +115,19 @@ impl fmt::Display for QuotaError {
                     Duration::from_nanos(u64::try_from(suggestion).unwrap_or(u64::MAX))
                 )
             }
+            QuotaError::BurstResolution {
+                capacity,
+                unit,
+                period,
+                max,
+            } => write!(
+                f,
+                "a burst (capacity) of {capacity} tokens is too large for this quota's \
+                 refill period of {period:?}: that capacity counts time in units of \
+                 {unit:?}, which do not divide the period; with this period the burst \
+                 must be between 1 and {max}, or build the quota with Quota::new and a \
+                 period that is a multiple of {unit:?}"
+            ),
             QuotaError::FillTimeTooLong {
                 capacity,
                 fill_time,
