@@ -55,6 +55,9 @@ pub enum QuotaError {
     /// A fair queue (`Fair::new`, feature `tokio`) was given room for 0
     /// waiters; it must hold at least one.
     ZeroWaiters,
+    /// `OnFailure::local_share` (feature `redis`) was told 0 processes share
+    /// the quota; at least one does.
+    ZeroProcesses,
     /// A window was zero long.
     ZeroWindow,
     /// The window is too short for the limit: the word keeps the count(s) in as
@@ -143,6 +146,10 @@ impl fmt::Display for QuotaError {
             }
             QuotaError::ZeroWaiters => f.write_str(
                 "a fair queue's max_waiters is 0; it must be at least 1 waiter (up to usize::MAX)",
+            ),
+            QuotaError::ZeroProcesses => f.write_str(
+                "a local share for 0 processes; processes must be at least 1 (the \
+                 processes that share the global quota, this one among them)",
             ),
             QuotaError::ZeroWindow => {
                 f.write_str("window is zero; it must be at least 1 nanosecond")

@@ -20,8 +20,8 @@ use turnstile::redis::{
     Deadlines, Guarded, GuardedStats, OnFailure, RedisLimitError, RedisLimiter,
 };
 use turnstile::{
-    AcquireError, Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, Quota, SlidingWindow,
-    TokenBucket,
+    AcquireError, Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, Quota, QuotaError,
+    SlidingWindow, TokenBucket,
 };
 
 fn dbsize(con: &mut dyn ConnectionLike) -> i64 {
@@ -243,6 +243,23 @@ fn gcra_matches_in_process() {
             );
         }
     }
+}
+
+/// A local share for 0 processes is refused (it used to be taken as one
+/// process, the whole quota here): no server is needed, none is asked.
+#[test]
+fn a_local_share_for_zero_processes_is_refused() {
+    let quota = Quota::per_second(100).unwrap();
+    let result = OnFailure::local_share(quota, 0);
+    assert!(
+        matches!(result, Err(QuotaError::ZeroProcesses)),
+        "{result:?}"
+    );
+    let text = result.unwrap_err().to_string();
+    assert!(
+        text.contains("0 processes") && text.contains("at least 1"),
+        "{text}"
+    );
 }
 
 #[test]
