@@ -227,9 +227,15 @@ pub enum KeyedConfigError {
     ZeroMaxKeys,
     /// `sweep_every` was 0; a shard sweeps itself after at least one insert.
     ZeroSweepEvery,
-    /// `sweep_interval` was zero; a background sweeper needs a period of at
-    /// least 1 ns (seconds are typical).
-    ZeroSweepInterval,
+    /// A background sweeper's interval was shorter than
+    /// [`MIN_SWEEP_INTERVAL`](crate::MIN_SWEEP_INTERVAL) (1 ms), zero
+    /// included: such a thread would do little but spin.
+    SweepIntervalTooShort {
+        /// The interval asked for.
+        interval: Duration,
+        /// The shortest interval allowed.
+        min: Duration,
+    },
     /// The background sweeper's thread could not be started.
     SweeperThread {
         /// The operating system's error.
@@ -250,8 +256,11 @@ impl fmt::Display for KeyedConfigError {
             KeyedConfigError::ZeroSweepEvery => f.write_str(
                 "sweep_every is 0; it must be at least 1 (inserts between a shard's sweeps)",
             ),
-            KeyedConfigError::ZeroSweepInterval => f.write_str(
-                "sweep_interval is zero; it must be at least 1 ns (seconds are typical)",
+            KeyedConfigError::SweepIntervalTooShort { interval, min } => write!(
+                f,
+                "a sweeper interval of {interval:?} is too short; it must be at least \
+                 {min:?} (seconds are typical): a shorter one keeps a thread spinning \
+                 over the shards' locks"
             ),
             KeyedConfigError::SweeperThread { kind } => {
                 write!(f, "the background sweeper's thread could not start: {kind}")
