@@ -145,7 +145,10 @@ mod forwarded;
 mod layer;
 
 pub use denial::{Denial, DenialResponse, DenyWith, PlainDenial};
-pub use extract::{ApiKeyHeader, DEFAULT_IPV6_PREFIX, Global, KeyExtractor, PeerIp, RequestHead};
+pub use extract::{
+    ApiKeyHeader, DEFAULT_IPV6_PREFIX, ExtractorConfigError, Global, KeyExtractor, PeerIp,
+    RequestHead,
+};
 pub use forwarded::{ForwardedFor, IpNet, IpNetError};
 pub use layer::{LayerStats, RateLimit, RateLimitLayer, ResponseFuture};
 #[cfg(all(feature = "redis", feature = "tokio"))]
