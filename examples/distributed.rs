@@ -244,8 +244,9 @@ fn held_lease_cost(client: &redis::Client) {
         .lifetime(Duration::from_secs(60))
         .build()
         .expect("a leased limiter");
-    let largest = LeasedBuilder::new(global, turnstile::redis::MAX_LEASE)
-        .expect("a token bucket")
+    // The largest lease this bucket allows: its capacity is below MAX_LEASE.
+    let largest = LeasedBuilder::new(global, turnstile::redis::MAX_LEASE.min(plenty.capacity()))
+        .expect("a token bucket and a lease within its capacity")
         .lifetime(Duration::from_secs(60))
         .build()
         .expect("a leased limiter");
@@ -276,7 +277,7 @@ fn held_lease_cost(client: &redis::Client) {
          prefetch calls included: {leased_best:.1} ns ({:.2}x); {} Redis calls for {} \
          decisions ({:.5} per decision, 1/L = {:.5})",
         held_best / keyed_best,
-        turnstile::redis::MAX_LEASE,
+        largest.max_lease(),
         largest.stats().redis_calls(),
         leased_best / keyed_best,
         stats.redis_calls(),
