@@ -32,6 +32,7 @@ fn leased_hot_key(c: &mut Criterion) {
     };
     let mut con = Deadlines::default()
         .response(Duration::from_millis(50))
+        .expect("a valid deadline")
         .blocking(server.client());
     let plenty = Quota::per_second(1_000_000_000)
         .and_then(|q| q.burst(1_000_000))

@@ -179,6 +179,7 @@ fn replica(args: &[String]) {
     let client = redis::Client::open(url.as_str()).expect("a valid Redis URL");
     let mut con = Deadlines::default()
         .response(Duration::from_millis(50))
+        .expect("a valid deadline")
         .blocking(client);
     let global = RedisLimiter::new("distributed", TokenBucket::new(quota())).expect("exact");
     let limiter = Arc::new(
@@ -190,6 +191,7 @@ fn replica(args: &[String]) {
     // Prefetches on a connection of their own, off the request path.
     let refresher_con = Deadlines::default()
         .response(Duration::from_millis(50))
+        .expect("a valid deadline")
         .blocking(redis::Client::open(url.as_str()).expect("a valid Redis URL"));
     let _refresher = if leased {
         limiter.start_refresher(refresher_con).expect("a thread")
@@ -229,6 +231,7 @@ fn replica(args: &[String]) {
 fn held_lease_cost(client: &redis::Client) {
     let mut con = Deadlines::default()
         .response(Duration::from_millis(50))
+        .expect("a valid deadline")
         .blocking(client.clone());
     let _: redis::RedisResult<()> = redis::cmd("FLUSHALL").query(&mut con);
     // A limit that never runs dry here: leases of 1,000 from a bucket of a

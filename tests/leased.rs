@@ -549,7 +549,9 @@ fn the_async_api_spends_leases_as_the_blocking_one() {
     runtime.block_on(async {
         let mut con = Deadlines::default()
             .connect(Duration::from_secs(2))
+            .unwrap()
             .response(Duration::from_secs(2))
+            .unwrap()
             .multiplexed(&client)
             .await
             .unwrap();
@@ -665,7 +667,11 @@ fn redis_killed_mid_run_fails_as_configured_and_recovers() {
         .build()
         .unwrap();
     let phase = std::sync::Mutex::new(Phase::default());
-    let deadlines = Deadlines::default().connect(deadline).response(deadline);
+    let deadlines = Deadlines::default()
+        .connect(deadline)
+        .unwrap()
+        .response(deadline)
+        .unwrap();
     let client = server.client();
     let set = |change: &dyn Fn(&mut Phase)| change(&mut phase.lock().unwrap());
     let (seen_closed, seen_open, server) = thread::scope(|s| {
@@ -874,7 +880,9 @@ fn a_hung_redis_costs_one_deadline_then_the_backoff_answers() {
     let deadline = 50 * MS;
     let mut con = Deadlines::default()
         .connect(Duration::from_secs(2))
+        .unwrap()
         .response(deadline)
+        .unwrap()
         .blocking(server.client());
     // A lease held for "warm" (the size grows 1, 2, 4, 8 over the first
     // requests).
@@ -926,7 +934,9 @@ fn an_async_refresher_task_prefetches_and_gives_back() {
     let client = server.client();
     let deadlines = Deadlines::default()
         .connect(Duration::from_secs(2))
-        .response(Duration::from_secs(2));
+        .unwrap()
+        .response(Duration::from_secs(2))
+        .unwrap();
     let (admitted, stats) = runtime.block_on(async {
         let task_con = deadlines.multiplexed(&client).await.unwrap();
         let task = limiter.start_refresher_async(task_con).expect("the first");
@@ -1017,7 +1027,9 @@ fn a_stopped_refresher_releases_the_prefetches_it_had_queued() {
     // The refresher's connection, connected before Redis hangs.
     let mut refresher_con = Deadlines::default()
         .connect(Duration::from_secs(2))
+        .unwrap()
         .response(200 * MS)
+        .unwrap()
         .blocking(server.client());
     let _: () = redis::cmd("PING").query(&mut refresher_con).unwrap();
     let refresher = limiter
@@ -1082,7 +1094,9 @@ fn an_aborted_refresher_task_releases_the_prefetches_it_had_queued() {
     let client = server.client();
     let deadlines = Deadlines::default()
         .connect(Duration::from_secs(2))
-        .response(Duration::from_secs(5));
+        .unwrap()
+        .response(Duration::from_secs(5))
+        .unwrap();
     let task_con = runtime.block_on(deadlines.multiplexed(&client)).unwrap();
     let task = runtime
         .block_on(async { limiter.start_refresher_async(task_con) })
@@ -1126,7 +1140,9 @@ fn a_give_back_pass_stops_at_the_first_failure() {
     warm(&limiter, &mut con, &keys, 4);
     let mut short = Deadlines::default()
         .connect(50 * MS)
+        .unwrap()
         .response(50 * MS)
+        .unwrap()
         .blocking(server.client());
     let _: () = redis::cmd("PING").query(&mut short).unwrap();
     let sleeper = hang(&server, 1.5);

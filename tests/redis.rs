@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use redis::{Client, ConnectionLike};
 use redis_server::{Server, spawn_on};
 use turnstile::redis::{
-    Deadlines, Guarded, GuardedStats, OnFailure, RedisLimitError, RedisLimiter,
+    Deadlines, Guarded, GuardedStats, OnFailure, RedisConfigError, RedisLimitError, RedisLimiter,
 };
 use turnstile::{
     AcquireError, Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, Quota, QuotaError,
@@ -262,6 +262,47 @@ fn a_local_share_for_zero_processes_is_refused() {
     );
 }
 
+/// A deadline under 1 µs (zero included; it used to become 1 µs) is refused
+/// by the setter, naming which deadline; 1 µs is accepted. No connection.
+#[test]
+fn a_deadline_under_a_microsecond_is_refused() {
+    let min = Duration::from_micros(1);
+    for value in [Duration::ZERO, Duration::from_nanos(999)] {
+        assert_eq!(
+            Deadlines::default().connect(value),
+            Err(RedisConfigError::DeadlineTooShort {
+                what: "connect deadline",
+                value,
+                min
+            })
+        );
+        let err = Deadlines::default().response(value).unwrap_err();
+        assert_eq!(
+            err,
+            RedisConfigError::DeadlineTooShort {
+                what: "response deadline",
+                value,
+                min
+            }
+        );
+        assert!(
+            err.to_string().contains(&format!(
+                "the response deadline is {value:?}; it must be at least 1µs"
+            )),
+            "{err}"
+        );
+    }
+    let deadlines = Deadlines::default()
+        .connect(min)
+        .unwrap()
+        .response(min)
+        .unwrap();
+    assert_eq!(
+        (deadlines.connect_timeout(), deadlines.response_timeout()),
+        (min, min)
+    );
+}
+
 #[test]
 fn a_request_that_can_never_succeed_fails_without_a_round_trip() {
     // No server at all on this connection: the checks come first.
@@ -471,7 +512,9 @@ fn a_call_past_its_deadline_fails_fast_and_the_late_reply_is_never_read() {
         RedisLimiter::new("d", FixedWindow::new(100, Duration::from_secs(60)).unwrap()).unwrap();
     let mut con = Deadlines::default()
         .connect(Duration::from_secs(2))
+        .unwrap()
         .response(Duration::from_millis(50))
+        .unwrap()
         .blocking(server.client());
     assert_eq!(
         limiter
@@ -513,7 +556,9 @@ fn the_async_api_decides_as_the_blocking_one() {
     let limiter = RedisLimiter::new("async", Gcra::new(quota)).unwrap();
     let deadlines = Deadlines::default()
         .connect(Duration::from_secs(2))
-        .response(Duration::from_secs(2));
+        .unwrap()
+        .response(Duration::from_secs(2))
+        .unwrap();
     runtime.block_on(async {
         let mut con = deadlines.multiplexed(&server.client()).await.unwrap();
         let now = START_MICROS;
@@ -831,7 +876,9 @@ fn an_async_call_to_a_dead_redis_fails_within_its_deadline_and_the_guard_answers
     let guarded: Guarded = Guarded::new(limiter.clone(), OnFailure::Deny, Duration::from_secs(5));
     let deadlines = Deadlines::default()
         .connect(Duration::from_secs(2))
-        .response(200 * MS);
+        .unwrap()
+        .response(200 * MS)
+        .unwrap();
     let client = server.client();
     runtime.block_on(async {
         let mut con = deadlines.multiplexed(&client).await.unwrap();
@@ -902,7 +949,9 @@ fn failing_closed_without_a_backoff_denies_with_a_wait() {
     let client = Client::open("redis://127.0.0.1:1/").unwrap();
     let mut con = Deadlines::default()
         .connect(Duration::from_millis(200))
+        .unwrap()
         .response(Duration::from_millis(200))
+        .unwrap()
         .blocking(client);
     let global =
         RedisLimiter::new("nobody", TokenBucket::new(Quota::per_second(10).unwrap())).unwrap();

@@ -32,6 +32,16 @@ pub enum RedisConfigError {
         /// The longest allowed.
         max: Duration,
     },
+    /// A [`Deadlines`](super::Deadlines) deadline is shorter than 1 µs (zero
+    /// included): no call could finish within it.
+    DeadlineTooShort {
+        /// Which deadline: `"connect deadline"` or `"response deadline"`.
+        what: &'static str,
+        /// Its value.
+        value: Duration,
+        /// The shortest allowed.
+        min: Duration,
+    },
     /// A sliding window whose `limit * window` (in microseconds) reaches
     /// `2^53`: its weighting would not be exact.
     SlidingTooWide {
@@ -99,6 +109,11 @@ impl fmt::Display for RedisConfigError {
                 f,
                 "the {what} is {value:?}; on Redis it can be at most {max:?} \
                  (Lua numbers are exact below 2^53)"
+            ),
+            RedisConfigError::DeadlineTooShort { what, value, min } => write!(
+                f,
+                "the {what} is {value:?}; it must be at least {min:?} (a call cannot \
+                 finish in less)"
             ),
             RedisConfigError::SlidingTooWide {
                 limit,
