@@ -84,7 +84,8 @@ fn differential<A: Algorithm + Copy + Into<turnstile::redis::RedisAlgorithm>>(
     // step that goes back in time, however slow the machine is.
     let limiter = RedisLimiter::new(name, algorithm)
         .expect("a configuration Redis keeps exact")
-        .with_expiry_slack(Duration::from_secs(60));
+        .with_expiry_slack(Duration::from_secs(60))
+        .expect("a slack Redis keeps exact");
     let mut con = server.connection();
     let mut rng = Rng(seed);
     let keys = ["a", "b", "c"];
@@ -300,6 +301,32 @@ fn a_deadline_under_a_microsecond_is_refused() {
     assert_eq!(
         (deadlines.connect_timeout(), deadlines.response_timeout()),
         (min, min)
+    );
+}
+
+/// An expiry slack past 2^47 µs (it used to saturate, and every write then
+/// failed on Redis) is refused by the setter; the bound itself is accepted.
+#[test]
+fn an_expiry_slack_past_the_scripts_bound_is_refused() {
+    let limiter =
+        || RedisLimiter::new("slack", TokenBucket::new(Quota::per_second(5).unwrap())).unwrap();
+    let max = Duration::from_micros(1 << 47);
+    for slack in [max + Duration::from_micros(1), Duration::MAX] {
+        let err = limiter().with_expiry_slack(slack).err();
+        assert_eq!(
+            err,
+            Some(RedisConfigError::TooLong {
+                what: "expiry slack",
+                value: slack,
+                max
+            })
+        );
+    }
+    assert!(limiter().with_expiry_slack(max).is_ok());
+    let hour = Duration::from_secs(3_600);
+    assert_eq!(
+        limiter().with_expiry_slack(hour).unwrap().expiry_slack(),
+        hour
     );
 }
 
