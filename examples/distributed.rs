@@ -179,6 +179,7 @@ fn replica(args: &[String]) {
     let client = redis::Client::open(url.as_str()).expect("a valid Redis URL");
     let mut con = Deadlines::default()
         .response(Duration::from_millis(50))
+        .expect("a valid deadline")
         .blocking(client);
     let global = RedisLimiter::new("distributed", TokenBucket::new(quota())).expect("exact");
     let limiter = Arc::new(
@@ -190,6 +191,7 @@ fn replica(args: &[String]) {
     // Prefetches on a connection of their own, off the request path.
     let refresher_con = Deadlines::default()
         .response(Duration::from_millis(50))
+        .expect("a valid deadline")
         .blocking(redis::Client::open(url.as_str()).expect("a valid Redis URL"));
     let _refresher = if leased {
         limiter.start_refresher(refresher_con).expect("a thread")
@@ -229,6 +231,7 @@ fn replica(args: &[String]) {
 fn held_lease_cost(client: &redis::Client) {
     let mut con = Deadlines::default()
         .response(Duration::from_millis(50))
+        .expect("a valid deadline")
         .blocking(client.clone());
     let _: redis::RedisResult<()> = redis::cmd("FLUSHALL").query(&mut con);
     // A limit that never runs dry here: leases of 1,000 from a bucket of a
@@ -244,8 +247,9 @@ fn held_lease_cost(client: &redis::Client) {
         .lifetime(Duration::from_secs(60))
         .build()
         .expect("a leased limiter");
-    let largest = LeasedBuilder::new(global, turnstile::redis::MAX_LEASE)
-        .expect("a token bucket")
+    // The largest lease this bucket allows: its capacity is below MAX_LEASE.
+    let largest = LeasedBuilder::new(global, turnstile::redis::MAX_LEASE.min(plenty.capacity()))
+        .expect("a token bucket and a lease within its capacity")
         .lifetime(Duration::from_secs(60))
         .build()
         .expect("a leased limiter");
@@ -276,7 +280,7 @@ fn held_lease_cost(client: &redis::Client) {
          prefetch calls included: {leased_best:.1} ns ({:.2}x); {} Redis calls for {} \
          decisions ({:.5} per decision, 1/L = {:.5})",
         held_best / keyed_best,
-        turnstile::redis::MAX_LEASE,
+        largest.max_lease(),
         largest.stats().redis_calls(),
         leased_best / keyed_best,
         stats.redis_calls(),

@@ -27,6 +27,19 @@ pub enum QuotaError {
         /// The time unit for the capacity asked for.
         unit: Duration,
     },
+    /// [`Quota::burst`](crate::Quota::burst) was given a capacity above 65,535
+    /// whose coarser time unit does not divide the quota's refill period (the
+    /// period was valid for the old capacity: the burst is at fault).
+    BurstResolution {
+        /// The capacity (burst) asked for.
+        capacity: u32,
+        /// The time unit of that capacity.
+        unit: Duration,
+        /// The quota's refill period, which that unit does not divide.
+        period: Duration,
+        /// The largest burst whose time unit divides the period.
+        max: u32,
+    },
     /// Refilling an empty bucket would take longer than the packed word's time field
     /// can measure exactly for this capacity (half its range).
     FillTimeTooLong {
@@ -42,6 +55,9 @@ pub enum QuotaError {
     /// A fair queue (`Fair::new`, feature `tokio`) was given room for 0
     /// waiters; it must hold at least one.
     ZeroWaiters,
+    /// `OnFailure::local_share` (feature `redis`) was told 0 processes share
+    /// the quota; at least one does.
+    ZeroProcesses,
     /// A window was zero long.
     ZeroWindow,
     /// The window is too short for the limit: the word keeps the count(s) in as
@@ -102,6 +118,19 @@ impl fmt::Display for QuotaError {
                     Duration::from_nanos(u64::try_from(suggestion).unwrap_or(u64::MAX))
                 )
             }
+            QuotaError::BurstResolution {
+                capacity,
+                unit,
+                period,
+                max,
+            } => write!(
+                f,
+                "a burst (capacity) of {capacity} tokens is too large for this quota's \
+                 refill period of {period:?}: that capacity counts time in units of \
+                 {unit:?}, which do not divide the period; with this period the burst \
+                 must be between 1 and {max}, or build the quota with Quota::new and a \
+                 period that is a multiple of {unit:?}"
+            ),
             QuotaError::FillTimeTooLong {
                 capacity,
                 fill_time,
@@ -117,6 +146,10 @@ impl fmt::Display for QuotaError {
             }
             QuotaError::ZeroWaiters => f.write_str(
                 "a fair queue's max_waiters is 0; it must be at least 1 waiter (up to usize::MAX)",
+            ),
+            QuotaError::ZeroProcesses => f.write_str(
+                "a local share for 0 processes; processes must be at least 1 (the \
+                 processes that share the global quota, this one among them)",
             ),
             QuotaError::ZeroWindow => {
                 f.write_str("window is zero; it must be at least 1 nanosecond")
@@ -194,9 +227,15 @@ pub enum KeyedConfigError {
     ZeroMaxKeys,
     /// `sweep_every` was 0; a shard sweeps itself after at least one insert.
     ZeroSweepEvery,
-    /// `sweep_interval` was zero; a background sweeper needs a period of at
-    /// least 1 ns (seconds are typical).
-    ZeroSweepInterval,
+    /// A background sweeper's interval was shorter than
+    /// [`MIN_SWEEP_INTERVAL`](crate::MIN_SWEEP_INTERVAL) (1 ms), zero
+    /// included: such a thread would do little but spin.
+    SweepIntervalTooShort {
+        /// The interval asked for.
+        interval: Duration,
+        /// The shortest interval allowed.
+        min: Duration,
+    },
     /// The background sweeper's thread could not be started.
     SweeperThread {
         /// The operating system's error.
@@ -217,8 +256,11 @@ impl fmt::Display for KeyedConfigError {
             KeyedConfigError::ZeroSweepEvery => f.write_str(
                 "sweep_every is 0; it must be at least 1 (inserts between a shard's sweeps)",
             ),
-            KeyedConfigError::ZeroSweepInterval => f.write_str(
-                "sweep_interval is zero; it must be at least 1 ns (seconds are typical)",
+            KeyedConfigError::SweepIntervalTooShort { interval, min } => write!(
+                f,
+                "a sweeper interval of {interval:?} is too short; it must be at least \
+                 {min:?} (seconds are typical): a shorter one keeps a thread spinning \
+                 over the shards' locks"
             ),
             KeyedConfigError::SweeperThread { kind } => {
                 write!(f, "the background sweeper's thread could not start: {kind}")

@@ -128,6 +128,7 @@ pub use keyed::Sweeper;
 pub use keyed::tiered::{Tiered, TieredError};
 pub use keyed::{
     DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, KeyedAdmission, KeyedBuilder, KeyedLimiter, KeyedStats,
+    MIN_SWEEP_INTERVAL,
 };
 pub use limiter::{Counted, Counter, DirectStats, RateLimiter, Uncounted};
 pub use quota::Quota;

@@ -147,12 +147,40 @@ impl Quota {
 
     /// The same refill with a different capacity (burst).
     ///
+    /// A capacity above 65,535 has a coarser [time unit](Quota::time_unit),
+    /// which must divide the refill period this quota already has: with
+    /// `Quota::per_second(100)`'s 10 ms period the burst can be at most
+    /// 1,048,575 (a 16 µs unit), and `u32::MAX` (a 65.536 ms unit) needs a period
+    /// that is a multiple of 65.536 ms.
+    ///
+    /// ```
+    /// use turnstile::{Quota, QuotaError};
+    ///
+    /// let per_second = Quota::per_second(100)?;
+    /// assert_eq!(per_second.burst(1_048_575)?.capacity(), 1_048_575);
+    /// assert!(matches!(
+    ///     per_second.burst(u32::MAX),
+    ///     Err(QuotaError::BurstResolution { capacity: u32::MAX, max: 1_048_575, .. })
+    /// ));
+    /// # Ok::<(), QuotaError>(())
+    /// ```
+    ///
     /// # Errors
     ///
-    /// [`QuotaError::ZeroCapacity`]; [`QuotaError::PeriodResolution`] when the
+    /// [`QuotaError::ZeroCapacity`]; [`QuotaError::BurstResolution`] when the
     /// new capacity is above 65,535 and its coarser time unit does not divide the
-    /// period; [`QuotaError::FillTimeTooLong`].
+    /// period (the error names the capacity and the largest burst the period
+    /// allows); [`QuotaError::FillTimeTooLong`].
     pub fn burst(self, capacity: u32) -> Result<Quota, QuotaError> {
+        let unit = Layout::for_capacity(capacity).unit_micros();
+        if capacity != 0 && !self.period_micros.is_multiple_of(unit) {
+            return Err(QuotaError::BurstResolution {
+                capacity,
+                unit: Duration::from_micros(unit),
+                period: Duration::from_micros(self.period_micros),
+                max: max_capacity_for_period(self.period_micros),
+            });
+        }
         Quota::from_micros(capacity, self.amount, self.period_micros)
     }
 
@@ -248,6 +276,18 @@ impl Quota {
         // `refill_for_rate` keeps the amount within a u32 (see its tests).
         let amount = u32::try_from(amount).unwrap_or(u32::MAX);
         Quota::from_micros(rate, amount, period)
+    }
+}
+
+/// The largest capacity whose time unit divides `period_micros` (at least
+/// 65,535, whose unit is 1 µs): the unit of a capacity of `16 + k` bits is
+/// `2^k` µs, so the period's factors of two decide.
+fn max_capacity_for_period(period_micros: u64) -> u32 {
+    let bits = 16 + period_micros.trailing_zeros();
+    if bits >= u32::BITS {
+        u32::MAX
+    } else {
+        (1 << bits) - 1
     }
 }
 

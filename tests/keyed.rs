@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use turnstile::{
     AcquireError, Clock, Decision, KeyedConfigError, KeyedDecision, KeyedLimiter, KeyedStats,
-    ManualClock, Quota, RateLimiter, RealClock, TokenBucket,
+    MIN_SWEEP_INTERVAL, ManualClock, Quota, RateLimiter, RealClock, TokenBucket,
 };
 
 type Manual<K> = KeyedLimiter<K, TokenBucket, ManualClock>;
@@ -449,8 +449,6 @@ fn the_background_sweeper_sweeps_and_stops_on_drop() {
     }
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(l.len(), 50, "a stopped sweeper sweeps nothing");
-    let err = l.start_sweeper(Duration::ZERO).unwrap_err();
-    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
 }
 
 /// Both cores, many keys, the real clock: no key is ever admitted more than
@@ -721,11 +719,48 @@ fn a_limiter_with_its_own_sweeper_reclaims_idle_keys_behind_a_gate() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(gate.limiter().stats().evicted, 1_000);
-    let err = KeyedLimiter::<u64>::new(quota(1, Duration::from_secs(1)))
-        .with_sweeper(Duration::ZERO)
-        .unwrap_err();
-    assert_eq!(err, KeyedConfigError::ZeroSweepInterval);
-    assert!(err.to_string().contains("sweep_interval is zero"));
+}
+
+/// A sweeper interval below `MIN_SWEEP_INTERVAL` (1 ms), zero included, is
+/// refused before any thread starts, by both ways of starting one; 1 ms is
+/// accepted.
+#[test]
+fn a_sweeper_interval_below_a_millisecond_is_refused() {
+    assert_eq!(MIN_SWEEP_INTERVAL, Duration::from_millis(1));
+    for interval in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::from_micros(999),
+    ] {
+        let too_short = KeyedConfigError::SweepIntervalTooShort {
+            interval,
+            min: MIN_SWEEP_INTERVAL,
+        };
+        let err = KeyedLimiter::<u64>::new(quota(1, Duration::from_secs(1)))
+            .with_sweeper(interval)
+            .unwrap_err();
+        assert_eq!(err, too_short);
+        assert!(
+            err.to_string()
+                .contains(&format!("{interval:?} is too short"))
+                && err.to_string().contains("at least 1ms"),
+            "{err}"
+        );
+        let shared = Arc::new(KeyedLimiter::<u64>::new(quota(1, Duration::from_secs(1))));
+        let err = shared.start_sweeper(interval).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        let inner = err
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<KeyedConfigError>());
+        assert_eq!(inner, Some(&too_short));
+    }
+    let shared = Arc::new(KeyedLimiter::<u64>::new(quota(1, Duration::from_secs(1))));
+    drop(shared.start_sweeper(MIN_SWEEP_INTERVAL).unwrap());
+    drop(
+        KeyedLimiter::<u64>::new(quota(1, Duration::from_secs(1)))
+            .with_sweeper(MIN_SWEEP_INTERVAL)
+            .unwrap(),
+    );
 }
 
 /// Both cores hammer one key in bursts with pauses long enough for its bucket

@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 use redis::ConnectionLike;
 use redis_server::{Paused, Server, spawn_on};
 use turnstile::redis::{
-    BlockingConnection, Deadlines, LeasedBuilder, LeasedLimiter, OnFailure, RedisLimiter,
+    BlockingConnection, Deadlines, LeasedBuilder, LeasedLimiter, MAX_LEASE, OnFailure,
+    RedisConfigError, RedisLimiter,
 };
-use turnstile::{Clock, Quota, RealClock, TokenBucket};
+use turnstile::{Clock, KeyedConfigError, KeyedLimiter, Quota, RealClock, TokenBucket};
 
 /// A Redis token bucket named `name`: `capacity`, `amount` every `period`.
 fn bucket(name: &str, capacity: u32, amount: u32, period: Duration) -> RedisLimiter {
@@ -174,6 +175,179 @@ fn replicas_stay_within_the_stated_bounds() {
             assert!(run.admitted > 50 + refill / 2, "{name}: {}", run.admitted);
         }
     }
+}
+
+/// A largest lease of 0, above the bucket's capacity, or above `MAX_LEASE`
+/// (`u32::MAX` among them) is refused by `LeasedBuilder::new`, which used to
+/// clamp it; no builder is made. No server is needed.
+#[test]
+fn a_lease_of_zero_or_above_the_capacity_or_max_lease_is_refused() {
+    let global = bucket("lease-size", 100, 1, MS);
+    assert_eq!(
+        LeasedBuilder::new(global.clone(), 0).err(),
+        Some(RedisConfigError::ZeroLease)
+    );
+    for max_lease in [101, MAX_LEASE, u32::MAX] {
+        let err = LeasedLimiter::builder(global.clone(), max_lease).err();
+        assert_eq!(
+            err,
+            Some(RedisConfigError::LeaseTooLarge {
+                max_lease,
+                capacity: 100,
+                max: 100
+            })
+        );
+        let text = err.unwrap().to_string();
+        assert!(
+            text.contains(&format!("max_lease is {max_lease} tokens"))
+                && text.contains("between 1 and 100"),
+            "{text}"
+        );
+    }
+    // A bucket larger than a lease word holds: MAX_LEASE is the bound.
+    let large = bucket(
+        "lease-size-large",
+        u32::MAX,
+        1 << 16,
+        Duration::from_micros(1 << 16),
+    );
+    assert_eq!(
+        LeasedBuilder::new(large.clone(), u32::MAX).err(),
+        Some(RedisConfigError::LeaseTooLarge {
+            max_lease: u32::MAX,
+            capacity: u32::MAX,
+            max: MAX_LEASE
+        })
+    );
+    assert!(LeasedBuilder::new(large, MAX_LEASE).is_ok());
+    // The bounds themselves are accepted.
+    for max_lease in [1, 100] {
+        let limiter = LeasedBuilder::new(global.clone(), max_lease)
+            .unwrap()
+            .build()
+            .unwrap();
+        assert_eq!(limiter.max_lease(), max_lease);
+    }
+}
+
+/// A zero lease lifetime (it used to become 10 ms), or one outside 10 ms to
+/// an hour, is reported by `build`, whatever the order of the setters, and
+/// builds nothing.
+#[test]
+fn a_zero_lease_lifetime_is_refused_at_build() {
+    let global = bucket("lifetime", 100, 1, MS);
+    let range = |lifetime| RedisConfigError::LeaseLifetime {
+        lifetime,
+        min: Duration::from_millis(10),
+        max: Duration::from_secs(3_600),
+    };
+    for lifetime in [
+        Duration::ZERO,
+        Duration::from_micros(9_999),
+        Duration::from_secs(3_601),
+    ] {
+        let err = LeasedBuilder::new(global.clone(), 10)
+            .unwrap()
+            .lifetime(lifetime)
+            .build()
+            .err();
+        assert_eq!(err, Some(range(lifetime)));
+    }
+    let err = LeasedBuilder::new(global.clone(), 10)
+        .unwrap()
+        .idle(Duration::ZERO)
+        .lifetime(Duration::ZERO)
+        .build()
+        .err()
+        .unwrap();
+    assert_eq!(err, range(Duration::ZERO));
+    assert!(err.to_string().contains("between 10ms and 3600s"), "{err}");
+    for lifetime in [Duration::from_millis(10), Duration::from_secs(3_600)] {
+        assert!(
+            LeasedBuilder::new(global.clone(), 10)
+                .unwrap()
+                .lifetime(lifetime)
+                .build()
+                .is_ok()
+        );
+    }
+}
+
+/// An idle time longer than the lease lifetime (no lease would ever be
+/// idle that long: it expires first) is reported by `build`, set before or
+/// after the lifetime. An idle time equal to the lifetime is accepted, and
+/// an unset one follows a short lifetime down.
+#[test]
+fn an_idle_time_longer_than_the_lifetime_is_refused_at_build() {
+    let global = bucket("idle-lifetime", 100, 1, MS);
+    let expected = RedisConfigError::IdleLongerThanLifetime {
+        idle: Duration::from_secs(2),
+        lifetime: Duration::from_secs(1),
+    };
+    let after = LeasedBuilder::new(global.clone(), 10)
+        .unwrap()
+        .lifetime(Duration::from_secs(1))
+        .idle(Duration::from_secs(2))
+        .build()
+        .err();
+    assert_eq!(after, Some(expected.clone()));
+    let before = LeasedBuilder::new(global.clone(), 10)
+        .unwrap()
+        .idle(Duration::from_secs(2))
+        .lifetime(Duration::from_secs(1))
+        .build()
+        .err();
+    assert_eq!(before, Some(expected.clone()));
+    let text = expected.to_string();
+    assert!(
+        text.contains("idle time of 2s is longer than the lease lifetime of 1s"),
+        "{text}"
+    );
+    assert!(
+        LeasedBuilder::new(global.clone(), 10)
+            .unwrap()
+            .lifetime(Duration::from_secs(1))
+            .idle(Duration::from_secs(1))
+            .build()
+            .is_ok()
+    );
+    // The default idle time (250 ms) is not an error under a shorter lifetime.
+    assert!(
+        LeasedBuilder::new(global, 10)
+            .unwrap()
+            .lifetime(Duration::from_millis(20))
+            .build()
+            .is_ok()
+    );
+}
+
+/// `max_keys(0)` (it used to be taken as 1) is refused by `build` with the
+/// keyed map's own error, as `KeyedBuilder::max_keys(0)` is.
+#[test]
+fn a_max_keys_of_zero_is_refused_as_the_keyed_builder_refuses_it() {
+    let global = bucket("max-keys", 100, 1, MS);
+    let err = LeasedBuilder::new(global.clone(), 10)
+        .unwrap()
+        .max_keys(0)
+        .build()
+        .err();
+    assert_eq!(
+        err,
+        Some(RedisConfigError::Keyed(KeyedConfigError::ZeroMaxKeys))
+    );
+    let keyed = KeyedLimiter::<u64>::builder(Quota::per_second(1).unwrap())
+        .max_keys(0)
+        .build()
+        .err();
+    assert_eq!(keyed, Some(KeyedConfigError::ZeroMaxKeys));
+    assert!(err.unwrap().to_string().contains("max_keys is 0"));
+    assert!(
+        LeasedBuilder::new(global, 10)
+            .unwrap()
+            .max_keys(1)
+            .build()
+            .is_ok()
+    );
 }
 
 /// While a lease is held, decisions make no call: at most one lease call per
@@ -375,7 +549,9 @@ fn the_async_api_spends_leases_as_the_blocking_one() {
     runtime.block_on(async {
         let mut con = Deadlines::default()
             .connect(Duration::from_secs(2))
+            .unwrap()
             .response(Duration::from_secs(2))
+            .unwrap()
             .multiplexed(&client)
             .await
             .unwrap();
@@ -491,7 +667,11 @@ fn redis_killed_mid_run_fails_as_configured_and_recovers() {
         .build()
         .unwrap();
     let phase = std::sync::Mutex::new(Phase::default());
-    let deadlines = Deadlines::default().connect(deadline).response(deadline);
+    let deadlines = Deadlines::default()
+        .connect(deadline)
+        .unwrap()
+        .response(deadline)
+        .unwrap();
     let client = server.client();
     let set = |change: &dyn Fn(&mut Phase)| change(&mut phase.lock().unwrap());
     let (seen_closed, seen_open, server) = thread::scope(|s| {
@@ -560,6 +740,8 @@ fn dropping_a_refresher_stops_its_thread_without_waiting_out_the_idle_time() {
     let limiter = Arc::new(
         LeasedBuilder::new(global, 64)
             .unwrap()
+            // An idle time of at most the lifetime: both a minute.
+            .lifetime(Duration::from_secs(60))
             .idle(Duration::from_secs(60))
             .build()
             .unwrap(),
@@ -698,7 +880,9 @@ fn a_hung_redis_costs_one_deadline_then_the_backoff_answers() {
     let deadline = 50 * MS;
     let mut con = Deadlines::default()
         .connect(Duration::from_secs(2))
+        .unwrap()
         .response(deadline)
+        .unwrap()
         .blocking(server.client());
     // A lease held for "warm" (the size grows 1, 2, 4, 8 over the first
     // requests).
@@ -750,7 +934,9 @@ fn an_async_refresher_task_prefetches_and_gives_back() {
     let client = server.client();
     let deadlines = Deadlines::default()
         .connect(Duration::from_secs(2))
-        .response(Duration::from_secs(2));
+        .unwrap()
+        .response(Duration::from_secs(2))
+        .unwrap();
     let (admitted, stats) = runtime.block_on(async {
         let task_con = deadlines.multiplexed(&client).await.unwrap();
         let task = limiter.start_refresher_async(task_con).expect("the first");
@@ -827,6 +1013,9 @@ fn a_stopped_refresher_releases_the_prefetches_it_had_queued() {
     let limiter = Arc::new(
         LeasedBuilder::new(global, 64)
             .unwrap()
+            // No idle give-back in the test's time: an idle time of a
+            // minute, and a lifetime as long (an idle time may not exceed it).
+            .lifetime(Duration::from_secs(60))
             .idle(Duration::from_secs(60))
             .on_failure(OnFailure::Deny, 100 * MS)
             .build()
@@ -838,7 +1027,9 @@ fn a_stopped_refresher_releases_the_prefetches_it_had_queued() {
     // The refresher's connection, connected before Redis hangs.
     let mut refresher_con = Deadlines::default()
         .connect(Duration::from_secs(2))
+        .unwrap()
         .response(200 * MS)
+        .unwrap()
         .blocking(server.client());
     let _: () = redis::cmd("PING").query(&mut refresher_con).unwrap();
     let refresher = limiter
@@ -889,6 +1080,9 @@ fn an_aborted_refresher_task_releases_the_prefetches_it_had_queued() {
     let limiter = Arc::new(
         LeasedBuilder::new(global, 64)
             .unwrap()
+            // No idle give-back in the test's time: an idle time of a
+            // minute, and a lifetime as long (an idle time may not exceed it).
+            .lifetime(Duration::from_secs(60))
             .idle(Duration::from_secs(60))
             .on_failure(OnFailure::Deny, 100 * MS)
             .build()
@@ -900,7 +1094,9 @@ fn an_aborted_refresher_task_releases_the_prefetches_it_had_queued() {
     let client = server.client();
     let deadlines = Deadlines::default()
         .connect(Duration::from_secs(2))
-        .response(Duration::from_secs(5));
+        .unwrap()
+        .response(Duration::from_secs(5))
+        .unwrap();
     let task_con = runtime.block_on(deadlines.multiplexed(&client)).unwrap();
     let task = runtime
         .block_on(async { limiter.start_refresher_async(task_con) })
@@ -944,7 +1140,9 @@ fn a_give_back_pass_stops_at_the_first_failure() {
     warm(&limiter, &mut con, &keys, 4);
     let mut short = Deadlines::default()
         .connect(50 * MS)
+        .unwrap()
         .response(50 * MS)
+        .unwrap()
         .blocking(server.client());
     let _: () = redis::cmd("PING").query(&mut short).unwrap();
     let sleeper = hang(&server, 1.5);

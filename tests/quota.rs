@@ -79,13 +79,56 @@ fn large_capacities_need_periods_in_their_coarser_unit() {
     let q = Quota::new(1_000_000, 16, Duration::from_micros(1_008)).unwrap();
     assert_eq!(q.time_unit(), unit);
 
-    // Raising the burst past 65,535 re-checks the period against the new unit.
+    // Raising the burst past 65,535 re-checks the period against the new unit
+    // (the burst is named: see `a_burst_whose_unit_does_not_divide_the_period_names_the_burst`).
     let err = Quota::per_second(7).unwrap().burst(1_000_000).unwrap_err();
-    assert!(
-        matches!(err, QuotaError::PeriodResolution { .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, QuotaError::BurstResolution { .. }), "{err:?}");
     assert!(Quota::per_second(100).unwrap().burst(1_000_000).is_ok()); // 10 ms = 625 units
+}
+
+/// `burst(u32::MAX)` on a per-second quota: the period (10 ms) was valid, the
+/// capacity's 65.536 ms time unit does not divide it, so the error names the
+/// burst and the largest one the period allows, and no quota is built.
+#[test]
+fn a_burst_whose_unit_does_not_divide_the_period_names_the_burst() {
+    let per_second = Quota::per_second(100).unwrap();
+    let result = per_second.burst(u32::MAX);
+    // 10 ms = 2^4 * 625 µs: capacities of up to 20 bits (16 µs units) fit.
+    assert_eq!(
+        result,
+        Err(QuotaError::BurstResolution {
+            capacity: u32::MAX,
+            unit: Duration::from_micros(1 << 16),
+            period: Duration::from_millis(10),
+            max: (1 << 20) - 1,
+        })
+    );
+    let text = result.unwrap_err().to_string();
+    assert!(
+        text.contains("burst (capacity) of 4294967295")
+            && text.contains("between 1 and 1048575")
+            && text.contains("65.536ms"),
+        "{text}"
+    );
+    // The largest burst named is accepted, one more is not.
+    assert_eq!(
+        per_second.burst((1 << 20) - 1).unwrap().capacity(),
+        (1 << 20) - 1
+    );
+    assert!(matches!(
+        per_second.burst(1 << 20),
+        Err(QuotaError::BurstResolution { max: 1_048_575, .. })
+    ));
+    // With a period of whole 65.536 ms units, u32::MAX is judged on its fill
+    // time alone, which names the capacity too.
+    let coarse = Quota::new(1, 1, Duration::from_micros(1 << 16)).unwrap();
+    assert!(matches!(
+        coarse.burst(u32::MAX),
+        Err(QuotaError::FillTimeTooLong {
+            capacity: u32::MAX,
+            ..
+        })
+    ));
 }
 
 #[test]

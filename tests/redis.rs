@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use redis::{Client, ConnectionLike};
 use redis_server::{Server, spawn_on};
 use turnstile::redis::{
-    Deadlines, Guarded, GuardedStats, OnFailure, RedisLimitError, RedisLimiter,
+    Deadlines, Guarded, GuardedStats, OnFailure, RedisConfigError, RedisLimitError, RedisLimiter,
 };
 use turnstile::{
-    AcquireError, Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, Quota, SlidingWindow,
-    TokenBucket,
+    AcquireError, Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, Quota, QuotaError,
+    SlidingWindow, TokenBucket,
 };
 
 fn dbsize(con: &mut dyn ConnectionLike) -> i64 {
@@ -84,7 +84,8 @@ fn differential<A: Algorithm + Copy + Into<turnstile::redis::RedisAlgorithm>>(
     // step that goes back in time, however slow the machine is.
     let limiter = RedisLimiter::new(name, algorithm)
         .expect("a configuration Redis keeps exact")
-        .with_expiry_slack(Duration::from_secs(60));
+        .with_expiry_slack(Duration::from_secs(60))
+        .expect("a slack Redis keeps exact");
     let mut con = server.connection();
     let mut rng = Rng(seed);
     let keys = ["a", "b", "c"];
@@ -243,6 +244,90 @@ fn gcra_matches_in_process() {
             );
         }
     }
+}
+
+/// A local share for 0 processes is refused (it used to be taken as one
+/// process, the whole quota here): no server is needed, none is asked.
+#[test]
+fn a_local_share_for_zero_processes_is_refused() {
+    let quota = Quota::per_second(100).unwrap();
+    let result = OnFailure::local_share(quota, 0);
+    assert!(
+        matches!(result, Err(QuotaError::ZeroProcesses)),
+        "{result:?}"
+    );
+    let text = result.unwrap_err().to_string();
+    assert!(
+        text.contains("0 processes") && text.contains("at least 1"),
+        "{text}"
+    );
+}
+
+/// A deadline under 1 µs (zero included; it used to become 1 µs) is refused
+/// by the setter, naming which deadline; 1 µs is accepted. No connection.
+#[test]
+fn a_deadline_under_a_microsecond_is_refused() {
+    let min = Duration::from_micros(1);
+    for value in [Duration::ZERO, Duration::from_nanos(999)] {
+        assert_eq!(
+            Deadlines::default().connect(value),
+            Err(RedisConfigError::DeadlineTooShort {
+                what: "connect deadline",
+                value,
+                min
+            })
+        );
+        let err = Deadlines::default().response(value).unwrap_err();
+        assert_eq!(
+            err,
+            RedisConfigError::DeadlineTooShort {
+                what: "response deadline",
+                value,
+                min
+            }
+        );
+        assert!(
+            err.to_string().contains(&format!(
+                "the response deadline is {value:?}; it must be at least 1µs"
+            )),
+            "{err}"
+        );
+    }
+    let deadlines = Deadlines::default()
+        .connect(min)
+        .unwrap()
+        .response(min)
+        .unwrap();
+    assert_eq!(
+        (deadlines.connect_timeout(), deadlines.response_timeout()),
+        (min, min)
+    );
+}
+
+/// An expiry slack past 2^47 µs (it used to saturate, and every write then
+/// failed on Redis) is refused by the setter; the bound itself is accepted.
+#[test]
+fn an_expiry_slack_past_the_scripts_bound_is_refused() {
+    let limiter =
+        || RedisLimiter::new("slack", TokenBucket::new(Quota::per_second(5).unwrap())).unwrap();
+    let max = Duration::from_micros(1 << 47);
+    for slack in [max + Duration::from_micros(1), Duration::MAX] {
+        let err = limiter().with_expiry_slack(slack).err();
+        assert_eq!(
+            err,
+            Some(RedisConfigError::TooLong {
+                what: "expiry slack",
+                value: slack,
+                max
+            })
+        );
+    }
+    assert!(limiter().with_expiry_slack(max).is_ok());
+    let hour = Duration::from_secs(3_600);
+    assert_eq!(
+        limiter().with_expiry_slack(hour).unwrap().expiry_slack(),
+        hour
+    );
 }
 
 #[test]
@@ -454,7 +539,9 @@ fn a_call_past_its_deadline_fails_fast_and_the_late_reply_is_never_read() {
         RedisLimiter::new("d", FixedWindow::new(100, Duration::from_secs(60)).unwrap()).unwrap();
     let mut con = Deadlines::default()
         .connect(Duration::from_secs(2))
+        .unwrap()
         .response(Duration::from_millis(50))
+        .unwrap()
         .blocking(server.client());
     assert_eq!(
         limiter
@@ -496,7 +583,9 @@ fn the_async_api_decides_as_the_blocking_one() {
     let limiter = RedisLimiter::new("async", Gcra::new(quota)).unwrap();
     let deadlines = Deadlines::default()
         .connect(Duration::from_secs(2))
-        .response(Duration::from_secs(2));
+        .unwrap()
+        .response(Duration::from_secs(2))
+        .unwrap();
     runtime.block_on(async {
         let mut con = deadlines.multiplexed(&server.client()).await.unwrap();
         let now = START_MICROS;
@@ -814,7 +903,9 @@ fn an_async_call_to_a_dead_redis_fails_within_its_deadline_and_the_guard_answers
     let guarded: Guarded = Guarded::new(limiter.clone(), OnFailure::Deny, Duration::from_secs(5));
     let deadlines = Deadlines::default()
         .connect(Duration::from_secs(2))
-        .response(200 * MS);
+        .unwrap()
+        .response(200 * MS)
+        .unwrap();
     let client = server.client();
     runtime.block_on(async {
         let mut con = deadlines.multiplexed(&client).await.unwrap();
@@ -885,7 +976,9 @@ fn failing_closed_without_a_backoff_denies_with_a_wait() {
     let client = Client::open("redis://127.0.0.1:1/").unwrap();
     let mut con = Deadlines::default()
         .connect(Duration::from_millis(200))
+        .unwrap()
         .response(Duration::from_millis(200))
+        .unwrap()
         .blocking(client);
     let global =
         RedisLimiter::new("nobody", TokenBucket::new(Quota::per_second(10).unwrap())).unwrap();

@@ -39,7 +39,9 @@ fn server() -> Option<Server> {
 fn connection(client: Client) -> ReconnectingConnection {
     Deadlines::default()
         .connect(Duration::from_secs(2))
+        .unwrap()
         .response(Duration::from_secs(2))
+        .unwrap()
         .reconnecting(client)
 }
 
@@ -403,7 +405,9 @@ async fn redis_killed_the_layer_answers_by_its_policy_within_the_deadline_then_r
     let client = server.client();
     let deadlines = Deadlines::default()
         .connect(Duration::from_millis(200))
-        .response(Duration::from_millis(200));
+        .unwrap()
+        .response(Duration::from_millis(200))
+        .unwrap();
     let backoff = Duration::from_millis(300);
     let quota = Quota::per_second(1_000).unwrap();
     let global = || RedisLimiter::new("outage", TokenBucket::new(quota)).unwrap();
@@ -489,7 +493,9 @@ async fn a_call_past_its_deadline_drops_the_connection_so_a_restarted_redis_answ
     let port = server.port();
     let mut con = Deadlines::default()
         .connect(Duration::from_secs(2))
+        .unwrap()
         .response(Duration::from_millis(200))
+        .unwrap()
         .reconnecting(server.client());
     let limiter = RedisLimiter::new(
         "late",
@@ -537,7 +543,9 @@ async fn calls_without_a_connection_wait_for_one_connect_not_each_their_own() {
     };
     let con = Deadlines::default()
         .connect(Duration::from_millis(300))
+        .unwrap()
         .response(Duration::from_millis(300))
+        .unwrap()
         .reconnecting(server.client());
     let limiter = Arc::new(
         RedisLimiter::new(

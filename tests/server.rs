@@ -509,7 +509,7 @@ async fn one_slash_48_rotating_its_addresses_cannot_fill_the_key_bound() {
     let (statuses, newcomer) = run(PeerIp::connect_info()).await;
     assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
     assert_eq!(newcomer, 200, "by /48: one key for the whole rotation");
-    let (statuses, newcomer) = run(PeerIp::connect_info().ipv6_prefix(64)).await;
+    let (statuses, newcomer) = run(PeerIp::connect_info().ipv6_prefix(64).unwrap()).await;
     assert_eq!(
         statuses.iter().filter(|&&s| s == 503).count(),
         12,

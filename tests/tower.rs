@@ -13,8 +13,8 @@ use http::header::{HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 use turnstile::tower::{
-    ApiKeyHeader, Denial, ForwardedFor, Global, IpNet, KeyExtractor, PeerIp, RateLimitLayer,
-    RequestHead,
+    ApiKeyHeader, Denial, ExtractorConfigError, ForwardedFor, Global, IpNet, KeyExtractor, PeerIp,
+    RateLimitLayer, RequestHead,
 };
 use turnstile::{
     AdvertisedQuota, FixedWindow, Gate, Gcra, KeyedLimiter, ManualClock, Quota, RateLimitPolicy,
@@ -71,9 +71,29 @@ fn forwarded_headers_are_believed_only_from_trusted_proxies() {
     assert_eq!(key(&x, &Request::new(())), None);
 }
 
+/// An IPv6 prefix longer than an address (129 to 255 bits) is refused, not
+/// taken as 128; 0 and 128 are the bounds accepted.
+#[test]
+fn an_ipv6_prefix_over_128_bits_is_refused() {
+    for bits in [129, 200, u8::MAX] {
+        let result = PeerIp::new().ipv6_prefix(bits);
+        assert!(
+            matches!(result, Err(ExtractorConfigError::Ipv6PrefixTooLong { bits: b }) if b == bits),
+            "{result:?}"
+        );
+        let text = result.unwrap_err().to_string();
+        assert!(
+            text.contains(&format!("{bits} bits")) && text.contains("between 0 and 128"),
+            "{text}"
+        );
+    }
+    assert!(PeerIp::new().ipv6_prefix(0).is_ok());
+    assert!(PeerIp::new().ipv6_prefix(128).is_ok());
+}
+
 #[test]
 fn peer_addresses_group_ipv6_by_prefix() {
-    let x = PeerIp::new().ipv6_prefix(64);
+    let x = PeerIp::new().ipv6_prefix(64).unwrap();
     let a = request("[2001:db8:1:2:aaaa::1]:80", &[]);
     let b = request("[2001:db8:1:2:bbbb::2]:80", &[]);
     assert_eq!(key(&x, &a), Some(ip("2001:db8:1:2::")));
@@ -83,7 +103,7 @@ fn peer_addresses_group_ipv6_by_prefix() {
     assert_eq!(key(&PeerIp::new(), &other_64), Some(ip("2001:db8:1::")));
     assert_eq!(key(&PeerIp::new(), &a), key(&PeerIp::new(), &other_64));
     assert_ne!(key(&x, &a), key(&x, &other_64));
-    let each = PeerIp::new().ipv6_prefix(128);
+    let each = PeerIp::new().ipv6_prefix(128).unwrap();
     assert_ne!(key(&each, &a), key(&each, &b));
     let mapped = request("[::ffff:192.0.2.1]:80", &[]);
     assert_eq!(key(&x, &mapped), Some(ip("192.0.2.1")));
@@ -269,7 +289,7 @@ async fn one_slash_48_cannot_exhaust_the_key_bound_by_default() {
         (layer.gate().limiter().len(), newcomer.status())
     }
     assert_eq!(flood(PeerIp::new()).await, (2, StatusCode::OK));
-    let (held, newcomer) = flood(PeerIp::new().ipv6_prefix(64)).await;
+    let (held, newcomer) = flood(PeerIp::new().ipv6_prefix(64).unwrap()).await;
     assert_eq!((held, newcomer), (10_000, StatusCode::SERVICE_UNAVAILABLE));
 }
 
@@ -442,7 +462,10 @@ async fn a_missing_peer_address_is_a_configuration_error_not_a_401() {
     let limiter = || KeyedLimiter::new(Quota::per_minute(5).unwrap());
     for layer in [
         RateLimitLayer::new(Gate::new(limiter()), PeerIp::new()),
-        RateLimitLayer::new(Gate::new(limiter()), PeerIp::new().ipv6_prefix(128)),
+        RateLimitLayer::new(
+            Gate::new(limiter()),
+            PeerIp::new().ipv6_prefix(128).unwrap(),
+        ),
     ] {
         let service = ServiceBuilder::new().layer(layer).service(inner.clone());
         let response = service.oneshot(Request::new(())).await.unwrap();

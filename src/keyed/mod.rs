@@ -46,6 +46,21 @@ use table::{Counts, Locked, NEVER_SWEPT, NoRoom, Shard};
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// The default number of inserts after which a shard sweeps itself.
 pub const DEFAULT_SWEEP_EVERY: usize = 1_024;
+/// The shortest interval of a background sweeper
+/// ([`KeyedLimiter::with_sweeper`], [`KeyedLimiter::start_sweeper`]): 1 ms.
+///
+/// Each sweep takes every shard's lock in turn and walks its table, and it
+/// can only reclaim keys idle long enough to be as good as fresh; inserts
+/// already sweep their shard as they go. A sweeper waking more often than
+/// every millisecond would spend a core contending with requests for locks
+/// and find next to nothing new, and below that the operating system's timers
+/// stop honouring the sleep anyway (the thread spins). Seconds are typical.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(turnstile::MIN_SWEEP_INTERVAL, Duration::from_millis(1));
+/// ```
+pub const MIN_SWEEP_INTERVAL: core::time::Duration = core::time::Duration::from_millis(1);
 const MAX_SHARDS: usize = 1 << 16;
 /// A sweep that inserts trigger unlinks only keys idle for at least this long
 /// (nanoseconds), as well as since the shard's previous sweep.

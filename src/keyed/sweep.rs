@@ -107,7 +107,7 @@ mod sweeper {
     use crate::algorithm::Algorithm;
     use crate::clock::Clock;
     use crate::error::KeyedConfigError;
-    use crate::keyed::{Inner, KeyedLimiter};
+    use crate::keyed::{Inner, KeyedLimiter, MIN_SWEEP_INTERVAL};
     use crate::sync::{AtomicBool, Ordering};
 
     /// A background thread sweeping a [`KeyedLimiter`] every interval; dropping
@@ -121,7 +121,8 @@ mod sweeper {
         thread: Option<JoinHandle<()>>,
     }
 
-    /// Start a thread sweeping `inner` every `interval` (not zero).
+    /// Start a thread sweeping `inner` every `interval` (at least
+    /// [`MIN_SWEEP_INTERVAL`]).
     pub(super) fn spawn<K, A, C, S>(
         inner: Weak<Inner<K, A, C, S>>,
         interval: Duration,
@@ -186,12 +187,11 @@ mod sweeper {
         ///
         /// # Errors
         ///
-        /// [`KeyedConfigError::ZeroSweepInterval`] for a zero interval, and
+        /// [`KeyedConfigError::SweepIntervalTooShort`] for an interval below
+        /// [`MIN_SWEEP_INTERVAL`] (1 ms; zero included), and
         /// [`KeyedConfigError::SweeperThread`] when the thread could not start.
         pub fn with_sweeper(mut self, interval: Duration) -> Result<Self, KeyedConfigError> {
-            if interval.is_zero() {
-                return Err(KeyedConfigError::ZeroSweepInterval);
-            }
+            check_interval(interval)?;
             let sweeper = spawn(Arc::downgrade(&self.inner), interval)
                 .map_err(|e| KeyedConfigError::SweeperThread { kind: e.kind() })?;
             self.sweeper = Some(sweeper);
@@ -216,16 +216,26 @@ mod sweeper {
         ///
         /// # Errors
         ///
-        /// `InvalidInput` for a zero interval, or the thread could not be spawned.
+        /// `InvalidInput` for an interval below [`MIN_SWEEP_INTERVAL`] (1 ms;
+        /// zero included), carrying a
+        /// [`KeyedConfigError::SweepIntervalTooShort`] (`get_ref` and
+        /// `downcast_ref` reach it), or the thread could not be spawned.
         pub fn start_sweeper(self: &Arc<Self>, interval: Duration) -> std::io::Result<Sweeper> {
-            if interval.is_zero() {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "sweeper interval is zero; it must be at least 1 ns (seconds are typical)",
-                ));
-            }
+            check_interval(interval)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
             spawn(Arc::downgrade(&self.inner), interval)
         }
+    }
+
+    /// A sweeper interval of at least [`MIN_SWEEP_INTERVAL`].
+    fn check_interval(interval: Duration) -> Result<(), KeyedConfigError> {
+        if interval < MIN_SWEEP_INTERVAL {
+            return Err(KeyedConfigError::SweepIntervalTooShort {
+                interval,
+                min: MIN_SWEEP_INTERVAL,
+            });
+        }
+        Ok(())
     }
 
     impl Drop for Sweeper {

@@ -4,6 +4,8 @@ use core::time::Duration;
 
 use ::redis::{Client, Cmd, Connection, ConnectionLike, RedisResult, Value};
 
+use super::RedisConfigError;
+
 /// How long a call to Redis may take: to connect, and for each command's
 /// reply (which bounds the write too).
 ///
@@ -25,10 +27,10 @@ use ::redis::{Client, Cmd, Connection, ConnectionLike, RedisResult, Value};
 /// use turnstile::redis::Deadlines;
 ///
 /// let client = redis::Client::open("redis://127.0.0.1/")?;
-/// let deadlines = Deadlines::default().response(Duration::from_millis(20));
+/// let deadlines = Deadlines::default().response(Duration::from_millis(20))?;
 /// let mut con = deadlines.blocking(client);
 /// # let _ = &mut con;
-/// # Ok::<(), redis::RedisError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deadlines {
@@ -46,16 +48,41 @@ impl Default for Deadlines {
 }
 
 impl Deadlines {
+    /// The shortest deadline, 1 µs: a zero deadline is refused by the
+    /// sockets below redis-rs, so every call would fail.
+    const MIN: Duration = Duration::from_micros(1);
+
     /// The same deadlines with `connect` to connect (at least 1 µs).
-    pub fn connect(mut self, connect: Duration) -> Self {
-        self.connect = connect.max(Duration::from_micros(1));
-        self
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::redis::{Deadlines, RedisConfigError};
+    ///
+    /// let deadlines = Deadlines::default().connect(Duration::from_secs(1))?;
+    /// assert_eq!(deadlines.connect_timeout(), Duration::from_secs(1));
+    /// assert!(matches!(
+    ///     Deadlines::default().connect(Duration::ZERO),
+    ///     Err(RedisConfigError::DeadlineTooShort { what: "connect deadline", .. })
+    /// ));
+    /// # Ok::<(), RedisConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`RedisConfigError::DeadlineTooShort`] below 1 µs (zero included).
+    pub fn connect(mut self, connect: Duration) -> Result<Self, RedisConfigError> {
+        self.connect = at_least_min("connect deadline", connect)?;
+        Ok(self)
     }
 
     /// The same deadlines with `response` for each reply (at least 1 µs).
-    pub fn response(mut self, response: Duration) -> Self {
-        self.response = response.max(Duration::from_micros(1));
-        self
+    ///
+    /// # Errors
+    ///
+    /// [`RedisConfigError::DeadlineTooShort`] below 1 µs (zero included).
+    pub fn response(mut self, response: Duration) -> Result<Self, RedisConfigError> {
+        self.response = at_least_min("response deadline", response)?;
+        Ok(self)
     }
 
     /// The deadline to connect.
@@ -120,6 +147,18 @@ impl Deadlines {
             }),
         }
     }
+}
+
+/// `value`, if it is at least [`Deadlines::MIN`].
+fn at_least_min(what: &'static str, value: Duration) -> Result<Duration, RedisConfigError> {
+    if value < Deadlines::MIN {
+        return Err(RedisConfigError::DeadlineTooShort {
+            what,
+            value,
+            min: Deadlines::MIN,
+        });
+    }
+    Ok(value)
 }
 
 /// Whether a connection a call failed on with `e` is to be dropped: it

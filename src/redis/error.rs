@@ -5,9 +5,10 @@ use core::time::Duration;
 
 use crate::error::AcquireError;
 
-/// Why a [`RedisLimiter`](super::RedisLimiter) could not be built: its name,
-/// or arithmetic that Lua's numbers (doubles, exact below `2^53`) could not
-/// keep exact.
+/// Why a [`RedisLimiter`](super::RedisLimiter) or a
+/// [`LeasedLimiter`](super::LeasedLimiter) could not be built: its name,
+/// arithmetic that Lua's numbers (doubles, exact below `2^53`) could not
+/// keep exact, or a leased mode's lease, lifetime, idle time or key bound.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RedisConfigError {
@@ -31,6 +32,16 @@ pub enum RedisConfigError {
         /// The longest allowed.
         max: Duration,
     },
+    /// A [`Deadlines`](super::Deadlines) deadline is shorter than 1 µs (zero
+    /// included): no call could finish within it.
+    DeadlineTooShort {
+        /// Which deadline: `"connect deadline"` or `"response deadline"`.
+        what: &'static str,
+        /// Its value.
+        value: Duration,
+        /// The shortest allowed.
+        min: Duration,
+    },
     /// A sliding window whose `limit * window` (in microseconds) reaches
     /// `2^53`: its weighting would not be exact.
     SlidingTooWide {
@@ -46,6 +57,39 @@ pub enum RedisConfigError {
     NotLeasable,
     /// Leased mode's map of keys could not be built (its `max_keys`).
     Keyed(crate::error::KeyedConfigError),
+    /// Leased mode was asked for leases of at most 0 tokens; a lease holds
+    /// at least one.
+    ZeroLease,
+    /// Leased mode was asked for leases larger than the bucket's capacity
+    /// (no lease could ever be that large) or than
+    /// [`MAX_LEASE`](super::MAX_LEASE) (the lease word's count).
+    LeaseTooLarge {
+        /// The `max_lease` asked for.
+        max_lease: u32,
+        /// The bucket's capacity.
+        capacity: u32,
+        /// The largest lease allowed: the capacity or `MAX_LEASE`, whichever
+        /// is smaller.
+        max: u32,
+    },
+    /// A lease lifetime outside what leased mode keeps: at least 10 ms (the
+    /// lease word counts time in units of 4.19 ms) and at most an hour.
+    LeaseLifetime {
+        /// The lifetime asked for.
+        lifetime: Duration,
+        /// The shortest lifetime allowed.
+        min: Duration,
+        /// The longest lifetime allowed.
+        max: Duration,
+    },
+    /// The idle time after which a lease is given back is longer than the
+    /// lease lifetime: every lease would expire before it is idle that long.
+    IdleLongerThanLifetime {
+        /// The idle time asked for.
+        idle: Duration,
+        /// The lease lifetime.
+        lifetime: Duration,
+    },
 }
 
 impl fmt::Display for RedisConfigError {
@@ -66,6 +110,11 @@ impl fmt::Display for RedisConfigError {
                 "the {what} is {value:?}; on Redis it can be at most {max:?} \
                  (Lua numbers are exact below 2^53)"
             ),
+            RedisConfigError::DeadlineTooShort { what, value, min } => write!(
+                f,
+                "the {what} is {value:?}; it must be at least {min:?} (a call cannot \
+                 finish in less)"
+            ),
             RedisConfigError::SlidingTooWide {
                 limit,
                 window,
@@ -77,6 +126,30 @@ impl fmt::Display for RedisConfigError {
                  2^53): use a window of at most {max_window:?} or a lower limit"
             ),
             RedisConfigError::Keyed(e) => write!(f, "leased mode's map of keys: {e}"),
+            RedisConfigError::ZeroLease => f.write_str(
+                "max_lease is 0; a lease must hold at least 1 token (up to the bucket's \
+                 capacity and MAX_LEASE)",
+            ),
+            RedisConfigError::LeaseTooLarge {
+                max_lease,
+                capacity,
+                max,
+            } => write!(
+                f,
+                "max_lease is {max_lease} tokens; it must be between 1 and {max}, the \
+                 smaller of the bucket's capacity ({capacity}) and MAX_LEASE ({})",
+                super::MAX_LEASE
+            ),
+            RedisConfigError::LeaseLifetime { lifetime, min, max } => write!(
+                f,
+                "a lease lifetime of {lifetime:?}; it must be between {min:?} and {max:?}"
+            ),
+            RedisConfigError::IdleLongerThanLifetime { idle, lifetime } => write!(
+                f,
+                "an idle time of {idle:?} is longer than the lease lifetime of {lifetime:?}: \
+                 every lease would expire before it is given back; set idle to at most \
+                 the lifetime"
+            ),
             RedisConfigError::NotLeasable => f.write_str(
                 "leased mode takes tokens out of a token bucket: build the limiter \
                  with a TokenBucket, or use exact mode for this algorithm",

@@ -44,7 +44,7 @@ impl OnFailure {
     /// it: a token bucket per key with `capacity / processes` tokens (at least
     /// one) refilled `processes` times slower, so that the processes together
     /// admit no more than `quota` would (but when the capacity is below the
-    /// number of processes: one token each). 0 processes count as 1.
+    /// number of processes: one token each).
     ///
     /// ```
     /// use std::time::Duration;
@@ -59,10 +59,13 @@ impl OnFailure {
     ///
     /// # Errors
     ///
-    /// A [`QuotaError`] when the share's refill is too slow for a bucket
-    /// ([`QuotaError::FillTimeTooLong`]).
+    /// [`QuotaError::ZeroProcesses`] when `processes` is 0, and
+    /// [`QuotaError::FillTimeTooLong`] when the share's refill is too slow
+    /// for a bucket.
     pub fn local_share(quota: Quota, processes: u32) -> Result<OnFailure, QuotaError> {
-        let processes = processes.max(1);
+        if processes == 0 {
+            return Err(QuotaError::ZeroProcesses);
+        }
         let capacity = (quota.capacity() / processes).max(1);
         let share = Quota::new(
             capacity,
@@ -417,12 +420,12 @@ mod tests {
             (share.amount(), share.period()),
             (1, Duration::from_millis(40))
         );
-        // Fewer tokens than processes: one each; no processes: one process.
+        // Fewer tokens than processes: one each; one process: the whole quota.
         let OnFailure::Local(local) = OnFailure::local_share(quota, 100).unwrap() else {
             panic!("a local share");
         };
         assert_eq!(local.algorithm().quota().capacity(), 1);
-        let OnFailure::Local(local) = OnFailure::local_share(quota, 0).unwrap() else {
+        let OnFailure::Local(local) = OnFailure::local_share(quota, 1).unwrap() else {
             panic!("a local share");
         };
         assert_eq!(local.algorithm().quota(), quota);

@@ -392,10 +392,40 @@ impl RedisLimiter {
     /// every key's expiry: keys stay that much longer than they need to. Worth
     /// a few seconds when explicit times may run slower than Redis' clock (a
     /// replay) or when a failover may move the keys to a server whose clock is
-    /// behind; 0 by default.
-    pub fn with_expiry_slack(mut self, slack: Duration) -> Self {
+    /// behind; 0 by default, at most `2^47` µs (4.46 years), the bound on
+    /// every duration the scripts keep.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::redis::{RedisConfigError, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let limiter = RedisLimiter::new("replay", TokenBucket::new(Quota::per_second(10)?))?
+    ///     .with_expiry_slack(Duration::from_secs(60))?;
+    /// assert_eq!(limiter.expiry_slack(), Duration::from_secs(60));
+    /// assert!(matches!(
+    ///     limiter.with_expiry_slack(Duration::MAX),
+    ///     Err(RedisConfigError::TooLong { what: "expiry slack", .. })
+    /// ));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`RedisConfigError::TooLong`] for a slack over `2^47` µs: Redis would
+    /// refuse, or Lua would round, the expiry it adds to.
+    pub fn with_expiry_slack(mut self, slack: Duration) -> Result<Self, RedisConfigError> {
+        let max = Duration::from_micros(MAX_MICROS);
+        if slack > max {
+            return Err(RedisConfigError::TooLong {
+                what: "expiry slack",
+                value: slack,
+                max,
+            });
+        }
+        // At most 2^47 µs: the milliseconds fit.
         self.slack_millis = u64::try_from(slack.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
-        self
+        Ok(self)
     }
 
     /// The time added to every key's expiry.

@@ -39,7 +39,9 @@ impl Server {
     pub fn connection(&self) -> turnstile::redis::BlockingConnection {
         turnstile::redis::Deadlines::default()
             .connect(Duration::from_secs(2))
+            .expect("valid deadlines")
             .response(Duration::from_secs(2))
+            .expect("valid deadlines")
             .blocking(self.client())
     }
 

@@ -216,6 +216,32 @@ impl KeyExtractor for ApiKeyHeader {
     }
 }
 
+/// Why a key extractor could not be configured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExtractorConfigError {
+    /// [`PeerIp::ipv6_prefix`] was given more bits than an IPv6 address has
+    /// (128).
+    Ipv6PrefixTooLong {
+        /// The prefix length asked for.
+        bits: u8,
+    },
+}
+
+impl fmt::Display for ExtractorConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExtractorConfigError::Ipv6PrefixTooLong { bits } => write!(
+                f,
+                "an IPv6 prefix of {bits} bits; ipv6_prefix must be between 0 and 128 \
+                 (128 keys each address alone)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ExtractorConfigError {}
+
 /// The prefix length by which [`PeerIp`] groups IPv6 peers by default; see
 /// [IPv6 grouping](PeerIp#ipv6-grouping).
 ///
@@ -331,16 +357,28 @@ impl<T> PeerIp<T> {
     /// address alone). See [IPv6 grouping](PeerIp#ipv6-grouping).
     ///
     /// ```
-    /// use turnstile::tower::PeerIp;
+    /// use turnstile::tower::{ExtractorConfigError, PeerIp};
     ///
-    /// let per_subnet = PeerIp::new().ipv6_prefix(64);
+    /// let per_subnet = PeerIp::new().ipv6_prefix(64)?;
     /// # let _ = per_subnet;
+    /// assert!(matches!(
+    ///     PeerIp::new().ipv6_prefix(200),
+    ///     Err(ExtractorConfigError::Ipv6PrefixTooLong { bits: 200 })
+    /// ));
+    /// # Ok::<(), ExtractorConfigError>(())
     /// ```
-    pub fn ipv6_prefix(self, bits: u8) -> PeerIp<T> {
-        PeerIp {
-            ipv6_prefix: bits.min(128),
-            ..self
+    ///
+    /// # Errors
+    ///
+    /// [`ExtractorConfigError::Ipv6PrefixTooLong`] for more than 128 bits.
+    pub fn ipv6_prefix(self, bits: u8) -> Result<PeerIp<T>, ExtractorConfigError> {
+        if bits > 128 {
+            return Err(ExtractorConfigError::Ipv6PrefixTooLong { bits });
         }
+        Ok(PeerIp {
+            ipv6_prefix: bits,
+            ..self
+        })
     }
 
     pub(super) fn peer(&self, request: &RequestHead<'_>) -> Option<IpAddr>

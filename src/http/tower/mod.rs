@@ -218,7 +218,10 @@ mod limits;
 #[cfg(all(feature = "redis", feature = "tokio"))]
 pub(crate) use denial::close_if_body_unread;
 pub use denial::{Denial, DenialResponse, DenyWith, PlainDenial};
-pub use extract::{ApiKeyHeader, DEFAULT_IPV6_PREFIX, Global, KeyExtractor, PeerIp, RequestHead};
+pub use extract::{
+    ApiKeyHeader, DEFAULT_IPV6_PREFIX, ExtractorConfigError, Global, KeyExtractor, PeerIp,
+    RequestHead,
+};
 #[cfg(all(feature = "redis", feature = "tokio"))]
 pub(crate) use fields::{Fields, policy_fields};
 pub use forwarded::{ForwardedFor, IpNet, IpNetError};

@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::give_back::{Holders, MIN_PRUNE};
 use super::local::{LeaseWord, Since};
 use super::stats::Counters;
-use super::{LeasedLimiter, MAX_LEASE, MAX_LIFETIME, saturating_nanos, word};
+use super::{LeasedLimiter, MAX_LEASE, MAX_LIFETIME, MIN_LIFETIME, saturating_nanos, word};
 use crate::algorithm::Algorithm;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
@@ -21,12 +21,17 @@ use crate::sync::AtomicU64;
 /// Builds a [`LeasedLimiter`]: the largest lease, the lease lifetime, the idle
 /// time after which a lease is given back, the failure policy and its
 /// backoff, the local clock.
+///
+/// As with [`KeyedBuilder`], the setters take any value and
+/// [`build`](LeasedBuilder::build) checks them all, so their order does not
+/// matter; the largest lease is checked at once by [`LeasedBuilder::new`].
 pub struct LeasedBuilder<C = RealClock> {
     limiter: RedisLimiter,
     bucket: TokenBucket,
     max_lease: u32,
     lifetime: Duration,
-    idle: Duration,
+    /// `None`: the default, 250 ms or the lifetime if that is shorter.
+    idle: Option<Duration>,
     on_failure: OnFailure<TokenBucket, RealClock>,
     backoff: Duration,
     max_keys: Option<usize>,
@@ -64,7 +69,7 @@ impl LeasedLimiter {
     ///
     /// # Errors
     ///
-    /// [`RedisConfigError::NotLeasable`] when `limiter` is not a token bucket.
+    /// As [`LeasedBuilder::new`].
     pub fn builder(
         limiter: RedisLimiter,
         max_lease: u32,
@@ -74,24 +79,51 @@ impl LeasedLimiter {
 }
 
 impl LeasedBuilder {
-    /// Leases of at most `max_lease` tokens (clamped to `1..=`[`MAX_LEASE`]
-    /// and to the bucket's capacity) from `limiter`'s token buckets.
-    /// Defaults: a lifetime of 1 s, give-back after 250 ms idle, fail closed
-    /// with a backoff of 1 s.
+    /// Leases of at most `max_lease` tokens, from 1 to the bucket's capacity
+    /// and to [`MAX_LEASE`], from `limiter`'s token buckets. Defaults: a
+    /// lifetime of 1 s, give-back after 250 ms idle (or the lifetime, if one
+    /// shorter is set), fail closed with a backoff of 1 s.
+    ///
+    /// ```
+    /// use turnstile::redis::{LeasedBuilder, RedisConfigError, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(100)?))?;
+    /// assert!(LeasedBuilder::new(global.clone(), 100).is_ok());
+    /// assert_eq!(
+    ///     LeasedBuilder::new(global, 101).err(),
+    ///     Some(RedisConfigError::LeaseTooLarge { max_lease: 101, capacity: 100, max: 100 })
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     ///
-    /// [`RedisConfigError::NotLeasable`] when `limiter` is not a token bucket.
+    /// [`RedisConfigError::NotLeasable`] when `limiter` is not a token bucket,
+    /// [`RedisConfigError::ZeroLease`] for a `max_lease` of 0, and
+    /// [`RedisConfigError::LeaseTooLarge`] for one above the bucket's capacity
+    /// or [`MAX_LEASE`].
     pub fn new(limiter: RedisLimiter, max_lease: u32) -> Result<Self, RedisConfigError> {
         let RedisAlgorithm::TokenBucket(bucket) = *limiter.algorithm() else {
             return Err(RedisConfigError::NotLeasable);
         };
+        if max_lease == 0 {
+            return Err(RedisConfigError::ZeroLease);
+        }
+        let max = MAX_LEASE.min(bucket.capacity());
+        if max_lease > max {
+            return Err(RedisConfigError::LeaseTooLarge {
+                max_lease,
+                capacity: bucket.capacity(),
+                max,
+            });
+        }
         Ok(LeasedBuilder {
-            max_lease: max_lease.clamp(1, MAX_LEASE).min(bucket.capacity()),
+            max_lease,
             limiter,
             bucket,
             lifetime: Duration::from_secs(1),
-            idle: Duration::from_millis(250),
+            idle: None,
             on_failure: OnFailure::Deny,
             backoff: Duration::from_secs(1),
             max_keys: None,
@@ -100,19 +132,36 @@ impl LeasedBuilder {
     }
 }
 
+/// The idle time after which a lease is given back, unless set (or the
+/// lifetime, if that is shorter).
+const DEFAULT_IDLE: Duration = Duration::from_millis(250);
+
 impl<C: Clock> LeasedBuilder<C> {
-    /// How long a lease may be spent from (at least 10 ms, at most an hour):
-    /// a token not spent by then is lost to the bucket, which refills it.
-    /// Bounds how long a token may wait in a lease.
+    /// How long a lease may be spent from (at least 10 ms, at most an hour;
+    /// default 1 s): a token not spent by then is lost to the bucket, which
+    /// refills it. Bounds how long a token may wait in a lease.
+    ///
+    /// # Errors
+    ///
+    /// A lifetime outside 10 ms to an hour is reported by
+    /// [`build`](LeasedBuilder::build), as
+    /// [`RedisConfigError::LeaseLifetime`].
     pub fn lifetime(mut self, lifetime: Duration) -> Self {
-        self.lifetime = lifetime.clamp(Duration::from_millis(10), MAX_LIFETIME);
+        self.lifetime = lifetime;
         self
     }
 
     /// A lease not topped up for `idle` is given back by
-    /// [`give_back_idle`](LeasedLimiter::give_back_idle).
+    /// [`give_back_idle`](LeasedLimiter::give_back_idle) (default 250 ms, or
+    /// the lifetime if that is shorter).
+    ///
+    /// # Errors
+    ///
+    /// An `idle` longer than the lifetime, which no lease would ever reach
+    /// (it expires first), is reported by [`build`](LeasedBuilder::build), as
+    /// [`RedisConfigError::IdleLongerThanLifetime`].
     pub fn idle(mut self, idle: Duration) -> Self {
-        self.idle = idle;
+        self.idle = Some(idle);
         self
     }
 
@@ -126,6 +175,12 @@ impl<C: Clock> LeasedBuilder<C> {
 
     /// At most `max_keys` keys hold a lease word at once (the keyed map's
     /// bound; past it a new key is decided by exact mode).
+    ///
+    /// # Errors
+    ///
+    /// A `max_keys` of 0 is reported by [`build`](LeasedBuilder::build), as
+    /// [`RedisConfigError::Keyed`]`(`[`KeyedConfigError::ZeroMaxKeys`](crate::KeyedConfigError::ZeroMaxKeys)`)`,
+    /// as [`KeyedBuilder::build`] reports it.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
@@ -149,11 +204,51 @@ impl<C: Clock> LeasedBuilder<C> {
 
     /// The limiter.
     ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::redis::{LeasedBuilder, RedisConfigError, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(100)?))?;
+    /// let err = LeasedBuilder::new(global, 10)?
+    ///     .lifetime(Duration::from_millis(500))
+    ///     .idle(Duration::from_secs(1))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(
+    ///     err,
+    ///     RedisConfigError::IdleLongerThanLifetime {
+    ///         idle: Duration::from_secs(1),
+    ///         lifetime: Duration::from_millis(500),
+    ///     }
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     ///
-    /// [`RedisConfigError::Keyed`] if the map of keys cannot be built (never
-    /// in practice: a `max_keys` of 0 is taken as 1).
+    /// [`RedisConfigError::LeaseLifetime`] for a lifetime outside 10 ms to an
+    /// hour (zero included), [`RedisConfigError::IdleLongerThanLifetime`] for
+    /// an `idle` set longer than the lifetime, and [`RedisConfigError::Keyed`]
+    /// if the map of keys cannot be built (a `max_keys` of 0).
     pub fn build(self) -> Result<LeasedLimiter<C>, RedisConfigError> {
+        if !(MIN_LIFETIME..=MAX_LIFETIME).contains(&self.lifetime) {
+            return Err(RedisConfigError::LeaseLifetime {
+                lifetime: self.lifetime,
+                min: MIN_LIFETIME,
+                max: MAX_LIFETIME,
+            });
+        }
+        let idle = match self.idle {
+            Some(idle) if idle > self.lifetime => {
+                return Err(RedisConfigError::IdleLongerThanLifetime {
+                    idle,
+                    lifetime: self.lifetime,
+                });
+            }
+            Some(idle) => idle,
+            None => DEFAULT_IDLE.min(self.lifetime),
+        };
         let algorithm = LeaseWord {
             capacity: self.bucket.capacity(),
             lifetime: self.lifetime,
@@ -167,7 +262,7 @@ impl<C: Clock> LeasedBuilder<C> {
         };
         let mut builder = KeyedBuilder::new(algorithm).clock(clock);
         if let Some(max_keys) = self.max_keys {
-            builder = builder.max_keys(max_keys.max(1));
+            builder = builder.max_keys(max_keys);
         }
         let local = builder.build().map_err(RedisConfigError::Keyed)?;
         let lifetime_units = word::units_down(saturating_nanos(self.lifetime)).max(1);
@@ -176,7 +271,7 @@ impl<C: Clock> LeasedBuilder<C> {
             capacity: self.bucket.capacity(),
             max_lease: self.max_lease,
             lifetime_units,
-            idle: self.idle,
+            idle,
             local,
             holders: Mutex::new(Holders {
                 keys: HashSet::new(),

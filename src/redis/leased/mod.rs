@@ -41,6 +41,9 @@ pub const MAX_LEASE: u32 = (1 << 23) - 1;
 /// The longest lease lifetime (the word's time field covers 208 days; an hour
 /// keeps every comparison far from its end).
 const MAX_LIFETIME: Duration = Duration::from_secs(3_600);
+/// The shortest lease lifetime: the word keeps time in units of 4.19 ms
+/// (`word::UNIT_SHIFT`), and a shorter lifetime would be one unit or none.
+const MIN_LIFETIME: Duration = Duration::from_millis(10);
 
 fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
