@@ -76,8 +76,18 @@ fn bench(c: &mut Criterion) {
         ("admitted", true, StatusCode::OK),
         ("denied", false, StatusCode::TOO_MANY_REQUESTS),
     ] {
-        run(&mut group, &format!("combined3/{name}"), combined_service(admit), expect);
-        run(&mut group, &format!("stacked3/{name}"), stacked_service(admit), expect);
+        run(
+            &mut group,
+            &format!("combined3/{name}"),
+            combined_service(admit),
+            expect,
+        );
+        run(
+            &mut group,
+            &format!("stacked3/{name}"),
+            stacked_service(admit),
+            expect,
+        );
     }
     run(
         &mut group,

@@ -44,7 +44,12 @@ fn list(headers: &HeaderMap, name: &str) -> Vec<ListItem> {
                 let params = item
                     .params
                     .iter()
-                    .map(|(k, v)| (k.as_str().to_owned(), v.as_integer().expect("integer").into()))
+                    .map(|(k, v)| {
+                        (
+                            k.as_str().to_owned(),
+                            v.as_integer().expect("integer").into(),
+                        )
+                    })
                     .collect();
                 (name, params)
             }
@@ -92,8 +97,7 @@ fn echo() -> impl Service<
     service_fn(|request: Request<()>| async move {
         let mut response = Response::new(String::new());
         if let Some(status) = request.headers().get("x-answer") {
-            *response.status_mut() =
-                StatusCode::from_bytes(status.as_bytes()).expect("a status");
+            *response.status_mut() = StatusCode::from_bytes(status.as_bytes()).expect("a status");
         }
         if let Some(cost) = request.headers().get("x-cost") {
             response.headers_mut().insert("x-tokens-used", cost.clone());
@@ -164,8 +168,18 @@ async fn a_denial_by_a_later_limit_spends_nothing_in_the_earlier_ones() {
     let t = three(5, 2, 100);
     let layer = t.layer();
     let mut service = layer.clone().layer(echo());
-    assert_eq!(send(&mut service, request(Some("a"), "10.0.0.1:1")).await.status(), 200);
-    assert_eq!(send(&mut service, request(Some("b"), "10.0.0.1:1")).await.status(), 200);
+    assert_eq!(
+        send(&mut service, request(Some("a"), "10.0.0.1:1"))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        send(&mut service, request(Some("b"), "10.0.0.1:1"))
+            .await
+            .status(),
+        200
+    );
     assert_eq!(t.state("c", "10.0.0.1"), (5, 0, 98));
     // The per-IP limit refuses "c": its key and the global limit keep their permits.
     let denied = send(&mut service, request(Some("c"), "10.0.0.1:1")).await;
@@ -191,7 +205,10 @@ async fn a_missing_key_is_a_401_that_spends_nothing() {
     assert!(!denied.headers().contains_key("ratelimit"));
     assert_eq!(t.state("a", "10.0.0.1"), before);
     // No peer address: the server's fault, a 500, nothing spent either.
-    let mut no_peer = Request::builder().header("x-api-key", "a").body(()).unwrap();
+    let mut no_peer = Request::builder()
+        .header("x-api-key", "a")
+        .body(())
+        .unwrap();
     no_peer.extensions_mut().clear();
     assert_eq!(send(&mut service, no_peer).await.status(), 500);
     assert_eq!(t.state("a", "10.0.0.1"), before);
@@ -201,10 +218,11 @@ async fn a_missing_key_is_a_401_that_spends_nothing() {
 #[tokio::test]
 async fn a_denial_tells_the_longest_wait_of_the_limits_that_refuse() {
     let clock = ManualClock::new();
-    let per_key = KeyedLimiter::<String, _, _>::builder(Quota::new(1, 1, Duration::from_secs(3)).unwrap())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let per_key =
+        KeyedLimiter::<String, _, _>::builder(Quota::new(1, 1, Duration::from_secs(3)).unwrap())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
     let global = RateLimiter::with_clock(Quota::new(1, 1, Duration::from_secs(10)).unwrap(), clock);
     let layer = Limits::builder()
         .limit("key", api_key(), per_key)
@@ -214,7 +232,12 @@ async fn a_denial_tells_the_longest_wait_of_the_limits_that_refuse() {
         .build()
         .unwrap();
     let mut service = layer.layer(echo());
-    assert_eq!(send(&mut service, request(Some("a"), "10.0.0.1:1")).await.status(), 200);
+    assert_eq!(
+        send(&mut service, request(Some("a"), "10.0.0.1:1"))
+            .await
+            .status(),
+        200
+    );
     // "a" is refused by its key (3 s) and would be by the global limit (10 s).
     let denied = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
     assert_eq!(denied.headers()["retry-after"], "10");
@@ -226,7 +249,11 @@ async fn a_denial_tells_the_longest_wait_of_the_limits_that_refuse() {
     let denied = send(&mut service, request(Some("b"), "10.0.0.1:1")).await;
     assert_eq!(denied.headers()["retry-after"], "10");
     let value = list(denied.headers(), "ratelimit");
-    assert_eq!(param(&value, "key", "r"), Some(1), "b's own limit is untouched");
+    assert_eq!(
+        param(&value, "key", "r"),
+        Some(1),
+        "b's own limit is untouched"
+    );
     assert_eq!(param(&value, "all", "r"), Some(0));
 }
 
@@ -246,7 +273,10 @@ async fn a_combined_layer_advertises_one_item_per_limit_with_its_own_remaining()
     assert_eq!(param(&value, "ip", "r"), Some(49));
     assert_eq!(param(&value, "all", "r"), Some(999));
     for (name, params) in &value {
-        assert!(params["r"] <= param(&policy, name, "q").unwrap(), "{name}: r above q");
+        assert!(
+            params["r"] <= param(&policy, name, "q").unwrap(),
+            "{name}: r above q"
+        );
     }
     t.clock.advance(Duration::from_secs(10));
 }
@@ -269,18 +299,32 @@ async fn stacked_layers_append_their_items_instead_of_overwriting() {
     );
     let mut service = outer.layer(inner.layer(echo()));
     let admitted = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
-    assert_eq!(names(&list(admitted.headers(), "ratelimit")), ["api", "global"]);
-    assert_eq!(names(&list(admitted.headers(), "ratelimit-policy")), ["api", "global"]);
+    assert_eq!(
+        names(&list(admitted.headers(), "ratelimit")),
+        ["api", "global"]
+    );
+    assert_eq!(
+        names(&list(admitted.headers(), "ratelimit-policy")),
+        ["api", "global"]
+    );
     let denied = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     let value = list(denied.headers(), "ratelimit");
     assert_eq!(names(&value), ["api", "global"]);
     assert_eq!(param(&value, "api", "r"), Some(0));
     assert_eq!(param(&value, "api", "t"), Some(3600));
-    assert_eq!(denied.headers().get_all("ratelimit").iter().count(), 1, "one line");
+    assert_eq!(
+        denied.headers().get_all("ratelimit").iter().count(),
+        1,
+        "one line"
+    );
     // A combined layer outside a stacked one appends too.
     let combined = Limits::builder()
-        .limit("edge", Global, RateLimiter::new(Quota::per_second(10).unwrap()))
+        .limit(
+            "edge",
+            Global,
+            RateLimiter::new(Quota::per_second(10).unwrap()),
+        )
         .unwrap()
         .build()
         .unwrap();
@@ -292,14 +336,23 @@ async fn stacked_layers_append_their_items_instead_of_overwriting() {
     );
     let mut service = combined.layer(inner.layer(echo()));
     let admitted = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
-    assert_eq!(names(&list(admitted.headers(), "ratelimit")), ["api", "edge"]);
+    assert_eq!(
+        names(&list(admitted.headers(), "ratelimit")),
+        ["api", "edge"]
+    );
 }
 
 fn tiers() -> Tiered<String, impl Fn(&str) -> usize + Send + Sync + 'static> {
     Tiered::new(
         [
-            ("free", KeyedLimiter::<String>::new(Quota::per_second(10).unwrap())),
-            ("paid", KeyedLimiter::<String>::new(Quota::per_second(100).unwrap())),
+            (
+                "free",
+                KeyedLimiter::<String>::new(Quota::per_second(10).unwrap()),
+            ),
+            (
+                "paid",
+                KeyedLimiter::<String>::new(Quota::per_second(100).unwrap()),
+            ),
         ],
         |key: &str| usize::from(key.starts_with("paid_")),
     )
@@ -308,28 +361,44 @@ fn tiers() -> Tiered<String, impl Fn(&str) -> usize + Send + Sync + 'static> {
 
 #[tokio::test]
 async fn tiers_advertise_the_keys_own_tier() {
-    let layer = RateLimitLayer::new(Gate::tiered(tiers()).with_derived_policy("api").unwrap(), api_key());
+    let layer = RateLimitLayer::new(
+        Gate::tiered(tiers()).with_derived_policy("api").unwrap(),
+        api_key(),
+    );
     let mut service = layer.layer(echo());
     let paid = send(&mut service, request(Some("paid_1"), "10.0.0.1:1")).await;
-    let (policy, value) = (list(paid.headers(), "ratelimit-policy"), list(paid.headers(), "ratelimit"));
+    let (policy, value) = (
+        list(paid.headers(), "ratelimit-policy"),
+        list(paid.headers(), "ratelimit"),
+    );
     assert_eq!(names(&policy), ["api.paid"]);
     assert_eq!(param(&policy, "api.paid", "q"), Some(100));
     assert_eq!(param(&value, "api.paid", "r"), Some(99));
     let free = send(&mut service, request(Some("free_1"), "10.0.0.1:1")).await;
-    let (policy, value) = (list(free.headers(), "ratelimit-policy"), list(free.headers(), "ratelimit"));
+    let (policy, value) = (
+        list(free.headers(), "ratelimit-policy"),
+        list(free.headers(), "ratelimit"),
+    );
     assert_eq!(param(&policy, "api.free", "q"), Some(10));
     assert_eq!(param(&value, "api.free", "r"), Some(9));
     // The same in a combined layer.
     let layer = Limits::builder()
         .limit("api", api_key(), tiers())
         .unwrap()
-        .limit("all", Global, RateLimiter::new(Quota::per_second(1000).unwrap()))
+        .limit(
+            "all",
+            Global,
+            RateLimiter::new(Quota::per_second(1000).unwrap()),
+        )
         .unwrap()
         .build()
         .unwrap();
     let mut service = layer.layer(echo());
     let paid = send(&mut service, request(Some("paid_1"), "10.0.0.1:1")).await;
-    let (policy, value) = (list(paid.headers(), "ratelimit-policy"), list(paid.headers(), "ratelimit"));
+    let (policy, value) = (
+        list(paid.headers(), "ratelimit-policy"),
+        list(paid.headers(), "ratelimit"),
+    );
     assert_eq!(names(&policy), ["api.paid", "all"]);
     assert_eq!(param(&value, "api.paid", "r"), Some(99));
     assert!(param(&value, "api.paid", "r") <= param(&policy, "api.paid", "q"));
@@ -352,7 +421,14 @@ fn the_builder_refuses_what_could_never_work() {
         .unwrap()
         .cost(11)
         .build();
-    assert!(matches!(too_dear, Err(LimitsError::Cost { cost: 11, capacity: 10, .. })));
+    assert!(matches!(
+        too_dear,
+        Err(LimitsError::Cost {
+            cost: 11,
+            capacity: 10,
+            ..
+        })
+    ));
     assert!(matches!(
         Limits::builder().cost(0).build(),
         Err(LimitsError::Cost { cost: 0, .. })
@@ -382,17 +458,27 @@ async fn refund_when_counts_only_failures() {
     for _ in 0..10 {
         let ok = send(&mut service, login(true)).await;
         assert_eq!(ok.status(), 200);
-        assert_eq!(param(&list(ok.headers(), "ratelimit"), "login", "r"), Some(3));
+        assert_eq!(
+            param(&list(ok.headers(), "ratelimit"), "login", "r"),
+            Some(3)
+        );
     }
     // Three failures, then the fourth attempt is refused.
     for left in [2, 1, 0] {
         let failed = send(&mut service, login(false)).await;
         assert_eq!(failed.status(), 401);
-        assert_eq!(param(&list(failed.headers(), "ratelimit"), "login", "r"), Some(left));
+        assert_eq!(
+            param(&list(failed.headers(), "ratelimit"), "login", "r"),
+            Some(left)
+        );
     }
     assert_eq!(send(&mut service, login(true)).await.status(), 429);
     let stats = layer.stats();
-    assert_eq!((stats.refunded, stats.refund_declined), (20, 0), "two limits, ten refunds");
+    assert_eq!(
+        (stats.refunded, stats.refund_declined),
+        (20, 0),
+        "two limits, ten refunds"
+    );
     assert_eq!(t.global.remaining(), 97);
 }
 
@@ -403,7 +489,15 @@ async fn cost_from_response_settles_and_forgives_no_more_than_it_counts() {
         .limit_shared("tokens", api_key(), Arc::clone(&t.per_key))
         .unwrap()
         .cost(2)
-        .cost_from_response(|parts| parts.headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+        .cost_from_response(|parts| {
+            parts
+                .headers
+                .get("x-tokens-used")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()
+        })
         .build()
         .unwrap();
     let mut service = layer.clone().layer(echo());
@@ -414,13 +508,22 @@ async fn cost_from_response_settles_and_forgives_no_more_than_it_counts() {
     };
     // Cheaper than charged: 2 taken, 1 used.
     let r = send(&mut service, costing(1)).await;
-    assert_eq!(param(&list(r.headers(), "ratelimit"), "tokens", "r"), Some(9));
+    assert_eq!(
+        param(&list(r.headers(), "ratelimit"), "tokens", "r"),
+        Some(9)
+    );
     // Dearer: 2 taken, 6 used: 4 more.
     let r = send(&mut service, costing(6)).await;
-    assert_eq!(param(&list(r.headers(), "ratelimit"), "tokens", "r"), Some(3));
+    assert_eq!(
+        param(&list(r.headers(), "ratelimit"), "tokens", "r"),
+        Some(3)
+    );
     // 2 taken, 8 used: only 1 more is held, 5 are forgiven.
     let r = send(&mut service, costing(8)).await;
-    assert_eq!(param(&list(r.headers(), "ratelimit"), "tokens", "r"), Some(0));
+    assert_eq!(
+        param(&list(r.headers(), "ratelimit"), "tokens", "r"),
+        Some(0)
+    );
     assert_eq!(send(&mut service, costing(1)).await.status(), 429);
     let stats = layer.stats();
     assert_eq!(stats.forgiven, 5);
@@ -440,7 +543,9 @@ async fn drain_when_empties_the_allowance() {
         .unwrap();
     let mut service = layer.clone().layer(echo());
     let mut upstream_429 = request(Some("a"), "10.0.0.1:1");
-    upstream_429.headers_mut().insert("x-answer", "429".parse().unwrap());
+    upstream_429
+        .headers_mut()
+        .insert("x-answer", "429".parse().unwrap());
     let r = send(&mut service, upstream_429).await;
     assert_eq!(r.status(), 429, "the upstream's own answer");
     assert_eq!(param(&list(r.headers(), "ratelimit"), "up", "r"), Some(0));
@@ -448,7 +553,10 @@ async fn drain_when_empties_the_allowance() {
     assert_eq!(layer.stats().drained, 9);
     let refused = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
     assert_eq!(refused.status(), 429);
-    assert!(refused.headers().contains_key("retry-after"), "refused by the layer");
+    assert!(
+        refused.headers().contains_key("retry-after"),
+        "refused by the layer"
+    );
 }
 
 /// One limit of a random combined layer: a global or a keyed token bucket.

@@ -1,9 +1,9 @@
 //! The HTTP gate, independent of any framework: a request's key in, a status
 //! and headers out.
 
-use std::borrow::Cow;
 use core::borrow::Borrow;
 use core::hash::{BuildHasher, Hash};
+use std::borrow::Cow;
 
 use crate::admission::{Receipt, Stage};
 use crate::algorithm::Algorithm;
@@ -457,7 +457,11 @@ impl<K, F, A: AdvertisedQuota, C, S> Gate<Tiered<K, F, A, C, S>> {
     /// break the header's syntax.
     pub fn with_derived_policy(self, name: &str) -> Result<Self, PolicyError> {
         for tier in self.limiter.names() {
-            RateLimitPolicy::new(&format!("{name}.{tier}"), 1, core::time::Duration::from_secs(1))?;
+            RateLimitPolicy::new(
+                &format!("{name}.{tier}"),
+                1,
+                core::time::Duration::from_secs(1),
+            )?;
         }
         Ok(self.derive(name, None))
     }

@@ -6,8 +6,8 @@ use core::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::algorithm::fixed_window::FixedWindow;
-use crate::algorithm::live::LiveTokenBucket;
 use crate::algorithm::gcra::Gcra;
+use crate::algorithm::live::LiveTokenBucket;
 use crate::algorithm::sliding_window::SlidingWindow;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::quota::Quota;
@@ -203,4 +203,10 @@ macro_rules! advertised_by_algorithm {
     )*};
 }
 
-advertised_by_algorithm!(TokenBucket, Gcra, FixedWindow, SlidingWindow, LiveTokenBucket);
+advertised_by_algorithm!(
+    TokenBucket,
+    Gcra,
+    FixedWindow,
+    SlidingWindow,
+    LiveTokenBucket
+);

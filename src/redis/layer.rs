@@ -16,8 +16,8 @@ use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
 use crate::http::gate::{Outcome, PolicyError, RateLimitPolicy};
 use crate::http::tower::{
-    Denial, DenialResponse, DenyWith, KeyExtractor, Layer, PlainDenial, Reported, RequestHead,
-    Fields, ResponseFuture, Service, deny, policy_fields,
+    Denial, DenialResponse, DenyWith, Fields, KeyExtractor, Layer, PlainDenial, Reported,
+    RequestHead, ResponseFuture, Service, deny, policy_fields,
 };
 use crate::reclaim::thread_slot;
 use crate::tally::Tally;

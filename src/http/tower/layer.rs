@@ -476,10 +476,7 @@ pin_project_lite::pin_project! {
 impl<F, B> ResponseFuture<F, B> {
     /// The inner service's response to an admitted request, with the policy
     /// `fields` added.
-    pub(crate) fn admitted(
-        future: F,
-        fields: Option<Fields>,
-    ) -> ResponseFuture<F, B> {
+    pub(crate) fn admitted(future: F, fields: Option<Fields>) -> ResponseFuture<F, B> {
         ResponseFuture {
             state: State::Admitted { future, fields },
         }

@@ -1,13 +1,13 @@
 //! Several limits in one layer, all or nothing: [`Limits`], built by
 //! [`LimitsBuilder`], and the [`Limited`] service it wraps.
 
+use core::borrow::Borrow;
 use core::fmt;
 use core::fmt::Write as _;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 use core::time::Duration;
-use core::borrow::Borrow;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -231,7 +231,10 @@ pub struct LimitsBuilder {
 impl fmt::Debug for LimitsBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LimitsBuilder")
-            .field("limits", &self.limits.iter().map(|l| l.name()).collect::<Vec<_>>())
+            .field(
+                "limits",
+                &self.limits.iter().map(|l| l.name()).collect::<Vec<_>>(),
+            )
             .field("cost", &self.cost)
             .finish_non_exhaustive()
     }
@@ -1003,7 +1006,11 @@ impl Settlement {
             Settle::Drain
         } else if shared.refund_when.as_ref().is_some_and(|when| when(parts)) {
             Settle::Refund
-        } else if let Some(cost) = shared.cost_from_response.as_ref().and_then(|cost| cost(parts)) {
+        } else if let Some(cost) = shared
+            .cost_from_response
+            .as_ref()
+            .and_then(|cost| cost(parts))
+        {
             Settle::Cost(cost)
         } else {
             Settle::Keep

@@ -148,7 +148,7 @@ mod limits;
 pub use denial::{Denial, DenialResponse, DenyWith, PlainDenial};
 pub use extract::{ApiKeyHeader, DEFAULT_IPV6_PREFIX, Global, KeyExtractor, PeerIp, RequestHead};
 pub use forwarded::{ForwardedFor, IpNet, IpNetError};
-pub use layer::{LayerStats, RateLimit, RateLimitLayer, ResponseFuture};
-pub use limits::{Limited, LimitedFuture, Limits, LimitsBuilder, LimitsError, LimitsStats};
 #[cfg(all(feature = "redis", feature = "tokio"))]
 pub(crate) use layer::{Fields, Reported, deny, policy_fields};
+pub use layer::{LayerStats, RateLimit, RateLimitLayer, ResponseFuture};
+pub use limits::{Limited, LimitedFuture, Limits, LimitsBuilder, LimitsError, LimitsStats};
