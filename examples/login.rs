@@ -1,6 +1,7 @@
-//! Count only failed logins: a keyed limiter of 5 failures per 15 minutes per
-//! user, where every attempt is admitted and a successful one is refunded. On
-//! a simulated clock.
+//! Count only failed logins, with a layer: `POST /login` behind a combined
+//! `Limits` layer of 5 failures per user per 15 minutes (keyed by the
+//! `x-user` header) whose successful responses give their permit back. Served
+//! in-process with `tower::ServiceExt::oneshot`, on a simulated clock.
 //!
 //! ```text
 //! cargo run --example login
@@ -9,8 +10,9 @@
 #[path = "shared/login.rs"]
 mod login;
 
-fn main() {
-    for line in login::story() {
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    for line in login::story().await {
         println!("{line}");
     }
 }

@@ -296,6 +296,22 @@ where
     }
 }
 
+/// A tiered set's counts, summed over its tiers (`tier_stats` has each
+/// tier's).
+impl<K, F, A, C, S> Observed for crate::keyed::tiered::Tiered<K, F, A, C, S>
+where
+    K: Hash + Eq,
+    A: crate::algorithm::Algorithm,
+    C: crate::clock::Clock,
+    S: BuildHasher,
+    Self: Send + Sync + 'static,
+{
+    fn publish(&self, name: &str) {
+        use crate::http::gate::LimiterStats;
+        self.limiter_stats().publish(name);
+    }
+}
+
 impl<L> Observed for crate::http::gate::Gate<L>
 where
     L: crate::http::gate::LimiterStats,

@@ -316,7 +316,9 @@ async fn redis_layer_denials_close_only_with_a_body() {
     let connection = || {
         Deadlines::default()
             .connect(Duration::from_secs(2))
+            .unwrap()
             .response(Duration::from_secs(2))
+            .unwrap()
             .reconnecting(server.client())
     };
     let limit = |prefix: &str| {

@@ -1,12 +1,13 @@
 //! The example server, started in-process on an ephemeral port and driven with
-//! real HTTP/1.1 requests over TCP: statuses, headers, and that the handlers
-//! ran only for admitted requests; and the layer's hooks (a global key, RFC
-//! 7239 `Forwarded`, a missing peer address) on small routers served alike.
+//! real HTTP/1.1 requests over TCP: statuses, headers (the `RateLimit` fields
+//! parsed as the structured-field Lists they are), and that the handlers ran
+//! only for admitted requests; and the layer's hooks (a global key, RFC 7239
+//! `Forwarded`, a missing peer address) on small routers served alike.
 
 #[path = "../examples/shared/server.rs"]
 mod server;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +51,53 @@ async fn send(addr: SocketAddr, request: &[u8]) -> Reply {
     }
 }
 
+/// One parsed List item: its name and its integer parameters.
+type ListItem = (String, BTreeMap<String, i64>);
+
+/// The items of a List field's value (`RateLimit-Policy`, `RateLimit`).
+fn list(field: &str) -> Vec<ListItem> {
+    let list = sfv::Parser::new(field)
+        .parse_list()
+        .unwrap_or_else(|e| panic!("{field:?} is not a structured-field List: {e}"));
+    list.into_iter()
+        .map(|entry| match entry {
+            sfv::ListEntry::Item(item) => {
+                let name = item
+                    .bare_item
+                    .as_string()
+                    .expect("a policy name is a String")
+                    .as_str()
+                    .to_owned();
+                let params = item
+                    .params
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.as_str().to_owned(),
+                            v.as_integer().expect("integer").into(),
+                        )
+                    })
+                    .collect();
+                (name, params)
+            }
+            sfv::ListEntry::InnerList(_) => panic!("{field:?}: an inner list"),
+        })
+        .collect()
+}
+
+/// The names of the items, in order.
+fn names(items: &[ListItem]) -> Vec<&str> {
+    items.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+/// Item `name`'s parameter `param`.
+fn param(items: &[ListItem], name: &str, param: &str) -> Option<i64> {
+    items
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, params)| params.get(param).copied())
+}
+
 async fn get(addr: SocketAddr, path: &str, extra: &str) -> Reply {
     let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{extra}\r\n");
     send(addr, request.as_bytes()).await
@@ -87,17 +135,25 @@ async fn per_key_limits_over_real_http() {
         let reply = get(addr, "/api", "x-api-key: k_1\r\n").await;
         assert_eq!(reply.status, 200, "{}", reply.body);
         assert_eq!(reply.body, "api: served\n");
-        assert_eq!(reply.headers["ratelimit-policy"], "\"api\";q=3;w=30");
-        assert_eq!(reply.headers["ratelimit"], format!("\"api\";r={left}"));
+        // One item per limit, the key's own first: derived from the quotas.
+        assert_eq!(
+            reply.headers["ratelimit-policy"],
+            "\"api.free\";q=3;w=30, \"ip\";q=1000;w=10, \"all\";q=10000;w=10"
+        );
+        let value = list(&reply.headers["ratelimit"]);
+        assert_eq!(names(&value), ["api.free", "ip", "all"]);
+        assert_eq!(value[0].1, BTreeMap::from([("r".to_owned(), left)]));
         assert!(!reply.headers.contains_key("retry-after"));
     }
     let denied = get(addr, "/api", "x-api-key: k_1\r\n").await;
     assert_eq!(denied.status, 429);
     // The next token is due 10 s after the first request: the header rounds
     // the wait up, so it says 10 (9 only if this took over a second).
-    let secs: u64 = denied.headers["retry-after"].parse().unwrap();
+    let secs: i64 = denied.headers["retry-after"].parse().unwrap();
     assert!((9..=10).contains(&secs), "{secs}");
-    assert_eq!(denied.headers["ratelimit"], format!("\"api\";r=0;t={secs}"));
+    let value = list(&denied.headers["ratelimit"]);
+    assert_eq!(param(&value, "api.free", "r"), Some(0));
+    assert_eq!(param(&value, "api.free", "t"), Some(secs));
     // RFC 9457 problem details from the app's denial hook.
     assert_eq!(denied.headers["content-type"], "application/problem+json");
     assert_eq!(
@@ -110,6 +166,92 @@ async fn per_key_limits_over_real_http() {
     assert_eq!(get(addr, "/api", "x-api-key: k_2\r\n").await.status, 200);
     // The handler ran for the admitted requests only.
     assert_eq!(handled.api.load(Ordering::Relaxed), 4);
+}
+
+/// One combined layer, three limits told apart over real HTTP: each key is
+/// told its own tier's policy, a 429 carries one item per limit, and a
+/// request the per-key limit refuses spends nothing in the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_per_address_and_global_limits_in_one_layer_over_real_http() {
+    // The per-address and global limits refill too slowly to move during the
+    // test: what they hold is exact.
+    let hourly = |n| Quota::new(n, 1, Duration::from_secs(3600)).unwrap();
+    let settings = server::Settings {
+        api_per_ip: hourly(50),
+        api_global: hourly(100),
+        ..server::Settings::default()
+    };
+    let handled = Arc::new(server::Handled::default());
+    let (app, gates) = server::app_with(handled.clone(), settings);
+    let addr = serve(app).await;
+
+    let paid = get(addr, "/api", "x-api-key: k_paid_1\r\n").await;
+    assert_eq!(paid.status, 200);
+    let (policy, value) = (
+        list(&paid.headers["ratelimit-policy"]),
+        list(&paid.headers["ratelimit"]),
+    );
+    assert_eq!(names(&policy), ["api.paid", "ip", "all"]);
+    assert_eq!(names(&value), ["api.paid", "ip", "all"]);
+    assert_eq!(param(&policy, "api.paid", "q"), Some(30));
+    assert_eq!(param(&policy, "api.paid", "w"), Some(30));
+    assert_eq!(param(&value, "api.paid", "r"), Some(29));
+    assert_eq!(param(&value, "ip", "r"), Some(49));
+    assert_eq!(param(&value, "all", "r"), Some(99));
+
+    for (left, all) in [(2, 98), (1, 97), (0, 96)] {
+        let free = get(addr, "/api", "x-api-key: k_free_1\r\n").await;
+        assert_eq!(free.status, 200);
+        let (policy, value) = (
+            list(&free.headers["ratelimit-policy"]),
+            list(&free.headers["ratelimit"]),
+        );
+        assert_eq!(names(&policy), ["api.free", "ip", "all"]);
+        assert_eq!(param(&policy, "api.free", "q"), Some(3));
+        assert_eq!(param(&policy, "api.free", "w"), Some(30));
+        assert_eq!(param(&value, "api.free", "r"), Some(left));
+        assert_eq!(param(&value, "all", "r"), Some(all));
+    }
+    assert_eq!(gates.api_global.remaining(), 96);
+
+    // The free key's fourth: refused by its own limit, told by all three.
+    let denied = get(addr, "/api", "x-api-key: k_free_1\r\n").await;
+    assert_eq!(denied.status, 429);
+    let (policy, value) = (
+        list(&denied.headers["ratelimit-policy"]),
+        list(&denied.headers["ratelimit"]),
+    );
+    assert_eq!(names(&policy), ["api.free", "ip", "all"]);
+    assert_eq!(names(&value), ["api.free", "ip", "all"]);
+    let secs: i64 = denied.headers["retry-after"].parse().unwrap();
+    assert_eq!(param(&value, "api.free", "r"), Some(0));
+    assert_eq!(
+        param(&value, "api.free", "t"),
+        Some(secs),
+        "its wait is the answer's"
+    );
+    // The other limits admitted it, then took nothing: what they held before.
+    assert_eq!(param(&value, "ip", "r"), Some(46));
+    assert_eq!(param(&value, "ip", "t"), None);
+    assert_eq!(param(&value, "all", "r"), Some(96));
+    assert_eq!(gates.api_global.remaining(), 96);
+    assert_eq!(gates.api_ips.remaining(&"127.0.0.1".parse().unwrap()), 46);
+    for (name, params) in &value {
+        assert!(
+            params["r"] <= param(&policy, name, "q").unwrap(),
+            "{name}: r above q"
+        );
+    }
+
+    // The paid key is untouched by the free key's refusal.
+    let paid = get(addr, "/api", "x-api-key: k_paid_1\r\n").await;
+    assert_eq!(paid.status, 200);
+    let value = list(&paid.headers["ratelimit"]);
+    assert_eq!(param(&value, "api.paid", "r"), Some(28));
+    assert_eq!(param(&value, "all", "r"), Some(95));
+    assert_eq!(gates.api_keys.tier_name("k_paid_1"), "paid");
+    assert_eq!(gates.api_keys.len(), 2);
+    assert_eq!(handled.api.load(Ordering::Relaxed), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,18 +342,21 @@ async fn a_key_flood_is_reclaimed_while_the_server_is_idle() {
         assert_eq!(reply.status, 200);
     }
     assert_eq!(handled.api.load(Ordering::Relaxed), 300);
-    let limiter = gates.api.limiter();
-    assert!(limiter.stats().admitted >= 300);
+    // Every flood key is a free one: the free tier holds them.
+    let per_key = &gates.api_keys;
+    let free = || per_key.tier_stats()[0].1;
+    assert_eq!(per_key.tier_stats()[0].0, "free");
+    assert!(free().admitted >= 300);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !limiter.is_empty() {
+    while !per_key.is_empty() {
         assert!(
             std::time::Instant::now() < deadline,
             "{} keys still held",
-            limiter.len()
+            per_key.len()
         );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    assert!(limiter.stats().evicted >= 300);
+    assert!(free().evicted >= 300);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -465,7 +610,8 @@ async fn metrics_are_scraped_with_the_exact_counts_of_known_traffic() {
         r#"turnstile_responses_total{limiter="api",status="503"} 1"#,
         r#"turnstile_responses_total{limiter="api",status="401"} 3"#,
         r#"turnstile_responses_total{limiter="api",status="500"} 0"#,
-        r#"turnstile_keys{limiter="api"} 2"#,
+        r#"turnstile_keys{limiter="api.keys"} 2"#,
+        r#"turnstile_keys{limiter="api.ip"} 1"#,
         r#"turnstile_responses_total{limiter="public",status="200"} 5"#,
         r#"turnstile_responses_total{limiter="public",status="429"} 2"#,
         r#"turnstile_keys{limiter="public"} 1"#,

@@ -1,11 +1,12 @@
 //! The example server's app, shared by `examples/server.rs` and the integration
-//! test that drives it over TCP: an axum router behind turnstile's tower layer,
-//! served by hyper's HTTP/1 connection builder with a header read timeout.
+//! test that drives it over TCP: an axum router behind turnstile's tower
+//! layers (`/api` behind one combined layer of three limits), served by
+//! hyper's HTTP/1 connection builder with a header read timeout.
 
 #![allow(dead_code)]
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -21,8 +22,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use tower::ServiceExt;
 use turnstile::metrics::Registry;
-use turnstile::tower::{ApiKeyHeader, Denial, PeerIp, RateLimitLayer};
-use turnstile::{Gate, KeyedLimiter, Quota};
+use turnstile::tower::{ApiKeyHeader, Denial, Global, Limits, PeerIp, RateLimitLayer};
+use turnstile::{Gate, KeyedLimiter, Quota, RateLimiter, Tiered};
 
 /// How many requests each handler actually ran.
 #[derive(Debug, Default)]
@@ -34,7 +35,8 @@ pub struct Handled {
 /// The longest API key `/api` accepts, in bytes.
 pub const API_KEY_MAX_LEN: usize = 64;
 
-/// Memory the `/api` limiter may use for its keys.
+/// Memory each tier of the `/api` per-key limiter may use for its keys (32
+/// MiB for both: without a key store, anyone may send a paid-looking key).
 pub const API_KEY_MEMORY: usize = 16 << 20;
 
 /// The most bytes one `/api` key can cost: the keyed map keeps a `String` key
@@ -47,7 +49,7 @@ pub const API_KEY_MEMORY: usize = 16 << 20;
 /// 116,508 keys, 167 at 200,000, 127 at 95,000.)
 pub const API_BYTES_PER_KEY: usize = 176;
 
-/// The `/api` key bound that keeps the limiter within `API_KEY_MEMORY`:
+/// The key bound that keeps each `/api` tier within `API_KEY_MEMORY`:
 /// 16 MiB / 176 B = 95,325 keys.
 pub const API_MAX_KEYS: usize = API_KEY_MEMORY / API_BYTES_PER_KEY;
 
@@ -57,13 +59,21 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The limits the app enforces.
 pub struct Settings {
-    /// Per API key on `/api`.
+    /// Per API key on `/api`, for the free tier (any key not starting with
+    /// [`PAID_PREFIX`]).
     pub api: Quota,
+    /// Per API key on `/api`, for the paid tier.
+    pub api_paid: Quota,
+    /// Per peer IP address on `/api`, whatever keys it sends.
+    pub api_per_ip: Quota,
+    /// Every `/api` request together.
+    pub api_global: Quota,
     /// Per peer IP address on `/public`.
     pub public: Quota,
-    /// Keys held at most, per route.
+    /// API keys held at most, by each tier.
     pub api_max_keys: usize,
-    pub public_max_keys: usize,
+    /// Peer addresses held at most, by each per-address limiter.
+    pub ip_max_keys: usize,
     /// How often each limiter's own sweeper reclaims idle keys.
     pub sweep_every: Duration,
     /// The API keys issued, or `None` to accept any well-formed key (1 to 64
@@ -72,27 +82,51 @@ pub struct Settings {
 }
 
 impl Default for Settings {
-    /// `/api`: 3 requests per API key, one more every 10 s, at most
-    /// [`API_MAX_KEYS`] keys, any well-formed key. `/public`: 5 per peer IP
-    /// address, one more every 12 s, at most 10,000 addresses (an `IpAddr` key
-    /// is 17 bytes: about 52 bytes a key, 0.5 MB in all). Idle keys are swept
+    /// `/api`: 3 requests per free API key, one more every 10 s; 30 per paid
+    /// key, one more a second; 1,000 per peer address, 100 more a second;
+    /// 10,000 in all, 1,000 more a second; at most [`API_MAX_KEYS`] keys per
+    /// tier, any well-formed key. `/public`: 5 per peer IP address, one more
+    /// every 12 s. At most 10,000 addresses per limiter (an `IpAddr` key is
+    /// 17 bytes: about 52 bytes a key, 0.5 MB in all). Idle keys are swept
     /// every 10 s.
     fn default() -> Settings {
         Settings {
             api: Quota::new(3, 1, Duration::from_secs(10)).expect("a valid quota"),
+            api_paid: Quota::new(30, 1, Duration::from_secs(1)).expect("a valid quota"),
+            api_per_ip: Quota::new(1_000, 100, Duration::from_secs(1)).expect("a valid quota"),
+            api_global: Quota::new(10_000, 1_000, Duration::from_secs(1)).expect("a valid quota"),
             public: Quota::new(5, 1, Duration::from_secs(12)).expect("a valid quota"),
             api_max_keys: API_MAX_KEYS,
-            public_max_keys: 10_000,
+            ip_max_keys: 10_000,
             sweep_every: Duration::from_secs(10),
             known_api_keys: None,
         }
     }
 }
 
-/// The gates behind the routes, to read their limiters' state.
+/// API keys starting with this are in the paid tier: a stand-in for a key
+/// store that knows which keys are paid.
+pub const PAID_PREFIX: &str = "k_paid_";
+
+/// A key's tier: 1 (paid) for a key starting with [`PAID_PREFIX`], else 0
+/// (free, the first tier: a key the function cannot place gets the least).
+pub fn tier_of(key: &str) -> usize {
+    usize::from(key.starts_with(PAID_PREFIX))
+}
+
+/// The `/api` limiter per API key: the free and paid tiers.
+pub type ApiKeys = Tiered<String, fn(&str) -> usize>;
+
+/// The limiters behind the routes, to read their state.
 pub struct Gates {
-    pub api: Arc<Gate<KeyedLimiter<String>>>,
-    pub public: Arc<Gate<KeyedLimiter<std::net::IpAddr>>>,
+    /// `/api`, per API key, by tier.
+    pub api_keys: Arc<ApiKeys>,
+    /// `/api`, per peer IP address.
+    pub api_ips: Arc<KeyedLimiter<IpAddr>>,
+    /// `/api`, every request.
+    pub api_global: Arc<RateLimiter>,
+    /// `/public`, per peer IP address.
+    pub public: Arc<Gate<KeyedLimiter<IpAddr>>>,
 }
 
 /// The app with the default [`Settings`], with RateLimit header fields on `/api`.
@@ -132,24 +166,59 @@ pub fn problem(denial: &Denial) -> Response<axum::body::Body> {
     response
 }
 
-/// The app with `settings`, and its gates. Each limiter owns a sweeper, so
-/// the keys of a flood are reclaimed even while no request comes.
+/// A keyed limiter of `quota` holding at most `max_keys` keys, with its own
+/// sweeper, so that the keys of a flood are reclaimed even while no request
+/// comes.
+fn keyed<K>(quota: Quota, max_keys: usize, sweep_every: Duration) -> KeyedLimiter<K>
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+{
+    KeyedLimiter::builder(quota)
+        .max_keys(max_keys)
+        .build()
+        .expect("a valid configuration")
+        .with_sweeper(sweep_every)
+        .expect("a sweeper thread")
+}
+
+/// The app with `settings`, and its limiters.
+///
+/// `/api` is behind one combined layer of three limits, asked in this order
+/// (the most likely to refuse first), all or nothing: per API key (its
+/// tier's quota), per peer IP address, and all requests together. A request
+/// one limit refuses spends nothing in the others, and every answer carries
+/// one `RateLimit-Policy` and `RateLimit` item per limit: `"api.free"` or
+/// `"api.paid"` (the key's own tier), `"ip"` and `"all"`.
 ///
 /// The layers are route layers: they run only for a request that matches a
 /// route and method, so a 405 (a POST to a GET route) spends no allowance.
 pub fn app_with(handled: Arc<Handled>, settings: Settings) -> (Router, Gates) {
-    let per_key = KeyedLimiter::<String>::builder(settings.api)
-        .max_keys(settings.api_max_keys)
-        .build()
-        .expect("a valid configuration")
-        .with_sweeper(settings.sweep_every)
-        .expect("a sweeper thread");
-    // `"api";q=3;w=30` for the default quota: derived, so it cannot drift.
-    let api_gate = Arc::new(
-        Gate::new(per_key)
-            .with_derived_policy("api")
-            .expect("a valid policy name"),
+    let api_keys: Arc<ApiKeys> = Arc::new(
+        Tiered::new(
+            [
+                (
+                    "free",
+                    keyed(settings.api, settings.api_max_keys, settings.sweep_every),
+                ),
+                (
+                    "paid",
+                    keyed(
+                        settings.api_paid,
+                        settings.api_max_keys,
+                        settings.sweep_every,
+                    ),
+                ),
+            ],
+            tier_of as fn(&str) -> usize,
+        )
+        .expect("two tiers of distinct names"),
     );
+    let api_ips = Arc::new(keyed(
+        settings.api_per_ip,
+        settings.ip_max_keys,
+        settings.sweep_every,
+    ));
+    let api_global = Arc::new(RateLimiter::new(settings.api_global));
     let known = settings.known_api_keys.map(Arc::new);
     let keys = ApiKeyHeader::new(HeaderName::from_static("x-api-key"))
         .max_len(API_KEY_MAX_LEN)
@@ -157,17 +226,28 @@ pub fn app_with(handled: Arc<Handled>, settings: Settings) -> (Router, Gates) {
             Some(known) => known.contains(key),
             None => well_formed(key),
         });
-    let api_layer = RateLimitLayer::shared(api_gate.clone(), keys).deny_with(problem);
+    // `"api.free";q=3;w=30, "ip";q=1000;w=10, "all";q=10000;w=10` for a
+    // free key and the default quotas: derived, so they cannot drift.
+    let api_layer = Limits::builder()
+        .limit_shared("api", keys, Arc::clone(&api_keys))
+        .expect("a valid limit name")
+        .limit_shared("ip", PeerIp::connect_info(), Arc::clone(&api_ips))
+        .expect("a valid limit name")
+        .limit_shared("all", Global, Arc::clone(&api_global))
+        .expect("a valid limit name")
+        .build()
+        .expect("a cost of 1 every limit can admit")
+        .deny_with(problem);
     // Every layer's counts, under one name each, for `/metrics`.
     let registry = Registry::new();
     registry.register("api", api_layer.clone());
-    let per_ip = KeyedLimiter::builder(settings.public)
-        .max_keys(settings.public_max_keys)
-        .build()
-        .expect("a valid configuration")
-        .with_sweeper(settings.sweep_every)
-        .expect("a sweeper thread");
-    let public_gate = Arc::new(Gate::new(per_ip));
+    registry.register("api.keys", Arc::clone(&api_keys));
+    registry.register("api.ip", Arc::clone(&api_ips));
+    let public_gate = Arc::new(Gate::new(keyed(
+        settings.public,
+        settings.ip_max_keys,
+        settings.sweep_every,
+    )));
     let ip_layer = RateLimitLayer::shared(public_gate.clone(), PeerIp::connect_info());
     registry.register("public", ip_layer.clone());
     // `/metrics`: the layers' counts in Prometheus's text format, published
@@ -207,7 +287,9 @@ pub fn app_with(handled: Arc<Handled>, settings: Settings) -> (Router, Gates) {
     (
         router,
         Gates {
-            api: api_gate,
+            api_keys,
+            api_ips,
+            api_global,
             public: public_gate,
         },
     )
