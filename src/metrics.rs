@@ -15,6 +15,10 @@
 //! | `turnstile_shadowed_total` | counter | `limiter`, `status` = `429`, `503` (denials shadow mode let through) |
 //! | `turnstile_evicted_total` | counter | `limiter` |
 //! | `turnstile_keys` | gauge | `limiter` |
+//! | `turnstile_redis_calls_total` | counter | `limiter`, `call` = `lease`, `give_back`, `exact` (feature `redis`) |
+//! | `turnstile_redis_failures_total` | counter | `limiter` (feature `redis`) |
+//! | `turnstile_redis_fallbacks_total` | counter | `limiter` (feature `redis`) |
+//! | `turnstile_redis_refunds_total` | counter | `limiter`, `outcome` = `refunded`, `declined` (feature `redis`) |
 //!
 //! Direct limiters and keyed limiters publish decisions; gates and layers
 //! publish the responses they sent, and the keys and evictions of their
@@ -90,6 +94,14 @@ fn redis_calls(limiter: &str, call: &'static str, value: u64) {
 }
 
 #[cfg(feature = "redis")]
+fn redis_refunds(limiter: &str, refunded: u64, declined: u64) {
+    counter!("turnstile_redis_refunds_total", "limiter" => limiter.to_owned(), "outcome" => "refunded")
+        .absolute(refunded);
+    counter!("turnstile_redis_refunds_total", "limiter" => limiter.to_owned(), "outcome" => "declined")
+        .absolute(declined);
+}
+
+#[cfg(feature = "redis")]
 fn redis_failures(limiter: &str, failures: u64, fallbacks: u64) {
     counter!("turnstile_redis_failures_total", "limiter" => limiter.to_owned()).absolute(failures);
     counter!("turnstile_redis_fallbacks_total", "limiter" => limiter.to_owned())
@@ -144,6 +156,10 @@ pub fn describe() {
         metrics::describe_counter!(
             "turnstile_redis_fallbacks_total",
             "Decisions a Redis-backed limiter's failure policy made instead of Redis."
+        );
+        metrics::describe_counter!(
+            "turnstile_redis_refunds_total",
+            "Refunds of a Redis-backed limiter's admissions, by outcome (refunded, declined)."
         );
     }
 }
@@ -223,10 +239,13 @@ impl crate::http::tower::LimitsStats {
 
 #[cfg(feature = "redis")]
 impl crate::redis::GuardedStats {
-    /// Write the counts as `turnstile_redis_failures_total{limiter}` and
-    /// `turnstile_redis_fallbacks_total{limiter}`.
+    /// Write the counts as `turnstile_redis_failures_total{limiter}`,
+    /// `turnstile_redis_fallbacks_total{limiter}` and
+    /// `turnstile_redis_refunds_total{limiter,outcome}` (outcome `refunded`,
+    /// `declined`).
     pub fn publish(&self, limiter: &str) {
         redis_failures(limiter, self.failures, self.fallbacks);
+        redis_refunds(limiter, self.refunded, self.refund_declined);
     }
 }
 

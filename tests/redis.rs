@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use redis::{Client, ConnectionLike};
 use redis_server::{Server, spawn_on};
 use turnstile::redis::{
-    Deadlines, Guarded, GuardedStats, OnFailure, RedisConfigError, RedisLimitError, RedisLimiter,
+    AdmittedBy, Deadlines, Guarded, GuardedStats, OnFailure, RedisAlgorithm, RedisConfigError,
+    RedisLimitError, RedisLimiter,
 };
 use turnstile::{
     AcquireError, Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, Quota, QuotaError,
@@ -1003,5 +1004,742 @@ fn failing_closed_without_a_backoff_denies_with_a_wait() {
         };
         assert!(retry_after.as_nanos() > 0, "{decision:?}");
         assert_eq!(retry_after.header_secs(), 1);
+    }
+}
+
+// Refunds in exact mode.
+
+/// One limiter of each algorithm, 3 permits at once, on the same time scale.
+fn refund_limiters(prefix: &str) -> Vec<(&'static str, RedisLimiter)> {
+    limiters_of(prefix, 3)
+}
+
+/// One limiter of each algorithm, `capacity` permits at once, refilling one
+/// per 100 ms or `capacity` per window of `capacity * 100 ms`.
+fn limiters_of(prefix: &str, capacity: u32) -> Vec<(&'static str, RedisLimiter)> {
+    let quota = Quota::new(capacity, 1, 100 * MS).unwrap();
+    let window = capacity * 100 * MS;
+    let named = |algorithm: &'static str| format!("{prefix}_{algorithm}");
+    vec![
+        (
+            "token bucket",
+            RedisLimiter::new(&named("tb"), TokenBucket::new(quota)).unwrap(),
+        ),
+        (
+            "gcra",
+            RedisLimiter::new(&named("gcra"), Gcra::new(quota)).unwrap(),
+        ),
+        (
+            "fixed window",
+            RedisLimiter::new(&named("fw"), FixedWindow::new(capacity, window).unwrap()).unwrap(),
+        ),
+        (
+            "sliding window",
+            RedisLimiter::new(&named("sw"), SlidingWindow::new(capacity, window).unwrap()).unwrap(),
+        ),
+    ]
+    .into_iter()
+    .map(|(name, limiter)| (name, limiter.with_expiry_slack(Duration::from_secs(60)).unwrap()))
+    .collect()
+}
+
+/// The decisions on `key` of each request, `(n, time)`, in order.
+fn decisions_at(
+    con: &mut dyn ConnectionLike,
+    limiter: &RedisLimiter,
+    key: &str,
+    requests: &[(u32, u64)],
+) -> Vec<Decision> {
+    requests
+        .iter()
+        .map(|&(n, at)| limiter.try_acquire_n_at(con, key, n, at).expect("decided"))
+        .collect()
+}
+
+/// Admissions of one permit at a time at `at` until the first denial.
+fn admitted_at(con: &mut dyn ConnectionLike, limiter: &RedisLimiter, key: &str, at: u64) -> u32 {
+    let mut admitted = 0;
+    while limiter
+        .try_acquire_n_at(con, key, 1, at)
+        .expect("decided")
+        .is_allowed()
+    {
+        admitted += 1;
+        assert!(admitted <= 3, "past the capacity");
+    }
+    admitted
+}
+
+#[test]
+fn a_refund_leaves_the_key_as_if_never_asked() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let t0 = START_MICROS + 1_000;
+    for (name, limiter) in refund_limiters("as_if") {
+        // Both keys spend one permit; the refunded key then two more, which
+        // go back (a little later, as a response's cost would be settled).
+        for key in ["refunded", "twin"] {
+            assert!(
+                limiter
+                    .try_acquire_n_at(&mut con, key, 1, t0)
+                    .unwrap()
+                    .is_allowed()
+            );
+        }
+        let (decision, receipt) = limiter
+            .try_acquire_n_refundable_at(&mut con, "refunded", 2, t0 + 10_000)
+            .unwrap();
+        assert_eq!(decision, Decision::Allowed { remaining: 0 }, "{name}");
+        let receipt = receipt.expect("an admission has a receipt");
+        assert_eq!(receipt.permits(), 2);
+        assert_eq!(receipt.key(), limiter.redis_key("refunded"));
+        assert!(
+            limiter
+                .try_acquire_n_at(&mut con, "refunded", 1, t0 + 20_000)
+                .unwrap()
+                .is_denied()
+        );
+        assert!(
+            limiter.refund_at(&mut con, receipt, t0 + 30_000).unwrap(),
+            "{name}"
+        );
+        // From then on the two keys decide alike, to the nanosecond.
+        let requests: Vec<(u32, u64)> = [
+            (2, 30),
+            (1, 30),
+            (1, 40),
+            (3, 90),
+            (1, 150),
+            (2, 260),
+            (3, 700),
+        ]
+        .iter()
+        .map(|&(n, ms)| (n, t0 + ms * 1_000))
+        .collect();
+        let refunded = decisions_at(&mut con, &limiter, "refunded", &requests);
+        let twin = decisions_at(&mut con, &limiter, "twin", &requests);
+        assert_eq!(refunded, twin, "{name}");
+        assert!(refunded.iter().any(|d| d.is_denied()) && refunded.iter().any(|d| d.is_allowed()));
+    }
+}
+
+#[test]
+fn a_refund_of_a_fresh_key_deletes_it() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    for (name, limiter) in refund_limiters("fresh") {
+        let (_, receipt) = limiter
+            .try_acquire_n_refundable_at(&mut con, "k", 3, START_MICROS)
+            .unwrap();
+        assert!(
+            limiter
+                .refund_at(&mut con, receipt.unwrap(), START_MICROS)
+                .unwrap()
+        );
+        // GCRA keeps the TAT it moved back to, now, which decides as fresh
+        // from now on; the others read as fresh outright.
+        let expected = i64::from(name == "gcra");
+        assert_eq!(dbsize(&mut con), expected, "{name}");
+        assert_eq!(
+            admitted_at(&mut con, &limiter, "k", START_MICROS),
+            3,
+            "{name}"
+        );
+        let _: () = redis::cmd("FLUSHDB").query(&mut con).unwrap();
+    }
+}
+
+#[test]
+fn a_refund_after_another_admission_is_exact_or_declines_never_more() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let t0 = START_MICROS;
+    for (name, limiter) in refund_limiters("another") {
+        let (_, first) = limiter
+            .try_acquire_n_refundable_at(&mut con, "k", 1, t0)
+            .unwrap();
+        assert!(
+            limiter
+                .try_acquire_n_at(&mut con, "k", 1, t0 + 1)
+                .unwrap()
+                .is_allowed()
+        );
+        let given = limiter.refund_at(&mut con, first.unwrap(), t0 + 2).unwrap();
+        // The windows decrement the count of the window the permit was
+        // counted in; the token bucket and GCRA need the state the admission
+        // wrote, which the second admission changed.
+        let windows = name.contains("window");
+        assert_eq!(given, windows, "{name}");
+        // Counted at one instant: never more than the twin that was asked
+        // the same and never refunded, and as many as one asked only the
+        // second time when the refund went through.
+        for _ in 0..2 {
+            assert!(
+                limiter
+                    .try_acquire_n_at(&mut con, "twin_both", 1, t0)
+                    .unwrap()
+                    .is_allowed()
+            );
+        }
+        assert!(
+            limiter
+                .try_acquire_n_at(&mut con, "twin_second", 1, t0)
+                .unwrap()
+                .is_allowed()
+        );
+        let here = admitted_at(&mut con, &limiter, "k", t0 + 3);
+        let never_refunded = admitted_at(&mut con, &limiter, "twin_both", t0 + 3);
+        let only_second = admitted_at(&mut con, &limiter, "twin_second", t0 + 3);
+        assert_eq!((never_refunded, only_second), (1, 2), "{name}");
+        assert_eq!(
+            here,
+            if windows { only_second } else { never_refunded },
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_window_refund_follows_its_window_and_no_further() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let w = 300_000; // µs
+    let t0 = START_MICROS - START_MICROS % w; // the start of window k
+    for (name, limiter) in refund_limiters("later") {
+        if !name.contains("window") {
+            continue;
+        }
+        // Admitted in window k; another admission in window k + 1 moves the
+        // key on.
+        let (_, receipt) = limiter
+            .try_acquire_n_refundable_at(&mut con, "k", 1, t0)
+            .unwrap();
+        assert!(
+            limiter
+                .try_acquire_n_at(&mut con, "k", 1, t0 + w)
+                .unwrap()
+                .is_allowed()
+        );
+        let given = limiter
+            .refund_at(&mut con, receipt.unwrap(), t0 + w)
+            .unwrap();
+        if name == "fixed window" {
+            // Counted in a window that has passed: nothing is owed.
+            assert!(!given);
+            assert_eq!(state(&mut con, &limiter.redis_key("k")), [1, t0 / w + 1]);
+        } else {
+            // Still weighing, as the previous window's count: it goes back.
+            assert!(given);
+            assert_eq!(state(&mut con, &limiter.redis_key("k")), [1, 0, t0 / w + 1]);
+            // Two windows on, it would weigh nothing: declined.
+            let (_, receipt) = limiter
+                .try_acquire_n_refundable_at(&mut con, "k", 1, t0 + w)
+                .unwrap();
+            assert!(
+                limiter
+                    .try_acquire_n_at(&mut con, "k", 1, t0 + 3 * w)
+                    .unwrap()
+                    .is_allowed()
+            );
+            assert!(
+                !limiter
+                    .refund_at(&mut con, receipt.unwrap(), t0 + 3 * w)
+                    .unwrap()
+            );
+            assert_eq!(state(&mut con, &limiter.redis_key("k")), [1, 0, t0 / w + 3]);
+        }
+    }
+}
+
+#[test]
+fn a_refund_after_the_key_expired_declines() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    // On Redis' clock: each key is as good as fresh, and expires, within
+    // 300 ms of its admission.
+    let limiters = refund_limiters("expired");
+    let mut receipts = Vec::new();
+    for (_, limiter) in &limiters {
+        let limiter = limiter.clone().with_expiry_slack(Duration::ZERO).unwrap();
+        let (decision, receipt) = limiter.try_acquire_refundable(&mut con, "k").unwrap();
+        assert!(decision.is_allowed());
+        receipts.push((limiter, receipt.unwrap()));
+    }
+    let exists = |con: &mut dyn ConnectionLike, key: &[u8]| -> bool {
+        redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
+    };
+    for (limiter, receipt) in &receipts {
+        // (A fixed window admitted just before its window ends expires at
+        // once.)
+        if !matches!(limiter.algorithm(), RedisAlgorithm::FixedWindow(_)) {
+            assert!(exists(&mut con, receipt.key()), "{:?}", limiter.algorithm());
+        }
+    }
+    // Past the latest expiry: the sliding window's, at the end of the window
+    // after the admission's.
+    thread::sleep(Duration::from_millis(700));
+    for (limiter, receipt) in receipts {
+        let key = receipt.key().to_vec();
+        assert!(!exists(&mut con, &key));
+        assert!(!limiter.refund(&mut con, receipt).unwrap());
+        // Declining wrote nothing.
+        assert!(!exists(&mut con, &key), "{:?}", limiter.algorithm());
+    }
+}
+
+#[test]
+fn a_refund_keeps_the_expiry_rule() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let now = redis_time(&mut con);
+    for (name, limiter) in refund_limiters("expiry") {
+        let limiter = limiter.with_expiry_slack(Duration::ZERO).unwrap();
+        let key = limiter.redis_key("k");
+        // Two permits spent and kept, one refunded: the key lives as long as
+        // after the two alone.
+        assert!(
+            limiter
+                .try_acquire_n_at(&mut con, "k", 2, now)
+                .unwrap()
+                .is_allowed()
+        );
+        let (_, receipt) = limiter
+            .try_acquire_n_refundable_at(&mut con, "k", 1, now)
+            .unwrap();
+        let pttl = |con: &mut dyn ConnectionLike| -> i64 {
+            redis::cmd("PTTL").arg(&key).query(con).unwrap()
+        };
+        let after_all = pttl(&mut con);
+        assert!(
+            limiter.refund_at(&mut con, receipt.unwrap(), now).unwrap(),
+            "{name}"
+        );
+        let after_refund = pttl(&mut con);
+        assert!(
+            limiter
+                .try_acquire_n_at(&mut con, "twin", 2, now)
+                .unwrap()
+                .is_allowed()
+        );
+        let twin: i64 = redis::cmd("PTTL")
+            .arg(limiter.redis_key("twin"))
+            .query(&mut con)
+            .unwrap();
+        // Never longer than before the refund (but for the milliseconds
+        // between the two readings): a refund never delays fresh.
+        assert!(
+            after_refund > 0 && after_refund <= after_all + 20,
+            "{name}: {after_refund} against {after_all}"
+        );
+        // Within the milliseconds the calls took.
+        assert!(
+            (after_refund - twin).abs() <= 50,
+            "{name}: {after_refund} against {twin}"
+        );
+    }
+}
+
+#[test]
+fn a_receipt_refunds_only_with_its_limit() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let quota = Quota::new(3, 1, 100 * MS).unwrap();
+    let limiter = RedisLimiter::new("own", TokenBucket::new(quota)).unwrap();
+    let other = RedisLimiter::new("own", Gcra::new(quota)).unwrap();
+    let (_, receipt) = limiter.try_acquire_refundable(&mut con, "k").unwrap();
+    let before = state(&mut con, &limiter.redis_key("k"));
+    assert!(!other.refund(&mut con, receipt.unwrap()).unwrap());
+    assert_eq!(state(&mut con, &limiter.redis_key("k")), before);
+    // A key rewritten by something else fails the refund, as a decision.
+    let (_, receipt) = limiter.try_acquire_refundable(&mut con, "k").unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(limiter.redis_key("k"))
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    assert!(matches!(
+        limiter.refund(&mut con, receipt.unwrap()),
+        Err(RedisLimitError::Redis(_))
+    ));
+}
+
+#[test]
+fn a_flushed_refund_script_is_loaded_again() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let limiter = RedisLimiter::new("flushed", FixedWindow::new(3, 60_000 * MS).unwrap()).unwrap();
+    let (_, receipt) = limiter.try_acquire_n_refundable(&mut con, "k", 2).unwrap();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    assert!(limiter.refund(&mut con, receipt.unwrap()).unwrap());
+    // Given back once: the key is fresh again, and three are admitted.
+    assert_eq!(dbsize(&mut con), 0);
+    for left in [2, 1, 0] {
+        assert_eq!(
+            limiter.try_acquire(&mut con, "k").unwrap(),
+            Decision::Allowed { remaining: left }
+        );
+    }
+}
+
+#[test]
+fn refunds_on_an_async_connection_from_another_task() {
+    let Some(server) = server() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let quota = Quota::new(2, 1, 60_000 * MS).unwrap();
+    let limiter = Arc::new(RedisLimiter::new("async_refund", TokenBucket::new(quota)).unwrap());
+    let con = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .unwrap()
+        .response(Duration::from_secs(2))
+        .unwrap()
+        .reconnecting(server.client());
+    runtime.block_on(async {
+        let mut mine = con.clone();
+        let (decision, receipt) = limiter
+            .try_acquire_n_refundable_async(&mut mine, "k", 2)
+            .await
+            .unwrap();
+        assert_eq!(decision, Decision::Allowed { remaining: 0 });
+        // Settled by a task of its own, as a layer settles a response's cost.
+        let (settler, mut theirs) = (Arc::clone(&limiter), con.clone());
+        let receipt = receipt.unwrap();
+        let given = tokio::spawn(async move { settler.refund_async(&mut theirs, receipt).await })
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(given);
+        assert_eq!(
+            limiter.try_acquire_async(&mut mine, "k").await.unwrap(),
+            Decision::Allowed { remaining: 1 }
+        );
+        let (_, receipt) = limiter
+            .try_acquire_n_refundable_at_async(&mut mine, "at", 1, START_MICROS)
+            .await
+            .unwrap();
+        assert!(
+            limiter
+                .refund_at_async(&mut mine, receipt.unwrap(), START_MICROS)
+                .await
+                .unwrap()
+        );
+    });
+}
+
+#[test]
+fn guarded_refunds_go_to_whoever_admitted_and_are_counted() {
+    let Some(server) = server() else { return };
+    let port = server.port();
+    let minute = 60_000 * MS;
+    let global =
+        RedisLimiter::new("gr", TokenBucket::new(Quota::new(5, 1, minute).unwrap())).unwrap();
+    let local = KeyedLimiter::new(Quota::new(2, 1, minute).unwrap());
+    let backoff = 1_000 * MS;
+    let guarded = Guarded::new(global, OnFailure::Local(local), backoff);
+    let mut con = server.connection();
+
+    // Redis admits, and takes the permit back.
+    let (decision, receipt) = guarded.try_acquire_refundable(&mut con, "k").unwrap();
+    assert_eq!(decision, Decision::Allowed { remaining: 4 });
+    let receipt = receipt.unwrap();
+    assert_eq!(
+        (receipt.admitted_by(), receipt.permits()),
+        (AdmittedBy::Redis, 1)
+    );
+    assert!(guarded.refund(&mut con, receipt));
+    // A later admission on the key: the token bucket declines.
+    let (_, first) = guarded.try_acquire_n_refundable(&mut con, "k", 2).unwrap();
+    assert_eq!(
+        guarded.try_acquire(&mut con, "k"),
+        Ok(Decision::Allowed { remaining: 2 })
+    );
+    assert!(!guarded.refund(&mut con, first.unwrap()));
+    let stats = guarded.stats();
+    assert_eq!(
+        (stats.refunded, stats.refund_declined, stats.failures),
+        (1, 1, 0)
+    );
+    // A receipt admitted by Redis, held across the outage.
+    let (_, held) = guarded.try_acquire_refundable(&mut con, "k").unwrap();
+    let held = held.unwrap();
+
+    drop(server); // killed
+    let failed_at = Instant::now();
+    // The local limit admits; its refund goes back to it, with no call.
+    let (decision, local) = guarded.try_acquire_n_refundable(&mut con, "k", 2).unwrap();
+    assert_eq!(decision, Decision::Allowed { remaining: 0 });
+    let local = local.unwrap();
+    assert_eq!(local.admitted_by(), AdmittedBy::Local);
+    assert!(guarded.try_acquire(&mut con, "k").unwrap().is_denied());
+    assert!(guarded.refund(&mut con, local));
+    assert_eq!(
+        guarded.try_acquire(&mut con, "k"),
+        Ok(Decision::Allowed { remaining: 1 })
+    );
+    // Redis' receipt is not sent while backing off: declined.
+    assert!(!guarded.refund(&mut con, held));
+    // More than the local capacity but within Redis': denied (with the wait
+    // until Redis is tried), with no receipt.
+    let (denied, none) = guarded.try_acquire_n_refundable(&mut con, "k", 5).unwrap();
+    assert!(denied.is_denied() && none.is_none());
+    let stats = guarded.stats();
+    assert_eq!(
+        (stats.refunded, stats.refund_declined, stats.failures),
+        (2, 2, 1)
+    );
+    assert!(
+        failed_at.elapsed() < backoff,
+        "the test was too slow to tell"
+    );
+
+    // A refund that fails counts as a failure and a declined refund. Redis is
+    // back (empty) after the backoff; a receipt it made before it died fails
+    // to refund against a dead one.
+    let server = spawn_on(port).expect("redis-server restarts on its port");
+    thread::sleep((backoff + 50 * MS).saturating_sub(failed_at.elapsed()));
+    let (_, receipt) = guarded.try_acquire_refundable(&mut con, "k").unwrap();
+    let receipt = receipt.unwrap();
+    assert_eq!(receipt.admitted_by(), AdmittedBy::Redis);
+    drop(server);
+    assert!(!guarded.refund(&mut con, receipt));
+    let stats = guarded.stats();
+    assert_eq!(
+        (stats.refunded, stats.refund_declined, stats.failures),
+        (2, 3, 2)
+    );
+    assert!(guarded.is_backing_off());
+
+    // A receipt of another Guarded declines.
+    let other = Guarded::new(
+        guarded.limiter().clone(),
+        OnFailure::Local(KeyedLimiter::new(Quota::new(2, 1, minute).unwrap())),
+        backoff,
+    );
+    let (_, foreign) = other.try_acquire_refundable(&mut con, "k").unwrap();
+    assert!(!guarded.refund(&mut con, foreign.unwrap()));
+    assert_eq!(guarded.stats().refund_declined, 4);
+
+    // Where operators see them: through the `metrics` facade.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        turnstile::metrics::describe();
+        guarded.stats().publish("refunds");
+    });
+    let text = handle.render();
+    for line in [
+        r#"turnstile_redis_refunds_total{limiter="refunds",outcome="refunded"} 2"#,
+        r#"turnstile_redis_refunds_total{limiter="refunds",outcome="declined"} 4"#,
+        "# HELP turnstile_redis_refunds_total",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(line)),
+            "missing {line:?} in:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn guarded_refunds_on_an_async_connection() {
+    let Some(server) = server() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let global = RedisLimiter::new("gra", SlidingWindow::new(2, 60_000 * MS).unwrap()).unwrap();
+    let guarded = Arc::new(Guarded::fail_closed(global, 1_000 * MS));
+    let con = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .unwrap()
+        .response(Duration::from_secs(2))
+        .unwrap()
+        .reconnecting(server.client());
+    runtime.block_on(async {
+        let mut mine = con.clone();
+        let (_, receipt) = guarded
+            .try_acquire_n_refundable_async(&mut mine, "k", 2)
+            .await
+            .unwrap();
+        let (settler, mut theirs) = (Arc::clone(&guarded), con.clone());
+        let receipt = receipt.unwrap();
+        let given = tokio::spawn(async move { settler.refund_async(&mut theirs, receipt).await })
+            .await
+            .unwrap();
+        assert!(given);
+        let (decision, _) = guarded
+            .try_acquire_refundable_async(&mut mine, "k")
+            .await
+            .unwrap();
+        assert_eq!(decision, Decision::Allowed { remaining: 1 });
+    });
+    assert_eq!(guarded.stats().refunded, 1);
+}
+
+/// Whether a refund of the admission that wrote `written` must go through,
+/// by the rule of each algorithm, given the key's state now and whether
+/// another admission wrote to the key since.
+fn refund_expected(
+    name: &str,
+    written: &[u64],
+    now: Option<&[u64]>,
+    n: u64,
+    wrote_since: bool,
+) -> bool {
+    let Some(now) = now else { return false };
+    match name {
+        "token bucket" | "gcra" => !wrote_since,
+        "fixed window" => now[1] == written[1] && now[0] >= n,
+        "sliding window" => {
+            (now[2] == written[2] && now[0] >= n) || (now[2] == written[2] + 1 && now[1] >= n)
+        }
+        _ => unreachable!(),
+    }
+}
+
+fn state_of(con: &mut dyn ConnectionLike, key: &[u8]) -> Option<Vec<u64>> {
+    let value: Option<String> = redis::cmd("GET").arg(key).query(con).expect("GET");
+    value.map(|v| {
+        v.split(':')
+            .map(|f| f.parse().expect("a whole number"))
+            .collect()
+    })
+}
+
+/// Random traces at explicit, non-decreasing times, over two keys asked the
+/// same: `r`, which also takes refundable admissions and refunds them, and
+/// its twin `t`, never asked those. A refund goes through exactly when its
+/// algorithm's rule says so, and once one has gone through with no decision
+/// told apart in between, the two keys decide alike (the same decisions, the
+/// same `remaining`, the same waits) until the next refundable admission.
+/// Where the two did part (a refund declined, a request admitted on one key
+/// only), the twin is set to the refunded key's state to go on.
+#[test]
+fn refunded_keys_decide_as_twins_never_asked() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let mut checked = HashMap::<&str, [u32; 4]>::new();
+    for seed in 1..=8u64 {
+        for (name, limiter) in limiters_of(&format!("twins{seed}"), 3 + seed as u32 % 4) {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let (r, t) = (limiter.redis_key("r"), limiter.redis_key("t"));
+            let mut now = START_MICROS + rng.below(1_000_000);
+            // The receipt, whether `r` was written since, and whether the two
+            // keys were told apart since.
+            let mut pending: Option<(turnstile::redis::RedisReceipt, bool, bool)> = None;
+            let (mut exact, mut declined, mut compared, mut permissive) = (0, 0, 0, 0);
+            for step in 0..250 {
+                // Mostly within a window; now and then past two of them.
+                now += if rng.below(10) == 0 {
+                    rng.below(1_500_000)
+                } else {
+                    rng.below(80_000)
+                };
+                let n = 1 + rng.below(3) as u32;
+                let what = format!("{name}, seed {seed}, step {step}, at {now}");
+                // A refund one step in eight: most refundable admissions see
+                // other decisions, and windows move on, before their refund.
+                let odds = if pending.is_some() { 8 } else { 4 };
+                match (rng.below(odds), pending.take()) {
+                    (0, None) => {
+                        let (decision, receipt) = limiter
+                            .try_acquire_n_refundable_at(&mut con, "r", n, now)
+                            .unwrap();
+                        assert_eq!(decision.is_allowed(), receipt.is_some(), "{what}");
+                        pending = receipt.map(|receipt| (receipt, false, false));
+                    }
+                    (0, Some((receipt, wrote_since, parted))) => {
+                        let written: Vec<u64> = receipt
+                            .written()
+                            .split(':')
+                            .map(|f| f.parse().unwrap())
+                            .collect();
+                        let current = state_of(&mut con, &r);
+                        let expected = refund_expected(
+                            name,
+                            &written,
+                            current.as_deref(),
+                            u64::from(receipt.permits()),
+                            wrote_since,
+                        );
+                        let given = limiter.refund_at(&mut con, receipt, now).unwrap();
+                        assert_eq!(given, expected, "{what}: {current:?} against {written:?}");
+                        if given {
+                            exact += 1;
+                            // The windows' permissive refunds: after other
+                            // admissions, or from the previous count.
+                            let moved =
+                                current.as_ref().is_some_and(|c| c.last() != written.last());
+                            if wrote_since || moved {
+                                permissive += 1;
+                            }
+                        } else {
+                            declined += 1;
+                        }
+                        if !given || parted {
+                            // Go on from the refunded key's state.
+                            let value: Option<Vec<u8>> =
+                                redis::cmd("GET").arg(&r).query(&mut con).unwrap();
+                            let _: () = redis::cmd("DEL").arg(&t).query(&mut con).unwrap();
+                            if let Some(value) = value {
+                                let _: () = redis::cmd("SET")
+                                    .arg(&t)
+                                    .arg(value)
+                                    .arg("PX")
+                                    .arg(120_000)
+                                    .query(&mut con)
+                                    .unwrap();
+                            }
+                        }
+                    }
+                    (_, None) => {
+                        let on_r = limiter.try_acquire_n_at(&mut con, "r", n, now).unwrap();
+                        let on_t = limiter.try_acquire_n_at(&mut con, "t", n, now).unwrap();
+                        assert_eq!(on_r, on_t, "{what}");
+                        compared += 1;
+                    }
+                    (_, Some((receipt, wrote_since, parted))) => {
+                        // The twin is asked only what the refunded key
+                        // admitted: it is that key's history without the
+                        // refundable admission, which the refund claims to
+                        // leave.
+                        let on_r = limiter.try_acquire_n_at(&mut con, "r", n, now).unwrap();
+                        let mut parted_now = false;
+                        if on_r.is_allowed() {
+                            let on_t = limiter.try_acquire_n_at(&mut con, "t", n, now).unwrap();
+                            // A twin with less counted admits whatever the
+                            // refunded key does, but for a token bucket,
+                            // whose refill grid the admission may have moved.
+                            parted_now = on_t.is_denied();
+                            assert!(!parted_now || name == "token bucket", "{what}");
+                        }
+                        pending = Some((
+                            receipt,
+                            wrote_since || on_r.is_allowed(),
+                            parted || parted_now,
+                        ));
+                    }
+                }
+            }
+            let entry = checked.entry(name).or_default();
+            for (sum, count) in entry
+                .iter_mut()
+                .zip([exact, declined, compared, permissive])
+            {
+                *sum += count;
+            }
+        }
+    }
+    // Each algorithm saw refunds go through, refunds declined, and many
+    // decisions compared; the windows, refunds after other admissions or
+    // from the previous window's count.
+    for (name, [exact, declined, compared, permissive]) in checked {
+        let report = format!(
+            "{name}: {exact} exact ({permissive} permissive), {declined} declined, {compared} compared"
+        );
+        println!("{report}");
+        assert!(exact > 20 && declined > 3 && compared > 300, "{report}");
+        assert_eq!(permissive > 10, name.contains("window"), "{report}");
     }
 }

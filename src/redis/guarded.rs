@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use ::redis::ConnectionLike;
 
-use super::{RedisLimitError, RedisLimiter};
+use super::{RedisLimitError, RedisLimiter, RedisReceipt};
+use crate::admission::{Receipt, Stage};
 use crate::algorithm::Algorithm;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::Clock;
@@ -84,6 +85,13 @@ pub struct GuardedStats {
     pub failures: u64,
     /// Decisions made by the failure policy instead of Redis.
     pub fallbacks: u64,
+    /// Refunds that gave the permits back ([`Guarded::refund`]), to Redis or
+    /// to the local limit.
+    pub refunded: u64,
+    /// Refunds that did not: declined (the permits could not go back
+    /// exactly), failed (counted in `failures` too), or not sent while
+    /// backing off, or a receipt of another limiter.
+    pub refund_declined: u64,
 }
 
 /// A [`RedisLimiter`] that never returns a Redis error: when a call fails it
@@ -92,7 +100,10 @@ pub struct GuardedStats {
 /// one call's deadlines ([`Deadlines`](super::Deadlines) names the two longer
 /// cases) and the rest nothing. After the backoff one request tries
 /// Redis again (the others keep to the policy until it has answered); its
-/// success ends the backoff.
+/// success ends the backoff. Admissions can be given back
+/// ([`try_acquire_refundable`](Self::try_acquire_refundable),
+/// [`refund`](Self::refund)) to whichever made them, Redis or the local
+/// fallback.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -118,6 +129,70 @@ pub struct Guarded<A = TokenBucket, C = crate::clock::RealClock> {
     retry_at: AtomicU64,
     failures: AtomicU64,
     fallbacks: AtomicU64,
+    refunded: AtomicU64,
+    refund_declined: AtomicU64,
+    /// This limiter among all others, so that a receipt is given back only to
+    /// the limiter that made it.
+    id: u64,
+}
+
+/// The next [`Guarded`]'s id: core's atomic, not the model-checked one (a
+/// static needs a `const` constructor, and no model checks ids).
+static NEXT_ID: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// Who admitted a request that a [`GuardedReceipt`] can give back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AdmittedBy {
+    /// The limit in Redis.
+    Redis,
+    /// The local limit of [`OnFailure::Local`], while Redis failed or was
+    /// backed off from.
+    Local,
+}
+
+/// Proof of one admission by a [`Guarded`] limiter, by Redis or by its local
+/// fallback ([`admitted_by`](Self::admitted_by)): what
+/// [`Guarded::refund`] needs to give the permits back to the one that took
+/// them.
+///
+/// Neither `Clone` nor `Copy`: an admission is refunded at most once. It owns
+/// its bytes (`Send + Sync + 'static`), so it can be kept with a request and
+/// given back from another task. Dropping it keeps the permits spent. Only the
+/// limiter that made it takes it back: any other declines it.
+#[derive(Debug)]
+#[must_use = "a receipt is what gives the permits back; dropping it keeps them spent"]
+pub struct GuardedReceipt {
+    /// The [`Guarded`] that made it.
+    id: u64,
+    n: u32,
+    by: Taker,
+}
+
+/// What took the permits, and what gives them back there.
+#[derive(Debug)]
+enum Taker {
+    Redis(RedisReceipt),
+    Local {
+        key: Vec<u8>,
+        /// `None` when the local admission wrote nothing (so took nothing).
+        receipt: Option<Receipt>,
+    },
+}
+
+impl GuardedReceipt {
+    /// Who admitted: Redis, or the local fallback.
+    pub fn admitted_by(&self) -> AdmittedBy {
+        match self.by {
+            Taker::Redis(_) => AdmittedBy::Redis,
+            Taker::Local { .. } => AdmittedBy::Local,
+        }
+    }
+
+    /// The permits the admission took.
+    pub fn permits(&self) -> u32 {
+        self.n
+    }
 }
 
 impl<A: fmt::Debug, C: fmt::Debug> fmt::Debug for Guarded<A, C> {
@@ -134,6 +209,14 @@ impl<A: fmt::Debug, C: fmt::Debug> fmt::Debug for Guarded<A, C> {
 /// A call to Redis that a request must make (from [`Guarded::begin`]).
 #[cfg(feature = "tokio")]
 pub(crate) struct Call(Turn);
+
+/// A refund's next step ([`Guarded::refund`]).
+enum Refund {
+    /// Settled without a call: given back or not.
+    Done(bool),
+    /// A call to Redis to make.
+    Redis(RedisReceipt),
+}
 
 /// Whether to call Redis now.
 enum Turn {
@@ -179,6 +262,11 @@ impl<A, C> Guarded<A, C> {
             retry_at: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
+            refunded: AtomicU64::new(0),
+            refund_declined: AtomicU64::new(0),
+            // Relaxed: only unique values are needed, which any order of
+            // read-modify-writes on one atomic gives.
+            id: NEXT_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -187,12 +275,14 @@ impl<A, C> Guarded<A, C> {
         &self.limiter
     }
 
-    /// Failures and fallback decisions so far.
+    /// Failures, fallback decisions and refunds so far.
     pub fn stats(&self) -> GuardedStats {
         // Counters only: they publish no other data, so Relaxed.
         GuardedStats {
             failures: self.failures.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
+            refunded: self.refunded.load(Ordering::Relaxed),
+            refund_declined: self.refund_declined.load(Ordering::Relaxed),
         }
     }
 
@@ -285,6 +375,191 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         }
     }
 
+    /// [`try_acquire`](Self::try_acquire), keeping what is needed to give the
+    /// permit back: the same decision, made and counted the same way, and on
+    /// an admission (only then) a [`GuardedReceipt`] for
+    /// [`refund`](Self::refund), which knows whether Redis or the local
+    /// fallback admitted.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::redis::{Deadlines, Guarded, OnFailure, RedisLimiter};
+    /// use turnstile::{KeyedLimiter, Quota, TokenBucket};
+    ///
+    /// let mut con = Deadlines::default().blocking(redis::Client::open("redis://127.0.0.1/")?);
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(100)?))?;
+    /// let local = KeyedLimiter::new(Quota::per_second(25)?);
+    /// let limiter = Guarded::new(global, OnFailure::Local(local), Duration::from_secs(1));
+    /// let (decision, receipt) = limiter.try_acquire_refundable(&mut con, "k_live_123")?;
+    /// if let Some(receipt) = receipt {
+    ///     // Served from a cache after all: the request does not count.
+    ///     let given_back = limiter.refund(&mut con, receipt);
+    ///     println!("{decision:?}; refunded: {given_back}");
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    pub fn try_acquire_refundable(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: impl AsRef<[u8]>,
+    ) -> Result<(Decision, Option<GuardedReceipt>), AcquireError> {
+        self.try_acquire_n_refundable(con, key, 1)
+    }
+
+    /// [`try_acquire_n`](Self::try_acquire_n), keeping what is needed to give
+    /// the `n` permits back ([`try_acquire_refundable`](Self::try_acquire_refundable)).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    pub fn try_acquire_n_refundable(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<(Decision, Option<GuardedReceipt>), AcquireError> {
+        let key = key.as_ref();
+        let turn = self.turn(n)?;
+        if let Turn::Skip { wait } = turn {
+            return Ok(self.fallback_refundable(key, n, wait));
+        }
+        let result = self.limiter.try_acquire_n_refundable(con, key, n);
+        self.settle_refundable(turn, key, n, result)
+    }
+
+    /// [`try_acquire_refundable`](Self::try_acquire_refundable) on an
+    /// asynchronous connection (feature `tokio` too).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    #[cfg(feature = "tokio")]
+    pub async fn try_acquire_refundable_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        key: impl AsRef<[u8]>,
+    ) -> Result<(Decision, Option<GuardedReceipt>), AcquireError> {
+        self.try_acquire_n_refundable_async(con, key, 1).await
+    }
+
+    /// [`try_acquire_n_refundable`](Self::try_acquire_n_refundable) on an
+    /// asynchronous connection (feature `tokio` too). Dropped before it
+    /// completes, it leaves nothing to undo but, if Redis admitted meanwhile,
+    /// permits that stay spent.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    #[cfg(feature = "tokio")]
+    pub async fn try_acquire_n_refundable_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<(Decision, Option<GuardedReceipt>), AcquireError> {
+        let key = key.as_ref();
+        let turn = self.turn(n)?;
+        if let Turn::Skip { wait } = turn {
+            return Ok(self.fallback_refundable(key, n, wait));
+        }
+        let result = self
+            .limiter
+            .try_acquire_n_refundable_async(con, key, n)
+            .await;
+        self.settle_refundable(turn, key, n, result)
+    }
+
+    /// Give back what an admission took, to whichever admitted it: `true`
+    /// when the permits went back exactly, `false` when they stay spent.
+    /// Never more than the admission took goes back. Counted in
+    /// [`stats`](Self::stats) as `refunded` or `refund_declined`.
+    ///
+    /// - **Admitted by Redis**: [`RedisLimiter::refund`], whose rules per
+    ///   algorithm say when it is exact. It is one call, within the
+    ///   connection's deadlines, never sent again; a failure counts as one
+    ///   (and starts the backoff, as a decision's does) and answers `false`,
+    ///   although a call that timed out may have given the permits back.
+    ///   While backing off (from a failure until a decision's probe finds
+    ///   Redis again) no refund is sent: `false`.
+    /// - **Admitted by the local fallback** ([`OnFailure::Local`]): the local
+    ///   limiter's own refund, as [`Admission::refund`](crate::Admission::refund)
+    ///   gives it (exact or declines, per its algorithm), whether or not Redis
+    ///   is back; no call.
+    ///
+    /// A receipt made by another `Guarded` declines.
+    pub fn refund(&self, con: &mut dyn ConnectionLike, receipt: GuardedReceipt) -> bool {
+        let given = match self.begin_refund(receipt) {
+            Refund::Done(given) => given,
+            Refund::Redis(receipt) => self.end_refund(self.limiter.refund(con, receipt)),
+        };
+        self.count_refund(given)
+    }
+
+    /// [`refund`](Self::refund) on an asynchronous connection (feature
+    /// `tokio` too): callable from any task, the receipt owning its bytes.
+    #[cfg(feature = "tokio")]
+    pub async fn refund_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        receipt: GuardedReceipt,
+    ) -> bool {
+        let given = match self.begin_refund(receipt) {
+            Refund::Done(given) => given,
+            Refund::Redis(receipt) => {
+                self.end_refund(self.limiter.refund_async(con, receipt).await)
+            }
+        };
+        self.count_refund(given)
+    }
+
+    /// A refund's outcome when it needs no call (a local admission's, a
+    /// receipt of another limiter's, or one while backing off), or the
+    /// Redis receipt to send.
+    fn begin_refund(&self, receipt: GuardedReceipt) -> Refund {
+        if receipt.id != self.id {
+            return Refund::Done(false);
+        }
+        match receipt.by {
+            Taker::Local { receipt: None, .. } => {
+                // The local admission wrote nothing, so took nothing: nothing
+                // is owed.
+                Refund::Done(true)
+            }
+            Taker::Local {
+                key,
+                receipt: Some(receipt),
+            } => Refund::Done(match &self.on_failure {
+                OnFailure::Local(local) => local.stage(key.as_slice()).give_back(receipt),
+                // Not reached: only a local limit makes local receipts.
+                OnFailure::Deny => false,
+            }),
+            Taker::Redis(_) if self.is_backing_off() => Refund::Done(false),
+            Taker::Redis(receipt) => Refund::Redis(receipt),
+        }
+    }
+
+    /// A Redis refund's outcome; a failure counts, and starts a backoff.
+    fn end_refund(&self, result: Result<bool, RedisLimitError>) -> bool {
+        result.unwrap_or_else(|_| {
+            self.failed();
+            false
+        })
+    }
+
+    fn count_refund(&self, given: bool) -> bool {
+        // Relaxed: counters, publishing no other data.
+        if given {
+            self.refunded.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.refund_declined.fetch_add(1, Ordering::Relaxed);
+        }
+        given
+    }
+
     /// The decision for `n` permits for `key` when it needs no call (while
     /// backing off), or the call to make: the part of a decision that
     /// awaits nothing.
@@ -356,41 +631,105 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
     ) -> Result<Decision, AcquireError> {
         match result {
             Ok(decision) => {
-                if matches!(turn, Turn::Probe) || self.is_backing_off() {
-                    // Relaxed: see `turn`.
-                    self.retry_at.store(0, Ordering::Relaxed);
-                }
+                self.succeeded(&turn);
                 Ok(decision)
             }
             Err(RedisLimitError::Acquire(e)) => Err(e),
             Err(_) => {
-                self.failures.fetch_add(1, Ordering::Relaxed);
-                let next = self.now().saturating_add(self.backoff_nanos());
-                self.retry_at.store(next, Ordering::Relaxed);
+                self.failed();
                 Ok(self.fallback(key, n, self.backoff))
             }
         }
     }
 
+    /// [`settle`](Self::settle) for a refundable decision.
+    fn settle_refundable(
+        &self,
+        turn: Turn,
+        key: &[u8],
+        n: u32,
+        result: Result<(Decision, Option<RedisReceipt>), RedisLimitError>,
+    ) -> Result<(Decision, Option<GuardedReceipt>), AcquireError> {
+        match result {
+            Ok((decision, receipt)) => {
+                self.succeeded(&turn);
+                Ok((decision, receipt.map(|r| self.receipt(n, Taker::Redis(r)))))
+            }
+            Err(RedisLimitError::Acquire(e)) => Err(e),
+            Err(_) => {
+                self.failed();
+                Ok(self.fallback_refundable(key, n, self.backoff))
+            }
+        }
+    }
+
+    /// A call that Redis answered: a probe's answer ends the backoff.
+    fn succeeded(&self, turn: &Turn) {
+        if matches!(turn, Turn::Probe) || self.is_backing_off() {
+            // Relaxed: see `turn`.
+            self.retry_at.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A call that failed: counted, and Redis is not called for a backoff.
+    fn failed(&self) {
+        // Relaxed: a counter, and `retry_at` publishes no other data (see
+        // `turn`).
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        let next = self.now().saturating_add(self.backoff_nanos());
+        self.retry_at.store(next, Ordering::Relaxed);
+    }
+
+    fn receipt(&self, n: u32, by: Taker) -> GuardedReceipt {
+        GuardedReceipt { id: self.id, n, by }
+    }
+
+    /// [`fallback`](Self::fallback), keeping what gives a local admission
+    /// back.
+    fn fallback_refundable(
+        &self,
+        key: &[u8],
+        n: u32,
+        wait: Duration,
+    ) -> (Decision, Option<GuardedReceipt>) {
+        let OnFailure::Local(local) = &self.on_failure else {
+            return (self.fallback(key, n, wait), None);
+        };
+        // Relaxed: a counter.
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        // A local limiter smaller than the global capacity may refuse `n`
+        // outright: deny, with the wait until Redis is tried.
+        if n == 0 || n > local.algorithm().capacity() {
+            return (deny_for(wait), None);
+        }
+        match local.stage(key).take(n) {
+            (KeyedDecision::Allowed { remaining }, receipt) => (
+                Decision::Allowed { remaining },
+                Some(self.receipt(
+                    n,
+                    Taker::Local {
+                        key: key.to_vec(),
+                        receipt,
+                    },
+                )),
+            ),
+            (
+                KeyedDecision::Denied { retry_after } | KeyedDecision::KeyLimit { retry_after },
+                _,
+            ) => (Decision::Denied { retry_after }, None),
+        }
+    }
+
     /// The policy's decision; `wait` is left until Redis is tried again.
     fn fallback(&self, key: &[u8], n: u32, wait: Duration) -> Decision {
+        // Relaxed: a counter.
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
         match &self.on_failure {
-            // At least 1 ns: a backoff of zero still tells a client to come
-            // back (Retry-After: 1), never that it was due already.
-            OnFailure::Deny => Decision::Denied {
-                retry_after: RetryAfter::from_nanos(
-                    u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX).max(1),
-                ),
-            },
+            OnFailure::Deny => deny_for(wait),
             OnFailure::Local(local) => {
                 // A local limiter smaller than the global capacity may refuse
                 // `n` outright: deny, with the wait until Redis is tried.
-                let deny = || Decision::Denied {
-                    retry_after: RetryAfter::from_nanos(
-                        u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX).max(1),
-                    ),
-                };
+                let deny = || deny_for(wait);
                 match local.try_acquire_n(key, n) {
                     Ok(KeyedDecision::Allowed { remaining }) => Decision::Allowed { remaining },
                     Ok(KeyedDecision::Denied { retry_after })
@@ -401,6 +740,17 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
                 }
             }
         }
+    }
+}
+
+/// The policy's denial with `wait` left until Redis is tried again: at least
+/// 1 ns, so that a backoff of zero still tells a client to come back
+/// (Retry-After: 1), never that it was due already.
+fn deny_for(wait: Duration) -> Decision {
+    Decision::Denied {
+        retry_after: RetryAfter::from_nanos(
+            u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX).max(1),
+        ),
     }
 }
 

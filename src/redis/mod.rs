@@ -28,6 +28,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Refunds
+//!
+//! [`RedisLimiter::try_acquire_refundable`] admits as
+//! [`try_acquire`](RedisLimiter::try_acquire) does and returns, on an
+//! admission, a [`RedisReceipt`]; [`RedisLimiter::refund`] gives the permits
+//! back, in one script, only when it can be exact (the key left as it would
+//! be without the admission) and otherwise declines, changing nothing. Its
+//! documentation gives each algorithm's rule. [`Guarded`] refunds to whichever
+//! admitted, Redis or its local fallback ([`GuardedReceipt`]).
+//!
 //! # Leased mode
 //!
 //! [`LeasedLimiter`] shares a token bucket's limit through the same key and
@@ -116,17 +126,19 @@ mod guarded;
 #[cfg(all(feature = "tower", feature = "tokio"))]
 mod layer;
 mod leased;
+mod refund;
 
 #[cfg(feature = "tokio")]
 pub use connection::ReconnectingConnection;
 pub use connection::{BlockingConnection, Deadlines};
 pub use error::{RedisConfigError, RedisLimitError};
-pub use guarded::{Guarded, GuardedStats, OnFailure};
+pub use guarded::{AdmittedBy, Guarded, GuardedReceipt, GuardedStats, OnFailure};
 #[cfg(all(feature = "tower", feature = "tokio"))]
 pub use layer::{
     RedisKey, RedisLayerStats, RedisLimit, RedisRateLimit, RedisRateLimitLayer, RedisResponseFuture,
 };
 pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, MAX_LEASE, Refresher};
+pub use refund::RedisReceipt;
 
 use core::time::Duration;
 use std::sync::LazyLock;
@@ -156,6 +168,31 @@ static GIVE_BACK: LazyLock<Script> = script!("token_bucket_level.lua", "give_bac
 static FIXED_WINDOW: LazyLock<Script> = script!("fixed_window.lua");
 static SLIDING_WINDOW: LazyLock<Script> = script!("sliding_window.lua");
 static GCRA: LazyLock<Script> = script!("gcra.lua");
+
+/// A refundable decision's script: the decision's own part run as a function,
+/// whose reply to an admission also carries the state it wrote (what the
+/// refund compares against). A denial's reply is the decision's.
+macro_rules! refundable {
+    ($($file:literal),+) => {
+        LazyLock::new(|| Script::new(concat!(
+            include_str!("prelude.lua"),
+            "local function decide()\n",
+            $(include_str!($file),)+
+            "\nend\nlocal reply = decide()\nif reply[1] == 1 then\n    reply[5] = wrote\nend\nreturn reply\n",
+        )))
+    };
+}
+
+/// Each algorithm's refundable decision and its refund.
+static TOKEN_BUCKET_REFUNDABLE: LazyLock<Script> =
+    refundable!("token_bucket_level.lua", "token_bucket.lua");
+static TOKEN_BUCKET_REFUND: LazyLock<Script> = script!("refund.lua", "token_bucket_refund.lua");
+static FIXED_WINDOW_REFUNDABLE: LazyLock<Script> = refundable!("fixed_window.lua");
+static FIXED_WINDOW_REFUND: LazyLock<Script> = script!("refund.lua", "fixed_window_refund.lua");
+static SLIDING_WINDOW_REFUNDABLE: LazyLock<Script> = refundable!("sliding_window.lua");
+static SLIDING_WINDOW_REFUND: LazyLock<Script> = script!("refund.lua", "sliding_window_refund.lua");
+static GCRA_REFUNDABLE: LazyLock<Script> = refundable!("gcra.lua");
+static GCRA_REFUND: LazyLock<Script> = script!("refund.lua", "gcra_refund.lua");
 
 /// The longest duration a script handles, in microseconds: `2^47` (4.46
 /// years), the in-process bound on windows and fill times.
@@ -571,6 +608,18 @@ impl RedisLimiter {
         n: u32,
         now_micros: Option<u64>,
     ) -> Result<ScriptInvocation<'static>, RedisLimitError> {
+        self.invocation_of(self.script, self.redis_key(key), n, now_micros)
+    }
+
+    /// [`invocation`](Self::invocation) of `script` (the decision's, or its
+    /// refundable twin) on the Redis key `full_key`.
+    fn invocation_of(
+        &self,
+        script: &'static Script,
+        full_key: Vec<u8>,
+        n: u32,
+        now_micros: Option<u64>,
+    ) -> Result<ScriptInvocation<'static>, RedisLimitError> {
         if n == 0 {
             return Err(AcquireError::ZeroPermits.into());
         }
@@ -581,8 +630,8 @@ impl RedisLimiter {
             }
             .into());
         }
-        let mut invocation = self.script.prepare_invoke();
-        invocation.key(self.redis_key(key));
+        let mut invocation = script.prepare_invoke();
+        invocation.key(full_key);
         match now_micros {
             Some(now) if now >= MAX_EXPLICIT_MICROS => {
                 return Err(RedisLimitError::Time { now_micros: now });
@@ -605,18 +654,28 @@ impl RedisLimiter {
 /// The script's reply, `{allowed, remaining, wait_us, wait_ns}`, as a
 /// decision; anything else is a [`RedisLimitError::Reply`].
 fn parse_reply(reply: &Value, capacity: u32) -> Result<Decision, RedisLimitError> {
-    let bad = || RedisLimitError::Reply {
-        reply: format!("{reply:?}"),
-    };
     let Value::Array(items) = reply else {
-        return Err(bad());
+        return Err(bad_reply(reply));
     };
+    parse_items(reply, items, capacity)
+}
+
+/// A reply that is not the script's.
+fn bad_reply(reply: &Value) -> RedisLimitError {
+    RedisLimitError::Reply {
+        reply: format!("{reply:?}"),
+    }
+}
+
+/// [`parse_reply`] on the reply's `items`.
+fn parse_items(reply: &Value, items: &[Value], capacity: u32) -> Result<Decision, RedisLimitError> {
+    let bad = || bad_reply(reply);
     let [
         Value::Int(allowed),
         Value::Int(remaining),
         Value::Int(us),
         Value::Int(ns),
-    ] = items.as_slice()
+    ] = items
     else {
         return Err(bad());
     };

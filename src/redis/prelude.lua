@@ -12,7 +12,10 @@
 --
 -- The reply is {allowed, remaining, wait_us, wait_ns}: {1, remaining, 0, 0}
 -- for an admission, {0, 0, us, ns} for a denial whose exact wait is
--- `us * 1000 + ns` nanoseconds (ns may be negative, above -1000).
+-- `us * 1000 + ns` nanoseconds (ns may be negative, above -1000). A
+-- refundable decision adds the state an admission wrote as a fifth element;
+-- a refund (refund.lua) takes the permits given back as ARGV[2] and answers
+-- 1 or 0.
 
 -- floor(x / d) and x mod d, exact for whole 0 <= x < 2^53 and d >= 1: the
 -- double quotient can be one off near a whole number, the remainder says so.
@@ -66,6 +69,10 @@ local function load_state(fields)
     return state
 end
 
+-- The state this script wrote, as stored: what a refundable admission
+-- returns as its receipt (nil until `store_state`).
+local wrote
+
 -- Store the state, to expire `us` microseconds from now rounded up to whole
 -- milliseconds (never before it is as good as fresh), plus the slack: one
 -- SET with PX, where a hash would need HSET and PEXPIRE.
@@ -82,7 +89,8 @@ local function store_state(state, us)
     for i, v in ipairs(state) do
         parts[i] = str(v)
     end
-    redis.call('SET', KEYS[1], table.concat(parts, ':'), 'PX', str(ms))
+    wrote = table.concat(parts, ':')
+    redis.call('SET', KEYS[1], wrote, 'PX', str(ms))
 end
 
 local now

@@ -1,0 +1,27 @@
+-- The token bucket's refund, after refund.lua. ARGV[4..8] as in
+-- token_bucket_level.lua: capacity, amount, period, fill time (units), unit.
+--
+-- Exact only while the key holds the very state the admission wrote,
+-- `left:base`: no decision, lease or give-back has changed it since. The
+-- admission had found `level = left + n` tokens on the grid `base` (its
+-- refill of the stored state, if any, already applied: the same bucket at
+-- every reading from the admission's on, refilling on the same grid), so
+-- `level:base` is the state as if it had never been asked. A bucket full
+-- again (the admission found it full, and restarted the grid at its own
+-- reading) is a fresh one: the key is deleted.
+local capacity, amount = tonumber(ARGV[4]), tonumber(ARGV[5])
+local period, unit = tonumber(ARGV[6]), tonumber(ARGV[8])
+local written = receipt(2)
+local state = load_state(2)
+if not state or not same(state, written) then
+    return 0
+end
+local level, base = written[1] + n, written[2]
+if level >= capacity then
+    redis.call('DEL', KEYS[1])
+    return 1
+end
+-- The expiry the state without the admission had: when it is full again.
+local full = base + idiv(capacity - level + amount - 1, amount) * period
+store_state({level, base}, full * unit - now)
+return 1
