@@ -19,7 +19,7 @@ async fn the_story_prints_exactly_this() {
         r#"uses 300: 200 OK, RateLimit: "tokens";r=9580 (200 given back)"#,
         r#"uses 4000: 200 OK, RateLimit: "tokens";r=5580 (3500 more charged)"#,
         r#"uses 5000: 200 OK, RateLimit: "tokens";r=580 (4500 more charged)"#,
-        r#"uses 2000: 200 OK, RateLimit: "tokens";r=0;t=1 (80 more charged, 1420 forgiven)"#,
+        r#"uses 2000: 200 OK, RateLimit: "tokens";r=0 (80 more charged, 1420 forgiven)"#,
         r#"used 11420 = 10000 the bucket held + 1420 forgiven"#,
         r#"a call: 429 Too Many Requests, Retry-After: 3, RateLimit: "tokens";r=0;t=3 (refused before the model ran)"#,
         r#"after 3 s:"#,

@@ -20,7 +20,7 @@ async fn the_story_prints_exactly_this() {
         r#"bob (guess): 401 Unauthorized, RateLimit: "login";r=3"#,
         r#"bob (guess): 401 Unauthorized, RateLimit: "login";r=2"#,
         r#"bob (guess): 401 Unauthorized, RateLimit: "login";r=1"#,
-        r#"bob (guess): 401 Unauthorized, RateLimit: "login";r=0;t=900"#,
+        r#"bob (guess): 401 Unauthorized, RateLimit: "login";r=0"#,
         r#"bob (guess): 429 Too Many Requests, Retry-After: 900, RateLimit: "login";r=0;t=900"#,
         r#"bob (right password): 429 Too Many Requests, Retry-After: 900, RateLimit: "login";r=0;t=900"#,
         r#"carol: 401 Unauthorized, RateLimit: "login";r=4"#,

@@ -10,11 +10,12 @@ use std::sync::Arc;
 
 use http::{HeaderValue, Request, Response};
 
-use super::{Guarded, LeasedLimiter, ReconnectingConnection};
+use super::{Guarded, LeasedLimiter, ReconnectingConnection, RedisLimiter};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
 use crate::http::gate::{Outcome, PolicyError, RateLimitPolicy};
+use crate::http::tower::{BoxFuture, Refund};
 use crate::http::tower::{
     Denial, DenialResponse, DenyWith, Fields, KeyExtractor, Layer, PlainDenial, Reported,
     RequestHead, ResponseFuture, Service, close_if_body_unread, deny, policy_fields,
@@ -112,6 +113,18 @@ mod sealed {
         /// Decide one permit for `key`, awaiting nothing when no call is
         /// needed.
         fn decide(self: &Arc<Self>, con: &ReconnectingConnection, key: &[u8]) -> Decided;
+
+        /// The limiter in Redis.
+        fn redis_limiter(&self) -> &RedisLimiter;
+
+        /// Decide `n` permits for `key` on `con`, with what gives them back
+        /// when the limit can (exact mode), for a combined layer.
+        fn take_owned(
+            self: &Arc<Self>,
+            con: ReconnectingConnection,
+            key: Vec<u8>,
+            n: u32,
+        ) -> BoxFuture<(Decision, Option<Refund>)>;
     }
 }
 
@@ -158,6 +171,34 @@ where
             Err(_) => Decided::Now(unreachable_denial()),
         }
     }
+
+    fn redis_limiter(&self) -> &RedisLimiter {
+        self.limiter()
+    }
+
+    fn take_owned(
+        self: &Arc<Self>,
+        mut con: ReconnectingConnection,
+        key: Vec<u8>,
+        n: u32,
+    ) -> BoxFuture<(Decision, Option<Refund>)> {
+        let this = Arc::clone(self);
+        Box::pin(async move {
+            match this.try_acquire_n_refundable_async(&mut con, &key, n).await {
+                Ok((decision, receipt)) => {
+                    let refund = receipt.map(|receipt| -> Refund {
+                        Box::new(move || -> BoxFuture<bool> {
+                            Box::pin(async move { this.refund_async(&mut con, receipt).await })
+                        })
+                    });
+                    (decision, refund)
+                }
+                // `n` was checked against the capacity when the layer was
+                // built: never, but a denial rather than a panic.
+                Err(_) => (unreachable_denial(), None),
+            }
+        })
+    }
 }
 
 impl<C: Clock + Send + Sync + 'static> sealed::Decide for LeasedLimiter<C> {
@@ -185,6 +226,25 @@ impl<C: Clock + Send + Sync + 'static> sealed::Decide for LeasedLimiter<C> {
             },
             None => Decided::Later(Box::pin(call)),
         }
+    }
+
+    fn redis_limiter(&self) -> &RedisLimiter {
+        self.limiter()
+    }
+
+    /// Leased mode has no refunds: an admission a later limit refuses stays
+    /// spent.
+    fn take_owned(
+        self: &Arc<Self>,
+        mut con: ReconnectingConnection,
+        key: Vec<u8>,
+        n: u32,
+    ) -> BoxFuture<(Decision, Option<Refund>)> {
+        let this = Arc::clone(self);
+        Box::pin(async move {
+            let decision = this.try_acquire_n_async(&mut con, &key, n).await;
+            (decision.unwrap_or_else(|_| unreachable_denial()), None)
+        })
     }
 }
 

@@ -120,6 +120,8 @@
 //! (`capacity * period / amount`) beyond `2^50` ns (13 days). Explicit times
 //! must be below `2^52` µs (the year 2112).
 
+#[cfg(all(feature = "tower", feature = "tokio"))]
+mod combined;
 mod connection;
 mod error;
 mod guarded;

@@ -94,7 +94,10 @@ type CostOf = Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>;
 /// Each limit has a name, a key extractor and a limiter: a
 /// [`RateLimiter`](crate::RateLimiter) (one limit for every request), a
 /// [`KeyedLimiter`](crate::KeyedLimiter) or [`Tiered`](crate::Tiered) keyed
-/// limiters. A request is decided as follows:
+/// limiters, or a limit in Redis (`LimitsBuilder::redis_limit`, features
+/// `redis` and `tokio`; asked after every in-process limit, so that a
+/// request refused in-process costs no call). A request is decided as
+/// follows:
 ///
 /// 1. **Keys first.** Every limit's key is extracted before any permit is
 ///    taken: a request without one is answered 401 (or 500 for a server
@@ -156,6 +159,9 @@ pub struct Limits<R = PlainDenial> {
 /// What every clone of a [`Limits`] layer shares.
 struct Shared {
     limits: Vec<Box<dyn Limit>>,
+    /// Limits decided by a call (in Redis), asked after every in-process one
+    /// admitted.
+    remote: Vec<Arc<dyn Remote>>,
     cost: u32,
     refund_when: Option<When>,
     drain_when: Option<When>,
@@ -167,15 +173,40 @@ struct Shared {
     /// did when added, and how many items it has.
     policy_line: Option<(usize, HeaderValue)>,
     counts: Tally<COUNTERS>,
-    /// Denials by each limit (the first that refused), in order.
+    /// Denials by each limit (the first that refused), in order: the
+    /// in-process ones, then the remote ones.
     denied_by: Vec<AtomicU64>,
     reported: Reported,
 }
 
 impl Shared {
-    /// Whether admitted requests keep what settling them needs.
+    /// Whether admitted requests are settled by their responses.
     fn settles(&self) -> bool {
         self.refund_when.is_some() || self.drain_when.is_some() || self.cost_from_response.is_some()
+    }
+
+    /// Count a denial by limit `by` (the remote ones after the in-process
+    /// ones).
+    fn count_denial(&self, by: usize, decision: KeyedDecision) {
+        let which = match decision {
+            KeyedDecision::KeyLimit { .. } => UNAVAILABLE,
+            _ => TOO_MANY,
+        };
+        self.counts.add(which, thread_slot());
+        if let Some(count) = self.denied_by.get(by) {
+            // Relaxed: a count, on the denial path only.
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Every in-process limit's item as it stands now, for `head`: on a
+    /// denial (`refused`), with the wait of each that would refuse too.
+    fn report(&self, head: &RequestHead<'_>, refused: bool, items: &mut Items) {
+        if self.advertise {
+            for limit in &self.limits {
+                limit.report(head, self.cost, refused, items);
+            }
+        }
     }
 }
 
@@ -228,6 +259,7 @@ pub struct LimitsStats {
 /// Builds a [`Limits`] layer ([`Limits::builder`]).
 pub struct LimitsBuilder {
     limits: Vec<Box<dyn Limit>>,
+    pub(crate) remote: Vec<Arc<dyn Remote>>,
     advertise: bool,
     cost: u32,
     refund_when: Option<When>,
@@ -253,6 +285,7 @@ impl Limits {
     pub fn builder() -> LimitsBuilder {
         LimitsBuilder {
             limits: Vec::new(),
+            remote: Vec::new(),
             advertise: true,
             cost: 1,
             refund_when: None,
@@ -302,9 +335,7 @@ impl LimitsBuilder {
         for tier in limiter.tier_names() {
             RateLimitPolicy::new(&format!("{name}.{tier}"), 1, Duration::from_secs(1))?;
         }
-        if self.limits.iter().any(|l| l.name() == name) {
-            return Err(LimitsError::DuplicateName(name.to_owned()));
-        }
+        self.check_name(name)?;
         let cached = limiter
             .advertise_untiered()
             .map(|advertised| Cached::new(name, advertised));
@@ -315,6 +346,19 @@ impl LimitsBuilder {
             cached,
         }));
         Ok(self)
+    }
+
+    /// Refuse a name that could not be a policy name, or one already taken.
+    pub(crate) fn check_name(&self, name: &str) -> Result<(), LimitsError> {
+        RateLimitPolicy::new(name, 1, Duration::from_secs(1))?;
+        let taken = self.limits.iter().map(|l| l.name());
+        if taken
+            .chain(self.remote.iter().map(|r| r.name()))
+            .any(|n| n == name)
+        {
+            return Err(LimitsError::DuplicateName(name.to_owned()));
+        }
+        Ok(())
     }
 
     /// Charge each request `cost` permits in every limit (1 by default):
@@ -438,12 +482,13 @@ impl LimitsBuilder {
     /// [`LimitsError::Cost`] when the cost is zero or above some limit's
     /// capacity.
     pub fn build(self) -> Result<Limits, LimitsError> {
-        for limit in &self.limits {
-            let capacity = limit.capacity();
+        let capacities = self.limits.iter().map(|l| (l.name(), l.capacity()));
+        let remote = self.remote.iter().map(|r| (r.name(), r.capacity()));
+        for (name, capacity) in capacities.chain(remote) {
             if self.cost == 0 || self.cost > capacity {
                 return Err(LimitsError::Cost {
                     cost: self.cost,
-                    limit: limit.name().to_owned(),
+                    limit: name.to_owned(),
                     capacity,
                 });
             }
@@ -455,7 +500,9 @@ impl LimitsBuilder {
                 capacity: 0,
             });
         }
-        let denied_by = self.limits.iter().map(|_| AtomicU64::new(0)).collect();
+        let denied_by = (0..self.limits.len() + self.remote.len())
+            .map(|_| AtomicU64::new(0))
+            .collect();
         let items: Option<Vec<&[u8]>> = self.limits.iter().map(|l| l.cached_item()).collect();
         let policy_line = items.filter(|items| !items.is_empty()).and_then(|items| {
             HeaderValue::from_bytes(&items.join(&b", "[..]))
@@ -465,6 +512,7 @@ impl LimitsBuilder {
         Ok(Limits {
             shared: Arc::new(Shared {
                 limits: self.limits,
+                remote: self.remote,
                 cost: self.cost,
                 refund_when: self.refund_when,
                 drain_when: self.drain_when,
@@ -497,8 +545,10 @@ impl<R> Limits<R> {
     }
 
     /// The names of the limits, in the order they are asked.
-    pub fn names(&self) -> impl ExactSizeIterator<Item = &str> {
-        self.shared.limits.iter().map(|l| l.name())
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        let shared = &self.shared;
+        let remote = shared.remote.iter().map(|r| r.name());
+        shared.limits.iter().map(|l| l.name()).chain(remote)
     }
 
     /// What this layer and its clones have answered.
@@ -511,12 +561,11 @@ impl<R> Limits<R> {
             too_many_requests: sum(TOO_MANY),
             unavailable: sum(UNAVAILABLE),
             misconfigured: shared.reported.count(),
-            denied_by: shared
-                .limits
-                .iter()
+            denied_by: self
+                .names()
                 .zip(&shared.denied_by)
                 // Relaxed: counts, read for reporting.
-                .map(|(l, n)| (l.name().to_owned(), n.load(Ordering::Relaxed)))
+                .map(|(name, n)| (name.to_owned(), n.load(Ordering::Relaxed)))
                 .collect(),
             refunded: sum(REFUNDED),
             refund_declined: sum(REFUND_DECLINED),
@@ -556,7 +605,10 @@ impl<Svc, R: Clone> Layer<Svc> for Limits<R> {
     }
 }
 
-/// A service behind a [`Limits`] layer.
+/// A service behind a [`Limits`] layer. It must be `Clone` (axum's routers
+/// and handlers are; wrap another in `tower::buffer::Buffer`): a request
+/// that waits for a limit in Redis takes the readied service with it and
+/// leaves a clone for the next.
 pub struct Limited<Svc, R = PlainDenial> {
     inner: Svc,
     layer: Limits<R>,
@@ -582,12 +634,13 @@ impl<Svc: fmt::Debug, R> fmt::Debug for Limited<Svc, R> {
 
 impl<Svc, R, ReqBody, ResBody> Service<Request<ReqBody>> for Limited<Svc, R>
 where
-    Svc: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    Svc: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     R: DenialResponse<ResBody>,
+    ReqBody: 'static,
 {
     type Response = Response<ResBody>;
     type Error = Svc::Error;
-    type Future = LimitedFuture<Svc::Future, ResBody>;
+    type Future = LimitedFuture<Svc, ReqBody, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -597,26 +650,39 @@ where
         let shared = &self.layer.shared;
         let head = RequestHead::of(&request);
         // Every key before any permit: a request without one spends nothing.
-        for limit in &shared.limits {
-            if let Some(denial) = limit.missing(&head) {
-                let challenge = || limit.challenge();
-                match denial {
-                    Denial::Misconfigured(problem) => shared.reported.report(problem),
-                    _ => shared.counts.add(UNAUTHORIZED, thread_slot()),
-                }
-                let response = deny(
-                    &self.layer.respond,
-                    &denial,
-                    shared.challenge.as_ref(),
-                    challenge,
-                    None,
-                );
-                return LimitedFuture::denied(closing(&request, response));
+        let missing = shared
+            .limits
+            .iter()
+            .find_map(|l| l.missing(&head).map(|d| (d, l.challenge())))
+            .or_else(|| {
+                let mut remote = shared.remote.iter();
+                remote.find_map(|r| r.missing(&head).map(|d| (d, r.challenge())))
+            });
+        if let Some((denial, challenge)) = missing {
+            match denial {
+                Denial::Misconfigured(problem) => shared.reported.report(problem),
+                _ => shared.counts.add(UNAUTHORIZED, thread_slot()),
             }
+            let response = deny(
+                &self.layer.respond,
+                &denial,
+                shared.challenge.as_ref(),
+                || challenge,
+                None,
+            );
+            return LimitedFuture::denied(closing(&request, response));
         }
+        let remote_keys: Option<Vec<Vec<u8>>> =
+            shared.remote.iter().map(|r| r.key(&head)).collect();
+        let Some(remote_keys) = remote_keys else {
+            return self.unauthorized(&request);
+        };
+        let remote = !remote_keys.is_empty();
         let mut decide = Decide {
             advertise: shared.advertise,
-            keep: shared.settles(),
+            // A remote limit may still refuse: the in-process admissions
+            // are kept, to give them back then.
+            keep: remote || shared.settles(),
             items: Items::default(),
             tickets: Vec::new(),
             depth: 0,
@@ -626,39 +692,45 @@ where
             Some((first, rest)) => first.decide(&head, shared.cost, rest, &mut decide),
         };
         match verdict {
+            Verdict::Admitted if remote => {
+                // `poll_ready` readied `inner`: that one goes with the
+                // request, a clone stays for the next.
+                let clone = self.inner.clone();
+                let inner = core::mem::replace(&mut self.inner, clone);
+                let decided = remote_phase(Arc::clone(shared), remote_keys, shared.cost);
+                let layer = self.layer.clone();
+                LimitedFuture::deciding(
+                    decided,
+                    Waiting {
+                        inner,
+                        request,
+                        tickets: decide.tickets,
+                        finish: Box::new(move |outcome, request, tickets| {
+                            layer.finish_remote(outcome, request, tickets)
+                        }),
+                    },
+                )
+            }
             Verdict::Admitted => {
                 shared.counts.add(ADMITTED, thread_slot());
                 let (fields, settle) = if decide.keep {
                     // Told after the response is settled.
-                    (
-                        None,
-                        Some(Settlement {
-                            shared: Arc::clone(shared),
-                            tickets: decide.tickets,
-                        }),
-                    )
+                    let settlement = Settlement {
+                        shared: Arc::clone(shared),
+                        tickets: decide.tickets,
+                        remote: Vec::new(),
+                    };
+                    (None, Some(settlement))
                 } else {
                     (decide.items.fields(shared.policy_line.as_ref()), None)
                 };
                 LimitedFuture::admitted(self.inner.call(request), fields, settle)
             }
             Verdict::Refused { by, decision } => {
-                let which = match decision {
-                    KeyedDecision::KeyLimit { .. } => UNAVAILABLE,
-                    _ => TOO_MANY,
-                };
-                shared.counts.add(which, thread_slot());
-                if let Some(count) = shared.denied_by.get(by) {
-                    // Relaxed: a count, on the denial path only.
-                    count.fetch_add(1, Ordering::Relaxed);
-                }
+                shared.count_denial(by, decision);
                 // Every limit's state after this decision (the refunds made).
                 let mut items = Items::default();
-                if shared.advertise {
-                    for limit in &shared.limits {
-                        limit.report(&head, shared.cost, &mut items);
-                    }
-                }
+                shared.report(&head, true, &mut items);
                 let outcome = Outcome::from_decision(Some(decision));
                 let response = deny(
                     &self.layer.respond,
@@ -669,20 +741,118 @@ where
                 );
                 LimitedFuture::denied(closing(&request, response))
             }
-            Verdict::NoKey => {
-                // Keys were all found above; an extractor that answers
-                // differently the second time is treated as no key.
-                shared.counts.add(UNAUTHORIZED, thread_slot());
+            // Keys were all found above; an extractor that answers
+            // differently the second time is treated as no key.
+            Verdict::NoKey => self.unauthorized(&request),
+        }
+    }
+}
+
+impl<Svc, R> Limited<Svc, R> {
+    /// A 401 for a key that an extractor found once and not again.
+    fn unauthorized<ReqBody, B, E>(
+        &self,
+        request: &Request<ReqBody>,
+    ) -> LimitedFuture<Svc, ReqBody, B>
+    where
+        Svc: Service<Request<ReqBody>, Response = Response<B>, Error = E>,
+        R: DenialResponse<B>,
+    {
+        let shared = &self.layer.shared;
+        shared.counts.add(UNAUTHORIZED, thread_slot());
+        let response = deny(
+            &self.layer.respond,
+            &Denial::Refused(Outcome::Unauthorized),
+            shared.challenge.as_ref(),
+            || HeaderValue::from_static("ApiKey"),
+            None,
+        );
+        LimitedFuture::denied(closing(request, response))
+    }
+}
+
+impl<R> Limits<R> {
+    /// How to go on once the remote limits have decided a request every
+    /// in-process limit admitted (`tickets`).
+    fn finish_remote<ReqBody, B>(
+        &self,
+        outcome: RemoteOutcome,
+        request: &Request<ReqBody>,
+        tickets: Vec<Box<dyn Ticket>>,
+    ) -> Finish<B>
+    where
+        R: DenialResponse<B>,
+    {
+        let shared = &self.shared;
+        let head = RequestHead::of(request);
+        match outcome {
+            RemoteOutcome::Admitted(taken) => {
+                shared.counts.add(ADMITTED, thread_slot());
+                let settlement = Settlement {
+                    shared: Arc::clone(shared),
+                    tickets,
+                    remote: taken,
+                };
+                if shared.settles() {
+                    return Finish::Admit(None, Some(settlement));
+                }
+                // Nothing to settle: the permits stay spent, and each limit
+                // is told as it stands.
+                let mut items = Items::default();
+                shared.report(&head, false, &mut items);
+                settlement.report_remote(&mut items, |_| 0);
+                Finish::Admit(items.fields(shared.policy_line.as_ref()), None)
+            }
+            RemoteOutcome::Refused {
+                by,
+                decision,
+                taken,
+            } => {
+                // The in-process admissions go back, the last first; the
+                // answer is the same denial whether each refund is exact.
+                for ticket in tickets.into_iter().rev() {
+                    let _ = ticket.give_back();
+                }
+                let decision = KeyedDecision::from(decision);
+                shared.count_denial(shared.limits.len() + by, decision);
+                let mut items = Items::default();
+                shared.report(&head, true, &mut items);
+                if shared.advertise {
+                    for (index, remaining, exact) in taken {
+                        let r = if exact {
+                            remaining.saturating_add(shared.cost)
+                        } else {
+                            remaining
+                        };
+                        push_remote(&mut items, shared, index, &State::Remaining(r));
+                    }
+                    if let Some(wait) = decision.retry_after() {
+                        push_remote(&mut items, shared, by, &State::Wait(wait));
+                    }
+                }
+                let outcome = Outcome::from_decision(Some(decision));
                 let response = deny(
-                    &self.layer.respond,
-                    &Denial::Refused(Outcome::Unauthorized),
+                    &self.respond,
+                    &Denial::Refused(outcome),
                     shared.challenge.as_ref(),
                     || HeaderValue::from_static("ApiKey"),
-                    None,
+                    items.fields(None),
                 );
-                LimitedFuture::denied(closing(&request, response))
+                Finish::Deny(response)
             }
         }
+    }
+}
+
+/// Remote limit `index`'s item.
+fn push_remote(items: &mut Items, shared: &Shared, index: usize, state: &State) {
+    if let Some(limit) = shared.remote.get(index) {
+        let advertised = limit.advertise().map(|(quota, window)| Advertised {
+            quota,
+            window,
+            tier: None,
+        });
+        items.push(limit.name(), None, advertised, state);
     }
 }
 
@@ -691,6 +861,107 @@ where
 fn closing<ReqBody, B>(request: &Request<ReqBody>, mut response: Response<B>) -> Response<B> {
     close_if_body_unread(request.version(), request.headers(), response.headers_mut());
     response
+}
+
+/// A boxed future that can move between threads.
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Gives back what a remote limit's admission took: `true` when exact.
+pub(crate) type Refund = Box<dyn FnOnce() -> BoxFuture<bool> + Send + Sync>;
+
+/// A limit decided by a call (one of the crate's limits in Redis), asked
+/// only once every in-process limit admitted.
+pub(crate) trait Remote: Send + Sync {
+    fn name(&self) -> &str;
+    /// The most permits one request can get.
+    fn capacity(&self) -> u32;
+    /// Why the request has no key for this limit, if it has none.
+    fn missing(&self, head: &RequestHead<'_>) -> Option<Denial>;
+    /// The challenge of a 401 for a key this limit did not find.
+    fn challenge(&self) -> HeaderValue;
+    /// The request's key, as the bytes the limit keeps it under.
+    fn key(&self, head: &RequestHead<'_>) -> Option<Vec<u8>>;
+    /// What the limit may advertise.
+    fn advertise(&self) -> Option<(u32, Duration)>;
+    /// Take `n` permits for `key`, and what gives them back (`None` when
+    /// they cannot be).
+    fn take(&self, key: Vec<u8>, n: u32) -> BoxFuture<(crate::decision::Decision, Option<Refund>)>;
+}
+
+/// A remote admission kept for settling: its limit's index, its key, the
+/// permits left after it, and its refund.
+pub(crate) struct RemoteTaken {
+    index: usize,
+    #[cfg_attr(not(all(feature = "redis", feature = "tokio")), allow(dead_code))]
+    key: Vec<u8>,
+    remaining: u32,
+    refund: Option<Refund>,
+}
+
+/// What the remote limits answered.
+pub(crate) enum RemoteOutcome {
+    Admitted(Vec<RemoteTaken>),
+    /// Remote limit `by` refused; the ones before it admitted and were given
+    /// back (each its index, the permits it had left, and whether the refund
+    /// was exact).
+    Refused {
+        by: usize,
+        decision: crate::decision::Decision,
+        taken: Vec<(usize, u32, bool)>,
+    },
+}
+
+/// Ask the remote limits in order, all or nothing.
+fn remote_phase(shared: Arc<Shared>, keys: Vec<Vec<u8>>, n: u32) -> BoxFuture<RemoteOutcome> {
+    Box::pin(async move {
+        let mut taken: Vec<RemoteTaken> = Vec::with_capacity(keys.len());
+        for (index, (limit, key)) in shared.remote.iter().zip(keys).enumerate() {
+            let (decision, refund) = limit.take(key.clone(), n).await;
+            match decision {
+                crate::decision::Decision::Allowed { remaining } => taken.push(RemoteTaken {
+                    index,
+                    key,
+                    remaining,
+                    refund,
+                }),
+                denied => {
+                    let mut back = Vec::with_capacity(taken.len());
+                    for earlier in taken.into_iter().rev() {
+                        let exact = match earlier.refund {
+                            Some(refund) => refund().await,
+                            None => false,
+                        };
+                        back.push((earlier.index, earlier.remaining, exact));
+                    }
+                    back.reverse();
+                    return RemoteOutcome::Refused {
+                        by: index,
+                        decision: denied,
+                        taken: back,
+                    };
+                }
+            }
+        }
+        RemoteOutcome::Admitted(taken)
+    })
+}
+
+/// How a request goes on once its remote limits decided.
+enum Finish<B> {
+    Admit(Option<Fields>, Option<Settlement>),
+    Deny(Response<B>),
+}
+
+/// Builds how a request goes on from its remote limits' answer.
+type FinishWith<ReqBody, B> =
+    Box<dyn FnOnce(RemoteOutcome, &Request<ReqBody>, Vec<Box<dyn Ticket>>) -> Finish<B> + Send>;
+
+/// A request waiting for its remote limits.
+struct Waiting<Svc, ReqBody, B> {
+    inner: Svc,
+    request: Request<ReqBody>,
+    tickets: Vec<Box<dyn Ticket>>,
+    finish: FinishWith<ReqBody, B>,
 }
 
 /// How a request was decided.
@@ -853,8 +1124,9 @@ trait Limit: Send + Sync {
     ) -> Verdict;
     /// The wait `n` permits would have now, if this limit would refuse them.
     fn wait(&self, head: &RequestHead<'_>, n: u32) -> Option<RetryAfter>;
-    /// This limit's item as it stands now, for `n` permits.
-    fn report(&self, head: &RequestHead<'_>, n: u32, items: &mut Items);
+    /// This limit's item as it stands now: on a denial (`refused`), with
+    /// the wait for `n` permits if it would refuse them too.
+    fn report(&self, head: &RequestHead<'_>, n: u32, refused: bool, items: &mut Items);
 }
 
 /// A limit's name, extractor and limiter.
@@ -965,17 +1237,33 @@ where
         self.limiter.stage_peek(&key, n).retry_after()
     }
 
-    fn report(&self, head: &RequestHead<'_>, n: u32, items: &mut Items) {
+    fn report(&self, head: &RequestHead<'_>, n: u32, refused: bool, items: &mut Items) {
         let Some(key) = self.extractor.extract(head) else {
             return;
         };
-        let state = now_state(&*self.limiter, &key, n);
+        let state = if refused {
+            now_state(&*self.limiter, &key, n)
+        } else {
+            State::Remaining(now_remaining(&*self.limiter, &key))
+        };
         items.push(
             &self.name,
             self.cached.as_ref(),
             self.limiter.advertise_for(&key),
             &state,
         );
+    }
+}
+
+/// The permits `key` has left in `limiter` now.
+fn now_remaining<L, Q>(limiter: &L, key: &Q) -> u32
+where
+    L: GateLimiter<Q> + ?Sized,
+    Q: ?Sized,
+{
+    match limiter.stage_peek(key, 1) {
+        KeyedDecision::Allowed { remaining } => remaining.saturating_add(1),
+        _ => 0,
     }
 }
 
@@ -1022,6 +1310,8 @@ struct Settled {
 trait Ticket: Send + Sync {
     /// Settle as `how`, then add the limit's item as it stands.
     fn settle(self: Box<Self>, how: Settle, items: &mut Items) -> Settled;
+    /// Give the permits back, exactly or not at all (a later limit refused).
+    fn give_back(self: Box<Self>) -> bool;
 }
 
 /// An admission by one limit, with what gives it back: `X`'s key, owned.
@@ -1038,6 +1328,11 @@ where
     X: KeyExtractor,
     L: GateLimiter<X::Lookup> + Send + Sync,
 {
+    fn give_back(self: Box<Self>) -> bool {
+        let key: &X::Lookup = self.key.borrow();
+        self.limiter.stage_give_back(key, self.receipt)
+    }
+
     fn settle(self: Box<Self>, how: Settle, items: &mut Items) -> Settled {
         let Held {
             name,
@@ -1076,7 +1371,7 @@ where
             }
             Settle::Cost(_) => {}
         }
-        let state = now_state(&*limiter, key, 1);
+        let state = State::Remaining(now_remaining(&*limiter, key));
         items.push(&name, None, limiter.advertise_for(key), &state);
         settled
     }
@@ -1114,11 +1409,13 @@ where
 struct Settlement {
     shared: Arc<Shared>,
     tickets: Vec<Box<dyn Ticket>>,
+    /// The remote limits' admissions, in order.
+    remote: Vec<RemoteTaken>,
 }
 
 impl Settlement {
     /// Settle every limit by the response, and say what each holds now.
-    fn settle(self, parts: &Parts) -> Option<Fields> {
+    fn settle(mut self, parts: &Parts) -> Option<Fields> {
         let shared = &self.shared;
         let how = if shared.drain_when.as_ref().is_some_and(|when| when(parts)) {
             Settle::Drain
@@ -1135,9 +1432,10 @@ impl Settlement {
         };
         let mut items = Items::default();
         let mut total = Settled::default();
+        let remote = core::mem::take(&mut self.remote);
         // In the order the limits were asked (the tickets were kept from the
         // last limit back).
-        for ticket in self.tickets.into_iter().rev() {
+        for ticket in core::mem::take(&mut self.tickets).into_iter().rev() {
             let settled = ticket.settle(how, &mut items);
             total.refunded += settled.refunded;
             total.refund_declined += settled.refund_declined;
@@ -1145,39 +1443,186 @@ impl Settlement {
             total.forgiven += settled.forgiven;
             total.drained += settled.drained;
         }
-        let slot = thread_slot();
-        for (which, n) in [
-            (REFUNDED, total.refunded),
-            (REFUND_DECLINED, total.refund_declined),
-            (CHARGED, total.charged),
-            (FORGIVEN, total.forgiven),
-            (DRAINED, total.drained),
-        ] {
-            if n > 0 {
-                shared.counts.add_n(which, slot, n);
+        total.count(shared);
+        let cost = shared.cost;
+        // What each remote limit is left with once settled, at most: its
+        // item never promises more.
+        let after = |taken: &RemoteTaken| match how {
+            Settle::Drain => 0,
+            Settle::Cost(real) if real > cost => taken.remaining.saturating_sub(real - cost),
+            _ => taken.remaining,
+        };
+        if shared.advertise {
+            for taken in &remote {
+                push_remote(
+                    &mut items,
+                    shared,
+                    taken.index,
+                    &State::Remaining(after(taken)),
+                );
             }
         }
+        settle_remote(shared, remote, how);
         if !shared.advertise {
             return None;
         }
         items.fields(None)
     }
+
+    /// Add each remote limit's item, with what it had left after the
+    /// admission less `less(taken)`.
+    fn report_remote(&self, items: &mut Items, less: impl Fn(&RemoteTaken) -> u32) {
+        if !self.shared.advertise {
+            return;
+        }
+        for taken in &self.remote {
+            let r = taken.remaining.saturating_sub(less(taken));
+            push_remote(items, &self.shared, taken.index, &State::Remaining(r));
+        }
+    }
 }
 
-pin_project_lite::pin_project! {
-    /// The future of a [`Limited`] service's response.
-    pub struct LimitedFuture<F, B> {
-        #[pin]
-        state: State2<F, B>,
+/// Settle the remote admissions as `how`, beside the response: each is a
+/// call, made by a task of its own on the current tokio runtime, counted
+/// when it ends. Outside a runtime nothing can run beside the response: the
+/// permits stay spent, and a refund counts as declined.
+fn settle_remote(shared: &Arc<Shared>, remote: Vec<RemoteTaken>, how: Settle) {
+    if remote.is_empty() || matches!(how, Settle::Keep) {
+        return;
+    }
+    #[cfg(all(feature = "redis", feature = "tokio"))]
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let shared = Arc::clone(shared);
+        drop(runtime.spawn(async move {
+            let mut total = Settled::default();
+            for taken in remote {
+                let limit = match shared.remote.get(taken.index) {
+                    Some(limit) => Arc::clone(limit),
+                    None => continue,
+                };
+                settle_one(&*limit, taken, how, shared.cost, &mut total).await;
+            }
+            total.count(&shared);
+        }));
+        return;
+    }
+    let declined = remote.iter().filter(|t| t.refund.is_some()).count();
+    if matches!(how, Settle::Refund) && declined > 0 {
+        shared
+            .counts
+            .add_n(REFUND_DECLINED, thread_slot(), declined as u64);
+    }
+}
+
+/// Settle one remote admission as `how` (charged `n` up front).
+#[cfg(all(feature = "redis", feature = "tokio"))]
+async fn settle_one(
+    limit: &dyn Remote,
+    taken: RemoteTaken,
+    how: Settle,
+    n: u32,
+    total: &mut Settled,
+) {
+    let refund = |refund: Option<Refund>| async move {
+        match refund {
+            Some(refund) => refund().await,
+            None => false,
+        }
+    };
+    match how {
+        Settle::Keep => {}
+        Settle::Refund => {
+            if refund(taken.refund).await {
+                total.refunded += 1;
+            } else {
+                total.refund_declined += 1;
+            }
+        }
+        Settle::Drain => {
+            total.drained += u64::from(remote_take_up_to(limit, &taken.key, u32::MAX).await.0)
+        }
+        Settle::Cost(real) if real > n => {
+            let (charged, short) = remote_take_up_to(limit, &taken.key, real - n).await;
+            total.charged += u64::from(charged);
+            total.forgiven += u64::from(short);
+        }
+        Settle::Cost(real) if real < n => {
+            if refund(taken.refund).await {
+                total.refunded += 1;
+                let (charged, short) = remote_take_up_to(limit, &taken.key, real).await;
+                total.charged += u64::from(charged);
+                total.forgiven += u64::from(short);
+            } else {
+                total.refund_declined += 1;
+            }
+        }
+        Settle::Cost(_) => {}
+    }
+}
+
+/// Take up to `want` permits for `key` from a remote limit, which answers
+/// all or nothing: the largest batch it admits, halving from what is asked
+/// (at most one call per halving). The permits taken, and those not.
+#[cfg(all(feature = "redis", feature = "tokio"))]
+async fn remote_take_up_to(limit: &dyn Remote, key: &[u8], want: u32) -> (u32, u32) {
+    let mut left = want;
+    let mut ask = want.min(limit.capacity());
+    while left > 0 && ask > 0 {
+        let (decision, _) = limit.take(key.to_vec(), ask).await;
+        if decision.is_allowed() {
+            left -= ask;
+            ask = ask.min(left);
+        } else {
+            ask /= 2;
+        }
+    }
+    (want - left, left)
+}
+
+impl Settled {
+    /// Add these counts to the layer's.
+    fn count(&self, shared: &Shared) {
+        let slot = thread_slot();
+        for (which, n) in [
+            (REFUNDED, self.refunded),
+            (REFUND_DECLINED, self.refund_declined),
+            (CHARGED, self.charged),
+            (FORGIVEN, self.forgiven),
+            (DRAINED, self.drained),
+        ] {
+            if n > 0 {
+                shared.counts.add_n(which, slot, n);
+            }
+        }
     }
 }
 
 pin_project_lite::pin_project! {
-    #[project = State2Proj]
-    enum State2<F, B> {
+    /// The future of a [`Limited`] service's response: the remote limits'
+    /// decision first, when there are any, then the inner service's response
+    /// or the denial.
+    pub struct LimitedFuture<Svc, ReqBody, B>
+    where
+        Svc: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: Phase<Svc, ReqBody, B>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = PhaseProj]
+    enum Phase<Svc, ReqBody, B>
+    where
+        Svc: Service<Request<ReqBody>>,
+    {
+        Deciding {
+            decided: BoxFuture<RemoteOutcome>,
+            waiting: Option<Waiting<Svc, ReqBody, B>>,
+        },
         Admitted {
             #[pin]
-            future: F,
+            future: Svc::Future,
             fields: Option<Fields>,
             settle: Option<Settlement>,
         },
@@ -1187,10 +1632,13 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F, B> LimitedFuture<F, B> {
-    fn admitted(future: F, fields: Option<Fields>, settle: Option<Settlement>) -> Self {
+impl<Svc, ReqBody, B> LimitedFuture<Svc, ReqBody, B>
+where
+    Svc: Service<Request<ReqBody>>,
+{
+    fn admitted(future: Svc::Future, fields: Option<Fields>, settle: Option<Settlement>) -> Self {
         LimitedFuture {
-            state: State2::Admitted {
+            state: Phase::Admitted {
                 future,
                 fields,
                 settle,
@@ -1200,51 +1648,98 @@ impl<F, B> LimitedFuture<F, B> {
 
     fn denied(response: Response<B>) -> Self {
         LimitedFuture {
-            state: State2::Denied {
+            state: Phase::Denied {
                 response: Some(response),
             },
         }
     }
-}
 
-impl<F, B, E> Future for LimitedFuture<F, B>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = Result<Response<B>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            State2Proj::Admitted {
-                future,
-                fields,
-                settle,
-            } => match future.poll(cx) {
-                Poll::Ready(Ok(response)) => {
-                    let (mut parts, body) = response.into_parts();
-                    let fields = match settle.take() {
-                        Some(settlement) => settlement.settle(&parts),
-                        None => fields.take(),
-                    };
-                    if let Some([Some(policy), Some(value)]) = fields {
-                        append_item(&mut parts.headers, RATELIMIT_POLICY, policy);
-                        append_item(&mut parts.headers, RATELIMIT, value);
-                    }
-                    Poll::Ready(Ok(Response::from_parts(parts, body)))
-                }
-                // An error from the service: the permits stay spent.
-                other => other,
-            },
-            // Polled again after completing: stay pending rather than panic.
-            State2Proj::Denied { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                None => Poll::Pending,
+    fn deciding(decided: BoxFuture<RemoteOutcome>, waiting: Waiting<Svc, ReqBody, B>) -> Self {
+        LimitedFuture {
+            state: Phase::Deciding {
+                decided,
+                waiting: Some(waiting),
             },
         }
     }
 }
 
-impl<F, B> fmt::Debug for LimitedFuture<F, B> {
+impl<Svc, ReqBody, B, E> Future for LimitedFuture<Svc, ReqBody, B>
+where
+    Svc: Service<Request<ReqBody>, Response = Response<B>, Error = E>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let next = match self.as_mut().project().state.project() {
+                PhaseProj::Deciding { decided, waiting } => {
+                    let outcome = match decided.as_mut().poll(cx) {
+                        Poll::Ready(outcome) => outcome,
+                        Poll::Pending => return Poll::Pending,
+                    };
+                    // Polled again after completing: stay pending rather
+                    // than panic.
+                    let Some(Waiting {
+                        mut inner,
+                        request,
+                        tickets,
+                        finish,
+                    }) = waiting.take()
+                    else {
+                        return Poll::Pending;
+                    };
+                    match finish(outcome, &request, tickets) {
+                        Finish::Admit(fields, settle) => Phase::Admitted {
+                            future: inner.call(request),
+                            fields,
+                            settle,
+                        },
+                        Finish::Deny(response) => Phase::Denied {
+                            response: Some(closing(&request, response)),
+                        },
+                    }
+                }
+                PhaseProj::Admitted {
+                    future,
+                    fields,
+                    settle,
+                } => {
+                    return match future.poll(cx) {
+                        Poll::Ready(Ok(response)) => {
+                            let (mut parts, body) = response.into_parts();
+                            let fields = match settle.take() {
+                                Some(settlement) => settlement.settle(&parts),
+                                None => fields.take(),
+                            };
+                            if let Some([Some(policy), Some(value)]) = fields {
+                                append_item(&mut parts.headers, RATELIMIT_POLICY, policy);
+                                append_item(&mut parts.headers, RATELIMIT, value);
+                            }
+                            Poll::Ready(Ok(Response::from_parts(parts, body)))
+                        }
+                        // An error from the service: the permits stay spent.
+                        other => other,
+                    };
+                }
+                // Polled again after completing: stay pending rather than
+                // panic.
+                PhaseProj::Denied { response } => {
+                    return match response.take() {
+                        Some(response) => Poll::Ready(Ok(response)),
+                        None => Poll::Pending,
+                    };
+                }
+            };
+            self.as_mut().project().state.set(next);
+        }
+    }
+}
+
+impl<Svc, ReqBody, B> fmt::Debug for LimitedFuture<Svc, ReqBody, B>
+where
+    Svc: Service<Request<ReqBody>>,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LimitedFuture").finish_non_exhaustive()
     }

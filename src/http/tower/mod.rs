@@ -228,4 +228,6 @@ pub use forwarded::{ForwardedFor, IpNet, IpNetError};
 pub use layer::{LayerStats, RateLimit, RateLimitLayer, ResponseFuture};
 #[cfg(all(feature = "redis", feature = "tokio"))]
 pub(crate) use layer::{Reported, deny};
+#[cfg(all(feature = "redis", feature = "tokio"))]
+pub(crate) use limits::{BoxFuture, Refund, Remote};
 pub use limits::{Limited, LimitedFuture, Limits, LimitsBuilder, LimitsError, LimitsStats};

@@ -1,0 +1,285 @@
+//! Limits in Redis as members of a combined layer (`Limits::redis_limit`),
+//! against a real `redis-server` each test starts on a free port of its own.
+//!
+//! Without `redis-server` on PATH each test says so and passes, unless
+//! `TURNSTILE_REQUIRE_REDIS=1` is set (CI sets it), when it fails.
+
+#[allow(dead_code)]
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http::header::HeaderName;
+use http::{Request, Response, StatusCode};
+use redis::Client;
+use tower::{Service, ServiceExt, service_fn};
+use turnstile::redis::{
+    Deadlines, Guarded, LeasedBuilder, OnFailure, ReconnectingConnection, RedisLimiter,
+};
+use turnstile::tower::{ApiKeyHeader, Global, Layer, Limits};
+use turnstile::{KeyedLimiter, ManualClock, Quota, TokenBucket};
+
+fn connection(client: Client) -> ReconnectingConnection {
+    Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .unwrap()
+        .response(Duration::from_secs(2))
+        .unwrap()
+        .reconnecting(client)
+}
+
+fn api_key() -> ApiKeyHeader {
+    ApiKeyHeader::new(HeaderName::from_static("x-api-key"))
+}
+
+fn with_key(key: &str) -> Request<()> {
+    Request::builder()
+        .header("x-api-key", key)
+        .body(())
+        .unwrap()
+}
+
+/// A service answering 200, or the status a request asks for in
+/// `x-answer`; counts the requests that reach it.
+fn inner(
+    calls: Arc<AtomicU64>,
+) -> impl Service<
+    Request<()>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<String>, Infallible>> + Send,
+> + Clone
++ Send {
+    service_fn(move |request: Request<()>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut response = Response::new(String::new());
+            if let Some(status) = request.headers().get("x-answer") {
+                *response.status_mut() = StatusCode::from_bytes(status.as_bytes()).unwrap();
+            }
+            Ok(response)
+        }
+    })
+}
+
+/// An exact-mode limit of `capacity` at once, refilled one an hour.
+fn exact(prefix: &str, capacity: u32) -> Arc<Guarded> {
+    let quota = Quota::new(capacity, 1, Duration::from_secs(3_600)).unwrap();
+    Arc::new(Guarded::<TokenBucket>::new(
+        RedisLimiter::new(prefix, TokenBucket::new(quota)).unwrap(),
+        OnFailure::Deny,
+        Duration::from_secs(1),
+    ))
+}
+
+fn ratelimit(response: &Response<String>) -> String {
+    response
+        .headers()
+        .get("ratelimit")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_is_asked_only_after_every_in_process_limit_and_gives_nothing_away() {
+    let Some(server) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let per_key = Arc::new(
+        KeyedLimiter::<String>::builder(Quota::new(1, 1, Duration::from_secs(3_600)).unwrap())
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
+    let fleet = exact("fleet", 3);
+    let layer = Limits::builder()
+        .redis_limit(
+            "fleet",
+            Global,
+            Arc::clone(&fleet),
+            connection(server.client()),
+        )
+        .unwrap()
+        // Added after, asked first: in-process limits come before Redis.
+        .limit_shared("key", api_key(), Arc::clone(&per_key))
+        .unwrap()
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let service = layer.clone().layer(inner(Arc::clone(&calls)));
+    let send = |key: &str| service.clone().oneshot(with_key(key));
+
+    let a = send("a").await.unwrap();
+    assert_eq!(a.status(), 200);
+    assert_eq!(ratelimit(&a), r#""key";r=0, "fleet";r=2"#);
+    // Refused by its key: Redis is not called, the fleet keeps its permits.
+    let again = send("a").await.unwrap();
+    assert_eq!(again.status(), 429);
+    assert_eq!(ratelimit(&again), r#""key";r=0;t=3600"#);
+    assert_eq!(send("b").await.unwrap().status(), 200);
+    assert_eq!(send("c").await.unwrap().status(), 200);
+    // The fleet is empty: "d" is refused by Redis, and its own key's permit
+    // goes back.
+    let d = send("d").await.unwrap();
+    assert_eq!(d.status(), 429);
+    assert_eq!(d.headers()["retry-after"], "3600");
+    assert_eq!(ratelimit(&d), r#""key";r=1, "fleet";r=0;t=3600"#);
+    assert_eq!(per_key.remaining("d"), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let stats = layer.stats();
+    assert_eq!(
+        stats.denied_by,
+        vec![("key".to_string(), 1), ("fleet".to_string(), 1)]
+    );
+    assert_eq!(fleet.stats().failures, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_redis_limit_refusing_gives_back_the_earlier_ones_exactly() {
+    let Some(server) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let con = connection(server.client());
+    let per_key = exact("per_key", 5);
+    let fleet = exact("fleet2", 2);
+    let layer = Limits::builder()
+        .redis_limit("key", api_key(), Arc::clone(&per_key), con.clone())
+        .unwrap()
+        .redis_limit("fleet", Global, Arc::clone(&fleet), con)
+        .unwrap()
+        .build()
+        .unwrap();
+    let service = layer.layer(inner(Arc::new(AtomicU64::new(0))));
+    for left in [1, 0] {
+        let r = service.clone().oneshot(with_key("x")).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            ratelimit(&r),
+            format!(r#""key";r={}, "fleet";r={left}"#, 3 + left)
+        );
+    }
+    // The fleet refuses; the key's admission is refunded by its script:
+    // it says 3 left, as before the request.
+    let r = service.clone().oneshot(with_key("x")).await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(ratelimit(&r), r#""key";r=3, "fleet";r=0;t=3600"#);
+    assert_eq!(per_key.stats().refunded, 1);
+    // And Redis agrees: three more for "x" fit in its own limit.
+    let mut plain = server.plain();
+    for _ in 0..3 {
+        assert!(
+            per_key
+                .limiter()
+                .try_acquire(&mut plain, "x")
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    assert!(
+        !per_key
+            .limiter()
+            .try_acquire(&mut plain, "x")
+            .unwrap()
+            .is_allowed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_settle_redis_limits_beside_the_response() {
+    let Some(server) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let fleet = exact("settle", 3);
+    let layer = Limits::builder()
+        .redis_limit(
+            "fleet",
+            Global,
+            Arc::clone(&fleet),
+            connection(server.client()),
+        )
+        .unwrap()
+        .refund_when(|parts| parts.status.is_server_error())
+        .build()
+        .unwrap();
+    let service = layer.clone().layer(inner(Arc::new(AtomicU64::new(0))));
+    // Ten upstream failures: each refunded, so the fleet still holds 3.
+    for _ in 0..10 {
+        let mut request = with_key("k");
+        request
+            .headers_mut()
+            .insert("x-answer", "503".parse().unwrap());
+        let r = service.clone().oneshot(request).await.unwrap();
+        assert_eq!(r.status(), 503, "the upstream's own answer");
+        // Each refund is a call made beside the response: wait for it
+        // before the next request.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fleet.stats().refunded + fleet.stats().refund_declined < layer.stats().admitted {
+            assert!(Instant::now() < deadline, "the refund never ran");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    assert_eq!(layer.stats().refunded, 10);
+    assert_eq!(fleet.stats().refund_declined, 0);
+    for _ in 0..3 {
+        assert_eq!(
+            service
+                .clone()
+                .oneshot(with_key("k"))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    assert_eq!(
+        service
+            .clone()
+            .oneshot(with_key("k"))
+            .await
+            .unwrap()
+            .status(),
+        429
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_limit_joins_a_combined_layer_too() {
+    let Some(server) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let quota = Quota::new(4, 1, Duration::from_secs(3_600)).unwrap();
+    let leased = Arc::new(
+        LeasedBuilder::new(
+            RedisLimiter::new("leased", TokenBucket::new(quota)).unwrap(),
+            2,
+        )
+        .unwrap()
+        .build()
+        .unwrap(),
+    );
+    let layer = Limits::builder()
+        .redis_limit("fleet", Global, leased, connection(server.client()))
+        .unwrap()
+        .build()
+        .unwrap();
+    let service = layer.clone().layer(inner(Arc::new(AtomicU64::new(0))));
+    let mut admitted = 0;
+    for _ in 0..10 {
+        if service
+            .clone()
+            .oneshot(with_key("k"))
+            .await
+            .unwrap()
+            .status()
+            == 200
+        {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 4, "the bucket's 4, leased two at a time");
+    assert_eq!(layer.stats().too_many_requests, 6);
+}
