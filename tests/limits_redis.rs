@@ -283,3 +283,82 @@ async fn a_leased_limit_joins_a_combined_layer_too() {
     assert_eq!(admitted, 4, "the bucket's 4, leased two at a time");
     assert_eq!(layer.stats().too_many_requests, 6);
 }
+
+/// The items of the List field `name`, parsed: each item's name and its
+/// `r` parameter.
+fn list(response: &Response<String>, name: &str) -> Vec<(String, i64)> {
+    let joined = response
+        .headers()
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(", ");
+    sfv::Parser::new(&joined)
+        .parse_list()
+        .unwrap_or_else(|e| panic!("{joined:?} is not a structured-field List: {e}"))
+        .into_iter()
+        .map(|entry| match entry {
+            sfv::ListEntry::Item(item) => {
+                let name = item.bare_item.as_string().unwrap().as_str().to_owned();
+                let r = item
+                    .params
+                    .iter()
+                    .find(|(k, _)| k.as_str() == "r" || k.as_str() == "q")
+                    .and_then(|(_, v)| v.as_integer())
+                    .map_or(-1, i64::from);
+                (name, r)
+            }
+            sfv::ListEntry::InnerList(_) => panic!("an inner list"),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_limits_append_their_items_stacked_or_combined() {
+    use turnstile::redis::RedisRateLimitLayer;
+    use turnstile::tower::RateLimitLayer;
+    use turnstile::{Gate, RateLimiter};
+
+    let Some(server) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let quota = Quota::new(3, 1, Duration::from_secs(3_600)).unwrap();
+    let fleet = Guarded::<TokenBucket>::new(
+        RedisLimiter::new("stacked", TokenBucket::new(quota)).unwrap(),
+        OnFailure::Deny,
+        Duration::from_secs(1),
+    );
+    // A Redis layer inside an in-process one: both items, the inner first.
+    let inner_layer = RedisRateLimitLayer::new(fleet, connection(server.client()), Global)
+        .with_derived_policy("fleet")
+        .unwrap();
+    let edge = RateLimitLayer::new(
+        Gate::new(RateLimiter::new(Quota::per_hour(100).unwrap()))
+            .with_derived_policy("edge")
+            .unwrap(),
+        Global,
+    );
+    let service = edge.layer(inner_layer.layer(inner(Arc::new(AtomicU64::new(0)))));
+    let r = service.clone().oneshot(with_key("k")).await.unwrap();
+    assert_eq!(list(&r, "ratelimit"), [("fleet".into(), 2), ("edge".into(), 99)]);
+    assert_eq!(list(&r, "ratelimit-policy"), [("fleet".into(), 3), ("edge".into(), 100)]);
+
+    // The same limit in a combined layer, beside an in-process one.
+    let layer = Limits::builder()
+        .limit("edge", Global, RateLimiter::new(Quota::per_hour(100).unwrap()))
+        .unwrap()
+        .redis_limit("fleet", Global, exact("combined", 3), connection(server.client()))
+        .unwrap()
+        .build()
+        .unwrap();
+    let service = layer.layer(inner(Arc::new(AtomicU64::new(0))));
+    for left in [2, 1, 0] {
+        let r = service.clone().oneshot(with_key("k")).await.unwrap();
+        assert_eq!(list(&r, "ratelimit"), [("edge".into(), 97 + left), ("fleet".into(), left)]);
+    }
+    let refused = service.clone().oneshot(with_key("k")).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    // The edge limit's permit went back: it still says 97.
+    assert_eq!(list(&refused, "ratelimit"), [("edge".into(), 97), ("fleet".into(), 0)]);
+}
