@@ -2,7 +2,8 @@
 //! tokens a minute per key, 500 charged when a call is admitted, the real
 //! cost settled from the `x-tokens-used` header the model sets. Cheap calls
 //! give the rest back, expensive ones take more, one that uses more than is
-//! left is partly forgiven (and counted), and then the key waits. Served
+//! left borrows from the next refills, and then the key waits its debt
+//! out. Served
 //! in-process with `tower::ServiceExt::oneshot`, on a simulated clock.
 //!
 //! ```text

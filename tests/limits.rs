@@ -483,7 +483,8 @@ async fn refund_when_counts_only_failures() {
 }
 
 #[tokio::test]
-async fn cost_from_response_settles_and_forgives_no_more_than_it_counts() {
+async fn cost_from_response_settles_lends_and_forgives_no_more_than_it_counts() {
+    // 10 tokens, one more a second: a fill time of 10 s.
     let t = three(10, 100, 100);
     let layer = Limits::builder()
         .limit_shared("tokens", api_key(), Arc::clone(&t.per_key))
@@ -506,30 +507,42 @@ async fn cost_from_response_settles_and_forgives_no_more_than_it_counts() {
         r.headers_mut().insert("x-cost", cost.into());
         r
     };
+    let r_of = |r: &Response<String>| param(&list(r.headers(), "ratelimit"), "tokens", "r");
     // Cheaper than charged: 2 taken, 1 used.
-    let r = send(&mut service, costing(1)).await;
-    assert_eq!(
-        param(&list(r.headers(), "ratelimit"), "tokens", "r"),
-        Some(9)
-    );
+    assert_eq!(r_of(&send(&mut service, costing(1)).await), Some(9));
     // Dearer: 2 taken, 6 used: 4 more.
-    let r = send(&mut service, costing(6)).await;
-    assert_eq!(
-        param(&list(r.headers(), "ratelimit"), "tokens", "r"),
-        Some(3)
-    );
-    // 2 taken, 8 used: only 1 more is held, 5 are forgiven.
-    let r = send(&mut service, costing(8)).await;
-    assert_eq!(
-        param(&list(r.headers(), "ratelimit"), "tokens", "r"),
-        Some(0)
-    );
-    assert_eq!(send(&mut service, costing(1)).await.status(), 429);
+    assert_eq!(r_of(&send(&mut service, costing(6)).await), Some(3));
+    // 2 taken, 8 used: 1 more is held, 5 are lent from the next refills.
+    assert_eq!(r_of(&send(&mut service, costing(8)).await), Some(0));
     let stats = layer.stats();
-    assert_eq!(stats.forgiven, 5);
-    assert_eq!(stats.charged, 1 + 4 + 1);
-    // The bound: permits used (1 + 6 + 8) = what the bucket held (10) + forgiven.
-    assert_eq!(1 + 6 + 8, 10 + stats.forgiven);
+    assert_eq!(
+        (stats.charged, stats.lent, stats.forgiven),
+        (1 + 4 + 1, 5, 0)
+    );
+    // Used 1 + 6 + 8 = what the bucket held (10) + what it lent (5).
+    assert_eq!(1 + 6 + 8, 10 + stats.lent);
+    // The debt is waited out: the next request (2) waits for 5 + 2 refills.
+    let refused = send(&mut service, costing(1)).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "7");
+    t.clock.advance(Duration::from_secs(7));
+    // A debt beyond one fill is not carried: 28 more than charged, of which
+    // the bucket lends at most a fill's worth (10); the rest is forgiven.
+    let r = send(&mut service, costing(30)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r_of(&r), Some(0));
+    let after = layer.stats();
+    let (lent, forgiven) = (after.lent - stats.lent, after.forgiven - stats.forgiven);
+    assert_eq!(lent + forgiven, 28);
+    assert!((1..=10).contains(&lent), "lent {lent}");
+    // And the requests after wait no longer than one fill plus their own.
+    let refused = send(&mut service, costing(1)).await;
+    let wait: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((3..=12).contains(&wait), "wait {wait}");
 }
 
 #[tokio::test]

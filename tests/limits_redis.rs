@@ -341,24 +341,45 @@ async fn redis_limits_append_their_items_stacked_or_combined() {
     );
     let service = edge.layer(inner_layer.layer(inner(Arc::new(AtomicU64::new(0)))));
     let r = service.clone().oneshot(with_key("k")).await.unwrap();
-    assert_eq!(list(&r, "ratelimit"), [("fleet".into(), 2), ("edge".into(), 99)]);
-    assert_eq!(list(&r, "ratelimit-policy"), [("fleet".into(), 3), ("edge".into(), 100)]);
+    assert_eq!(
+        list(&r, "ratelimit"),
+        [("fleet".into(), 2), ("edge".into(), 99)]
+    );
+    assert_eq!(
+        list(&r, "ratelimit-policy"),
+        [("fleet".into(), 3), ("edge".into(), 100)]
+    );
 
     // The same limit in a combined layer, beside an in-process one.
     let layer = Limits::builder()
-        .limit("edge", Global, RateLimiter::new(Quota::per_hour(100).unwrap()))
+        .limit(
+            "edge",
+            Global,
+            RateLimiter::new(Quota::per_hour(100).unwrap()),
+        )
         .unwrap()
-        .redis_limit("fleet", Global, exact("combined", 3), connection(server.client()))
+        .redis_limit(
+            "fleet",
+            Global,
+            exact("combined", 3),
+            connection(server.client()),
+        )
         .unwrap()
         .build()
         .unwrap();
     let service = layer.layer(inner(Arc::new(AtomicU64::new(0))));
     for left in [2, 1, 0] {
         let r = service.clone().oneshot(with_key("k")).await.unwrap();
-        assert_eq!(list(&r, "ratelimit"), [("edge".into(), 97 + left), ("fleet".into(), left)]);
+        assert_eq!(
+            list(&r, "ratelimit"),
+            [("edge".into(), 97 + left), ("fleet".into(), left)]
+        );
     }
     let refused = service.clone().oneshot(with_key("k")).await.unwrap();
     assert_eq!(refused.status(), 429);
     // The edge limit's permit went back: it still says 97.
-    assert_eq!(list(&refused, "ratelimit"), [("edge".into(), 97), ("fleet".into(), 0)]);
+    assert_eq!(
+        list(&refused, "ratelimit"),
+        [("edge".into(), 97), ("fleet".into(), 0)]
+    );
 }

@@ -62,8 +62,10 @@ impl Gateway {
             .expect("a valid limit name")
             .cost(UP_FRONT)
             // The real cost: what the model says it used. Above the charge,
-            // the difference is taken from what the key holds (what it does
-            // not hold is forgiven and counted); below it, the rest goes back.
+            // the difference is taken from what the key holds, then lent
+            // from its next refills (the key's next calls wait; at most a
+            // minute's budget ahead, the rest forgiven and counted); below
+            // it, the rest goes back.
             .cost_from_response(|parts| {
                 parts
                     .headers
@@ -123,16 +125,21 @@ async fn model(prompt: String) -> impl IntoResponse {
     ([("x-tokens-used", used)], "a completion\n")
 }
 
-/// How a call that used `tokens` was settled, `forgiven` of them not held.
-fn settled(tokens: u32, forgiven: u64) -> String {
+/// How a call that used `tokens` was settled: `lent` of them from the next
+/// refills, `forgiven` neither held nor lent.
+fn settled(tokens: u32, lent: u64, forgiven: u64) -> String {
     if tokens <= UP_FRONT {
-        format!("{} given back", UP_FRONT - tokens)
-    } else if forgiven == 0 {
-        format!("{} more charged", tokens - UP_FRONT)
-    } else {
-        let more = u64::from(tokens - UP_FRONT).saturating_sub(forgiven);
-        format!("{more} more charged, {forgiven} forgiven")
+        return format!("{} given back", UP_FRONT - tokens);
     }
+    let more = u64::from(tokens - UP_FRONT);
+    let mut said = format!("{more} more charged");
+    if lent > 0 {
+        said.push_str(&format!(", {lent} of them lent from the next refills"));
+    }
+    if forgiven > 0 {
+        said.push_str(&format!(", {forgiven} forgiven"));
+    }
+    said
 }
 
 /// The calls of the story, by the tokens each uses: two cheap ones, two
@@ -145,11 +152,13 @@ pub async fn story() -> Vec<String> {
     let gateway = Gateway::new(clock.clone());
     let mut lines = Vec::new();
     let call = async |tokens: u32, lines: &mut Vec<String>| {
-        let forgiven = gateway.stats().forgiven;
+        let before = gateway.stats();
         let reply = gateway.complete("k_1", tokens).await;
-        let forgiven = gateway.stats().forgiven.saturating_sub(forgiven);
+        let after = gateway.stats();
+        let lent = after.lent - before.lent;
+        let forgiven = after.forgiven - before.forgiven;
         if reply.status.is_success() {
-            let settled = settled(tokens, forgiven);
+            let settled = settled(tokens, lent, forgiven);
             lines.push(format!("uses {tokens}: {reply} ({settled})"));
         } else {
             lines.push(format!("a call: {reply} (refused before the model ran)"));
@@ -167,13 +176,14 @@ pub async fn story() -> Vec<String> {
     }
     let used: u32 = CALLS.iter().sum();
     let held = BUDGET.saturating_sub(gateway.remaining("k_1"));
-    let forgiven = gateway.stats().forgiven;
+    let stats = gateway.stats();
     lines.push(format!(
-        "used {used} = {held} the bucket held + {forgiven} forgiven"
+        "used {used} = {held} the bucket held + {} lent + {} forgiven",
+        stats.lent, stats.forgiven
     ));
 
-    // Nothing is left: refused before the model runs, for as long as the
-    // up-front charge takes to come back.
+    // Nothing is left, and some is owed: refused before the model runs,
+    // for as long as the debt and the up-front charge take to come back.
     let refused = call(100, &mut lines).await;
     if let Some(secs) = refused.retry_after {
         clock.advance(std::time::Duration::from_secs(secs));

@@ -1,9 +1,14 @@
 //! The HTTP gate, independent of any framework: a request's key in, a status
 //! and headers out.
 
+use core::any::Any;
 use core::borrow::Borrow;
 use core::hash::{BuildHasher, Hash};
+use core::time::Duration;
 use std::borrow::Cow;
+
+use crate::algorithm::live::LiveTokenBucket;
+use crate::algorithm::token_bucket::TokenBucket;
 
 use crate::admission::{Receipt, Stage};
 use crate::algorithm::Algorithm;
@@ -158,6 +163,18 @@ pub trait GateLimiter<Q: ?Sized>: LimiterStats {
     fn tier_names(&self) -> Vec<&str> {
         Vec::new()
     }
+    /// Take `n` more permits for `key` from the limiter's future, when it
+    /// can lend (a token bucket, as [`RateLimiter::reserve_n`] does, at most
+    /// one fill time ahead): the permits taken, 0 when it cannot. Requests
+    /// after it wait for the refills it took.
+    #[doc(hidden)]
+    fn stage_owe(&self, key: &Q, n: u32) -> u32
+    where
+        Self: 'static,
+    {
+        let _ = (key, n);
+        0
+    }
     /// What every key's limit advertises, for a limiter without tiers;
     /// `None` for tiers (each key's tier says) or when nothing is advertised.
     #[doc(hidden)]
@@ -256,6 +273,42 @@ where
     fn advertise_untiered(&self) -> Option<(u32, core::time::Duration)> {
         self.algorithm().advertise()
     }
+
+    fn stage_owe(&self, key: &Q, n: u32) -> u32
+    where
+        Self: 'static,
+    {
+        let this: &dyn Any = self;
+        if let Some(bucket) = this.downcast_ref::<KeyedLimiter<K, TokenBucket, C, S>>() {
+            let capacity = bucket.algorithm().capacity();
+            return owe(capacity, n, |n| {
+                bucket.reserve_n(key, n, Duration::MAX).is_ok()
+            });
+        }
+        if let Some(bucket) = this.downcast_ref::<KeyedLimiter<K, LiveTokenBucket, C, S>>() {
+            let capacity = bucket.algorithm().capacity();
+            return owe(capacity, n, |n| {
+                bucket.reserve_n(key, n, Duration::MAX).is_ok()
+            });
+        }
+        0
+    }
+}
+
+/// Lend up to `n` permits in batches of at most `capacity`, halving a batch
+/// the bucket refuses (it lends at most one fill ahead): the permits lent.
+fn owe(capacity: u32, n: u32, mut lend: impl FnMut(u32) -> bool) -> u32 {
+    let mut left = n;
+    let mut batch = n.min(capacity);
+    while left > 0 && batch > 0 {
+        if lend(batch) {
+            left -= batch;
+            batch = batch.min(left);
+        } else {
+            batch /= 2;
+        }
+    }
+    n - left
 }
 
 impl<K, F, A, C, S> LimiterStats for Tiered<K, F, A, C, S>
@@ -330,6 +383,13 @@ where
     fn tier_names(&self) -> Vec<&str> {
         self.names().collect()
     }
+
+    fn stage_owe(&self, key: &Q, n: u32) -> u32
+    where
+        Self: 'static,
+    {
+        GateLimiter::<Q>::stage_owe(self.limiter_of(key), key, n)
+    }
 }
 
 impl<A, C, M> LimiterStats for RateLimiter<A, C, M>
@@ -387,6 +447,24 @@ where
 
     fn advertise_untiered(&self) -> Option<(u32, core::time::Duration)> {
         self.algorithm().advertise()
+    }
+
+    fn stage_owe(&self, _key: &Q, n: u32) -> u32
+    where
+        Self: 'static,
+    {
+        let this: &dyn Any = self;
+        if let Some(bucket) = this.downcast_ref::<RateLimiter<TokenBucket, C, M>>() {
+            return owe(bucket.capacity(), n, |n| {
+                bucket.reserve_n(n, Duration::MAX).is_ok()
+            });
+        }
+        if let Some(bucket) = this.downcast_ref::<RateLimiter<LiveTokenBucket, C, M>>() {
+            return owe(bucket.capacity(), n, |n| {
+                bucket.reserve_n(n, Duration::MAX).is_ok()
+            });
+        }
+        0
     }
 }
 

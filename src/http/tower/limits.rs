@@ -219,7 +219,8 @@ const REFUND_DECLINED: usize = 5;
 const CHARGED: usize = 6;
 const FORGIVEN: usize = 7;
 const DRAINED: usize = 8;
-const COUNTERS: usize = 9;
+const LENT: usize = 9;
+const COUNTERS: usize = 10;
 
 /// What a [`Limits`] layer and its clones answered ([`Limits::stats`]). Each
 /// counter is read in turn, not all at one instant.
@@ -249,8 +250,13 @@ pub struct LimitsStats {
     pub refund_declined: u64,
     /// Permits charged after the response, beyond the cost taken up front.
     pub charged: u64,
-    /// Permits a response's cost asked for that the limit did not hold, and
-    /// so were not charged: the whole over-admission settling allows.
+    /// Permits charged after the response from a token bucket's next
+    /// refills, beyond what it held (it lends at most one fill ahead): the
+    /// requests after wait for them.
+    pub lent: u64,
+    /// Permits a response's cost asked for that the limit neither held nor
+    /// could lend, and so were not charged: the whole over-admission
+    /// settling allows.
     pub forgiven: u64,
     /// Permits taken by [`drain_when`](LimitsBuilder::drain_when).
     pub drained: u64,
@@ -421,12 +427,18 @@ impl LimitsBuilder {
     /// A declined refund keeps the charge: a request is never charged less
     /// than it used because of a refund.
     ///
-    /// **The bound.** The difference is taken only from what the limit
-    /// holds when the response arrives; what it does not hold is *forgiven*
-    /// and counted ([`LimitsStats::forgiven`]), not carried as a debt. So
-    /// each limit admits, over any interval, no more permits than its own
-    /// bound allows plus the permits forgiven in it, and each request can
-    /// cause at most its real cost less the up-front charge to be forgiven.
+    /// **The bound.** The difference is taken from what the limit holds
+    /// when the response arrives, then, for a token bucket (direct, keyed
+    /// or tiered, live or not), lent from its next refills as a reservation
+    /// is ([`RateLimiter::reserve_n`](crate::RateLimiter::reserve_n)): a
+    /// debt the requests after it wait out ([`LimitsStats::lent`]). A
+    /// bucket lends at most one fill time ahead; what it can neither hold
+    /// nor lend, and the whole difference for the other algorithms and for
+    /// limits in Redis, is *forgiven* and counted
+    /// ([`LimitsStats::forgiven`]), not carried. So each limit admits, over
+    /// any interval, no more permits than its own bound allows plus the
+    /// permits forgiven in it, and each request can have at most its real
+    /// cost less the up-front charge forgiven.
     /// Charge up front the cost you expect ([`cost`](Self::cost)) to keep
     /// the forgiven share small.
     ///
@@ -570,6 +582,7 @@ impl<R> Limits<R> {
             refunded: sum(REFUNDED),
             refund_declined: sum(REFUND_DECLINED),
             charged: sum(CHARGED),
+            lent: sum(LENT),
             forgiven: sum(FORGIVEN),
             drained: sum(DRAINED),
         }
@@ -1302,6 +1315,7 @@ struct Settled {
     refunded: u64,
     refund_declined: u64,
     charged: u64,
+    lent: u64,
     forgiven: u64,
     drained: u64,
 }
@@ -1326,7 +1340,7 @@ struct Held<X: KeyExtractor, L> {
 impl<X, L> Ticket for Held<X, L>
 where
     X: KeyExtractor,
-    L: GateLimiter<X::Lookup> + Send + Sync,
+    L: GateLimiter<X::Lookup> + Send + Sync + 'static,
 {
     fn give_back(self: Box<Self>) -> bool {
         let key: &X::Lookup = self.key.borrow();
@@ -1353,17 +1367,11 @@ where
                 }
             }
             Settle::Drain => settled.drained = take_up_to(&*limiter, key, u32::MAX).0.into(),
-            Settle::Cost(cost) if cost > n => {
-                let (taken, short) = take_up_to(&*limiter, key, cost - n);
-                settled.charged = taken.into();
-                settled.forgiven = short.into();
-            }
+            Settle::Cost(cost) if cost > n => charge(&*limiter, key, cost - n, &mut settled),
             Settle::Cost(cost) if cost < n => {
                 if limiter.stage_give_back(key, receipt) {
                     settled.refunded = 1;
-                    let (taken, short) = take_up_to(&*limiter, key, cost);
-                    settled.charged = taken.into();
-                    settled.forgiven = short.into();
+                    charge(&*limiter, key, cost, &mut settled);
                 } else {
                     // The charge stays: more than used, never less.
                     settled.refund_declined = 1;
@@ -1379,6 +1387,26 @@ where
 
 /// Take up to `want` permits for `key`, as many as the limiter holds: the
 /// permits taken and those it did not hold.
+/// Charge `want` permits for `key` after a response: from what the limiter
+/// holds, then from its next refills when it can lend (a token bucket, at
+/// most one fill ahead: the requests after it wait), and what is left is
+/// forgiven.
+fn charge<L, Q>(limiter: &L, key: &Q, want: u32, settled: &mut Settled)
+where
+    L: GateLimiter<Q> + 'static,
+    Q: ?Sized,
+{
+    let (taken, short) = take_up_to(limiter, key, want);
+    let lent = if short > 0 {
+        limiter.stage_owe(key, short)
+    } else {
+        0
+    };
+    settled.charged += u64::from(taken);
+    settled.lent += u64::from(lent);
+    settled.forgiven += u64::from(short - lent);
+}
+
 fn take_up_to<L, Q>(limiter: &L, key: &Q, want: u32) -> (u32, u32)
 where
     L: GateLimiter<Q> + ?Sized,
@@ -1440,6 +1468,7 @@ impl Settlement {
             total.refunded += settled.refunded;
             total.refund_declined += settled.refund_declined;
             total.charged += settled.charged;
+            total.lent += settled.lent;
             total.forgiven += settled.forgiven;
             total.drained += settled.drained;
         }
@@ -1587,6 +1616,7 @@ impl Settled {
             (REFUNDED, self.refunded),
             (REFUND_DECLINED, self.refund_declined),
             (CHARGED, self.charged),
+            (LENT, self.lent),
             (FORGIVEN, self.forgiven),
             (DRAINED, self.drained),
         ] {
