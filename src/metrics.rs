@@ -136,7 +136,7 @@ pub fn describe() {
         );
         metrics::describe_counter!(
             "turnstile_settled_permits_total",
-            "Permits a layer settled after responses, by kind (charged, forgiven, drained)."
+            "Permits a layer settled after responses, by kind (charged, lent, forgiven, drained)."
         );
         metrics::describe_counter!(
             "turnstile_denied_by_total",
@@ -214,7 +214,7 @@ impl crate::http::tower::LimitsStats {
     /// status), its denials by limit (`turnstile_denied_by_total{limit}`),
     /// its refunds (`turnstile_refunds_total{result="exact"|"declined"}`)
     /// and its settled permits (`turnstile_settled_permits_total{kind=
-    /// "charged"|"forgiven"|"drained"}`), with the label `limiter`.
+    /// "charged"|"lent"|"forgiven"|"drained"}`), with the label `limiter`.
     pub fn publish(&self, limiter: &str) {
         responses(limiter, "200", self.admitted);
         responses(limiter, "401", self.unauthorized);
@@ -232,6 +232,7 @@ impl crate::http::tower::LimitsStats {
         refunds(limiter, "exact", self.refunded);
         refunds(limiter, "declined", self.refund_declined);
         settled_permits(limiter, "charged", self.charged);
+        settled_permits(limiter, "lent", self.lent);
         settled_permits(limiter, "forgiven", self.forgiven);
         settled_permits(limiter, "drained", self.drained);
     }
