@@ -9,6 +9,8 @@
 //! - `layer/tower_governor/*`: tower_governor 0.8 (governor's keyed limiter as
 //!   a layer) on the same router, keyed by the same header. Its `Retry-After`
 //!   is the wait in whole seconds rounded *down*;
+//! - `layer/turnstile-fields/admitted`: the same layer with a derived policy,
+//!   so every answer carries the `RateLimit` fields;
 //! - `layer/combined3/*`: three limits (per API key, per peer address, global)
 //!   in one `Limits` layer, all or nothing, one `RateLimit` item each
 //!   (`combined3-nofields`: the same without the fields, as
@@ -30,7 +32,7 @@ use axum::http::StatusCode;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use layer::{
     combined_service, combined_service_advertising, governor_service, poll_ready_now, request,
-    router, stacked_service, turnstile_service,
+    router, stacked_service, turnstile_fields_service, turnstile_service,
 };
 use tower::Service;
 
@@ -91,6 +93,12 @@ fn bench(c: &mut Criterion) {
             expect,
         );
     }
+    run(
+        &mut group,
+        "turnstile-fields/admitted",
+        turnstile_fields_service(),
+        StatusCode::OK,
+    );
     run(
         &mut group,
         "combined3-nofields/admitted",

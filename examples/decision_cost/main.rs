@@ -59,7 +59,7 @@
 //!   clock, or `N` admitted token-bucket decisions on it, inside `measured`.
 //! - `paired-clocks`: each clock's reading and admitted decision, timed in
 //!   alternating blocks of 200,000 (51 blocks each), the median block of each.
-//! - `layer bare|turnstile-admitted|turnstile-denied|combined3-admitted|combined3-denied|combined3-nofields-admitted|stacked3-admitted|stacked3-denied|tower_governor-admitted|tower_governor-denied N`:
+//! - `layer bare|turnstile-admitted|turnstile-denied|turnstile-fields-admitted|combined3-admitted|combined3-denied|combined3-nofields-admitted|stacked3-admitted|stacked3-denied|tower_governor-admitted|tower_governor-denied N`:
 //!   sends `N` requests through an axum router, bare or behind a rate-limiting
 //!   layer (callgrind: `--toggle-collect='*requests_measured*'`).
 
@@ -109,7 +109,7 @@ usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cos
   keyed-1m turnstile|turnstile-tiered|governor|governor-ahash|floor N: 1,000,000 keys, then N shuffled checks inside `measured`
   keyed-new turnstile|governor|governor-ahash N: N checks of keys never seen before, from an empty limiter, inside `measured`
   keyed-hot turnstile|turnstile-tiered|turnstile-admitted|turnstile-admitted-coarse|floor-admitted-coarse N: N decisions on one key inside `measured` (tiered: two tiers, per-key quotas; admitted: every check admitted, as in the keyed_hot_key benchmark)
-  layer bare|turnstile-admitted|turnstile-denied|combined3-admitted|combined3-denied|combined3-nofields-admitted|stacked3-admitted|stacked3-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router
+  layer bare|turnstile-admitted|turnstile-denied|turnstile-fields-admitted|combined3-admitted|combined3-denied|combined3-nofields-admitted|stacked3-admitted|stacked3-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router
   clock read|decide tsc|real|monotonic|coarse N: N readings of a clock, or N admitted decisions on it, inside `measured`
   paired-clocks: each clock's reading and admitted decision, timed in alternating blocks";
 

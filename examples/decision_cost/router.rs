@@ -29,6 +29,11 @@ pub(crate) fn run_layer(which: &str, n: u64) -> ExitCode {
             let _ = layer::poll_ready_now(s.call(layer::request()));
             requests_measured(&mut s, requests);
         }
+        "turnstile-fields-admitted" => {
+            let mut s = layer::turnstile_fields_service();
+            let _ = layer::poll_ready_now(s.call(layer::request()));
+            requests_measured(&mut s, requests);
+        }
         "combined3-admitted" | "combined3-denied" => {
             let mut s = layer::combined_service(which == "combined3-admitted");
             let _ = layer::poll_ready_now(s.call(layer::request()));
@@ -52,7 +57,7 @@ pub(crate) fn run_layer(which: &str, n: u64) -> ExitCode {
         }
         other => {
             eprintln!(
-                "unknown layer case {other:?}: bare, turnstile-admitted, turnstile-denied, \
+                "unknown layer case {other:?}: bare, turnstile-admitted, turnstile-denied, turnstile-fields-admitted, \
                  combined3-admitted, combined3-denied, combined3-nofields-admitted, stacked3-admitted, stacked3-denied, \
                  tower_governor-admitted or tower_governor-denied"
             );

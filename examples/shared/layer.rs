@@ -98,6 +98,23 @@ pub fn turnstile_service(
     layer(quota.expect("a valid quota")).layer(router())
 }
 
+/// The router behind turnstile's layer with a derived policy (the
+/// `RateLimit` fields on every answer), every request admitted.
+pub fn turnstile_fields_service() -> impl tower::Service<
+    Request<Body>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+> + Clone {
+    let quota = Quota::per_second(1_000_000_000).expect("a valid quota");
+    RateLimitLayer::new(
+        Gate::new(KeyedLimiter::<String>::new(quota))
+            .with_derived_policy("key")
+            .expect("a valid policy name"),
+        ApiKeyHeader::new(HeaderName::from_static("x-api-key")),
+    )
+    .layer(router())
+}
+
 /// The router behind tower_governor's layer, likewise.
 pub fn governor_service(
     admit: bool,

@@ -55,6 +55,18 @@
 //! 500: keys are bounded in length, header values are built from numbers and
 //! validated policy names.
 //!
+//! # Several limits on one request
+//!
+//! [`Limits`] puts several limits (direct, keyed, tiered, and with features
+//! `redis` and `tokio` limits in Redis) in one layer that decides each
+//! request as one: every key read before any permit is taken, all or
+//! nothing, the longest wait of the limits that refuse, one `RateLimit`
+//! item per limit, and responses that can settle what a request cost
+//! ([`LimitsBuilder::refund_when`], [`LimitsBuilder::cost_from_response`],
+//! [`LimitsBuilder::drain_when`]). Layers stacked instead still tell every
+//! limit: each appends its items to the `RateLimit-Policy` and `RateLimit`
+//! Lists rather than replacing them.
+//!
 //! # Denial responses
 //!
 //! A denial's body comes from the layer's [`DenialResponse`]. The default,
