@@ -1226,7 +1226,9 @@ where
             Some((next, rest)) => next.decide(head, n, rest, cx),
         };
         match (&verdict, receipt) {
-            (Verdict::Admitted, Some(receipt)) if cx.keep => {
+            // Kept even when the admission wrote nothing (so took nothing):
+            // its limit is still told after the response.
+            (Verdict::Admitted, receipt) if cx.keep => {
                 cx.tickets.push(Box::new(Held::<X, L> {
                     name: self.name.clone(),
                     limiter: Arc::clone(&self.limiter),
@@ -1333,7 +1335,8 @@ struct Held<X: KeyExtractor, L> {
     name: String,
     limiter: Arc<L>,
     key: X::Key,
-    receipt: Receipt,
+    /// `None` when the admission wrote nothing, so took nothing.
+    receipt: Option<Receipt>,
     n: u32,
 }
 
@@ -1344,7 +1347,9 @@ where
 {
     fn give_back(self: Box<Self>) -> bool {
         let key: &X::Lookup = self.key.borrow();
-        self.limiter.stage_give_back(key, self.receipt)
+        // Nothing taken, nothing owed.
+        self.receipt
+            .is_none_or(|receipt| self.limiter.stage_give_back(key, receipt))
     }
 
     fn settle(self: Box<Self>, how: Settle, items: &mut Items) -> Settled {
@@ -1360,7 +1365,7 @@ where
         match how {
             Settle::Keep => {}
             Settle::Refund => {
-                if limiter.stage_give_back(key, receipt) {
+                if receipt.is_none_or(|receipt| limiter.stage_give_back(key, receipt)) {
                     settled.refunded = 1;
                 } else {
                     settled.refund_declined = 1;
@@ -1369,7 +1374,7 @@ where
             Settle::Drain => settled.drained = take_up_to(&*limiter, key, u32::MAX).0.into(),
             Settle::Cost(cost) if cost > n => charge(&*limiter, key, cost - n, &mut settled),
             Settle::Cost(cost) if cost < n => {
-                if limiter.stage_give_back(key, receipt) {
+                if receipt.is_none_or(|receipt| limiter.stage_give_back(key, receipt)) {
                     settled.refunded = 1;
                     charge(&*limiter, key, cost, &mut settled);
                 } else {
