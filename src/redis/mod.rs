@@ -139,7 +139,13 @@ pub use guarded::{AdmittedBy, Guarded, GuardedReceipt, GuardedStats, OnFailure};
 pub use layer::{
     RedisKey, RedisLayerStats, RedisLimit, RedisRateLimit, RedisRateLimitLayer, RedisResponseFuture,
 };
-pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, MAX_LEASE, Refresher};
+pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, Refresher};
+
+/// The largest lease, `2^23 − 1`: a process holds at most a lease and a
+/// quarter, which the lease word's 24-bit count holds (defined here, beside
+/// the errors that name it, for leased mode).
+pub const MAX_LEASE: u32 = (1 << 23) - 1;
+
 pub use refund::RedisReceipt;
 
 use core::time::Duration;

@@ -6,9 +6,10 @@ use ::redis::{RedisResult, ScriptInvocation, Value};
 
 use super::local::{LeaseWord, Link};
 use super::stats::Counters;
-use super::{Fetch, LeasedLimiter, MAX_LEASE, Purpose, RETRY_AT_ONCE, word};
+use super::{Fetch, LeasedLimiter, Purpose, RETRY_AT_ONCE, word};
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
+use crate::redis::MAX_LEASE;
 use crate::redis::{LEASE, RedisLimitError};
 
 impl<C: Clock> LeasedLimiter<C> {

@@ -35,9 +35,6 @@ pub use refresher::Refresher;
 use stats::Counters;
 pub use stats::LeasedStats;
 
-/// The largest lease, `2^23 − 1`: a process holds at most a lease and a
-/// quarter, which the word's 24-bit count holds.
-pub const MAX_LEASE: u32 = (1 << 23) - 1;
 /// The longest lease lifetime (the word's time field covers 208 days; an hour
 /// keeps every comparison far from its end).
 const MAX_LIFETIME: Duration = Duration::from_secs(3_600);

@@ -73,7 +73,8 @@ pub(super) fn nanos(units: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use crate::redis::leased::{MAX_LEASE, word};
+    use crate::redis::MAX_LEASE;
+    use crate::redis::leased::word;
 
     #[test]
     fn the_word_packs_and_unpacks_at_every_edge() {

@@ -1,0 +1,104 @@
+//! Limits decided by a call (the crate's limits in Redis): asked after every
+//! in-process limit admitted, all or nothing among themselves.
+
+use super::items::{Items, State};
+use super::*;
+
+/// A boxed future that can move between threads.
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Gives back what a remote limit's admission took: `true` when exact.
+pub(crate) type Refund = Box<dyn FnOnce() -> BoxFuture<bool> + Send + Sync>;
+
+/// A limit decided by a call (one of the crate's limits in Redis), asked
+/// only once every in-process limit admitted.
+pub(crate) trait Remote: Send + Sync {
+    fn name(&self) -> &str;
+    /// The most permits one request can get.
+    fn capacity(&self) -> u32;
+    /// Why the request has no key for this limit, if it has none.
+    fn missing(&self, head: &RequestHead<'_>) -> Option<Denial>;
+    /// The challenge of a 401 for a key this limit did not find.
+    fn challenge(&self) -> HeaderValue;
+    /// The request's key, as the bytes the limit keeps it under.
+    fn key(&self, head: &RequestHead<'_>) -> Option<Vec<u8>>;
+    /// What the limit may advertise.
+    fn advertise(&self) -> Option<(u32, Duration)>;
+    /// Take `n` permits for `key`, and what gives them back (`None` when
+    /// they cannot be).
+    fn take(&self, key: Vec<u8>, n: u32) -> BoxFuture<(crate::decision::Decision, Option<Refund>)>;
+}
+
+/// A remote admission kept for settling: its limit's index, its key, the
+/// permits left after it, and its refund.
+pub(crate) struct RemoteTaken {
+    pub(super) index: usize,
+    #[cfg_attr(not(all(feature = "redis", feature = "tokio")), allow(dead_code))]
+    pub(super) key: Vec<u8>,
+    pub(super) remaining: u32,
+    pub(super) refund: Option<Refund>,
+}
+
+/// What the remote limits answered.
+pub(crate) enum RemoteOutcome {
+    Admitted(Vec<RemoteTaken>),
+    /// Remote limit `by` refused; the ones before it admitted and were given
+    /// back (each its index, the permits it had left, and whether the refund
+    /// was exact).
+    Refused {
+        by: usize,
+        decision: crate::decision::Decision,
+        taken: Vec<(usize, u32, bool)>,
+    },
+}
+
+/// Ask the remote limits in order, all or nothing.
+pub(super) fn remote_phase(
+    shared: Arc<Shared>,
+    keys: Vec<Vec<u8>>,
+    n: u32,
+) -> BoxFuture<RemoteOutcome> {
+    Box::pin(async move {
+        let mut taken: Vec<RemoteTaken> = Vec::with_capacity(keys.len());
+        for (index, (limit, key)) in shared.remote.iter().zip(keys).enumerate() {
+            let (decision, refund) = limit.take(key.clone(), n).await;
+            match decision {
+                crate::decision::Decision::Allowed { remaining } => taken.push(RemoteTaken {
+                    index,
+                    key,
+                    remaining,
+                    refund,
+                }),
+                denied => {
+                    let mut back = Vec::with_capacity(taken.len());
+                    for earlier in taken.into_iter().rev() {
+                        let exact = match earlier.refund {
+                            Some(refund) => refund().await,
+                            None => false,
+                        };
+                        back.push((earlier.index, earlier.remaining, exact));
+                    }
+                    back.reverse();
+                    return RemoteOutcome::Refused {
+                        by: index,
+                        decision: denied,
+                        taken: back,
+                    };
+                }
+            }
+        }
+        RemoteOutcome::Admitted(taken)
+    })
+}
+
+/// Remote limit `index`'s item.
+pub(super) fn push_remote(items: &mut Items, shared: &Shared, index: usize, state: &State) {
+    if let Some(limit) = shared.remote.get(index) {
+        let advertised = limit.advertise().map(|(quota, window)| Advertised {
+            quota,
+            window,
+            tier: None,
+        });
+        items.push(limit.name(), None, advertised, state);
+    }
+}

@@ -1,0 +1,430 @@
+//! The [`Limited`] service: a request decided by the in-process limits at
+//! once, by the remote ones in its response future, then answered.
+
+use super::decide::{Decide, Verdict};
+use super::items::{Items, State};
+use super::remote::{RemoteOutcome, push_remote, remote_phase};
+use super::settle::{Settlement, Ticket};
+use super::*;
+
+/// A service behind a [`Limits`] layer. It must be `Clone` (axum's routers
+/// and handlers are; wrap another in `tower::buffer::Buffer`): a request
+/// that waits for a limit in Redis takes the readied service with it and
+/// leaves a clone for the next.
+pub struct Limited<Svc, R = PlainDenial> {
+    pub(super) inner: Svc,
+    pub(super) layer: Limits<R>,
+}
+
+impl<Svc: Clone, R: Clone> Clone for Limited<Svc, R> {
+    fn clone(&self) -> Self {
+        Limited {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<Svc: fmt::Debug, R> fmt::Debug for Limited<Svc, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limited")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+impl<Svc, R, ReqBody, ResBody> Service<Request<ReqBody>> for Limited<Svc, R>
+where
+    Svc: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    R: DenialResponse<ResBody>,
+    ReqBody: 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = Svc::Error;
+    type Future = LimitedFuture<Svc, ReqBody, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let shared = &self.layer.shared;
+        let head = RequestHead::of(&request);
+        // Every key before any permit: a request without one spends nothing.
+        let missing = shared
+            .limits
+            .iter()
+            .find_map(|l| l.missing(&head).map(|d| (d, l.challenge())))
+            .or_else(|| {
+                let mut remote = shared.remote.iter();
+                remote.find_map(|r| r.missing(&head).map(|d| (d, r.challenge())))
+            });
+        if let Some((denial, challenge)) = missing {
+            match denial {
+                Denial::Misconfigured(problem) => shared.reported.report(problem),
+                _ => shared.counts.add(UNAUTHORIZED, thread_slot()),
+            }
+            let response = deny(
+                &self.layer.respond,
+                &denial,
+                shared.challenge.as_ref(),
+                || challenge,
+                None,
+            );
+            return LimitedFuture::denied(closing(&request, response));
+        }
+        let remote_keys: Option<Vec<Vec<u8>>> =
+            shared.remote.iter().map(|r| r.key(&head)).collect();
+        let Some(remote_keys) = remote_keys else {
+            return self.unauthorized(&request);
+        };
+        let remote = !remote_keys.is_empty();
+        let mut decide = Decide {
+            advertise: shared.advertise,
+            // A remote limit may still refuse: the in-process admissions
+            // are kept, to give them back then.
+            keep: remote || shared.settles(),
+            items: Items::default(),
+            tickets: Vec::new(),
+            depth: 0,
+        };
+        let verdict = match shared.limits.split_first() {
+            None => Verdict::Admitted,
+            Some((first, rest)) => first.decide(&head, shared.cost, rest, &mut decide),
+        };
+        match verdict {
+            Verdict::Admitted if remote => {
+                // `poll_ready` readied `inner`: that one goes with the
+                // request, a clone stays for the next.
+                let clone = self.inner.clone();
+                let inner = core::mem::replace(&mut self.inner, clone);
+                let decided = remote_phase(Arc::clone(shared), remote_keys, shared.cost);
+                let layer = self.layer.clone();
+                LimitedFuture::deciding(
+                    decided,
+                    Waiting {
+                        inner,
+                        request,
+                        tickets: decide.tickets,
+                        finish: Box::new(move |outcome, request, tickets| {
+                            layer.finish_remote(outcome, request, tickets)
+                        }),
+                    },
+                )
+            }
+            Verdict::Admitted => {
+                shared.counts.add(ADMITTED, thread_slot());
+                let (fields, settle) = if decide.keep {
+                    // Told after the response is settled.
+                    let settlement = Settlement {
+                        shared: Arc::clone(shared),
+                        tickets: decide.tickets,
+                        remote: Vec::new(),
+                    };
+                    (None, Some(settlement))
+                } else {
+                    (decide.items.fields(shared.policy_line.as_ref()), None)
+                };
+                LimitedFuture::admitted(self.inner.call(request), fields, settle)
+            }
+            Verdict::Refused { by, decision } => {
+                shared.count_denial(by, decision);
+                // Every limit's state after this decision (the refunds made).
+                let mut items = Items::default();
+                shared.report(&head, true, &mut items);
+                let outcome = Outcome::from_decision(Some(decision));
+                let response = deny(
+                    &self.layer.respond,
+                    &Denial::Refused(outcome),
+                    shared.challenge.as_ref(),
+                    || HeaderValue::from_static("ApiKey"),
+                    items.fields(shared.policy_line.as_ref()),
+                );
+                LimitedFuture::denied(closing(&request, response))
+            }
+            // Keys were all found above; an extractor that answers
+            // differently the second time is treated as no key.
+            Verdict::NoKey => self.unauthorized(&request),
+        }
+    }
+}
+
+impl<Svc, R> Limited<Svc, R> {
+    /// A 401 for a key that an extractor found once and not again.
+    pub(super) fn unauthorized<ReqBody, B, E>(
+        &self,
+        request: &Request<ReqBody>,
+    ) -> LimitedFuture<Svc, ReqBody, B>
+    where
+        Svc: Service<Request<ReqBody>, Response = Response<B>, Error = E>,
+        R: DenialResponse<B>,
+    {
+        let shared = &self.layer.shared;
+        shared.counts.add(UNAUTHORIZED, thread_slot());
+        let response = deny(
+            &self.layer.respond,
+            &Denial::Refused(Outcome::Unauthorized),
+            shared.challenge.as_ref(),
+            || HeaderValue::from_static("ApiKey"),
+            None,
+        );
+        LimitedFuture::denied(closing(request, response))
+    }
+}
+
+impl<R> Limits<R> {
+    /// How to go on once the remote limits have decided a request every
+    /// in-process limit admitted (`tickets`).
+    pub(super) fn finish_remote<ReqBody, B>(
+        &self,
+        outcome: RemoteOutcome,
+        request: &Request<ReqBody>,
+        tickets: Vec<Box<dyn Ticket>>,
+    ) -> Finish<B>
+    where
+        R: DenialResponse<B>,
+    {
+        let shared = &self.shared;
+        let head = RequestHead::of(request);
+        match outcome {
+            RemoteOutcome::Admitted(taken) => {
+                shared.counts.add(ADMITTED, thread_slot());
+                let settlement = Settlement {
+                    shared: Arc::clone(shared),
+                    tickets,
+                    remote: taken,
+                };
+                if shared.settles() {
+                    return Finish::Admit(None, Some(settlement));
+                }
+                // Nothing to settle: the permits stay spent, and each limit
+                // is told as it stands.
+                let mut items = Items::default();
+                shared.report(&head, false, &mut items);
+                settlement.report_remote(&mut items, |_| 0);
+                Finish::Admit(items.fields(shared.policy_line.as_ref()), None)
+            }
+            RemoteOutcome::Refused {
+                by,
+                decision,
+                taken,
+            } => {
+                // The in-process admissions go back, the last first; the
+                // answer is the same denial whether each refund is exact.
+                for ticket in tickets.into_iter().rev() {
+                    let _ = ticket.give_back();
+                }
+                let decision = KeyedDecision::from(decision);
+                shared.count_denial(shared.limits.len() + by, decision);
+                let mut items = Items::default();
+                shared.report(&head, true, &mut items);
+                if shared.advertise {
+                    for (index, remaining, exact) in taken {
+                        let r = if exact {
+                            remaining.saturating_add(shared.cost)
+                        } else {
+                            remaining
+                        };
+                        push_remote(&mut items, shared, index, &State::Remaining(r));
+                    }
+                    if let Some(wait) = decision.retry_after() {
+                        push_remote(&mut items, shared, by, &State::Wait(wait));
+                    }
+                }
+                let outcome = Outcome::from_decision(Some(decision));
+                let response = deny(
+                    &self.respond,
+                    &Denial::Refused(outcome),
+                    shared.challenge.as_ref(),
+                    || HeaderValue::from_static("ApiKey"),
+                    items.fields(None),
+                );
+                Finish::Deny(response)
+            }
+        }
+    }
+}
+
+/// `response` to a denied `request`, telling the client to reconnect when
+/// the request's body was left unread (see [`close_if_body_unread`]).
+pub(super) fn closing<ReqBody, B>(
+    request: &Request<ReqBody>,
+    mut response: Response<B>,
+) -> Response<B> {
+    close_if_body_unread(request.version(), request.headers(), response.headers_mut());
+    response
+}
+
+/// How a request goes on once its remote limits decided.
+pub(super) enum Finish<B> {
+    Admit(Option<Fields>, Option<Settlement>),
+    Deny(Response<B>),
+}
+
+/// Builds how a request goes on from its remote limits' answer.
+pub(super) type FinishWith<ReqBody, B> =
+    Box<dyn FnOnce(RemoteOutcome, &Request<ReqBody>, Vec<Box<dyn Ticket>>) -> Finish<B> + Send>;
+
+/// A request waiting for its remote limits.
+pub(super) struct Waiting<Svc, ReqBody, B> {
+    pub(super) inner: Svc,
+    pub(super) request: Request<ReqBody>,
+    pub(super) tickets: Vec<Box<dyn Ticket>>,
+    pub(super) finish: FinishWith<ReqBody, B>,
+}
+
+pin_project_lite::pin_project! {
+    /// The future of a [`Limited`] service's response: the remote limits'
+    /// decision first, when there are any, then the inner service's response
+    /// or the denial.
+    pub struct LimitedFuture<Svc, ReqBody, B>
+    where
+        Svc: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: Phase<Svc, ReqBody, B>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = PhaseProj]
+    enum Phase<Svc, ReqBody, B>
+    where
+        Svc: Service<Request<ReqBody>>,
+    {
+        Deciding {
+            decided: BoxFuture<RemoteOutcome>,
+            waiting: Option<Waiting<Svc, ReqBody, B>>,
+        },
+        Admitted {
+            #[pin]
+            future: Svc::Future,
+            fields: Option<Fields>,
+            settle: Option<Settlement>,
+        },
+        Denied {
+            response: Option<Response<B>>,
+        },
+    }
+}
+
+impl<Svc, ReqBody, B> LimitedFuture<Svc, ReqBody, B>
+where
+    Svc: Service<Request<ReqBody>>,
+{
+    pub(super) fn admitted(
+        future: Svc::Future,
+        fields: Option<Fields>,
+        settle: Option<Settlement>,
+    ) -> Self {
+        LimitedFuture {
+            state: Phase::Admitted {
+                future,
+                fields,
+                settle,
+            },
+        }
+    }
+
+    pub(super) fn denied(response: Response<B>) -> Self {
+        LimitedFuture {
+            state: Phase::Denied {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(super) fn deciding(
+        decided: BoxFuture<RemoteOutcome>,
+        waiting: Waiting<Svc, ReqBody, B>,
+    ) -> Self {
+        LimitedFuture {
+            state: Phase::Deciding {
+                decided,
+                waiting: Some(waiting),
+            },
+        }
+    }
+}
+
+impl<Svc, ReqBody, B, E> Future for LimitedFuture<Svc, ReqBody, B>
+where
+    Svc: Service<Request<ReqBody>, Response = Response<B>, Error = E>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let next = match self.as_mut().project().state.project() {
+                PhaseProj::Deciding { decided, waiting } => {
+                    let outcome = match decided.as_mut().poll(cx) {
+                        Poll::Ready(outcome) => outcome,
+                        Poll::Pending => return Poll::Pending,
+                    };
+                    // Polled again after completing: stay pending rather
+                    // than panic.
+                    let Some(Waiting {
+                        mut inner,
+                        request,
+                        tickets,
+                        finish,
+                    }) = waiting.take()
+                    else {
+                        return Poll::Pending;
+                    };
+                    match finish(outcome, &request, tickets) {
+                        Finish::Admit(fields, settle) => Phase::Admitted {
+                            future: inner.call(request),
+                            fields,
+                            settle,
+                        },
+                        Finish::Deny(response) => Phase::Denied {
+                            response: Some(closing(&request, response)),
+                        },
+                    }
+                }
+                PhaseProj::Admitted {
+                    future,
+                    fields,
+                    settle,
+                } => {
+                    return match future.poll(cx) {
+                        Poll::Ready(Ok(response)) => {
+                            let (mut parts, body) = response.into_parts();
+                            let fields = match settle.take() {
+                                Some(settlement) => settlement.settle(&parts),
+                                None => fields.take(),
+                            };
+                            if let Some([Some(policy), Some(value)]) = fields {
+                                append_item(&mut parts.headers, RATELIMIT_POLICY, policy);
+                                append_item(&mut parts.headers, RATELIMIT, value);
+                            }
+                            Poll::Ready(Ok(Response::from_parts(parts, body)))
+                        }
+                        // An error from the service: the permits stay spent.
+                        other => other,
+                    };
+                }
+                // Polled again after completing: stay pending rather than
+                // panic.
+                PhaseProj::Denied { response } => {
+                    return match response.take() {
+                        Some(response) => Poll::Ready(Ok(response)),
+                        None => Poll::Pending,
+                    };
+                }
+            };
+            self.as_mut().project().state.set(next);
+        }
+    }
+}
+
+impl<Svc, ReqBody, B> fmt::Debug for LimitedFuture<Svc, ReqBody, B>
+where
+    Svc: Service<Request<ReqBody>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitedFuture").finish_non_exhaustive()
+    }
+}

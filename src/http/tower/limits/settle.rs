@@ -1,0 +1,368 @@
+//! What an admitted request keeps for its response to settle, and the
+//! settling: refunds, costs charged, lent or forgiven, drains.
+
+use super::items::{Items, State};
+use super::remote::{RemoteTaken, push_remote};
+use super::*;
+
+/// The permits `key` has left in `limiter` now.
+pub(super) fn now_remaining<L, Q>(limiter: &L, key: &Q) -> u32
+where
+    L: GateLimiter<Q> + ?Sized,
+    Q: ?Sized,
+{
+    match limiter.stage_peek(key, 1) {
+        KeyedDecision::Allowed { remaining } => remaining.saturating_add(1),
+        _ => 0,
+    }
+}
+
+/// `key`'s state in `limiter` now: the permits left, or the wait for `n`.
+pub(super) fn now_state<L, Q>(limiter: &L, key: &Q, n: u32) -> State
+where
+    L: GateLimiter<Q> + ?Sized,
+    Q: ?Sized,
+{
+    match limiter.stage_peek(key, n) {
+        // What is left after `n` more, plus those `n`: what is left now.
+        KeyedDecision::Allowed { remaining } => State::Remaining(remaining.saturating_add(n)),
+        denied => match denied.retry_after() {
+            Some(wait) => State::Wait(wait),
+            None => State::Remaining(0),
+        },
+    }
+}
+
+/// How an admitted request is settled by its response.
+#[derive(Clone, Copy)]
+pub(super) enum Settle {
+    /// Give the permits back.
+    Refund,
+    /// Empty the key's allowance.
+    Drain,
+    /// The request's real cost.
+    Cost(u32),
+    /// Keep what was charged.
+    Keep,
+}
+
+/// What settling one limit did.
+#[derive(Default)]
+pub(super) struct Settled {
+    pub(super) refunded: u64,
+    pub(super) refund_declined: u64,
+    pub(super) charged: u64,
+    pub(super) lent: u64,
+    pub(super) forgiven: u64,
+    pub(super) drained: u64,
+}
+
+/// One limit's admission of a request, kept until its response.
+pub(super) trait Ticket: Send + Sync {
+    /// Settle as `how`, then add the limit's item as it stands.
+    fn settle(self: Box<Self>, how: Settle, items: &mut Items) -> Settled;
+    /// Give the permits back, exactly or not at all (a later limit refused).
+    fn give_back(self: Box<Self>) -> bool;
+}
+
+/// An admission by one limit, with what gives it back: `X`'s key, owned.
+pub(super) struct Held<X: KeyExtractor, L> {
+    pub(super) name: String,
+    pub(super) limiter: Arc<L>,
+    pub(super) key: X::Key,
+    /// `None` when the admission wrote nothing, so took nothing.
+    pub(super) receipt: Option<Receipt>,
+    pub(super) n: u32,
+}
+
+impl<X, L> Ticket for Held<X, L>
+where
+    X: KeyExtractor,
+    L: GateLimiter<X::Lookup> + Send + Sync + 'static,
+{
+    fn give_back(self: Box<Self>) -> bool {
+        let key: &X::Lookup = self.key.borrow();
+        // Nothing taken, nothing owed.
+        self.receipt
+            .is_none_or(|receipt| self.limiter.stage_give_back(key, receipt))
+    }
+
+    fn settle(self: Box<Self>, how: Settle, items: &mut Items) -> Settled {
+        let Held {
+            name,
+            limiter,
+            key,
+            receipt,
+            n,
+        } = *self;
+        let key: &X::Lookup = key.borrow();
+        let mut settled = Settled::default();
+        match how {
+            Settle::Keep => {}
+            Settle::Refund => {
+                if receipt.is_none_or(|receipt| limiter.stage_give_back(key, receipt)) {
+                    settled.refunded = 1;
+                } else {
+                    settled.refund_declined = 1;
+                }
+            }
+            Settle::Drain => settled.drained = take_up_to(&*limiter, key, u32::MAX).0.into(),
+            Settle::Cost(cost) if cost > n => charge(&*limiter, key, cost - n, &mut settled),
+            Settle::Cost(cost) if cost < n => {
+                if receipt.is_none_or(|receipt| limiter.stage_give_back(key, receipt)) {
+                    settled.refunded = 1;
+                    charge(&*limiter, key, cost, &mut settled);
+                } else {
+                    // The charge stays: more than used, never less.
+                    settled.refund_declined = 1;
+                }
+            }
+            Settle::Cost(_) => {}
+        }
+        let state = State::Remaining(now_remaining(&*limiter, key));
+        items.push(&name, None, limiter.advertise_for(key), &state);
+        settled
+    }
+}
+
+/// Take up to `want` permits for `key`, as many as the limiter holds: the
+/// permits taken and those it did not hold.
+/// Charge `want` permits for `key` after a response: from what the limiter
+/// holds, then from its next refills when it can lend (a token bucket, at
+/// most one fill ahead: the requests after it wait), and what is left is
+/// forgiven.
+pub(super) fn charge<L, Q>(limiter: &L, key: &Q, want: u32, settled: &mut Settled)
+where
+    L: GateLimiter<Q> + 'static,
+    Q: ?Sized,
+{
+    let (taken, short) = take_up_to(limiter, key, want);
+    let lent = if short > 0 {
+        limiter.stage_owe(key, short)
+    } else {
+        0
+    };
+    settled.charged += u64::from(taken);
+    settled.lent += u64::from(lent);
+    settled.forgiven += u64::from(short - lent);
+}
+
+pub(super) fn take_up_to<L, Q>(limiter: &L, key: &Q, want: u32) -> (u32, u32)
+where
+    L: GateLimiter<Q> + ?Sized,
+    Q: ?Sized,
+{
+    let mut left = want;
+    // A few tries: another request may take what was seen between the look
+    // and the take; what is still not taken then is reported short.
+    for _ in 0..4 {
+        if left == 0 {
+            break;
+        }
+        let State::Remaining(holds) = now_state(limiter, key, 1) else {
+            break;
+        };
+        let ask = left.min(holds).min(limiter.min_capacity());
+        if ask == 0 {
+            break;
+        }
+        if limiter.stage_take(key, ask).0.is_allowed() {
+            left -= ask;
+        }
+    }
+    (want - left, left)
+}
+
+/// The tickets of an admitted request, and where their counts go.
+pub(super) struct Settlement {
+    pub(super) shared: Arc<Shared>,
+    pub(super) tickets: Vec<Box<dyn Ticket>>,
+    /// The remote limits' admissions, in order.
+    pub(super) remote: Vec<RemoteTaken>,
+}
+
+impl Settlement {
+    /// Settle every limit by the response, and say what each holds now.
+    pub(super) fn settle(mut self, parts: &Parts) -> Option<Fields> {
+        let shared = &self.shared;
+        let how = if shared.drain_when.as_ref().is_some_and(|when| when(parts)) {
+            Settle::Drain
+        } else if shared.refund_when.as_ref().is_some_and(|when| when(parts)) {
+            Settle::Refund
+        } else if let Some(cost) = shared
+            .cost_from_response
+            .as_ref()
+            .and_then(|cost| cost(parts))
+        {
+            Settle::Cost(cost)
+        } else {
+            Settle::Keep
+        };
+        let mut items = Items::default();
+        let mut total = Settled::default();
+        let remote = core::mem::take(&mut self.remote);
+        // In the order the limits were asked (the tickets were kept from the
+        // last limit back).
+        for ticket in core::mem::take(&mut self.tickets).into_iter().rev() {
+            let settled = ticket.settle(how, &mut items);
+            total.refunded += settled.refunded;
+            total.refund_declined += settled.refund_declined;
+            total.charged += settled.charged;
+            total.lent += settled.lent;
+            total.forgiven += settled.forgiven;
+            total.drained += settled.drained;
+        }
+        total.count(shared);
+        let cost = shared.cost;
+        // What each remote limit is left with once settled, at most: its
+        // item never promises more.
+        let after = |taken: &RemoteTaken| match how {
+            Settle::Drain => 0,
+            Settle::Cost(real) if real > cost => taken.remaining.saturating_sub(real - cost),
+            _ => taken.remaining,
+        };
+        if shared.advertise {
+            for taken in &remote {
+                push_remote(
+                    &mut items,
+                    shared,
+                    taken.index,
+                    &State::Remaining(after(taken)),
+                );
+            }
+        }
+        settle_remote(shared, remote, how);
+        if !shared.advertise {
+            return None;
+        }
+        items.fields(None)
+    }
+
+    /// Add each remote limit's item, with what it had left after the
+    /// admission less `less(taken)`.
+    pub(super) fn report_remote(&self, items: &mut Items, less: impl Fn(&RemoteTaken) -> u32) {
+        if !self.shared.advertise {
+            return;
+        }
+        for taken in &self.remote {
+            let r = taken.remaining.saturating_sub(less(taken));
+            push_remote(items, &self.shared, taken.index, &State::Remaining(r));
+        }
+    }
+}
+
+/// Settle the remote admissions as `how`, beside the response: each is a
+/// call, made by a task of its own on the current tokio runtime, counted
+/// when it ends. Outside a runtime nothing can run beside the response: the
+/// permits stay spent, and a refund counts as declined.
+pub(super) fn settle_remote(shared: &Arc<Shared>, remote: Vec<RemoteTaken>, how: Settle) {
+    if remote.is_empty() || matches!(how, Settle::Keep) {
+        return;
+    }
+    #[cfg(all(feature = "redis", feature = "tokio"))]
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let shared = Arc::clone(shared);
+        drop(runtime.spawn(async move {
+            let mut total = Settled::default();
+            for taken in remote {
+                let limit = match shared.remote.get(taken.index) {
+                    Some(limit) => Arc::clone(limit),
+                    None => continue,
+                };
+                settle_one(&*limit, taken, how, shared.cost, &mut total).await;
+            }
+            total.count(&shared);
+        }));
+        return;
+    }
+    let declined = remote.iter().filter(|t| t.refund.is_some()).count();
+    if matches!(how, Settle::Refund) && declined > 0 {
+        shared
+            .counts
+            .add_n(REFUND_DECLINED, thread_slot(), declined as u64);
+    }
+}
+
+/// Settle one remote admission as `how` (charged `n` up front).
+#[cfg(all(feature = "redis", feature = "tokio"))]
+pub(super) async fn settle_one(
+    limit: &dyn Remote,
+    taken: RemoteTaken,
+    how: Settle,
+    n: u32,
+    total: &mut Settled,
+) {
+    let refund = |refund: Option<Refund>| async move {
+        match refund {
+            Some(refund) => refund().await,
+            None => false,
+        }
+    };
+    match how {
+        Settle::Keep => {}
+        Settle::Refund => {
+            if refund(taken.refund).await {
+                total.refunded += 1;
+            } else {
+                total.refund_declined += 1;
+            }
+        }
+        Settle::Drain => {
+            total.drained += u64::from(remote_take_up_to(limit, &taken.key, u32::MAX).await.0)
+        }
+        Settle::Cost(real) if real > n => {
+            let (charged, short) = remote_take_up_to(limit, &taken.key, real - n).await;
+            total.charged += u64::from(charged);
+            total.forgiven += u64::from(short);
+        }
+        Settle::Cost(real) if real < n => {
+            if refund(taken.refund).await {
+                total.refunded += 1;
+                let (charged, short) = remote_take_up_to(limit, &taken.key, real).await;
+                total.charged += u64::from(charged);
+                total.forgiven += u64::from(short);
+            } else {
+                total.refund_declined += 1;
+            }
+        }
+        Settle::Cost(_) => {}
+    }
+}
+
+/// Take up to `want` permits for `key` from a remote limit, which answers
+/// all or nothing: the largest batch it admits, halving from what is asked
+/// (at most one call per halving). The permits taken, and those not.
+#[cfg(all(feature = "redis", feature = "tokio"))]
+pub(super) async fn remote_take_up_to(limit: &dyn Remote, key: &[u8], want: u32) -> (u32, u32) {
+    let mut left = want;
+    let mut ask = want.min(limit.capacity());
+    while left > 0 && ask > 0 {
+        let (decision, _) = limit.take(key.to_vec(), ask).await;
+        if decision.is_allowed() {
+            left -= ask;
+            ask = ask.min(left);
+        } else {
+            ask /= 2;
+        }
+    }
+    (want - left, left)
+}
+
+impl Settled {
+    /// Add these counts to the layer's.
+    pub(super) fn count(&self, shared: &Shared) {
+        let slot = thread_slot();
+        for (which, n) in [
+            (REFUNDED, self.refunded),
+            (REFUND_DECLINED, self.refund_declined),
+            (CHARGED, self.charged),
+            (LENT, self.lent),
+            (FORGIVEN, self.forgiven),
+            (DRAINED, self.drained),
+        ] {
+            if n > 0 {
+                shared.counts.add_n(which, slot, n);
+            }
+        }
+    }
+}
