@@ -123,6 +123,7 @@
 mod connection;
 mod error;
 mod guarded;
+mod health;
 #[cfg(all(feature = "tower", feature = "tokio"))]
 mod layer;
 mod leased;

@@ -15,6 +15,7 @@ use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
 use crate::keyed::KeyedBuilder;
 use crate::redis::guarded::OnFailure;
+use crate::redis::health::Health;
 use crate::redis::{RedisAlgorithm, RedisConfigError, RedisLimiter};
 use crate::sync::AtomicU64;
 
@@ -283,6 +284,7 @@ impl<C: Clock> LeasedBuilder<C> {
             epoch: Instant::now(),
             retry_at: AtomicU64::new(0),
             counters: Counters::default(),
+            health: Health::default(),
         })
     }
 }
