@@ -112,11 +112,8 @@ fn redis_failures(limiter: &str, failures: u64, fallbacks: u64) {
 
 #[cfg(feature = "redis")]
 fn redis_degraded(limiter: &str, degraded: bool, periods: u64) {
-    gauge!("turnstile_redis_degraded", "limiter" => limiter.to_owned()).set(if degraded {
-        1.0
-    } else {
-        0.0
-    });
+    let value = if degraded { 1.0 } else { 0.0 };
+    gauge!("turnstile_redis_degraded", "limiter" => limiter.to_owned()).set(value);
     counter!("turnstile_redis_degraded_periods_total", "limiter" => limiter.to_owned())
         .absolute(periods);
 }
