@@ -299,10 +299,10 @@ impl<A, C> Guarded<A, C> {
     }
 
     /// `true` while Redis is failing: from a failed call (a decision's, a
-    /// refund's or a [`ping`](Self::ping)'s) until a call succeeds. Decisions
-    /// meanwhile come from the policy (during each backoff) or from Redis
-    /// if a probe gets through. Before any call it is `false`: nothing is
-    /// known yet; a [`ping`](Self::ping) at start-up finds out.
+    /// refund's or a [`ping`](Self::ping)'s) until a call succeeds, whether
+    /// the backoff is running or a probe is due. Decisions meanwhile come
+    /// from the policy. Before any call it is `false`: nothing is known yet;
+    /// a [`ping`](Self::ping) at start-up finds out.
     ///
     /// The first failure of each degraded period logs a `warn` event
     /// (feature `tracing`), and the success that ends it an `info` event;

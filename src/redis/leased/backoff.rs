@@ -101,10 +101,10 @@ impl<C: Clock> LeasedLimiter<C> {
 
     /// `true` while Redis is failing: from a failed call (a lease's, an
     /// exact-mode call's, a give-back's or a [`ping`](Self::ping)'s) until a
-    /// call succeeds. Requests that the leases held here cannot serve are
-    /// answered by the failure policy meanwhile (during each backoff), or by
-    /// Redis if a probe gets through. Before any call it is `false`: nothing
-    /// is known yet; a [`ping`](Self::ping) at start-up finds out.
+    /// call succeeds, whether the backoff is running or a probe is due.
+    /// Requests that the leases held here cannot serve are answered by the
+    /// failure policy meanwhile. Before any call it is `false`: nothing is
+    /// known yet; a [`ping`](Self::ping) at start-up finds out.
     ///
     /// The first failure of each degraded period logs a `warn` event
     /// (feature `tracing`), and the success that ends it an `info` event;
