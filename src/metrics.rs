@@ -19,6 +19,8 @@
 //! | `turnstile_redis_failures_total` | counter | `limiter` (feature `redis`) |
 //! | `turnstile_redis_fallbacks_total` | counter | `limiter` (feature `redis`) |
 //! | `turnstile_redis_refunds_total` | counter | `limiter`, `outcome` = `refunded`, `declined` (feature `redis`) |
+//! | `turnstile_redis_degraded` | gauge | `limiter`: 1 while Redis is failing, else 0 (feature `redis`) |
+//! | `turnstile_redis_degraded_periods_total` | counter | `limiter` (feature `redis`) |
 //!
 //! Direct limiters and keyed limiters publish decisions; gates and layers
 //! publish the responses they sent, and the keys and evictions of their
@@ -108,6 +110,14 @@ fn redis_failures(limiter: &str, failures: u64, fallbacks: u64) {
         .absolute(fallbacks);
 }
 
+#[cfg(feature = "redis")]
+fn redis_degraded(limiter: &str, degraded: bool, periods: u64) {
+    let value = if degraded { 1.0 } else { 0.0 };
+    gauge!("turnstile_redis_degraded", "limiter" => limiter.to_owned()).set(value);
+    counter!("turnstile_redis_degraded_periods_total", "limiter" => limiter.to_owned())
+        .absolute(periods);
+}
+
 /// Describe the series to the installed recorder (their help text). Once,
 /// after installing it; optional.
 pub fn describe() {
@@ -160,6 +170,14 @@ pub fn describe() {
         metrics::describe_counter!(
             "turnstile_redis_refunds_total",
             "Refunds of a Redis-backed limiter's admissions, by outcome (refunded, declined)."
+        );
+        metrics::describe_gauge!(
+            "turnstile_redis_degraded",
+            "1 while a Redis-backed limiter's calls fail (from a failed call until one succeeds), else 0."
+        );
+        metrics::describe_counter!(
+            "turnstile_redis_degraded_periods_total",
+            "Degraded periods of a Redis-backed limiter: each from a failed call until one succeeds."
         );
     }
 }
@@ -241,25 +259,31 @@ impl crate::http::tower::LimitsStats {
 #[cfg(feature = "redis")]
 impl crate::redis::GuardedStats {
     /// Write the counts as `turnstile_redis_failures_total{limiter}`,
-    /// `turnstile_redis_fallbacks_total{limiter}` and
+    /// `turnstile_redis_fallbacks_total{limiter}`,
     /// `turnstile_redis_refunds_total{limiter,outcome}` (outcome `refunded`,
-    /// `declined`).
+    /// `declined`) and `turnstile_redis_degraded_periods_total{limiter}`, and
+    /// the gauge `turnstile_redis_degraded{limiter}` (1 while degraded, else
+    /// 0).
     pub fn publish(&self, limiter: &str) {
         redis_failures(limiter, self.failures, self.fallbacks);
         redis_refunds(limiter, self.refunded, self.refund_declined);
+        redis_degraded(limiter, self.degraded, self.degraded_periods);
     }
 }
 
 #[cfg(feature = "redis")]
 impl crate::redis::LeasedStats {
     /// Write the counts as `turnstile_redis_calls_total{limiter,call}` (call
-    /// `lease`, `give_back`, `exact`), `turnstile_redis_failures_total` and
-    /// `turnstile_redis_fallbacks_total`.
+    /// `lease`, `give_back`, `exact`), `turnstile_redis_failures_total`,
+    /// `turnstile_redis_fallbacks_total` and
+    /// `turnstile_redis_degraded_periods_total`, and the gauge
+    /// `turnstile_redis_degraded{limiter}` (1 while degraded, else 0).
     pub fn publish(&self, limiter: &str) {
         redis_calls(limiter, "lease", self.lease_calls);
         redis_calls(limiter, "give_back", self.give_back_calls);
         redis_calls(limiter, "exact", self.exact_calls);
         redis_failures(limiter, self.failures, self.fallbacks);
+        redis_degraded(limiter, self.degraded, self.degraded_periods);
     }
 }
 

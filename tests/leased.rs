@@ -1348,3 +1348,87 @@ fn a_kept_denial_answers_only_requests_its_wait_covers() {
     let retried = limiter.try_acquire_n(&mut con, "k", 4).unwrap();
     assert!(retried.is_allowed(), "{retried:?}");
 }
+
+/// A readiness check and the degraded gauge of a leased limiter across an
+/// outage: `ping` (blocking and asynchronous) fails while Redis is gone and
+/// succeeds once it is back; `is_degraded` and
+/// `turnstile_redis_degraded{limiter}` are 1 from the first failed call to
+/// the first success, and the period is counted once.
+#[test]
+fn ping_and_the_degraded_gauge_follow_an_outage() {
+    let Some(server) = server() else { return };
+    let port = server.port();
+    let backoff = 200 * MS;
+    let limiter = LeasedBuilder::new(bucket("ready", 100, 100, Duration::from_secs(1)), 8)
+        .unwrap()
+        .on_failure(OnFailure::Deny, backoff)
+        .build()
+        .unwrap();
+    let render = |limiter: &LeasedLimiter| {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            turnstile::metrics::describe();
+            limiter.stats().publish("leased_ready");
+        });
+        handle.render()
+    };
+    let has = |text: &str, line: &str| text.lines().any(|l| l.starts_with(line));
+    let gauge = |value| format!(r#"turnstile_redis_degraded{{limiter="leased_ready"}} {value}"#);
+    let mut con = server.connection();
+    limiter.ping(&mut con).expect("Redis answers");
+    assert!(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+    assert!(!limiter.is_degraded());
+    let text = render(&limiter);
+    assert!(has(&text, &gauge(0)), "{text}");
+
+    drop(server); // killed
+    assert!(limiter.ping(&mut con).is_err());
+    assert!(limiter.is_degraded());
+    // A key with no lease held here gets the policy's answer, with no call
+    // during the backoff the failed ping began.
+    assert!(limiter.try_acquire(&mut con, "new").unwrap().is_denied());
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.degraded, stats.degraded_periods, stats.failures),
+        (true, 1, 1)
+    );
+    let text = render(&limiter);
+    assert!(has(&text, &gauge(1)), "{text}");
+    assert!(
+        has(
+            &text,
+            r#"turnstile_redis_degraded_periods_total{limiter="leased_ready"} 1"#
+        ),
+        "{text}"
+    );
+
+    let server = spawn_on(port).expect("redis-server restarts on its port");
+    let rtt = limiter.ping(&mut con).expect("Redis is back");
+    assert!(rtt < Duration::from_secs(2), "{rtt:?}");
+    assert!(!limiter.is_degraded() && !limiter.is_backing_off());
+    assert!(limiter.try_acquire(&mut con, "new").unwrap().is_allowed());
+    let text = render(&limiter);
+    assert!(has(&text, &gauge(0)), "{text}");
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut con = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .unwrap()
+        .response(Duration::from_secs(2))
+        .unwrap()
+        .reconnecting(server.client());
+    runtime.block_on(async {
+        limiter.ping_async(&mut con).await.expect("Redis answers");
+        drop(server);
+        assert!(limiter.ping_async(&mut con).await.is_err());
+        assert!(limiter.is_degraded());
+        let _server = spawn_on(port).expect("redis-server restarts on its port");
+        limiter.ping_async(&mut con).await.expect("Redis is back");
+        assert!(!limiter.is_degraded());
+    });
+    assert_eq!(limiter.stats().degraded_periods, 2);
+}

@@ -1748,3 +1748,110 @@ fn refunded_keys_decide_as_twins_never_asked() {
         assert_eq!(permissive > 10, name.contains("window"), "{report}");
     }
 }
+
+/// The text a Prometheus exporter would serve for `stats`, published as
+/// `limiter`.
+fn rendered(stats: GuardedStats, limiter: &str) -> String {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        turnstile::metrics::describe();
+        stats.publish(limiter);
+    });
+    handle.render()
+}
+
+fn assert_lines(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            text.lines().any(|l| l.starts_with(line)),
+            "missing {line:?} in:\n{text}"
+        );
+    }
+}
+
+/// A readiness check across an outage: `ping` answers with its round trip,
+/// fails while Redis is gone (which opens a degraded period, and sets the
+/// gauge), and ends the period when Redis answers again; blocking and
+/// asynchronous alike.
+#[test]
+fn ping_and_the_degraded_gauge_follow_an_outage() {
+    let Some(server) = server() else { return };
+    let port = server.port();
+    let global =
+        RedisLimiter::new("ready", TokenBucket::new(Quota::per_second(100).unwrap())).unwrap();
+    let backoff = 200 * MS;
+    let guarded = Guarded::fail_closed(global, backoff);
+    let mut con = server.connection();
+    let rtt = guarded.ping(&mut con).expect("Redis answers");
+    assert!(rtt < Duration::from_secs(2), "{rtt:?}");
+    assert!(!guarded.is_degraded());
+    assert_lines(
+        &rendered(guarded.stats(), "ready"),
+        &[
+            r#"turnstile_redis_degraded{limiter="ready"} 0"#,
+            r#"turnstile_redis_degraded_periods_total{limiter="ready"} 0"#,
+            "# HELP turnstile_redis_degraded",
+        ],
+    );
+
+    drop(server); // killed
+    let err = guarded.ping(&mut con).expect_err("Redis is gone");
+    assert!(matches!(err, RedisLimitError::Redis(_)), "{err}");
+    assert!(guarded.is_degraded() && guarded.is_backing_off());
+    // The backoff the failed ping began: the policy answers, without a call.
+    assert!(guarded.try_acquire(&mut con, "k").unwrap().is_denied());
+    assert!(guarded.ping(&mut con).is_err(), "a ping always calls");
+    let stats = guarded.stats();
+    assert_eq!(
+        (
+            stats.degraded,
+            stats.degraded_periods,
+            stats.failures,
+            stats.fallbacks
+        ),
+        (true, 1, 2, 1)
+    );
+    assert_lines(
+        &rendered(stats, "ready"),
+        &[
+            r#"turnstile_redis_degraded{limiter="ready"} 1"#,
+            r#"turnstile_redis_degraded_periods_total{limiter="ready"} 1"#,
+            r#"turnstile_redis_failures_total{limiter="ready"} 2"#,
+        ],
+    );
+
+    let server = spawn_on(port).expect("redis-server restarts on its port");
+    guarded.ping(&mut con).expect("Redis is back");
+    assert!(!guarded.is_degraded() && !guarded.is_backing_off());
+    assert!(guarded.try_acquire(&mut con, "k").unwrap().is_allowed());
+    assert_lines(
+        &rendered(guarded.stats(), "ready"),
+        &[
+            r#"turnstile_redis_degraded{limiter="ready"} 0"#,
+            r#"turnstile_redis_degraded_periods_total{limiter="ready"} 1"#,
+        ],
+    );
+
+    // The asynchronous form, on a connection that survives a restart.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut con = Deadlines::default()
+        .connect(Duration::from_secs(2))
+        .unwrap()
+        .response(Duration::from_secs(2))
+        .unwrap()
+        .reconnecting(server.client());
+    runtime.block_on(async {
+        guarded.ping_async(&mut con).await.expect("Redis answers");
+        drop(server);
+        assert!(guarded.ping_async(&mut con).await.is_err());
+        assert!(guarded.is_degraded());
+        let _server = spawn_on(port).expect("redis-server restarts on its port");
+        guarded.ping_async(&mut con).await.expect("Redis is back");
+        assert!(!guarded.is_degraded());
+    });
+    assert_eq!(guarded.stats().degraded_periods, 2);
+}

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use ::redis::ConnectionLike;
 
+use super::health::{Counts, Health, Source};
 use super::{RedisLimitError, RedisLimiter, RedisReceipt};
 use crate::admission::{Receipt, Stage};
 use crate::algorithm::Algorithm;
@@ -92,6 +93,12 @@ pub struct GuardedStats {
     /// exactly), failed (counted in `failures` too), or not sent while
     /// backing off, or a receipt of another limiter.
     pub refund_declined: u64,
+    /// Whether Redis is failing now: from a failed call until a call
+    /// succeeds ([`Guarded::is_degraded`]).
+    pub degraded: bool,
+    /// Degraded periods so far: each begins with a failed call while none
+    /// was open, and ends when a call succeeds.
+    pub degraded_periods: u64,
 }
 
 /// A [`RedisLimiter`] that never returns a Redis error: when a call fails it
@@ -131,6 +138,8 @@ pub struct Guarded<A = TokenBucket, C = crate::clock::RealClock> {
     fallbacks: AtomicU64,
     refunded: AtomicU64,
     refund_declined: AtomicU64,
+    /// The degraded periods: counted and logged once each.
+    health: Health,
     /// This limiter among all others, so that a receipt is given back only to
     /// the limiter that made it.
     id: u64,
@@ -264,6 +273,7 @@ impl<A, C> Guarded<A, C> {
             fallbacks: AtomicU64::new(0),
             refunded: AtomicU64::new(0),
             refund_declined: AtomicU64::new(0),
+            health: Health::default(),
             // Relaxed: only unique values are needed, which any order of
             // read-modify-writes on one atomic gives.
             id: NEXT_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
@@ -283,6 +293,123 @@ impl<A, C> Guarded<A, C> {
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             refunded: self.refunded.load(Ordering::Relaxed),
             refund_declined: self.refund_declined.load(Ordering::Relaxed),
+            degraded: self.health.is_degraded(),
+            degraded_periods: self.health.periods(),
+        }
+    }
+
+    /// `true` while Redis is failing: from a failed call (a decision's, a
+    /// refund's or a [`ping`](Self::ping)'s) until a call succeeds, whether
+    /// the backoff is running or a probe is due. Decisions meanwhile come
+    /// from the policy. Before any call it is `false`: nothing is known yet;
+    /// a [`ping`](Self::ping) at start-up finds out.
+    ///
+    /// The first failure of each degraded period logs a `warn` event
+    /// (feature `tracing`), and the success that ends it an `info` event;
+    /// `stats().degraded` publishes it as the gauge
+    /// `turnstile_redis_degraded` (feature `metrics`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::redis::{Guarded, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(100)?))?;
+    /// let limiter = Guarded::fail_closed(global, Duration::from_secs(1));
+    /// assert!(!limiter.is_degraded());
+    /// assert_eq!(limiter.stats().degraded_periods, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_degraded(&self) -> bool {
+        self.health.is_degraded()
+    }
+
+    /// Who the log events are about.
+    fn source(&self) -> Source<'_> {
+        Source {
+            mode: "exact",
+            prefix: self.limiter.prefix(),
+            policy: match self.on_failure {
+                OnFailure::Deny => "deny",
+                OnFailure::Local(_) => "local",
+            },
+            backoff: self.backoff,
+        }
+    }
+
+    fn counts(&self) -> Counts {
+        // Relaxed: counters, for a log line.
+        Counts {
+            failures: self.failures.load(Ordering::Relaxed),
+            fallbacks: self.fallbacks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Check that Redis answers, on `con`: a `PING`, within the connection's
+    /// deadlines, and its round-trip time. For a readiness probe: Redis is
+    /// reachable from this process. It counts as any call does: a failure
+    /// is counted in `failures`, starts the backoff and opens a degraded
+    /// period (with its `warn` event) if none was open; a success ends the
+    /// backoff and the degraded period.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::redis::{Deadlines, Guarded, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let mut con = Deadlines::default().blocking(redis::Client::open("redis://127.0.0.1/")?);
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(100)?))?;
+    /// let limiter = Guarded::fail_closed(global, Duration::from_secs(1));
+    /// // At start-up: an unreachable Redis shows at once (degraded, and a warn event).
+    /// match limiter.ping(&mut con) {
+    ///     Ok(rtt) => println!("Redis answers in {rtt:?}"),
+    ///     Err(e) => println!("Redis is out ({e}); degraded: {}", limiter.is_degraded()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimitError::Redis`] when the `PING` fails: no connection, a
+    /// timeout, an error reply.
+    pub fn ping(&self, con: &mut dyn ConnectionLike) -> Result<Duration, RedisLimitError> {
+        let start = Instant::now();
+        let result: ::redis::RedisResult<String> = ::redis::cmd("PING").query(con);
+        self.settle_ping(start, result)
+    }
+
+    /// [`ping`](Self::ping) on an asynchronous connection (feature `tokio`
+    /// too).
+    ///
+    /// # Errors
+    ///
+    /// As [`ping`](Self::ping).
+    #[cfg(feature = "tokio")]
+    pub async fn ping_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+    ) -> Result<Duration, RedisLimitError> {
+        let start = Instant::now();
+        let result: ::redis::RedisResult<String> = ::redis::cmd("PING").query_async(con).await;
+        self.settle_ping(start, result)
+    }
+
+    fn settle_ping(
+        &self,
+        start: Instant,
+        result: ::redis::RedisResult<String>,
+    ) -> Result<Duration, RedisLimitError> {
+        match result {
+            Ok(_) => {
+                let rtt = start.elapsed();
+                self.succeeded(&Turn::Probe);
+                Ok(rtt)
+            }
+            Err(e) => {
+                let e = RedisLimitError::from(e);
+                self.failed(&e);
+                Err(e)
+            }
         }
     }
 
@@ -291,6 +418,30 @@ impl<A, C> Guarded<A, C> {
     pub fn is_backing_off(&self) -> bool {
         // Relaxed: a hint, and `retry_at` publishes no other data.
         self.retry_at.load(Ordering::Relaxed) != 0
+    }
+
+    /// A call that Redis answered: a probe's answer ends the backoff, and
+    /// any answer the degraded period.
+    fn succeeded(&self, turn: &Turn) {
+        if matches!(turn, Turn::Probe) || self.is_backing_off() {
+            // Relaxed: see `turn`.
+            self.retry_at.store(0, Ordering::Relaxed);
+        }
+        if self.health.is_degraded() {
+            self.health.succeeded(self.source(), self.counts());
+        }
+    }
+
+    /// A call that failed with `error`: counted, Redis is not called for a
+    /// backoff, and a degraded period opens if none is (logged once).
+    fn failed(&self, error: &dyn fmt::Display) {
+        let counts = self.counts();
+        // Relaxed: a counter, and `retry_at` publishes no other data (see
+        // `turn`).
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.health.failed(self.source(), error, counts);
+        let next = self.now().saturating_add(self.backoff_nanos());
+        self.retry_at.store(next, Ordering::Relaxed);
     }
 
     fn now(&self) -> u64 {
@@ -544,8 +695,8 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
 
     /// A Redis refund's outcome; a failure counts, and starts a backoff.
     fn end_refund(&self, result: Result<bool, RedisLimitError>) -> bool {
-        result.unwrap_or_else(|_| {
-            self.failed();
+        result.unwrap_or_else(|e| {
+            self.failed(&e);
             false
         })
     }
@@ -635,8 +786,8 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
                 Ok(decision)
             }
             Err(RedisLimitError::Acquire(e)) => Err(e),
-            Err(_) => {
-                self.failed();
+            Err(e) => {
+                self.failed(&e);
                 Ok(self.fallback(key, n, self.backoff))
             }
         }
@@ -656,28 +807,11 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
                 Ok((decision, receipt.map(|r| self.receipt(n, Taker::Redis(r)))))
             }
             Err(RedisLimitError::Acquire(e)) => Err(e),
-            Err(_) => {
-                self.failed();
+            Err(e) => {
+                self.failed(&e);
                 Ok(self.fallback_refundable(key, n, self.backoff))
             }
         }
-    }
-
-    /// A call that Redis answered: a probe's answer ends the backoff.
-    fn succeeded(&self, turn: &Turn) {
-        if matches!(turn, Turn::Probe) || self.is_backing_off() {
-            // Relaxed: see `turn`.
-            self.retry_at.store(0, Ordering::Relaxed);
-        }
-    }
-
-    /// A call that failed: counted, and Redis is not called for a backoff.
-    fn failed(&self) {
-        // Relaxed: a counter, and `retry_at` publishes no other data (see
-        // `turn`).
-        self.failures.fetch_add(1, Ordering::Relaxed);
-        let next = self.now().saturating_add(self.backoff_nanos());
-        self.retry_at.store(next, Ordering::Relaxed);
     }
 
     fn receipt(&self, n: u32, by: Taker) -> GuardedReceipt {

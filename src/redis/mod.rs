@@ -125,6 +125,7 @@ mod combined;
 mod connection;
 mod error;
 mod guarded;
+mod health;
 #[cfg(all(feature = "tower", feature = "tokio"))]
 mod layer;
 mod leased;

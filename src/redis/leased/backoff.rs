@@ -1,13 +1,19 @@
 //! Failures: the backoff after a failed call to Redis, the one request that
 //! probes Redis after it, and the failure policy's decisions meanwhile.
 
+use core::fmt;
 use core::time::Duration;
+use std::time::Instant;
+
+use ::redis::{ConnectionLike, RedisResult};
 
 use super::stats::Counters;
 use super::{LeasedLimiter, saturating_nanos};
 use crate::clock::Clock;
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
+use crate::redis::RedisLimitError;
 use crate::redis::guarded::OnFailure;
+use crate::redis::health::{Counts, Source};
 use crate::sync::Ordering;
 
 /// Whether this request may call Redis now.
@@ -48,20 +54,141 @@ impl<C: Clock> LeasedLimiter<C> {
         }
     }
 
+    /// A call that Redis answered: the backoff and the degraded period end.
     pub(super) fn succeed(&self) {
         if self.is_backing_off() {
             // Relaxed: see `turn`.
             self.retry_at.store(0, Ordering::Relaxed);
         }
+        if self.health.is_degraded() {
+            self.health.succeeded(self.source(), self.counts());
+        }
     }
 
-    pub(super) fn fail(&self) {
+    /// A call that failed with `error`: counted, Redis is not called for a
+    /// backoff, and a degraded period opens if none is (logged once).
+    pub(super) fn fail(&self, error: &dyn fmt::Display) {
+        let counts = self.counts();
         Counters::add(&self.counters.failures, 1);
+        self.health.failed(self.source(), error, counts);
         let next = self
             .now_nanos()
             .saturating_add(saturating_nanos(self.backoff));
         // Relaxed: see `turn`.
         self.retry_at.store(next, Ordering::Relaxed);
+    }
+
+    /// Who the log events are about.
+    fn source(&self) -> Source<'_> {
+        Source {
+            mode: "leased",
+            prefix: self.limiter.prefix(),
+            policy: match self.on_failure {
+                OnFailure::Deny => "deny",
+                OnFailure::Local(_) => "local",
+            },
+            backoff: self.backoff,
+        }
+    }
+
+    fn counts(&self) -> Counts {
+        let stats = self.stats();
+        Counts {
+            failures: stats.failures,
+            fallbacks: stats.fallbacks,
+        }
+    }
+
+    /// `true` while Redis is failing: from a failed call (a lease's, an
+    /// exact-mode call's, a give-back's or a [`ping`](Self::ping)'s) until a
+    /// call succeeds, whether the backoff is running or a probe is due.
+    /// Requests that the leases held here cannot serve are answered by the
+    /// failure policy meanwhile. Before any call it is `false`: nothing is
+    /// known yet; a [`ping`](Self::ping) at start-up finds out.
+    ///
+    /// The first failure of each degraded period logs a `warn` event
+    /// (feature `tracing`), and the success that ends it an `info` event;
+    /// `stats().degraded` publishes it as the gauge
+    /// `turnstile_redis_degraded` (feature `metrics`).
+    ///
+    /// ```
+    /// use turnstile::redis::{LeasedBuilder, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(1_000)?))?;
+    /// let limiter = LeasedBuilder::new(global, 50)?.build()?;
+    /// assert!(!limiter.is_degraded());
+    /// assert_eq!(limiter.stats().degraded_periods, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_degraded(&self) -> bool {
+        self.health.is_degraded()
+    }
+
+    /// Check that Redis answers, on `con`: a `PING`, within the connection's
+    /// deadlines, and its round-trip time. For a readiness probe: Redis is
+    /// reachable from this process. It counts as any call does: a failure
+    /// is counted in `failures`, starts the backoff and opens a degraded
+    /// period (with its `warn` event) if none was open; a success ends the
+    /// backoff and the degraded period.
+    ///
+    /// ```no_run
+    /// use turnstile::redis::{Deadlines, LeasedBuilder, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let mut con = Deadlines::default().blocking(redis::Client::open("redis://127.0.0.1/")?);
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(1_000)?))?;
+    /// let limiter = LeasedBuilder::new(global, 50)?.build()?;
+    /// // At start-up: an unreachable Redis shows at once (degraded, and a warn event).
+    /// if let Err(e) = limiter.ping(&mut con) {
+    ///     println!("Redis is out ({e}); degraded: {}", limiter.is_degraded());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimitError::Redis`] when the `PING` fails: no connection, a
+    /// timeout, an error reply.
+    pub fn ping(&self, con: &mut dyn ConnectionLike) -> Result<Duration, RedisLimitError> {
+        let start = Instant::now();
+        let result: RedisResult<String> = ::redis::cmd("PING").query(con);
+        self.settle_ping(start, result)
+    }
+
+    /// [`ping`](Self::ping) on an asynchronous connection (feature `tokio`
+    /// too).
+    ///
+    /// # Errors
+    ///
+    /// As [`ping`](Self::ping).
+    #[cfg(feature = "tokio")]
+    pub async fn ping_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+    ) -> Result<Duration, RedisLimitError> {
+        let start = Instant::now();
+        let result: RedisResult<String> = ::redis::cmd("PING").query_async(con).await;
+        self.settle_ping(start, result)
+    }
+
+    fn settle_ping(
+        &self,
+        start: Instant,
+        result: RedisResult<String>,
+    ) -> Result<Duration, RedisLimitError> {
+        match result {
+            Ok(_) => {
+                let rtt = start.elapsed();
+                self.succeed();
+                Ok(rtt)
+            }
+            Err(e) => {
+                let e = RedisLimitError::from(e);
+                self.fail(&e);
+                Err(e)
+            }
+        }
     }
 
     /// The failure policy's decision; `wait` is left until Redis is tried.

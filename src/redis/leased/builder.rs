@@ -16,6 +16,7 @@ use crate::clock::{Clock, RealClock};
 use crate::keyed::KeyedBuilder;
 use crate::redis::MAX_LEASE;
 use crate::redis::guarded::OnFailure;
+use crate::redis::health::Health;
 use crate::redis::{RedisAlgorithm, RedisConfigError, RedisLimiter};
 use crate::sync::AtomicU64;
 
@@ -284,6 +285,7 @@ impl<C: Clock> LeasedBuilder<C> {
             epoch: Instant::now(),
             retry_at: AtomicU64::new(0),
             counters: Counters::default(),
+            health: Health::default(),
         })
     }
 }

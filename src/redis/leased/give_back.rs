@@ -174,9 +174,9 @@ impl<C: Clock> LeasedLimiter<C> {
                 Counters::add(&self.counters.tokens_given_back, u64::from(tokens));
                 u64::from(tokens)
             }
-            Err(_) => {
+            Err(e) => {
                 // The tokens are lost to the bucket until it refills them.
-                self.fail();
+                self.fail(&e);
                 0
             }
         }

@@ -147,8 +147,8 @@ impl<C: Clock> LeasedLimiter<C> {
             .and_then(|v| parse_lease(&v));
         let (granted, wait) = match reply {
             Ok(answer) => answer,
-            Err(_) => {
-                self.fail();
+            Err(e) => {
+                self.fail(&e);
                 // Release the claim; the tokens held stay.
                 self.local
                     .transform_linked(key, |w| Some(w & !word::FETCHING));

@@ -14,6 +14,7 @@ use crate::error::AcquireError;
 use crate::keyed::KeyedLimiter;
 use crate::redis::RedisLimiter;
 use crate::redis::guarded::OnFailure;
+use crate::redis::health::Health;
 use crate::sync::{AtomicU64, Ordering};
 
 mod backoff;
@@ -185,6 +186,8 @@ pub struct LeasedLimiter<C = RealClock> {
     /// is called.
     retry_at: AtomicU64,
     counters: Counters,
+    /// The degraded periods: counted and logged once each.
+    health: Health,
 }
 
 impl<C: Clock + fmt::Debug> fmt::Debug for LeasedLimiter<C> {
@@ -511,8 +514,8 @@ impl<C: Clock> LeasedLimiter<C> {
                 Counters::add(&self.counters.exact_calls, 1);
                 decision
             }
-            Err(_) => {
-                self.fail();
+            Err(e) => {
+                self.fail(&e);
                 self.fallback(key, n, self.backoff)
             }
         }

@@ -25,6 +25,12 @@ pub struct LeasedStats {
     pub failures: u64,
     /// Decisions made by the failure policy instead of Redis.
     pub fallbacks: u64,
+    /// Whether Redis is failing now: from a failed call until a call
+    /// succeeds ([`LeasedLimiter::is_degraded`]).
+    pub degraded: bool,
+    /// Degraded periods so far: each begins with a failed call while none
+    /// was open, and ends when a call succeeds.
+    pub degraded_periods: u64,
 }
 
 impl LeasedStats {
@@ -68,6 +74,8 @@ impl<C: Clock> LeasedLimiter<C> {
             exact_calls: load(&c.exact_calls),
             failures: load(&c.failures),
             fallbacks: load(&c.fallbacks),
+            degraded: self.health.is_degraded(),
+            degraded_periods: self.health.periods(),
         }
     }
 }
