@@ -2,9 +2,12 @@
 
 use core::time::Duration;
 
+use ::redis::cluster::ClusterClientBuilder;
+use ::redis::sentinel::SentinelClient;
 use ::redis::{Client, Cmd, Connection, ConnectionLike, RedisResult, Value};
 
-use super::RedisConfigError;
+use super::cluster::BlockingClusterConnection;
+use super::{RedisConfigError, sealed};
 
 /// How long a call to Redis may take: to connect, and for each command's
 /// reply (which bounds the write too).
@@ -99,10 +102,85 @@ impl Deadlines {
     /// connects on its first call, so this cannot fail.
     pub fn blocking(&self, client: Client) -> BlockingConnection {
         BlockingConnection {
-            client,
+            source: Source::Server(client),
             deadlines: *self,
             con: None,
         }
+    }
+
+    /// A blocking connection to the primary that `sentinel`'s Sentinels name
+    /// (a [`SentinelClient`] built for `SentinelServerType::Master`), with
+    /// these deadlines. It asks the Sentinels for the primary whenever it
+    /// connects: on its first call, and on the call after one that failed on
+    /// the connection or was refused by a primary demoted to replica
+    /// (`READONLY`, after a failover). Asking the Sentinels has redis-rs's
+    /// own timeouts, not these deadlines. Cannot fail: connecting happens on
+    /// a call.
+    ///
+    /// ```no_run
+    /// use redis::sentinel::{SentinelClient, SentinelServerType};
+    /// use turnstile::redis::Deadlines;
+    ///
+    /// let sentinel = SentinelClient::build(
+    ///     vec!["redis://127.0.0.1:26379/"],
+    ///     "mymaster".to_owned(),
+    ///     None,
+    ///     SentinelServerType::Master,
+    /// )?;
+    /// let mut con = Deadlines::default().sentinel(sentinel);
+    /// # let _ = &mut con;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sentinel(&self, sentinel: SentinelClient) -> BlockingConnection {
+        BlockingConnection {
+            source: Source::Sentinel(Box::new(sentinel)),
+            deadlines: *self,
+            con: None,
+        }
+    }
+
+    /// A blocking Redis Cluster connection with these deadlines, on which no
+    /// call is sent twice ([`BlockingClusterConnection`]). `builder` names
+    /// the cluster's nodes and may set TLS and credentials; its retries,
+    /// retry waits, connect and response timeouts are replaced by these
+    /// deadlines and the connection's own retry rule. It connects on its
+    /// first call.
+    ///
+    /// ```no_run
+    /// use redis::cluster::ClusterClientBuilder;
+    /// use turnstile::redis::Deadlines;
+    ///
+    /// let nodes = ClusterClientBuilder::new(vec!["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/"]);
+    /// let mut con = Deadlines::default().blocking_cluster(nodes)?;
+    /// # let _ = &mut con;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// When redis-rs refuses the builder's settings (no node, say).
+    pub fn blocking_cluster(
+        &self,
+        builder: ClusterClientBuilder,
+    ) -> RedisResult<BlockingClusterConnection> {
+        BlockingClusterConnection::new(builder, *self)
+    }
+
+    /// An asynchronous Redis Cluster connection with these deadlines, on
+    /// which no call is sent twice
+    /// ([`AsyncClusterConnection`](super::AsyncClusterConnection), feature
+    /// `tokio` too). As [`blocking_cluster`](Self::blocking_cluster), but it
+    /// connects to the cluster here.
+    ///
+    /// # Errors
+    ///
+    /// When redis-rs refuses the builder's settings, or no node answers.
+    #[cfg(feature = "tokio")]
+    pub async fn async_cluster(
+        &self,
+        builder: ClusterClientBuilder,
+    ) -> RedisResult<super::AsyncClusterConnection> {
+        super::AsyncClusterConnection::new(builder, *self).await
     }
 
     /// A multiplexed tokio connection to `client`'s server with these
@@ -135,9 +213,25 @@ impl Deadlines {
     /// failure to connect is that call's error.
     #[cfg(feature = "tokio")]
     pub fn reconnecting(&self, client: Client) -> ReconnectingConnection {
+        self.reconnecting_to(AsyncSource::Server(client))
+    }
+
+    /// [`reconnecting`](Self::reconnecting) to the primary that `sentinel`'s
+    /// Sentinels name (feature `tokio` too): each attempt to connect asks
+    /// them first, and a call refused by a primary demoted to replica
+    /// (`READONLY`, after a failover) drops the connection too, so the next
+    /// call finds the new primary. Asking the Sentinels has redis-rs's own
+    /// timeouts, within the connect deadline of the calls that wait for it.
+    #[cfg(feature = "tokio")]
+    pub fn reconnecting_sentinel(&self, sentinel: SentinelClient) -> ReconnectingConnection {
+        self.reconnecting_to(AsyncSource::Sentinel(tokio::sync::Mutex::new(sentinel)))
+    }
+
+    #[cfg(feature = "tokio")]
+    fn reconnecting_to(&self, source: AsyncSource) -> ReconnectingConnection {
         ReconnectingConnection {
             shared: std::sync::Arc::new(Reconnect {
-                client,
+                source,
                 deadlines: *self,
                 slot: std::sync::Mutex::new(Slot {
                     generation: 0,
@@ -164,9 +258,31 @@ fn at_least_min(what: &'static str, value: Duration) -> Result<Duration, RedisCo
 /// Whether a connection a call failed on with `e` is to be dropped: it
 /// broke, or may have (an I/O error, a deadline passed: a reply may still be
 /// in flight, or the peer gone without closing it), or redis-rs says it must
-/// be replaced. An error reply from Redis keeps it.
-fn must_reconnect(e: &::redis::RedisError) -> bool {
-    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_unrecoverable_error()
+/// be replaced, or the server is no longer a primary (`READONLY`: a
+/// Sentinel failover demoted it; a connection that asks the Sentinels again
+/// finds the new one). Any other error reply from Redis keeps it.
+pub(super) fn must_reconnect(e: &::redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+        || e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::ReadOnly)
+}
+
+/// What a blocking connection connects to: one server, or the primary the
+/// Sentinels name when it connects.
+enum Source {
+    Server(Client),
+    Sentinel(Box<SentinelClient>),
+}
+
+impl Source {
+    fn connect(&mut self, timeout: Duration) -> RedisResult<Connection> {
+        match self {
+            Source::Server(client) => client.get_connection_with_timeout(timeout),
+            Source::Sentinel(sentinel) => sentinel.get_client()?.get_connection_with_timeout(timeout),
+        }
+    }
 }
 
 /// A blocking connection whose every call has a deadline, and which drops
@@ -179,7 +295,7 @@ fn must_reconnect(e: &::redis::RedisError) -> bool {
 /// reads past a failure. Built by [`Deadlines::blocking`]; use it wherever
 /// redis-rs takes a [`ConnectionLike`].
 pub struct BlockingConnection {
-    client: Client,
+    source: Source,
     deadlines: Deadlines,
     con: Option<Connection>,
 }
@@ -189,6 +305,7 @@ impl core::fmt::Debug for BlockingConnection {
         f.debug_struct("BlockingConnection")
             .field("deadlines", &self.deadlines)
             .field("connected", &self.con.is_some())
+            .field("sentinel", &matches!(self.source, Source::Sentinel(_)))
             .finish_non_exhaustive()
     }
 }
@@ -207,9 +324,7 @@ impl BlockingConnection {
     /// The open connection, or a new one.
     fn get(&mut self) -> RedisResult<&mut Connection> {
         if self.con.is_none() {
-            let con = self
-                .client
-                .get_connection_with_timeout(self.deadlines.connect)?;
+            let con = self.source.connect(self.deadlines.connect)?;
             con.set_read_timeout(Some(self.deadlines.response))?;
             con.set_write_timeout(Some(self.deadlines.response))?;
             self.con = Some(con);
@@ -252,7 +367,10 @@ impl ConnectionLike for BlockingConnection {
     }
 
     fn get_db(&self) -> i64 {
-        self.client.get_connection_info().redis_settings().db()
+        match &self.source {
+            Source::Server(client) => client.get_connection_info().redis_settings().db(),
+            Source::Sentinel(_) => self.con.as_ref().map_or(0, |con| con.get_db()),
+        }
     }
 
     fn check_connection(&mut self) -> bool {
@@ -308,7 +426,7 @@ pub struct ReconnectingConnection {
 
 #[cfg(feature = "tokio")]
 struct Reconnect {
-    client: Client,
+    source: AsyncSource,
     deadlines: Deadlines,
     /// Locked only to clone or replace the connection, or to join or start
     /// an attempt to connect; never across an await.
@@ -396,11 +514,7 @@ impl ReconnectingConnection {
         // Outside a tokio runtime nothing can run beside the call: it
         // connects itself.
         let Some(mut attempt) = joined else {
-            let con = self
-                .shared
-                .deadlines
-                .multiplexed(&self.shared.client)
-                .await?;
+            let con = self.shared.source.connect(self.shared.deadlines).await?;
             return Ok(self.shared.keep(con));
         };
         let waited = tokio::time::timeout(
@@ -459,7 +573,7 @@ impl Reconnect {
         let (answer, attempt) = tokio::sync::watch::channel(None);
         let shared = std::sync::Arc::clone(this);
         drop(runtime.spawn(async move {
-            let made = shared.deadlines.multiplexed(&shared.client).await;
+            let made = shared.source.connect(shared.deadlines).await;
             let outcome = made.map(|con| shared.keep(con));
             // Still the slot's attempt: another is started only once this
             // one has answered or its sender is gone.
@@ -503,10 +617,55 @@ impl ::redis::aio::ConnectionLike for ReconnectingConnection {
     }
 
     fn get_db(&self) -> i64 {
-        self.shared
-            .client
-            .get_connection_info()
-            .redis_settings()
-            .db()
+        match &self.shared.source {
+            AsyncSource::Server(client) => client.get_connection_info().redis_settings().db(),
+            AsyncSource::Sentinel(_) => 0,
+        }
+    }
+}
+
+/// What a reconnecting connection connects to: one server, or the primary
+/// the Sentinels name at each attempt.
+#[cfg(feature = "tokio")]
+enum AsyncSource {
+    Server(Client),
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+#[cfg(feature = "tokio")]
+impl AsyncSource {
+    async fn connect(
+        &self,
+        deadlines: Deadlines,
+    ) -> RedisResult<::redis::aio::MultiplexedConnection> {
+        match self {
+            AsyncSource::Server(client) => deadlines.multiplexed(client).await,
+            AsyncSource::Sentinel(sentinel) => {
+                let client = sentinel.lock().await.async_get_client().await?;
+                deadlines.multiplexed(&client).await
+            }
+        }
+    }
+}
+
+impl sealed::Sealed for BlockingConnection {}
+
+impl super::RedisConnection for BlockingConnection {
+    fn deadlines(&self) -> Deadlines {
+        self.deadlines
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl sealed::Sealed for ReconnectingConnection {}
+
+#[cfg(feature = "tokio")]
+impl super::AsyncRedisConnection for ReconnectingConnection {
+    fn deadlines(&self) -> Deadlines {
+        self.shared.deadlines
+    }
+
+    fn into_any(self) -> super::AnyAsyncConnection {
+        super::AnyAsyncConnection::reconnecting(self)
     }
 }

@@ -120,6 +120,7 @@
 //! (`capacity * period / amount`) beyond `2^50` ns (13 days). Explicit times
 //! must be below `2^52` µs (the year 2112).
 
+mod cluster;
 mod connection;
 mod error;
 mod guarded;
@@ -127,10 +128,18 @@ mod guarded;
 mod layer;
 mod leased;
 mod refund;
+mod topology;
 
+#[cfg(feature = "tokio")]
+pub use cluster::AsyncClusterConnection;
+pub use cluster::BlockingClusterConnection;
 #[cfg(feature = "tokio")]
 pub use connection::ReconnectingConnection;
 pub use connection::{BlockingConnection, Deadlines};
+#[cfg(feature = "tokio")]
+pub use topology::{AnyAsyncConnection, AsyncRedisConnection};
+pub use topology::RedisConnection;
+use topology::sealed;
 pub use error::{RedisConfigError, RedisLimitError};
 pub use guarded::{AdmittedBy, Guarded, GuardedReceipt, GuardedStats, OnFailure};
 #[cfg(all(feature = "tower", feature = "tokio"))]
