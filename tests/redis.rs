@@ -1039,7 +1039,12 @@ fn limiters_of(prefix: &str, capacity: u32) -> Vec<(&'static str, RedisLimiter)>
         ),
     ]
     .into_iter()
-    .map(|(name, limiter)| (name, limiter.with_expiry_slack(Duration::from_secs(60)).unwrap()))
+    .map(|(name, limiter)| {
+        (
+            name,
+            limiter.with_expiry_slack(Duration::from_secs(60)).unwrap(),
+        )
+    })
     .collect()
 }
 

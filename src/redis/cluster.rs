@@ -197,8 +197,7 @@ impl ::redis::cluster::Connect for Node {
     }
 
     fn recv_response(&mut self) -> RedisResult<Value> {
-        self.with(|con| con.recv_response())
-            .and_then(settle_value)
+        self.with(|con| con.recv_response()).and_then(settle_value)
     }
 }
 
@@ -339,8 +338,7 @@ impl ConnectionLike for BlockingClusterConnection {
     }
 
     fn check_connection(&mut self) -> bool {
-        self.with(|con| Ok(con.check_connection()))
-            .unwrap_or(false)
+        self.with(|con| Ok(con.check_connection())).unwrap_or(false)
     }
 
     fn is_open(&self) -> bool {
@@ -366,8 +364,8 @@ mod tokio_cluster {
     use ::redis::aio::{ConnectionLike as AsyncConnectionLike, MultiplexedConnection};
     use ::redis::cluster::ClusterClientBuilder;
     use ::redis::{
-        AsyncConnectionConfig, Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture,
-        RedisResult, Value,
+        AsyncConnectionConfig, Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, RedisResult,
+        Value,
     };
 
     use super::{configured, must_reconnect, never_retried, restored, settle_value};

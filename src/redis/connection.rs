@@ -280,7 +280,9 @@ impl Source {
     fn connect(&mut self, timeout: Duration) -> RedisResult<Connection> {
         match self {
             Source::Server(client) => client.get_connection_with_timeout(timeout),
-            Source::Sentinel(sentinel) => sentinel.get_client()?.get_connection_with_timeout(timeout),
+            Source::Sentinel(sentinel) => {
+                sentinel.get_client()?.get_connection_with_timeout(timeout)
+            }
         }
     }
 }

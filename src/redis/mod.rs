@@ -136,10 +136,6 @@ pub use cluster::BlockingClusterConnection;
 #[cfg(feature = "tokio")]
 pub use connection::ReconnectingConnection;
 pub use connection::{BlockingConnection, Deadlines};
-#[cfg(feature = "tokio")]
-pub use topology::{AnyAsyncConnection, AsyncRedisConnection};
-pub use topology::RedisConnection;
-use topology::sealed;
 pub use error::{RedisConfigError, RedisLimitError};
 pub use guarded::{AdmittedBy, Guarded, GuardedReceipt, GuardedStats, OnFailure};
 #[cfg(all(feature = "tower", feature = "tokio"))]
@@ -148,6 +144,10 @@ pub use layer::{
 };
 pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, MAX_LEASE, Refresher};
 pub use refund::RedisReceipt;
+pub use topology::RedisConnection;
+use topology::sealed;
+#[cfg(feature = "tokio")]
+pub use topology::{AnyAsyncConnection, AsyncRedisConnection};
 
 use core::time::Duration;
 use std::sync::LazyLock;
