@@ -429,6 +429,7 @@ fn replicas_on_a_sentinel_primary_stay_within_the_exact_bound_through_a_failover
                 );
                 thread::sleep(Duration::from_millis(50));
             }
+            // Relaxed: read by this thread after `hammer` returns.
             demoted.store(true, Ordering::Relaxed);
             *split.lock().unwrap() = start.elapsed();
             // The replicas go on deciding on the new primary.

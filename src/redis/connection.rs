@@ -15,7 +15,7 @@ use super::{RedisConfigError, sealed};
 /// The defaults, 50 ms to connect and 5 ms per reply, suit a Redis on the same
 /// network; a slow link or a loaded server needs more. A decision that misses
 /// its deadline is an error, so a dead Redis costs a request at most the
-/// deadline, with two longer cases, both inside redis-rs:
+/// deadline, with these longer cases, all inside redis-rs:
 ///
 /// - connecting a blocking connection to a Redis that accepts but does not
 ///   answer (a hung process) can take about twice the connect deadline:
@@ -23,7 +23,20 @@ use super::{RedisConfigError, sealed};
 ///   against the connect deadline, then the call waits its response deadline;
 /// - the first call of a script after Redis lost its scripts (a restart, a
 ///   `SCRIPT FLUSH`) makes three round trips (`EVALSHA`, `SCRIPT LOAD`,
-///   `EVALSHA`), each with the response deadline.
+///   `EVALSHA`), each with the response deadline;
+/// - on a Redis Cluster a call redirected (`MOVED`, `ASK`: its slot moved or
+///   is moving) is sent on to the node named, at most three times, each
+///   round trip with the response deadline, and the connect deadline more
+///   for a node connected anew;
+/// - a connection to the primary Sentinels name asks them for it each time
+///   it connects, on redis-rs's own connections to the Sentinels, which have
+///   no deadline.
+///
+/// None of these sends a call again after it may have run: a call that
+/// failed after it was written (a timeout above all: Redis may only have
+/// been slow) is returned as it failed, on every topology. Only `NOSCRIPT`
+/// (the script was not loaded) and a cluster's redirections, which prove
+/// that it did not run, are followed.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -294,7 +307,8 @@ impl Source {
 /// A plain [`redis::Connection`](::redis::Connection) whose read timed out is
 /// still open, and the late reply would be read as the next command's: a
 /// decision for another key, or another script's answer. This connection never
-/// reads past a failure. Built by [`Deadlines::blocking`]; use it wherever
+/// reads past a failure. Built by [`Deadlines::blocking`] (one server) or
+/// [`Deadlines::sentinel`] (the primary Sentinels name); use it wherever
 /// redis-rs takes a [`ConnectionLike`].
 pub struct BlockingConnection {
     source: Source,
@@ -387,7 +401,9 @@ impl ConnectionLike for BlockingConnection {
 /// A multiplexed tokio connection that connects on its first call and again
 /// after a call found it dropped or timed out on it (a Redis restart, say),
 /// with the deadlines of
-/// [`Deadlines::reconnecting`], which builds it (feature `tokio` too). Clones
+/// [`Deadlines::reconnecting`] (one server) or
+/// [`Deadlines::reconnecting_sentinel`] (the primary Sentinels name), which
+/// build it (feature `tokio` too). Clones
 /// share one connection.
 ///
 /// A call takes at most the response deadline on a live connection (three,

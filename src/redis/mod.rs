@@ -101,6 +101,20 @@
 //! killed mid-request). A call that timed out may still have
 //! been decided by Redis: it is never sent again.
 //!
+//! # Redis Cluster and Sentinel
+//!
+//! [`Deadlines::blocking_cluster`] and [`Deadlines::async_cluster`] connect to
+//! a Redis Cluster, [`Deadlines::sentinel`] and
+//! [`Deadlines::reconnecting_sentinel`] to the primary that Sentinels name
+//! (asking them again after a failover). Like the single-server connections
+//! they send no call twice: redis-rs's own cluster connection resends a call
+//! that timed out (up to 16 times by default), so it could take a script's
+//! tokens as often; the cluster connections here follow only redirections
+//! (`MOVED`, `ASK`). Every entry point that keeps a connection takes any of
+//! them through one sealed trait, [`RedisConnection`] (blocking) or
+//! [`AsyncRedisConnection`] (tokio); the per-call methods take any
+//! `ConnectionLike`.
+//!
 //! # Behind a tower layer
 //!
 //! With features `tower` and `tokio` too, [`RedisRateLimitLayer`] puts a
