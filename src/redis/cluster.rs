@@ -568,3 +568,87 @@ mod tokio_cluster {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(kind: io::ErrorKind) -> RedisError {
+        RedisError::from(io::Error::new(kind, "boom"))
+    }
+
+    #[test]
+    fn failures_after_a_write_are_never_retried_and_come_back_as_they_were() {
+        for kind in [
+            io::ErrorKind::TimedOut,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::UnexpectedEof,
+            io::ErrorKind::BrokenPipe,
+        ] {
+            let original = io(kind);
+            let hidden = never_retried(io(kind));
+            assert!(
+                matches!(hidden.retry_method(), ::redis::RetryMethod::NoRetry),
+                "{kind:?}: {hidden:?}"
+            );
+            let back = restored(hidden);
+            assert!(back.is_io_error(), "{back:?}");
+            assert_eq!(back.is_timeout(), original.is_timeout(), "{kind:?}");
+            assert_eq!(
+                back.is_connection_dropped(),
+                original.is_connection_dropped(),
+                "{kind:?}"
+            );
+            assert!(must_reconnect(&back));
+        }
+    }
+
+    fn reply(text: &str) -> RedisError {
+        let value = ::redis::Value::ServerError(
+            ::redis::parse_redis_value(format!("-{text}\r\n").as_bytes())
+                .ok()
+                .and_then(|v| match v {
+                    Value::ServerError(e) => Some(e),
+                    _ => None,
+                })
+                .expect("an error reply"),
+        );
+        settle_value(value).expect_err("an error")
+    }
+
+    #[test]
+    fn replies_asking_to_wait_are_not_retried_and_redirections_are() {
+        for text in [
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CLUSTERDOWN The cluster is down",
+            "LOADING Redis is loading the dataset in memory",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            let e = reply(text);
+            assert!(
+                matches!(e.retry_method(), ::redis::RetryMethod::NoRetry),
+                "{text}: {e:?}"
+            );
+            let code = text.split(' ').next().unwrap_or_default();
+            assert_eq!(restored(e).code(), Some(code));
+        }
+        // Left as they are: redis-rs follows them, or they are final.
+        let moved = ::redis::Value::ServerError(
+            match ::redis::parse_redis_value(b"-MOVED 3999 127.0.0.1:6381\r\n") {
+                Ok(Value::ServerError(e)) => e,
+                other => panic!("{other:?}"),
+            },
+        );
+        assert!(matches!(settle_value(moved), Ok(Value::ServerError(_))));
+        let moved = RedisError::from(
+            match ::redis::parse_redis_value(b"-MOVED 3999 127.0.0.1:6381\r\n") {
+                Ok(Value::ServerError(e)) => e,
+                other => panic!("{other:?}"),
+            },
+        );
+        assert!(matches!(
+            never_retried(moved).retry_method(),
+            ::redis::RetryMethod::MovedRedirect
+        ));
+    }
+}
