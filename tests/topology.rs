@@ -103,6 +103,10 @@ fn at_most_once(
     );
     assert!(runs <= 1, "the paused call ran {runs} times");
     let after = remaining(&limiter, warm, "k");
+    eprintln!(
+        "one paused call: {runs} runs, {} tokens taken",
+        before - 1 - after
+    );
     assert_eq!(
         before - 1 - after,
         runs as u32,

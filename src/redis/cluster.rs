@@ -27,8 +27,8 @@ use ::redis::{
     ServerErrorKind, Value,
 };
 
+use super::Deadlines;
 use super::connection::must_reconnect;
-use super::{Deadlines, RedisConnection, sealed};
 
 /// How many times redis-rs may send a call again after an error that proves
 /// it did not run: a `MOVED`, then an `ASK` while the slot migrates, then one
@@ -346,11 +346,49 @@ impl ConnectionLike for BlockingClusterConnection {
     }
 }
 
-impl sealed::Sealed for BlockingClusterConnection {}
+impl Deadlines {
+    /// A blocking Redis Cluster connection with these deadlines, on which no
+    /// call is sent twice ([`BlockingClusterConnection`]). `builder` names
+    /// the cluster's nodes and may set TLS and credentials; its retries,
+    /// retry waits, connect and response timeouts are replaced by these
+    /// deadlines and the connection's own retry rule. It connects on its
+    /// first call.
+    ///
+    /// ```no_run
+    /// use redis::cluster::ClusterClientBuilder;
+    /// use turnstile::redis::Deadlines;
+    ///
+    /// let nodes = ClusterClientBuilder::new(vec!["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/"]);
+    /// let mut con = Deadlines::default().blocking_cluster(nodes)?;
+    /// # let _ = &mut con;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// When redis-rs refuses the builder's settings (no node, say).
+    pub fn blocking_cluster(
+        &self,
+        builder: ClusterClientBuilder,
+    ) -> RedisResult<BlockingClusterConnection> {
+        BlockingClusterConnection::new(builder, *self)
+    }
 
-impl RedisConnection for BlockingClusterConnection {
-    fn deadlines(&self) -> Deadlines {
-        self.deadlines
+    /// An asynchronous Redis Cluster connection with these deadlines, on
+    /// which no call is sent twice
+    /// ([`AsyncClusterConnection`](super::AsyncClusterConnection), feature
+    /// `tokio` too). As [`blocking_cluster`](Self::blocking_cluster), but it
+    /// connects to the cluster here.
+    ///
+    /// # Errors
+    ///
+    /// When redis-rs refuses the builder's settings, or no node answers.
+    #[cfg(feature = "tokio")]
+    pub async fn async_cluster(
+        &self,
+        builder: ClusterClientBuilder,
+    ) -> RedisResult<AsyncClusterConnection> {
+        AsyncClusterConnection::new(builder, *self).await
     }
 }
 
@@ -369,7 +407,7 @@ mod tokio_cluster {
     };
 
     use super::{configured, must_reconnect, never_retried, restored, settle_value};
-    use crate::redis::{AsyncRedisConnection, Deadlines, sealed};
+    use crate::redis::Deadlines;
 
     /// One node of an asynchronous cluster connection: a multiplexed
     /// connection that is replaced, on the node's next call, after a failure
@@ -553,18 +591,6 @@ mod tokio_cluster {
 
         fn get_db(&self) -> i64 {
             0
-        }
-    }
-
-    impl sealed::Sealed for AsyncClusterConnection {}
-
-    impl AsyncRedisConnection for AsyncClusterConnection {
-        fn deadlines(&self) -> Deadlines {
-            self.deadlines
-        }
-
-        fn into_any(self) -> crate::redis::AnyAsyncConnection {
-            crate::redis::AnyAsyncConnection::cluster(self)
         }
     }
 }

@@ -2,12 +2,10 @@
 
 use core::time::Duration;
 
-use ::redis::cluster::ClusterClientBuilder;
 use ::redis::sentinel::SentinelClient;
 use ::redis::{Client, Cmd, Connection, ConnectionLike, RedisResult, Value};
 
-use super::cluster::BlockingClusterConnection;
-use super::{RedisConfigError, sealed};
+use super::RedisConfigError;
 
 /// How long a call to Redis may take: to connect, and for each command's
 /// reply (which bounds the write too).
@@ -150,50 +148,6 @@ impl Deadlines {
             deadlines: *self,
             con: None,
         }
-    }
-
-    /// A blocking Redis Cluster connection with these deadlines, on which no
-    /// call is sent twice ([`BlockingClusterConnection`]). `builder` names
-    /// the cluster's nodes and may set TLS and credentials; its retries,
-    /// retry waits, connect and response timeouts are replaced by these
-    /// deadlines and the connection's own retry rule. It connects on its
-    /// first call.
-    ///
-    /// ```no_run
-    /// use redis::cluster::ClusterClientBuilder;
-    /// use turnstile::redis::Deadlines;
-    ///
-    /// let nodes = ClusterClientBuilder::new(vec!["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/"]);
-    /// let mut con = Deadlines::default().blocking_cluster(nodes)?;
-    /// # let _ = &mut con;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// When redis-rs refuses the builder's settings (no node, say).
-    pub fn blocking_cluster(
-        &self,
-        builder: ClusterClientBuilder,
-    ) -> RedisResult<BlockingClusterConnection> {
-        BlockingClusterConnection::new(builder, *self)
-    }
-
-    /// An asynchronous Redis Cluster connection with these deadlines, on
-    /// which no call is sent twice
-    /// ([`AsyncClusterConnection`](super::AsyncClusterConnection), feature
-    /// `tokio` too). As [`blocking_cluster`](Self::blocking_cluster), but it
-    /// connects to the cluster here.
-    ///
-    /// # Errors
-    ///
-    /// When redis-rs refuses the builder's settings, or no node answers.
-    #[cfg(feature = "tokio")]
-    pub async fn async_cluster(
-        &self,
-        builder: ClusterClientBuilder,
-    ) -> RedisResult<super::AsyncClusterConnection> {
-        super::AsyncClusterConnection::new(builder, *self).await
     }
 
     /// A multiplexed tokio connection to `client`'s server with these
@@ -663,27 +617,5 @@ impl AsyncSource {
                 deadlines.multiplexed(&client).await
             }
         }
-    }
-}
-
-impl sealed::Sealed for BlockingConnection {}
-
-impl super::RedisConnection for BlockingConnection {
-    fn deadlines(&self) -> Deadlines {
-        self.deadlines
-    }
-}
-
-#[cfg(feature = "tokio")]
-impl sealed::Sealed for ReconnectingConnection {}
-
-#[cfg(feature = "tokio")]
-impl super::AsyncRedisConnection for ReconnectingConnection {
-    fn deadlines(&self) -> Deadlines {
-        self.shared.deadlines
-    }
-
-    fn into_any(self) -> super::AnyAsyncConnection {
-        super::AnyAsyncConnection::reconnecting(self)
     }
 }

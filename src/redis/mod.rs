@@ -159,7 +159,6 @@ pub use layer::{
 pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, MAX_LEASE, Refresher};
 pub use refund::RedisReceipt;
 pub use topology::RedisConnection;
-use topology::sealed;
 #[cfg(feature = "tokio")]
 pub use topology::{AnyAsyncConnection, AsyncRedisConnection};
 

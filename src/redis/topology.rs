@@ -73,13 +73,13 @@ enum Any {
 
 #[cfg(feature = "tokio")]
 impl AnyAsyncConnection {
-    pub(super) fn reconnecting(con: super::ReconnectingConnection) -> AnyAsyncConnection {
+    fn reconnecting(con: super::ReconnectingConnection) -> AnyAsyncConnection {
         AnyAsyncConnection {
             con: Any::Reconnecting(con),
         }
     }
 
-    pub(super) fn cluster(con: super::AsyncClusterConnection) -> AnyAsyncConnection {
+    fn cluster(con: super::AsyncClusterConnection) -> AnyAsyncConnection {
         AnyAsyncConnection {
             con: Any::Cluster(con),
         }
@@ -149,5 +149,49 @@ impl AsyncRedisConnection for AnyAsyncConnection {
 
     fn into_any(self) -> AnyAsyncConnection {
         self
+    }
+}
+
+impl sealed::Sealed for super::BlockingConnection {}
+
+impl RedisConnection for super::BlockingConnection {
+    fn deadlines(&self) -> Deadlines {
+        super::BlockingConnection::deadlines(self)
+    }
+}
+
+impl sealed::Sealed for super::BlockingClusterConnection {}
+
+impl RedisConnection for super::BlockingClusterConnection {
+    fn deadlines(&self) -> Deadlines {
+        super::BlockingClusterConnection::deadlines(self)
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl sealed::Sealed for super::ReconnectingConnection {}
+
+#[cfg(feature = "tokio")]
+impl AsyncRedisConnection for super::ReconnectingConnection {
+    fn deadlines(&self) -> Deadlines {
+        super::ReconnectingConnection::deadlines(self)
+    }
+
+    fn into_any(self) -> AnyAsyncConnection {
+        AnyAsyncConnection::reconnecting(self)
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl sealed::Sealed for super::AsyncClusterConnection {}
+
+#[cfg(feature = "tokio")]
+impl AsyncRedisConnection for super::AsyncClusterConnection {
+    fn deadlines(&self) -> Deadlines {
+        super::AsyncClusterConnection::deadlines(self)
+    }
+
+    fn into_any(self) -> AnyAsyncConnection {
+        AnyAsyncConnection::cluster(self)
     }
 }
