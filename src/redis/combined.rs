@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 
-use super::ReconnectingConnection;
 use super::layer::RedisKey;
 use super::layer::RedisLimit;
+use super::{AnyAsyncConnection, AsyncRedisConnection};
 use crate::decision::Decision;
 use crate::http::gate::{AdvertisedQuota, Outcome};
 use crate::http::tower::{
@@ -20,7 +20,7 @@ struct RedisEntry<X, L> {
     name: String,
     extractor: X,
     limit: Arc<L>,
-    con: ReconnectingConnection,
+    con: AnyAsyncConnection,
 }
 
 impl<X, L> Remote for RedisEntry<X, L>
@@ -69,7 +69,8 @@ impl LimitsBuilder {
     /// Add a limit kept in Redis (features `redis` and `tokio`): a
     /// [`Guarded`](crate::redis::Guarded) limiter (exact mode, with its
     /// failure policy) or a [`LeasedLimiter`](crate::redis::LeasedLimiter),
-    /// keyed by what `extractor` picks, called on `con`.
+    /// keyed by what `extractor` picks, called on `con` (any of the crate's
+    /// asynchronous connections: one server, Sentinel or a cluster).
     ///
     /// Limits in Redis are asked **after** every in-process limit, whatever
     /// the order they were added in, and in their own order: a call is made
@@ -118,7 +119,7 @@ impl LimitsBuilder {
         name: &str,
         extractor: X,
         limit: Arc<L>,
-        con: ReconnectingConnection,
+        con: impl AsyncRedisConnection,
     ) -> Result<Self, LimitsError>
     where
         X: KeyExtractor,
@@ -130,7 +131,7 @@ impl LimitsBuilder {
             name: name.to_owned(),
             extractor,
             limit,
-            con,
+            con: con.into_any(),
         }));
         Ok(self)
     }

@@ -2,6 +2,7 @@
 
 use core::time::Duration;
 
+use ::redis::sentinel::SentinelClient;
 use ::redis::{Client, Cmd, Connection, ConnectionLike, RedisResult, Value};
 
 use super::RedisConfigError;
@@ -12,7 +13,7 @@ use super::RedisConfigError;
 /// The defaults, 50 ms to connect and 5 ms per reply, suit a Redis on the same
 /// network; a slow link or a loaded server needs more. A decision that misses
 /// its deadline is an error, so a dead Redis costs a request at most the
-/// deadline, with two longer cases, both inside redis-rs:
+/// deadline, with these longer cases, all inside redis-rs:
 ///
 /// - connecting a blocking connection to a Redis that accepts but does not
 ///   answer (a hung process) can take about twice the connect deadline:
@@ -20,7 +21,20 @@ use super::RedisConfigError;
 ///   against the connect deadline, then the call waits its response deadline;
 /// - the first call of a script after Redis lost its scripts (a restart, a
 ///   `SCRIPT FLUSH`) makes three round trips (`EVALSHA`, `SCRIPT LOAD`,
-///   `EVALSHA`), each with the response deadline.
+///   `EVALSHA`), each with the response deadline;
+/// - on a Redis Cluster a call redirected (`MOVED`, `ASK`: its slot moved or
+///   is moving) is sent on to the node named, at most three times, each
+///   round trip with the response deadline, and the connect deadline more
+///   for a node connected anew;
+/// - a connection to the primary Sentinels name asks them for it each time
+///   it connects, on redis-rs's own connections to the Sentinels, which have
+///   no deadline.
+///
+/// None of these sends a call again after it may have run: a call that
+/// failed after it was written (a timeout above all: Redis may only have
+/// been slow) is returned as it failed, on every topology. Only `NOSCRIPT`
+/// (the script was not loaded) and a cluster's redirections, which prove
+/// that it did not run, are followed.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -99,7 +113,38 @@ impl Deadlines {
     /// connects on its first call, so this cannot fail.
     pub fn blocking(&self, client: Client) -> BlockingConnection {
         BlockingConnection {
-            client,
+            source: Source::Server(client),
+            deadlines: *self,
+            con: None,
+        }
+    }
+
+    /// A blocking connection to the primary that `sentinel`'s Sentinels name
+    /// (a [`SentinelClient`] built for `SentinelServerType::Master`), with
+    /// these deadlines. It asks the Sentinels for the primary whenever it
+    /// connects: on its first call, and on the call after one that failed on
+    /// the connection or was refused by a primary demoted to replica
+    /// (`READONLY`, after a failover). Asking the Sentinels has redis-rs's
+    /// own timeouts, not these deadlines. Cannot fail: connecting happens on
+    /// a call.
+    ///
+    /// ```no_run
+    /// use redis::sentinel::{SentinelClient, SentinelServerType};
+    /// use turnstile::redis::Deadlines;
+    ///
+    /// let sentinel = SentinelClient::build(
+    ///     vec!["redis://127.0.0.1:26379/"],
+    ///     "mymaster".to_owned(),
+    ///     None,
+    ///     SentinelServerType::Master,
+    /// )?;
+    /// let mut con = Deadlines::default().sentinel(sentinel);
+    /// # let _ = &mut con;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sentinel(&self, sentinel: SentinelClient) -> BlockingConnection {
+        BlockingConnection {
+            source: Source::Sentinel(Box::new(sentinel)),
             deadlines: *self,
             con: None,
         }
@@ -135,9 +180,25 @@ impl Deadlines {
     /// failure to connect is that call's error.
     #[cfg(feature = "tokio")]
     pub fn reconnecting(&self, client: Client) -> ReconnectingConnection {
+        self.reconnecting_to(AsyncSource::Server(client))
+    }
+
+    /// [`reconnecting`](Self::reconnecting) to the primary that `sentinel`'s
+    /// Sentinels name (feature `tokio` too): each attempt to connect asks
+    /// them first, and a call refused by a primary demoted to replica
+    /// (`READONLY`, after a failover) drops the connection too, so the next
+    /// call finds the new primary. Asking the Sentinels has redis-rs's own
+    /// timeouts, within the connect deadline of the calls that wait for it.
+    #[cfg(feature = "tokio")]
+    pub fn reconnecting_sentinel(&self, sentinel: SentinelClient) -> ReconnectingConnection {
+        self.reconnecting_to(AsyncSource::Sentinel(tokio::sync::Mutex::new(sentinel)))
+    }
+
+    #[cfg(feature = "tokio")]
+    fn reconnecting_to(&self, source: AsyncSource) -> ReconnectingConnection {
         ReconnectingConnection {
             shared: std::sync::Arc::new(Reconnect {
-                client,
+                source,
                 deadlines: *self,
                 slot: std::sync::Mutex::new(Slot {
                     generation: 0,
@@ -164,9 +225,33 @@ fn at_least_min(what: &'static str, value: Duration) -> Result<Duration, RedisCo
 /// Whether a connection a call failed on with `e` is to be dropped: it
 /// broke, or may have (an I/O error, a deadline passed: a reply may still be
 /// in flight, or the peer gone without closing it), or redis-rs says it must
-/// be replaced. An error reply from Redis keeps it.
-fn must_reconnect(e: &::redis::RedisError) -> bool {
-    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_unrecoverable_error()
+/// be replaced, or the server is no longer a primary (`READONLY`: a
+/// Sentinel failover demoted it; a connection that asks the Sentinels again
+/// finds the new one). Any other error reply from Redis keeps it.
+pub(super) fn must_reconnect(e: &::redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+        || e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::ReadOnly)
+}
+
+/// What a blocking connection connects to: one server, or the primary the
+/// Sentinels name when it connects.
+enum Source {
+    Server(Client),
+    Sentinel(Box<SentinelClient>),
+}
+
+impl Source {
+    fn connect(&mut self, timeout: Duration) -> RedisResult<Connection> {
+        match self {
+            Source::Server(client) => client.get_connection_with_timeout(timeout),
+            Source::Sentinel(sentinel) => {
+                sentinel.get_client()?.get_connection_with_timeout(timeout)
+            }
+        }
+    }
 }
 
 /// A blocking connection whose every call has a deadline, and which drops
@@ -176,10 +261,11 @@ fn must_reconnect(e: &::redis::RedisError) -> bool {
 /// A plain [`redis::Connection`](::redis::Connection) whose read timed out is
 /// still open, and the late reply would be read as the next command's: a
 /// decision for another key, or another script's answer. This connection never
-/// reads past a failure. Built by [`Deadlines::blocking`]; use it wherever
+/// reads past a failure. Built by [`Deadlines::blocking`] (one server) or
+/// [`Deadlines::sentinel`] (the primary Sentinels name); use it wherever
 /// redis-rs takes a [`ConnectionLike`].
 pub struct BlockingConnection {
-    client: Client,
+    source: Source,
     deadlines: Deadlines,
     con: Option<Connection>,
 }
@@ -189,6 +275,7 @@ impl core::fmt::Debug for BlockingConnection {
         f.debug_struct("BlockingConnection")
             .field("deadlines", &self.deadlines)
             .field("connected", &self.con.is_some())
+            .field("sentinel", &matches!(self.source, Source::Sentinel(_)))
             .finish_non_exhaustive()
     }
 }
@@ -207,9 +294,7 @@ impl BlockingConnection {
     /// The open connection, or a new one.
     fn get(&mut self) -> RedisResult<&mut Connection> {
         if self.con.is_none() {
-            let con = self
-                .client
-                .get_connection_with_timeout(self.deadlines.connect)?;
+            let con = self.source.connect(self.deadlines.connect)?;
             con.set_read_timeout(Some(self.deadlines.response))?;
             con.set_write_timeout(Some(self.deadlines.response))?;
             self.con = Some(con);
@@ -252,7 +337,10 @@ impl ConnectionLike for BlockingConnection {
     }
 
     fn get_db(&self) -> i64 {
-        self.client.get_connection_info().redis_settings().db()
+        match &self.source {
+            Source::Server(client) => client.get_connection_info().redis_settings().db(),
+            Source::Sentinel(_) => self.con.as_ref().map_or(0, |con| con.get_db()),
+        }
     }
 
     fn check_connection(&mut self) -> bool {
@@ -267,7 +355,9 @@ impl ConnectionLike for BlockingConnection {
 /// A multiplexed tokio connection that connects on its first call and again
 /// after a call found it dropped or timed out on it (a Redis restart, say),
 /// with the deadlines of
-/// [`Deadlines::reconnecting`], which builds it (feature `tokio` too). Clones
+/// [`Deadlines::reconnecting`] (one server) or
+/// [`Deadlines::reconnecting_sentinel`] (the primary Sentinels name), which
+/// build it (feature `tokio` too). Clones
 /// share one connection.
 ///
 /// A call takes at most the response deadline on a live connection (three,
@@ -308,7 +398,7 @@ pub struct ReconnectingConnection {
 
 #[cfg(feature = "tokio")]
 struct Reconnect {
-    client: Client,
+    source: AsyncSource,
     deadlines: Deadlines,
     /// Locked only to clone or replace the connection, or to join or start
     /// an attempt to connect; never across an await.
@@ -396,11 +486,7 @@ impl ReconnectingConnection {
         // Outside a tokio runtime nothing can run beside the call: it
         // connects itself.
         let Some(mut attempt) = joined else {
-            let con = self
-                .shared
-                .deadlines
-                .multiplexed(&self.shared.client)
-                .await?;
+            let con = self.shared.source.connect(self.shared.deadlines).await?;
             return Ok(self.shared.keep(con));
         };
         let waited = tokio::time::timeout(
@@ -459,7 +545,7 @@ impl Reconnect {
         let (answer, attempt) = tokio::sync::watch::channel(None);
         let shared = std::sync::Arc::clone(this);
         drop(runtime.spawn(async move {
-            let made = shared.deadlines.multiplexed(&shared.client).await;
+            let made = shared.source.connect(shared.deadlines).await;
             let outcome = made.map(|con| shared.keep(con));
             // Still the slot's attempt: another is started only once this
             // one has answered or its sender is gone.
@@ -503,10 +589,33 @@ impl ::redis::aio::ConnectionLike for ReconnectingConnection {
     }
 
     fn get_db(&self) -> i64 {
-        self.shared
-            .client
-            .get_connection_info()
-            .redis_settings()
-            .db()
+        match &self.shared.source {
+            AsyncSource::Server(client) => client.get_connection_info().redis_settings().db(),
+            AsyncSource::Sentinel(_) => 0,
+        }
+    }
+}
+
+/// What a reconnecting connection connects to: one server, or the primary
+/// the Sentinels name at each attempt.
+#[cfg(feature = "tokio")]
+enum AsyncSource {
+    Server(Client),
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+#[cfg(feature = "tokio")]
+impl AsyncSource {
+    async fn connect(
+        &self,
+        deadlines: Deadlines,
+    ) -> RedisResult<::redis::aio::MultiplexedConnection> {
+        match self {
+            AsyncSource::Server(client) => deadlines.multiplexed(client).await,
+            AsyncSource::Sentinel(sentinel) => {
+                let client = sentinel.lock().await.async_get_client().await?;
+                deadlines.multiplexed(&client).await
+            }
+        }
     }
 }

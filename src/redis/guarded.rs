@@ -104,7 +104,7 @@ pub struct GuardedStats {
 /// A [`RedisLimiter`] that never returns a Redis error: when a call fails it
 /// answers by its [`OnFailure`] policy, and for the `backoff` after a failure
 /// it does not call Redis at all, so a dead Redis costs the requests in flight
-/// one call's deadlines ([`Deadlines`](super::Deadlines) names the two longer
+/// one call's deadlines ([`Deadlines`](super::Deadlines) names the longer
 /// cases) and the rest nothing. After the backoff one request tries
 /// Redis again (the others keep to the policy until it has answered); its
 /// success ends the backoff. Admissions can be given back

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use http::{HeaderValue, Request, Response};
 
-use super::{Guarded, LeasedLimiter, ReconnectingConnection, RedisLimiter};
+use super::{AnyAsyncConnection, AsyncRedisConnection, Guarded, LeasedLimiter, RedisLimiter};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
@@ -112,7 +112,7 @@ mod sealed {
     pub trait Decide {
         /// Decide one permit for `key`, awaiting nothing when no call is
         /// needed.
-        fn decide(self: &Arc<Self>, con: &ReconnectingConnection, key: &[u8]) -> Decided;
+        fn decide(self: &Arc<Self>, con: &AnyAsyncConnection, key: &[u8]) -> Decided;
 
         /// The limiter in Redis.
         fn redis_limiter(&self) -> &RedisLimiter;
@@ -121,7 +121,7 @@ mod sealed {
         /// when the limit can (exact mode), for a combined layer.
         fn take_owned(
             self: &Arc<Self>,
-            con: ReconnectingConnection,
+            con: AnyAsyncConnection,
             key: Vec<u8>,
             n: u32,
         ) -> BoxFuture<(Decision, Option<Refund>)>;
@@ -157,7 +157,7 @@ where
     A: Algorithm + Send + Sync + 'static,
     C: Clock + Send + Sync + 'static,
 {
-    fn decide(self: &Arc<Self>, con: &ReconnectingConnection, key: &[u8]) -> Decided {
+    fn decide(self: &Arc<Self>, con: &AnyAsyncConnection, key: &[u8]) -> Decided {
         match self.begin(key, 1) {
             Ok(Ok(decision)) => Decided::Now(decision),
             Ok(Err(call)) => {
@@ -178,7 +178,7 @@ where
 
     fn take_owned(
         self: &Arc<Self>,
-        mut con: ReconnectingConnection,
+        mut con: AnyAsyncConnection,
         key: Vec<u8>,
         n: u32,
     ) -> BoxFuture<(Decision, Option<Refund>)> {
@@ -202,7 +202,7 @@ where
 }
 
 impl<C: Clock + Send + Sync + 'static> sealed::Decide for LeasedLimiter<C> {
-    fn decide(self: &Arc<Self>, con: &ReconnectingConnection, key: &[u8]) -> Decided {
+    fn decide(self: &Arc<Self>, con: &AnyAsyncConnection, key: &[u8]) -> Decided {
         let Ok(step) = self.step(key, 1) else {
             return Decided::Now(unreachable_denial());
         };
@@ -236,7 +236,7 @@ impl<C: Clock + Send + Sync + 'static> sealed::Decide for LeasedLimiter<C> {
     /// spent.
     fn take_owned(
         self: &Arc<Self>,
-        mut con: ReconnectingConnection,
+        mut con: AnyAsyncConnection,
         key: Vec<u8>,
         n: u32,
     ) -> BoxFuture<(Decision, Option<Refund>)> {
@@ -298,7 +298,7 @@ pub struct RedisLayerStats {
 /// A call takes at most the connection's response deadline (three for a
 /// script's first call after Redis lost its scripts), plus the connect
 /// deadline for each of those that has to connect first
-/// ([`ReconnectingConnection`]). A
+/// ([`ReconnectingConnection`](super::ReconnectingConnection)). A
 /// call that fails is answered by the limit's failure policy
 /// ([`OnFailure`](super::OnFailure): 429 when failing closed, the local limit
 /// when failing open), and for the backoff after it no request calls Redis:
@@ -354,7 +354,7 @@ pub struct RedisLayerStats {
 /// ```
 pub struct RedisRateLimitLayer<L, X, R = PlainDenial> {
     limit: Arc<L>,
-    con: ReconnectingConnection,
+    con: AnyAsyncConnection,
     extractor: X,
     respond: R,
     challenge: Option<HeaderValue>,
@@ -365,20 +365,26 @@ pub struct RedisRateLimitLayer<L, X, R = PlainDenial> {
 
 impl<L: RedisLimit, X: KeyExtractor> RedisRateLimitLayer<L, X> {
     /// A layer limiting requests by the key `extractor` picks, through
-    /// `limit`, calling Redis on `con`.
-    pub fn new(limit: L, con: ReconnectingConnection, extractor: X) -> RedisRateLimitLayer<L, X> {
+    /// `limit`, calling Redis on `con`: any of the crate's asynchronous
+    /// connections ([`AsyncRedisConnection`]), to one server, to a Redis
+    /// Cluster or to the primary Sentinels name.
+    pub fn new(
+        limit: L,
+        con: impl AsyncRedisConnection,
+        extractor: X,
+    ) -> RedisRateLimitLayer<L, X> {
         RedisRateLimitLayer::shared(Arc::new(limit), con, extractor)
     }
 
     /// A layer on a limit shared with other code (to read its stats, say).
     pub fn shared(
         limit: Arc<L>,
-        con: ReconnectingConnection,
+        con: impl AsyncRedisConnection,
         extractor: X,
     ) -> RedisRateLimitLayer<L, X> {
         RedisRateLimitLayer {
             limit,
-            con,
+            con: con.into_any(),
             extractor,
             respond: PlainDenial,
             challenge: None,
@@ -396,7 +402,7 @@ impl<L, X, R> RedisRateLimitLayer<L, X, R> {
     }
 
     /// The connection the layer calls Redis on.
-    pub fn connection(&self) -> &ReconnectingConnection {
+    pub fn connection(&self) -> &AnyAsyncConnection {
         &self.con
     }
 

@@ -101,6 +101,20 @@
 //! killed mid-request). A call that timed out may still have
 //! been decided by Redis: it is never sent again.
 //!
+//! # Redis Cluster and Sentinel
+//!
+//! [`Deadlines::blocking_cluster`] and [`Deadlines::async_cluster`] connect to
+//! a Redis Cluster, [`Deadlines::sentinel`] and
+//! [`Deadlines::reconnecting_sentinel`] to the primary that Sentinels name
+//! (asking them again after a failover). Like the single-server connections
+//! they send no call twice: redis-rs's own cluster connection resends a call
+//! that timed out (up to 16 times by default), so it could take a script's
+//! tokens as often; the cluster connections here follow only redirections
+//! (`MOVED`, `ASK`). Every entry point that keeps a connection takes any of
+//! them through one sealed trait, [`RedisConnection`] (blocking) or
+//! [`AsyncRedisConnection`] (tokio); the per-call methods take any
+//! `ConnectionLike`.
+//!
 //! # Behind a tower layer
 //!
 //! With features `tower` and `tokio` too, [`RedisRateLimitLayer`] puts a
@@ -120,6 +134,7 @@
 //! (`capacity * period / amount`) beyond `2^50` ns (13 days). Explicit times
 //! must be below `2^52` µs (the year 2112).
 
+mod cluster;
 #[cfg(all(feature = "tower", feature = "tokio"))]
 mod combined;
 mod connection;
@@ -130,7 +145,11 @@ mod health;
 mod layer;
 mod leased;
 mod refund;
+mod topology;
 
+#[cfg(feature = "tokio")]
+pub use cluster::AsyncClusterConnection;
+pub use cluster::BlockingClusterConnection;
 #[cfg(feature = "tokio")]
 pub use connection::ReconnectingConnection;
 pub use connection::{BlockingConnection, Deadlines};
@@ -148,6 +167,9 @@ pub use leased::{LeasedBuilder, LeasedLimiter, LeasedStats, Refresher};
 pub const MAX_LEASE: u32 = (1 << 23) - 1;
 
 pub use refund::RedisReceipt;
+pub use topology::RedisConnection;
+#[cfg(feature = "tokio")]
+pub use topology::{AnyAsyncConnection, AsyncRedisConnection};
 
 use core::time::Duration;
 use std::sync::LazyLock;

@@ -139,7 +139,7 @@ fn saturating_nanos(d: Duration) -> u64 {
 ///
 /// Every call runs on the caller's connection, with its deadline
 /// ([`Deadlines`](super::Deadlines)); a request makes at most one call, so no
-/// request waits longer than one call's deadlines (`Deadlines` names the two
+/// request waits longer than one call's deadlines (`Deadlines` names the
 /// cases in redis-rs that take more than one). A failed call starts a backoff, for
 /// which no request calls Redis; while it lasts a request that the leases held
 /// here cannot serve is answered by the [`OnFailure`] policy: denied (fail

@@ -13,7 +13,7 @@ use ::redis::ConnectionLike;
 
 use super::{Fetch, LeasedLimiter, word};
 use crate::clock::Clock;
-use crate::redis::BlockingConnection;
+use crate::redis::RedisConnection;
 use crate::sync::Ordering;
 
 /// A thread that takes the prefetches of a [`LeasedLimiter`] off the request
@@ -61,14 +61,16 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
     /// request that crosses the low-water mark then only queues the key, and
     /// makes no call), and gives back idle leases every idle time (at least
     /// every 10 ms). A miss (no tokens here) is still fetched by its request.
-    /// `None` when a refresher was started already.
+    /// `None` when a refresher was started already. `con` is any of the
+    /// crate's blocking connections ([`RedisConnection`]): to one server, to
+    /// a Redis Cluster, or to the primary Sentinels name.
     ///
     /// # Errors
     ///
     /// When the thread cannot be spawned.
     pub fn start_refresher(
         self: &Arc<Self>,
-        mut con: BlockingConnection,
+        mut con: impl RedisConnection,
     ) -> std::io::Result<Option<Refresher>> {
         let (queue, requests) = mpsc::sync_channel::<Option<Queued>>(QUEUE);
         let wake = queue.clone();
