@@ -156,13 +156,15 @@ redis.call('SET', KEYS[1], string.format('%d:%d:%d', current + n, previous, inde
 return {1, limit - estimate - n, 0, 0}
 ";
 
+/// One call of a case: whether it admitted.
+type Call = Box<dyn FnMut(&mut dyn ConnectionLike) -> bool>;
+
 /// One measured case: N calls, made by `call`.
 struct Case {
     name: &'static str,
     /// Whether every counted call must admit (else deny).
     admits: bool,
-    /// One call: whether it admitted.
-    call: Box<dyn FnMut(&mut dyn ConnectionLike) -> bool>,
+    call: Call,
 }
 
 /// A round's figures for one case, per call: Redis' time in the command
