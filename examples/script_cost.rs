@@ -19,7 +19,14 @@
 //! value, no validation), admitted and denied, plus the token bucket in a
 //! hash (HMGET, HSET, PEXPIRE); and `return 1`, the floor of any EVALSHA.
 //! End to end, each case's wall time per call is set against that of the
-//! bare `return 1` on the same connection.
+//! bare `return 1` on the same connection. The server's main thread's CPU
+//! time per call (its schedstat) is reported too: on a loaded machine it is
+//! less lengthened than `usec_per_call` by waiting for a CPU.
+//!
+//! `--tsv` prints one line per case and round instead (case, Redis µs, CPU
+//! µs, wall µs, wall over `return 1`'s), for comparing builds: BENCHMARKS.md
+//! ("Exact mode on Redis: script time") ran the builds before and after a
+//! change alternately, under `chrt -f 1` on a shared machine.
 
 #[allow(dead_code)]
 #[path = "../tests/support/redis_server.rs"]
