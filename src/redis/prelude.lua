@@ -71,8 +71,9 @@ local wrote
 -- Store the state `a:b` (or `a:b:c`), to expire `us` microseconds from now
 -- rounded up to whole milliseconds (never before it is as good as fresh),
 -- plus the slack: one SET with PX, where a hash would need HSET and PEXPIRE.
--- '%.0f' writes a whole number exactly below 2^53, where tostring's 14
--- significant digits do not.
+-- Whole numbers below 2^53 are written exactly by '%.0f' (tostring's 14
+-- significant digits are not) and by '%d' where Lua's '%d' is a 64-bit C
+-- long, the same text in half the time: the check picks '%d' only there.
 local function store_state(us, a, b, c)
     local ms, rest = idiv(us, 1000)
     if rest > 0 then
@@ -81,12 +82,14 @@ local function store_state(us, a, b, c)
     if ms < 1 then
         ms = 1
     end
+    local long = string.format('%d', 9007199254740991) == '9007199254740991'
     if c then
-        wrote = string.format('%.0f:%.0f:%.0f', a, b, c)
+        wrote = string.format(long and '%d:%d:%d' or '%.0f:%.0f:%.0f', a, b, c)
     else
-        wrote = string.format('%.0f:%.0f', a, b)
+        wrote = string.format(long and '%d:%d' or '%.0f:%.0f', a, b)
     end
-    redis.call('SET', KEYS[1], wrote, 'PX', string.format('%.0f', ms + tonumber(ARGV[3])))
+    redis.call('SET', KEYS[1], wrote, 'PX',
+        string.format(long and '%d' or '%.0f', ms + tonumber(ARGV[3])))
 end
 
 local now
