@@ -23,6 +23,10 @@
 //! time per call (its schedstat) is reported too: on a loaded machine it is
 //! less lengthened than `usec_per_call` by waiting for a CPU.
 //!
+//! `--body K` times the scripts' bodies instead, each run K times in a loop
+//! inside one EVAL (R EVALs per case): the script's own work, without the
+//! round trip or the EVALSHA's dispatch, which every script pays alike.
+//!
 //! `--tsv` prints one line per case and round instead (case, Redis µs, CPU
 //! µs, wall µs, wall over `return 1`'s), for comparing builds: BENCHMARKS.md
 //! ("Exact mode on Redis: script time") ran the builds before and after a
@@ -453,6 +457,191 @@ fn median_spread(mut values: Vec<f64>) -> (f64, f64, f64) {
     (median, values[0], values[values.len() - 1])
 }
 
+/// The crate's scripts as `RedisLimiter` assembles them (the prelude, then
+/// the algorithm's part), from the sources this example was built with.
+const PRELUDE: &str = include_str!("../src/redis/prelude.lua");
+const TOKEN_BUCKET: [&str; 2] = [
+    include_str!("../src/redis/token_bucket_level.lua"),
+    include_str!("../src/redis/token_bucket.lua"),
+];
+const GCRA: &str = include_str!("../src/redis/gcra.lua");
+const FIXED_WINDOW: &str = include_str!("../src/redis/fixed_window.lua");
+const SLIDING_WINDOW: &str = include_str!("../src/redis/sliding_window.lua");
+
+/// `--body K`: each script's body run K times in a loop inside one EVAL, so
+/// that neither the round trip nor the EVAL's own dispatch is counted, and
+/// a loaded machine's pauses show as outliers of single EVALs: `reps` EVALs
+/// per case, each timed alone (`CONFIG RESETSTAT` before it), reported as
+/// the lowest and the median µs per iteration.
+fn body_mode(plain: &mut Connection, k: usize, reps: usize) {
+    let micros = |d: Duration| d.as_micros() as u64;
+    let roomy = Quota::new(10_000, 1, Duration::from_micros(1)).expect("a valid quota");
+    let tight = Quota::new(1, 1, HOUR).expect("a valid quota");
+    let bucket = |q: Quota| {
+        let unit = micros(q.time_unit());
+        vec![
+            u64::from(q.capacity()),
+            u64::from(q.amount()),
+            micros(q.period()) / unit,
+            micros(q.fill_time()) / unit,
+            unit,
+        ]
+    };
+    let hour = micros(HOUR);
+    let window = 20_000_000;
+    let tb = format!("{PRELUDE}{}{}", TOKEN_BUCKET[0], TOKEN_BUCKET[1]);
+    let gcra = format!("{PRELUDE}{GCRA}");
+    let fw = format!("{PRELUDE}{FIXED_WINDOW}");
+    let sw = format!("{PRELUDE}{SLIDING_WINDOW}");
+    // (name, script, ARGV after the time, n and slack for the crate's; whole
+    // ARGV for a minimal one, admits)
+    let crate_args = |params: Vec<u64>| {
+        let mut v = vec![String::new(), "1".to_owned(), "0".to_owned()];
+        v.extend(params.iter().map(u64::to_string));
+        v
+    };
+    let plain_args = |params: Vec<u64>| params.iter().map(u64::to_string).collect::<Vec<_>>();
+    let cases: Vec<(&str, &str, Vec<String>, bool)> = vec![
+        (
+            "token bucket, admitted",
+            &tb,
+            crate_args(bucket(roomy)),
+            true,
+        ),
+        (
+            "minimal token bucket, admitted",
+            MIN_TOKEN_BUCKET,
+            plain_args(vec![10_000, 1, 1, 1]),
+            true,
+        ),
+        (
+            "GCRA, admitted",
+            &gcra,
+            crate_args(vec![1_000, 1_000_000_000]),
+            true,
+        ),
+        (
+            "minimal GCRA, admitted",
+            MIN_GCRA,
+            plain_args(vec![1, 1_000_000, 1]),
+            true,
+        ),
+        (
+            "fixed window, admitted",
+            &fw,
+            crate_args(vec![10_000_000, window]),
+            true,
+        ),
+        (
+            "minimal fixed window, admitted",
+            MIN_FIXED_WINDOW,
+            plain_args(vec![10_000_000, window, 1]),
+            true,
+        ),
+        (
+            "sliding window, admitted",
+            &sw,
+            crate_args(vec![10_000_000, window]),
+            true,
+        ),
+        (
+            "minimal sliding window, admitted",
+            MIN_SLIDING_WINDOW,
+            plain_args(vec![10_000_000, window, 1]),
+            true,
+        ),
+        (
+            "token bucket, denied",
+            &tb,
+            crate_args(bucket(tight)),
+            false,
+        ),
+        (
+            "minimal token bucket, denied",
+            MIN_TOKEN_BUCKET,
+            plain_args(vec![1, 1, hour, 1]),
+            false,
+        ),
+        (
+            "GCRA, denied",
+            &gcra,
+            crate_args(vec![hour * 1_000, hour * 1_000]),
+            false,
+        ),
+        (
+            "minimal GCRA, denied",
+            MIN_GCRA,
+            plain_args(vec![hour, hour, 1]),
+            false,
+        ),
+        (
+            "fixed window, denied",
+            &fw,
+            crate_args(vec![1, hour]),
+            false,
+        ),
+        (
+            "minimal fixed window, denied",
+            MIN_FIXED_WINDOW,
+            plain_args(vec![1, hour, 1]),
+            false,
+        ),
+        (
+            "sliding window, denied",
+            &sw,
+            crate_args(vec![1, hour]),
+            false,
+        ),
+        (
+            "minimal sliding window, denied",
+            MIN_SLIDING_WINDOW,
+            plain_args(vec![1, hour, 1]),
+            false,
+        ),
+    ];
+    println!(
+        "each script's body {k} times in one EVAL, {reps} EVALs: µs per iteration, lowest and median"
+    );
+    println!("| case | lowest | median |\n|---|---|---|");
+    for (name, script, argv, admits) in cases {
+        let looped = format!(
+            "local function body()\n{script}\nend\nlocal r\nfor i = 1, {k} do\n    r = body()\nend\nreturn r[1]\n"
+        );
+        let _: () = redis::cmd("FLUSHALL").query(plain).expect("FLUSHALL");
+        let mut per_iteration = Vec::new();
+        // The first EVAL warms (and spends a denied case's key), uncounted.
+        for rep in 0..=reps {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query(plain)
+                .expect("CONFIG RESETSTAT");
+            let last: i64 = redis::cmd("EVAL")
+                .arg(&looped)
+                .arg(1)
+                .arg("bk")
+                .arg(&argv)
+                .query(plain)
+                .expect("the looped script runs");
+            assert_eq!(last == 1, admits, "{name}");
+            if rep > 0 {
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query(plain)
+                    .expect("INFO commandstats");
+                let usec: f64 = info
+                    .lines()
+                    .find(|l| l.starts_with("cmdstat_eval:"))
+                    .and_then(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("usec=")))
+                    .and_then(|v| v.parse().ok())
+                    .expect("EVAL counted");
+                per_iteration.push(usec / k as f64);
+            }
+        }
+        let (median, low, _) = median_spread(per_iteration);
+        println!("| {name} | {low:.2} | {median:.2} |");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let calls = arg(&args, "--calls").unwrap_or(20_000);
@@ -462,6 +651,10 @@ fn main() {
     };
     let mut con = server.connection();
     let mut plain = server.plain();
+    if let Some(k) = arg(&args, "--body") {
+        body_mode(&mut plain, k.max(1), rounds);
+        return;
+    }
     let pid = server_pid(&mut plain);
     let mut cases = cases();
     let mut figures: Vec<Vec<Figures>> = vec![Vec::new(); cases.len()];
