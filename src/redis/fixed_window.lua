@@ -3,8 +3,10 @@
 -- ARGV[4..5]: limit, window (us).
 local limit, w = tonumber(ARGV[4]), tonumber(ARGV[5])
 local index, into = idiv(now, w)
-local state = load_state(2) or {0, index}
-local count, stored = state[1], state[2]
+local count, stored = load_state(2)
+if not count then
+    count, stored = 0, index
+end
 -- The window the count belongs to, and how far ahead of the reading's it is.
 local window, ahead = index, 0
 if count == 0 or stored < index then
@@ -15,7 +17,7 @@ elseif stored > index then
 end
 if count + n <= limit then
     -- Fresh again when the counted window ends.
-    store_state({count + n, window}, (window + 1) * w - now)
+    store_state((window + 1) * w - now, count + n, window)
     return {1, limit - count - n, 0, 0}
 end
 return {0, 0, (ahead + 1) * w - into, 0}

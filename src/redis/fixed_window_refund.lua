@@ -7,16 +7,16 @@
 -- a later window (or has expired with its window), the permits no longer
 -- count and nothing is owed: the refund declines.
 local w = tonumber(ARGV[5])
-local written = receipt(2)
-local state = load_state(2)
-if not state or state[2] ~= written[2] or state[1] < n then
+local _, written = receipt(2)
+local count, window = load_state(2)
+if not count or window ~= written or count < n then
     return 0
 end
-local count = state[1] - n
+count = count - n
 if count == 0 then
     -- A count of 0 reads as a fresh state.
     redis.call('DEL', KEYS[1])
     return 1
 end
-store_state({count, state[2]}, (state[2] + 1) * w - now)
+store_state((window + 1) * w - now, count, window)
 return 1

@@ -4,10 +4,9 @@
 -- ARGV[4..5]: the emission interval T and the horizon capacity * T, in ns,
 -- the horizon at most 2^50 ns.
 local interval, horizon = tonumber(ARGV[4]), tonumber(ARGV[5])
-local state = load_state(2)
-local tat, ns = nil, 0
-if state then
-    tat, ns = state[1], state[2]
+local tat, ns = load_state(2)
+if not tat then
+    ns = 0
 end
 -- How far max(TAT, now) is ahead of now: d us + ns.
 local d
@@ -22,7 +21,7 @@ if d <= idiv(horizon, 1000) + 1 then
     if ahead <= horizon then
         local whole, rest = idiv(ahead, 1000)
         -- Fresh again once the TAT is not after the reading.
-        store_state({now + whole, rest}, whole + (rest > 0 and 1 or 0))
+        store_state(whole + (rest > 0 and 1 or 0), now + whole, rest)
         return {1, idiv(horizon - ahead, interval), 0, 0}
     end
 end

@@ -7,14 +7,14 @@
 -- admission's reading, which decides as the TAT before it at that reading and
 -- every later one: GCRA reads max(TAT, now).
 local interval = tonumber(ARGV[4])
-local written = receipt(2)
-local state = load_state(2)
-if not state or not same(state, written) then
+local written_tat, written_ns = receipt(2)
+local stored_tat, stored_ns = load_state(2)
+if stored_tat ~= written_tat or stored_ns ~= written_ns then
     return 0
 end
 -- n * T <= the horizon <= 2^50 ns, so exact; subtracted as us and ns.
 local cost_us, cost_ns = idiv(interval * n, 1000)
-local tat, ns = written[1] - cost_us, written[2] - cost_ns
+local tat, ns = written_tat - cost_us, written_ns - cost_ns
 if ns < 0 then
     tat, ns = tat - 1, ns + 1000
 end
@@ -23,5 +23,5 @@ if tat < 0 then
     return 0
 end
 -- Fresh again once the TAT is not after the reading, as a decision writes it.
-store_state({tat, ns}, tat - now + (ns > 0 and 1 or 0))
+store_state(tat - now + (ns > 0 and 1 or 0), tat, ns)
 return 1

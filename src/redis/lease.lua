@@ -17,5 +17,5 @@ if level < grant then
 end
 local left = level - grant
 local full = base + idiv(capacity - left + amount - 1, amount) * period
-store_state({left, base}, full * unit - now)
+store_state(full * unit - now, left, base)
 return {grant, left, 0, 0}

@@ -30,53 +30,51 @@ local function idiv(x, d)
     return q, r
 end
 
--- A whole number as Redis stores it: '%.0f' is exact below 2^53, where
--- tostring's 14 significant digits are not.
-local function str(x)
-    return string.format('%.0f', x)
-end
-
--- The key's state, as whole numbers joined by ':', or nil for none (a
--- fresh state). A value that is not such a state (written by something
--- else) fails the call and stays as it is: taking it as fresh could admit a
--- whole burst more than the limit.
+-- The key's state: `fields` (2 or 3) whole numbers, stored joined by ':',
+-- returned as that many values; nothing for none (a fresh state). A value
+-- that is not such a state (written by something else) fails the call and
+-- stays as it is: taking it as fresh could admit a whole burst more than the
+-- limit. One anchored pattern takes decimal digits only, in fields joined by
+-- single ':' (no sign, space, exponent, hex, 'inf' or empty field, which
+-- tonumber would take), and each must be below 2^53 so that it is the exact
+-- number written.
 local function load_state(fields)
     local value = redis.call('GET', KEYS[1])
     if not value then
-        return nil
+        return
     end
-    local state, i = {}, 0
-    -- Decimal digits only, in fields joined by single ':' (no sign, space,
-    -- exponent, hex, 'inf' or empty field, which tonumber would take), each
-    -- below 2^53 so that it is the exact number written.
-    if not string.find(value, '^[0-9:]+$') or string.find(value, '^:')
-        or string.find(value, ':$') or string.find(value, '::', 1, true) then
-        i = -1
+    if fields == 2 then
+        local a, b = string.match(value, '^(%d+):(%d+)$')
+        if a then
+            a, b = tonumber(a), tonumber(b)
+            if a < 9007199254740992 and b < 9007199254740992 then
+                return a, b
+            end
+        end
     else
-        for field in string.gmatch(value, '[^:]+') do
-            i = i + 1
-            state[i] = tonumber(field)
-            if state[i] == nil or state[i] >= 9007199254740992 then
-                i = -1
-                break
+        local a, b, c = string.match(value, '^(%d+):(%d+):(%d+)$')
+        if a then
+            a, b, c = tonumber(a), tonumber(b), tonumber(c)
+            if a < 9007199254740992 and b < 9007199254740992 and c < 9007199254740992 then
+                return a, b, c
             end
         end
     end
-    if i ~= fields then
-        error({err = 'turnstile: ' .. KEYS[1] ..
-            ' holds a value that is not this limiter\'s state; delete it or choose another prefix'})
-    end
-    return state
+    error({err = 'turnstile: ' .. KEYS[1] ..
+        ' holds a value that is not this limiter\'s state; delete it or choose another prefix'})
 end
 
 -- The state this script wrote, as stored: what a refundable admission
 -- returns as its receipt (nil until `store_state`).
 local wrote
 
--- Store the state, to expire `us` microseconds from now rounded up to whole
--- milliseconds (never before it is as good as fresh), plus the slack: one
--- SET with PX, where a hash would need HSET and PEXPIRE.
-local function store_state(state, us)
+-- Store the state `a:b` (or `a:b:c`), to expire `us` microseconds from now
+-- rounded up to whole milliseconds (never before it is as good as fresh),
+-- plus the slack: one SET with PX, where a hash would need HSET and PEXPIRE.
+-- Whole numbers below 2^53 are written exactly by '%.0f' (tostring's 14
+-- significant digits are not) and by '%d' where Lua's '%d' is a 64-bit C
+-- long, the same text in half the time: the check picks '%d' only there.
+local function store_state(us, a, b, c)
     local ms, rest = idiv(us, 1000)
     if rest > 0 then
         ms = ms + 1
@@ -84,13 +82,14 @@ local function store_state(state, us)
     if ms < 1 then
         ms = 1
     end
-    ms = ms + tonumber(ARGV[3])
-    local parts = {}
-    for i, v in ipairs(state) do
-        parts[i] = str(v)
+    local long = string.format('%d', 9007199254740991) == '9007199254740991'
+    if c then
+        wrote = string.format(long and '%d:%d:%d' or '%.0f:%.0f:%.0f', a, b, c)
+    else
+        wrote = string.format(long and '%d:%d' or '%.0f:%.0f', a, b)
     end
-    wrote = table.concat(parts, ':')
-    redis.call('SET', KEYS[1], wrote, 'PX', str(ms))
+    redis.call('SET', KEYS[1], wrote, 'PX',
+        string.format(long and '%d' or '%.0f', ms + tonumber(ARGV[3])))
 end
 
 local now

@@ -8,28 +8,19 @@
 -- written nothing. A key that holds something that is not the limiter's state
 -- fails the call, as it fails a decision.
 
--- The receipt's state as numbers, `fields` of them.
+-- The receipt's state as numbers, `fields` (2 or 3) of them, as values.
 local function receipt(fields)
-    local state, i = {}, 0
-    for field in string.gmatch(ARGV[#ARGV], '[^:]+') do
-        i = i + 1
-        state[i] = tonumber(field)
+    local a, b, c
+    if fields == 2 then
+        a, b = string.match(ARGV[#ARGV], '^(%d+):(%d+)$')
+    else
+        a, b, c = string.match(ARGV[#ARGV], '^(%d+):(%d+):(%d+)$')
     end
-    if i ~= fields then
+    if not a then
         error({err = 'turnstile: a refund receipt that is not this limiter\'s state'})
     end
-    return state
-end
-
--- Whether two states are the same numbers (the same state, however written).
-local function same(a, b)
-    if #a ~= #b then
-        return false
+    if fields == 2 then
+        return tonumber(a), tonumber(b)
     end
-    for i = 1, #a do
-        if a[i] ~= b[i] then
-            return false
-        end
-    end
-    return true
+    return tonumber(a), tonumber(b), tonumber(c)
 end

@@ -4,8 +4,10 @@
 -- ARGV[4..5]: limit, window (us); `limit * window < 2^53`.
 local limit, w = tonumber(ARGV[4]), tonumber(ARGV[5])
 local index, into = idiv(now, w)
-local state = load_state(3) or {0, 0, index}
-local current, previous, stored = state[1], state[2], state[3]
+local current, previous, stored = load_state(3)
+if not current then
+    current, previous, stored = 0, 0, index
+end
 -- Where the counts apply: the window written, how many windows ahead of the
 -- reading's that is, and the microseconds into it at which to weigh them.
 local window, ahead, at = index, 0, into
@@ -34,7 +36,7 @@ if current + n <= limit then
     local faded = idiv(previous * at, w)
     if previous <= room + faded then
         -- Counts in window k weigh nothing from the start of window k + 2.
-        store_state({current + n, previous, window}, (window + 2) * w - now)
+        store_state((window + 2) * w - now, current + n, previous, window)
         return {1, room + faded - previous, 0, 0}
     end
     -- Within this window, once p * (w - e') <= room * w.

@@ -9,15 +9,14 @@
 -- window k + 2 on they weigh nothing, and nothing is owed: the refund
 -- declines, as it does for a key that expired.
 local w = tonumber(ARGV[5])
-local written = receipt(3)
-local state = load_state(3)
-if not state then
+local _, _, written = receipt(3)
+local current, previous, stored = load_state(3)
+if not current then
     return 0
 end
-local current, previous, stored = state[1], state[2], state[3]
-if stored == written[3] and current >= n then
+if stored == written and current >= n then
     current = current - n
-elseif stored == written[3] + 1 and previous >= n then
+elseif stored == written + 1 and previous >= n then
     previous = previous - n
 else
     return 0
@@ -27,5 +26,5 @@ if current + previous == 0 then
     redis.call('DEL', KEYS[1])
     return 1
 end
-store_state({current, previous, stored}, (stored + 2) * w - now)
+store_state((stored + 2) * w - now, current, previous, stored)
 return 1

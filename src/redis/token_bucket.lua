@@ -10,5 +10,5 @@ end
 local left = level - n
 -- Full again, and so fresh-equivalent, once the missing tokens are refilled.
 local full = base + idiv(capacity - left + amount - 1, amount) * period
-store_state({left, base}, full * unit - now)
+store_state(full * unit - now, left, base)
 return {1, left, 0, 0}

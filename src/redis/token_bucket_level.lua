@@ -5,8 +5,10 @@
 local capacity, amount = tonumber(ARGV[4]), tonumber(ARGV[5])
 local period, fill, unit = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local t = idiv(now, unit)
-local state = load_state(2) or {capacity, 0}
-local tokens, last = state[1], state[2]
+local tokens, last = load_state(2)
+if not tokens then
+    tokens, last = capacity, 0
+end
 -- The bucket now: `level` tokens, refilled at `base`.
 local level, base
 if tokens >= capacity then

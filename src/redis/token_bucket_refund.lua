@@ -11,17 +11,17 @@
 -- reading) is a fresh one: the key is deleted.
 local capacity, amount = tonumber(ARGV[4]), tonumber(ARGV[5])
 local period, unit = tonumber(ARGV[6]), tonumber(ARGV[8])
-local written = receipt(2)
-local state = load_state(2)
-if not state or not same(state, written) then
+local left, base = receipt(2)
+local tokens, last = load_state(2)
+if tokens ~= left or last ~= base then
     return 0
 end
-local level, base = written[1] + n, written[2]
+local level = left + n
 if level >= capacity then
     redis.call('DEL', KEYS[1])
     return 1
 end
 -- The expiry the state without the admission had: when it is full again.
 local full = base + idiv(capacity - level + amount - 1, amount) * period
-store_state({level, base}, full * unit - now)
+store_state(full * unit - now, level, base)
 return 1
