@@ -283,11 +283,11 @@ proptest! {
                 admitted.push((now / unit, count));
             }
         }
-        for i in 0..admitted.len() {
+        for (i, &(first, _)) in admitted.iter().enumerate() {
             let mut sum = 0;
-            for j in i..admitted.len() {
-                sum += admitted[j].1;
-                let spans = (admitted[j].0 - admitted[i].0).div_ceil(period);
+            for &(at, count) in &admitted[i..] {
+                sum += count;
+                let spans = (at - first).div_ceil(period);
                 let bound = u64::from(capacity) + u64::from(quota.amount()) * spans;
                 prop_assert!(sum <= bound, "{} admitted over {} periods, bound {}", sum, spans, bound);
             }

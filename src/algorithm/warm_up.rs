@@ -137,8 +137,6 @@ const REFUND_TIME_BITS: u32 = 47;
 pub struct WarmUp {
     /// The stable bucket: the whole algorithm when `periods == 0`.
     bucket: TokenBucket,
-    /// The warm-up period asked for.
-    warm_up: Duration,
     /// `N`: the warm-up period in whole periods, rounded up; 0 for none.
     periods: u64,
     /// The cold factor in thousandths, `1_000 ..= 1_000_000`.
@@ -147,6 +145,11 @@ pub struct WarmUp {
     layout: Layout,
     /// The shift of the heat field: the width of the time field.
     heat_shift: u32,
+    /// The heat field's bits, shifted down.
+    heat_mask: u64,
+    /// Whether `ramp_numerator(N)` and `⌊B(N)⌋·den` fit in 64 bits, so that
+    /// the ramp is computed in machine words.
+    narrow: bool,
     capacity: u64,
     amount: u64,
     /// In time units, at least 1.
@@ -156,6 +159,10 @@ pub struct WarmUp {
     refill_window: u64,
     /// `⌊B(N)⌋`.
     ramp: u64,
+    /// `2·c·N`, `c` in thousandths: the denominator of `B`.
+    den: u64,
+    /// `⌈c⌉`.
+    cold_ceil: u64,
     /// Periods to fill an empty cold bucket.
     cold_fill: u64,
     /// Whether the time field is wide enough for exact refunds.
@@ -265,17 +272,24 @@ impl WarmUp {
         };
         let mut w = WarmUp {
             bucket,
-            warm_up,
             periods,
             cold,
             layout,
             heat_shift: time_bits,
+            heat_mask: (1 << bits(periods)) - 1,
+            // `2·N²·(c + s) < 2^64` bounds both; `N < 2^24` and `c <= 2^20`
+            // keep the product itself below 2^70.
+            narrow: 2 * u128::from(periods) * u128::from(periods) * u128::from(cold + COLD_SCALE)
+                <= u128::from(u64::MAX),
             capacity: u64::from(quota.capacity()),
             amount: u64::from(quota.amount()),
             period: period.max(1),
             half: layout.half_range(),
             refill_window: layout.half_range() - period.max(1),
             ramp: 0,
+            // Below 2^1 * 2^20 * 2^24.
+            den: 2 * cold * periods,
+            cold_ceil: cold.div_ceil(COLD_SCALE),
             cold_fill: 0,
             refunds: time_bits >= REFUND_TIME_BITS,
         };
@@ -309,20 +323,33 @@ impl WarmUp {
         self.cold as f64 / COLD_SCALE as f64
     }
 
-    /// `⌊B(j)⌋` for `j <= N` (`N >= 1`).
+    /// `2·s·N·j + (c - s)·j²` with `c` the cold factor in thousandths and
+    /// `s` = 1,000: `B(j)` times `2·c·N` (`self.den`), for `j <= N`. Below
+    /// 2^24 periods and a cold factor below 2^20 thousandths it stays below
+    /// 2^70.
+    #[inline(always)]
+    fn ramp_numerator(&self, j: u64) -> u128 {
+        if self.narrow {
+            // `j <= N`: within the bound the constructor checked.
+            return u128::from(
+                2 * COLD_SCALE * self.periods * j + (self.cold - COLD_SCALE) * j * j,
+            );
+        }
+        let (n, j) = (u128::from(self.periods), u128::from(j));
+        let s = u128::from(COLD_SCALE);
+        2 * s * n * j + u128::from(self.cold - COLD_SCALE) * j * j
+    }
+
+    /// `⌊B(j)⌋` for `j <= N` (`N >= 1`): at most `j`.
     #[inline]
     fn ramp_batches(&self, j: u64) -> u64 {
-        let (n, j, c, s) = (
-            u128::from(self.periods),
-            u128::from(j),
-            u128::from(self.cold),
-            u128::from(COLD_SCALE),
-        );
-        // Below 2^24 periods and a cold factor below 2^20 thousandths: the
-        // numerator stays below 2^70.
-        let num = 2 * s * n * j + (c - s) * j * j;
-        // At most `j`.
-        (num / (2 * c * n)) as u64
+        let num = self.ramp_numerator(j);
+        // One machine division when the numerator fits in 64 bits, as it
+        // does for every warm-up below 2^16 periods at a cold factor below 16.
+        match u64::try_from(num) {
+            Ok(num) => num / self.den,
+            Err(_) => (num / u128::from(self.den)) as u64,
+        }
     }
 
     /// `⌊B(x)⌋` for any `x`.
@@ -342,11 +369,20 @@ impl WarmUp {
         let target = self.batches(heat).saturating_add(m);
         if heat < self.periods && target <= self.ramp {
             // Within the ramp: the smallest `x` in `(heat, N]` with
-            // `⌊B(x)⌋ >= target` (`⌊B⌋` never falls).
-            let (mut lo, mut hi) = (heat + 1, self.periods);
+            // `⌊B(x)⌋ >= target`, that is `B(x)·den >= target·den`. `⌊B⌋`
+            // never falls and rises by at most one a period, and by at least
+            // one every `⌈c⌉` periods (the rate is at least `1/c`): `x` is
+            // within `[heat + m, heat + m·⌈c⌉]`.
+            // `target <= ⌊B(N)⌋`: the goal is at most `ramp_numerator(N)`.
+            let goal = u128::from(target) * u128::from(self.den);
+            let (mut lo, mut hi) = (
+                heat + m,
+                self.periods
+                    .min(heat.saturating_add(m.saturating_mul(self.cold_ceil))),
+            );
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
-                if self.ramp_batches(mid) >= target {
+                if self.ramp_numerator(mid) >= goal {
                     hi = mid;
                 } else {
                     lo = mid + 1;
@@ -364,7 +400,7 @@ impl WarmUp {
 
     #[inline(always)]
     const fn heat(&self, word: u64) -> u64 {
-        (word >> self.heat_shift) & ((1 << (self.layout.time_bits - self.heat_shift)) - 1)
+        (word >> self.heat_shift) & self.heat_mask
     }
 
     #[inline(always)]
@@ -422,7 +458,7 @@ impl WarmUp {
     }
 
     /// A denial: `available < n` tokens at heat `heat`, refilled at `base`.
-    #[inline(never)]
+    #[inline(always)]
     fn deny(
         &self,
         available: u64,
@@ -626,6 +662,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_ramp_too_wide_for_machine_words_is_computed_in_u128() {
+        let quota = Quota::new(1, 1, Duration::from_millis(1)).unwrap();
+        let n = (1u64 << 23) - 1;
+        let w = WarmUp::new(quota, Duration::from_millis(n), 1_000.0).unwrap();
+        assert!(!w.narrow);
+        let exact = |j: u64| {
+            let (n, j) = (u128::from(n), u128::from(j));
+            ((2_000 * n * j + 999_000 * j * j) / (2_000_000 * n)) as u64
+        };
+        for j in [0, 1, 1_000, n / 2, n - 1, n] {
+            assert_eq!(w.batches(j), exact(j), "j = {j}");
+        }
+        for heat in [0, 1, n / 3, n - 2] {
+            let j = w.periods_for(heat, 1);
+            assert!(w.batches(heat + j) > w.batches(heat));
+            assert_eq!(w.batches(heat + j - 1), w.batches(heat));
+        }
+        assert!(warm(1, 1, 1, 1_000, 3.0).narrow);
     }
 
     #[test]
