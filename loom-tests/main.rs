@@ -14,7 +14,7 @@ use loom::sync::atomic::Ordering::SeqCst;
 use loom::thread;
 use turnstile::{
     Algorithm, ConcurrencyLimiter, Decision, FixedWindow, Gcra, KeyedLimiter, LiveTokenBucket,
-    ManualClock, Quota, RateLimiter, SlidingWindow, TokenBucket, chain,
+    ManualClock, Quota, RateLimiter, SlidingWindow, TokenBucket, WarmUp, chain,
 };
 
 type Limiter = RateLimiter<TokenBucket, ManualClock>;
@@ -102,6 +102,13 @@ fn gcra(c: u32) -> impl Fn() -> Gcra + Sync + Send + 'static {
     move || Gcra::new(Quota::new(c, 1, Duration::from_secs(1)).unwrap())
 }
 
+fn warm_up(c: u32) -> impl Fn() -> WarmUp + Sync + Send + 'static {
+    move || {
+        let quota = Quota::new(c, 1, Duration::from_secs(1)).unwrap();
+        WarmUp::new(quota, Duration::from_secs(4), 3.0).unwrap()
+    }
+}
+
 #[test]
 fn two_threads_capacity_one() {
     k_threads_on_capacity_c(2, bucket(1));
@@ -152,12 +159,22 @@ fn gcra_three_threads_burst_two() {
     k_threads_on_capacity_c(3, gcra(2));
 }
 
+#[test]
+fn warm_up_two_threads_burst_one() {
+    k_threads_on_capacity_c(2, warm_up(1));
+}
+
+#[test]
+fn warm_up_three_threads_burst_two() {
+    k_threads_on_capacity_c(3, warm_up(2));
+}
+
 /// Two threads run a chain of a per-caller stage (capacity 2) and a global
 /// stage (capacity 1). Exactly one is admitted; the other's refund of the first
 /// stage races the winner's spend. The first stage never ends with more than
 /// one permit left of two (a refund never gives back what it did not take);
 /// for the windows, whose refunds are always exact, it ends with exactly one.
-/// The token bucket and GCRA keep a refund's permits spent when another
+/// The token bucket, GCRA and the warm-up keep a refund's permits spent when another
 /// admission landed on the word in between, so there it may end with none.
 fn chain_refund_races_a_spend<A>(first: impl Fn() -> A + Sync + Send + 'static, exact: bool)
 where
@@ -213,6 +230,11 @@ fn chain_refund_gcra() {
     chain_refund_races_a_spend(gcra(2), false);
 }
 
+#[test]
+fn chain_refund_warm_up() {
+    chain_refund_races_a_spend(warm_up(2), false);
+}
+
 /// One thread's chain is refused by the global stage while no other admission
 /// touches the first stage: the refund is exact for every algorithm, whatever
 /// the interleaving with a thread that only peeks.
@@ -240,6 +262,7 @@ fn chain_refund_without_a_competing_spend_is_exact() {
     check(fixed(2));
     check(sliding(2));
     check(gcra(2));
+    check(warm_up(2));
 }
 
 /// Three threads each try to run a call behind a bulkhead of 2, and release

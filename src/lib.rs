@@ -47,7 +47,7 @@
 //! - **Calls in flight** rather than calls per second: [`ConcurrencyLimiter`].
 //!   **Waiting in arrival order**: `Fair` (feature `tokio`).
 //! - **Algorithms**: [`TokenBucket`] (the default), [`Gcra`], [`FixedWindow`],
-//!   [`SlidingWindow`]. **Clocks**: [`RealClock`] (the default),
+//!   [`SlidingWindow`], [`WarmUp`] (a token bucket that starts cold). **Clocks**: [`RealClock`] (the default),
 //!   [`CoarseClock`] (cheaper to read), [`ManualClock`] (for tests).
 //! - **One limit across processes**: the `redis` module (feature `redis`),
 //!   exact or leased.
@@ -110,6 +110,7 @@ pub use algorithm::live::LiveTokenBucket;
 pub use algorithm::not_yet::NotYet;
 pub use algorithm::sliding_window::SlidingWindow;
 pub use algorithm::token_bucket::TokenBucket;
+pub use algorithm::warm_up::{WarmUp, WarmUpError};
 pub use chain::ChainAdmission;
 #[cfg(not(turnstile_loom))]
 pub use clock::CoarseClock;

@@ -1,6 +1,7 @@
 //! The fixed window, the sliding window and GCRA against plain reference models
 //! (unbounded integer time, no packing), their documented bounds, the sweep
-//! criterion of every algorithm, and their typed errors.
+//! criterion of every algorithm, and their typed errors. (The warm-up
+//! bucket's model is in `tests/warm_up.rs`.)
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use turnstile::{
     AcquireError, Algorithm, Decision, FixedWindow, Gcra, ManualClock, Quota, QuotaError,
-    RateLimiter, RetryAfter, SlidingWindow, TokenBucket,
+    RateLimiter, RetryAfter, SlidingWindow, TokenBucket, WarmUp,
 };
 
 /// A reference model: what a limiter must answer, written for clarity.
@@ -465,6 +466,11 @@ proptest! {
         fresh_equivalence(gcra, gcra.emission_interval().as_nanos() as u64, start, &trace, &probes)?;
         let bucket = TokenBucket::new(quota);
         fresh_equivalence(bucket, quota.period().as_nanos() as u64, start, &trace, &probes)?;
+        // Up to 16 token bits, the warm-up's time field spans more than the
+        // trace's idles (2^50 ns): a wider capacity narrows it.
+        if let (true, Ok(warm)) = (quota.capacity() <= 65_535, WarmUp::new(quota, quota.period() * 3, 3.0)) {
+            fresh_equivalence(warm, quota.period().as_nanos() as u64, start, &trace, &probes)?;
+        }
     }
 }
 
@@ -562,7 +568,8 @@ proptest! {
         let gcra = Gcra::new(quota);
         let scale = gcra.emission_interval().as_nanos() as u64;
         refund_never_over_credits(gcra, scale, start, &prefix, spend, &between, &probes)?;
-        // Not the token bucket: there a spend itself can bring refills sooner
+        // Not the token bucket (nor the warm-up, which keeps its grid alike):
+        // there a spend itself can bring refills sooner
         // (a bucket that is not full keeps its refill grid, a full one restarts
         // it), so histories with and without a spend are not ordered; its
         // refunds are checked against RFC 1363's bound below.
@@ -730,6 +737,7 @@ fn zero_and_oversized_requests_are_typed_errors_for_every_algorithm() {
     check(SlidingWindow::new(5, Duration::from_secs(1)).unwrap());
     check(Gcra::new(quota));
     check(TokenBucket::new(quota));
+    check(WarmUp::new(quota, Duration::from_secs(3), 3.0).unwrap());
 }
 
 #[test]
@@ -752,6 +760,7 @@ fn no_algorithm_panics_or_admits_at_the_ends_of_time() {
     check(SlidingWindow::new(3, Duration::from_secs(1)).unwrap());
     check(Gcra::new(quota));
     check(TokenBucket::new(quota));
+    check(WarmUp::new(quota, Duration::from_secs(3), 3.0).unwrap());
     // GCRA's TAT saturates at the end of the clock's range: it denies.
     let gcra = Gcra::new(quota);
     let (d, _) = gcra.decide(u64::MAX - 1, u64::MAX - 1, 3);

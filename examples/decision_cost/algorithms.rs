@@ -128,6 +128,17 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
         "fixed-window" => run(FixedWindow::new(limit, HOUR).expect("valid"), n),
         "sliding-window" => run(SlidingWindow::new(limit, 2 * HOUR).expect("valid"), n),
         "gcra" => run(Gcra::new(quota), n),
+        // The token bucket's quota, with a burst that leaves the word room
+        // for a heat field (21 token bits: up to 7 periods of warm-up).
+        "warm-up" => {
+            let quota = if allow {
+                quota.burst((1 << 21) - 1).expect("a valid burst")
+            } else {
+                quota
+            };
+            let warm = turnstile::WarmUp::new(quota, quota.period() * 4, 3.0).expect("valid");
+            run(warm, n)
+        }
         "governor" => {
             let nz = |n| NonZeroU32::new(n).expect("nonzero");
             let quota = if allow {
@@ -143,7 +154,7 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
         other => {
             eprintln!(
                 "unknown algorithm {other:?}: token-bucket, live-token-bucket, fixed-window, \
-                 sliding-window, gcra or governor"
+                 sliding-window, gcra, warm-up or governor"
             );
             return ExitCode::FAILURE;
         }

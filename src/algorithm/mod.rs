@@ -11,12 +11,14 @@ pub(crate) mod live;
 pub(crate) mod not_yet;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
+pub(crate) mod warm_up;
 pub(crate) mod window;
 
 /// How long after its decision's clock reading an admission can be refunded,
 /// or a reservation cancelled, in nanoseconds: `2^45` µs (1.1 years). Every
 /// built-in word but GCRA's keeps its time modulo a span of at least `2^47`
-/// µs ([`Clock`](crate::Clock#readings-years-off)), and a refund or a cancel
+/// µs ([`Clock`](crate::Clock#readings-years-off)) (a warm-up's may be
+/// shorter: it then declines every refund), and a refund or a cancel
 /// recognizes its word by that time (or by the whole word): once the clock
 /// has come round the span, a later word can look the same. A refund asked
 /// this long after its admission declines instead.

@@ -38,8 +38,10 @@ pub use real::{ClockSource, MonotonicClock, RealClock, TscClock};
 /// forwards, one above it as a reading behind. Half the span is at least
 /// `2^47` µs (4.46 years) for a [`TokenBucket`](crate::TokenBucket),
 /// [`FixedWindow`](crate::FixedWindow) and [`SlidingWindow`](crate::SlidingWindow),
-/// and `2^46` µs (2.2 years) for a [`LiveTokenBucket`](crate::LiveTokenBucket).
-/// So:
+/// `2^46` µs (2.2 years) for a [`LiveTokenBucket`](crate::LiveTokenBucket),
+/// and `2^39` µs (6.4 days) for a [`WarmUp`](crate::WarmUp), whose heat
+/// takes bits from its time field (its [word](crate::WarmUp#the-packed-word)
+/// gives the exact span; a warm-up of zero is a token bucket's). So:
 ///
 /// - a reading *behind* the word's time by less than half the span creates no
 ///   permits; one further back is indistinguishable from a reading that far
