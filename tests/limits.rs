@@ -3,72 +3,23 @@
 //! Lists they are, and requests priced by their responses.
 
 use std::collections::BTreeMap;
+
+#[allow(dead_code)]
+#[path = "support/fields.rs"]
+mod fields;
+
+use fields::{list, names, param};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::HeaderName;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use proptest::prelude::*;
 use tower::{Layer, Service, ServiceExt, service_fn};
 use turnstile::tower::{ApiKeyHeader, Global, Limits, LimitsError, PeerIp, RateLimitLayer};
 use turnstile::{Gate, KeyedLimiter, ManualClock, Quota, RateLimiter, Tiered};
-
-/// One parsed List item: its name and its integer parameters.
-type ListItem = (String, BTreeMap<String, i64>);
-
-/// The items of the List field `name`, every line of it, parsed.
-fn list(headers: &HeaderMap, name: &str) -> Vec<ListItem> {
-    let joined = headers
-        .get_all(name)
-        .iter()
-        .map(|v| v.to_str().expect("ASCII"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    if joined.is_empty() {
-        return Vec::new();
-    }
-    let list = sfv::Parser::new(&joined)
-        .parse_list()
-        .unwrap_or_else(|e| panic!("{name}: {joined:?} is not a structured-field List: {e}"));
-    list.into_iter()
-        .map(|entry| match entry {
-            sfv::ListEntry::Item(item) => {
-                let name = item
-                    .bare_item
-                    .as_string()
-                    .expect("a policy name is a String")
-                    .as_str()
-                    .to_owned();
-                let params = item
-                    .params
-                    .iter()
-                    .map(|(k, v)| {
-                        (
-                            k.as_str().to_owned(),
-                            v.as_integer().expect("integer").into(),
-                        )
-                    })
-                    .collect();
-                (name, params)
-            }
-            sfv::ListEntry::InnerList(_) => panic!("{name}: an inner list"),
-        })
-        .collect()
-}
-
-/// `name`'s parameter `param` in the List.
-fn param(items: &[ListItem], name: &str, param: &str) -> Option<i64> {
-    items
-        .iter()
-        .find(|(n, _)| n == name)
-        .and_then(|(_, params)| params.get(param).copied())
-}
-
-fn names(items: &[ListItem]) -> Vec<&str> {
-    items.iter().map(|(n, _)| n.as_str()).collect()
-}
 
 fn request(key: Option<&str>, peer: &str) -> Request<()> {
     let mut builder = Request::builder();

@@ -8,6 +8,10 @@
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
+#[allow(dead_code)]
+#[path = "support/fields.rs"]
+mod fields;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -285,31 +289,13 @@ async fn a_leased_limit_joins_a_combined_layer_too() {
 }
 
 /// The items of the List field `name`, parsed: each item's name and its
-/// `r` parameter.
+/// `r` parameter (its `q`, in `RateLimit-Policy`).
 fn list(response: &Response<String>, name: &str) -> Vec<(String, i64)> {
-    let joined = response
-        .headers()
-        .get_all(name)
-        .iter()
-        .map(|v| v.to_str().unwrap())
-        .collect::<Vec<_>>()
-        .join(", ");
-    sfv::Parser::new(&joined)
-        .parse_list()
-        .unwrap_or_else(|e| panic!("{joined:?} is not a structured-field List: {e}"))
+    fields::list(response.headers(), name)
         .into_iter()
-        .map(|entry| match entry {
-            sfv::ListEntry::Item(item) => {
-                let name = item.bare_item.as_string().unwrap().as_str().to_owned();
-                let r = item
-                    .params
-                    .iter()
-                    .find(|(k, _)| k.as_str() == "r" || k.as_str() == "q")
-                    .and_then(|(_, v)| v.as_integer())
-                    .map_or(-1, i64::from);
-                (name, r)
-            }
-            sfv::ListEntry::InnerList(_) => panic!("an inner list"),
+        .map(|(item, params)| {
+            let value = params.get("r").or(params.get("q")).copied();
+            (item, value.unwrap_or(-1))
         })
         .collect()
 }

@@ -7,6 +7,12 @@
 #[path = "../examples/shared/server.rs"]
 mod server;
 
+#[allow(dead_code)]
+#[path = "support/fields.rs"]
+mod fields;
+
+use fields::{names, param, parse_list as list};
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,53 +55,6 @@ async fn send(addr: SocketAddr, request: &[u8]) -> Reply {
         headers,
         body: body.to_string(),
     }
-}
-
-/// One parsed List item: its name and its integer parameters.
-type ListItem = (String, BTreeMap<String, i64>);
-
-/// The items of a List field's value (`RateLimit-Policy`, `RateLimit`).
-fn list(field: &str) -> Vec<ListItem> {
-    let list = sfv::Parser::new(field)
-        .parse_list()
-        .unwrap_or_else(|e| panic!("{field:?} is not a structured-field List: {e}"));
-    list.into_iter()
-        .map(|entry| match entry {
-            sfv::ListEntry::Item(item) => {
-                let name = item
-                    .bare_item
-                    .as_string()
-                    .expect("a policy name is a String")
-                    .as_str()
-                    .to_owned();
-                let params = item
-                    .params
-                    .iter()
-                    .map(|(k, v)| {
-                        (
-                            k.as_str().to_owned(),
-                            v.as_integer().expect("integer").into(),
-                        )
-                    })
-                    .collect();
-                (name, params)
-            }
-            sfv::ListEntry::InnerList(_) => panic!("{field:?}: an inner list"),
-        })
-        .collect()
-}
-
-/// The names of the items, in order.
-fn names(items: &[ListItem]) -> Vec<&str> {
-    items.iter().map(|(n, _)| n.as_str()).collect()
-}
-
-/// Item `name`'s parameter `param`.
-fn param(items: &[ListItem], name: &str, param: &str) -> Option<i64> {
-    items
-        .iter()
-        .find(|(n, _)| n == name)
-        .and_then(|(_, params)| params.get(param).copied())
 }
 
 async fn get(addr: SocketAddr, path: &str, extra: &str) -> Reply {
