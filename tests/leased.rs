@@ -582,10 +582,11 @@ struct Outage {
     /// Admitted from requests that began after the server was dead, before
     /// it was back.
     admitted_while_down: u64,
-    /// Admitted from requests that began after the kill was sent, before the
-    /// server was back (the lease held may have been spent before the death
-    /// was seen).
-    admitted_since_the_kill: u64,
+    /// Admitted by the failure policy (the local share), over the whole
+    /// run: a false failure before the kill on a loaded machine may draw
+    /// from the share too, so this, not a count from the kill, is the share
+    /// spent.
+    admitted_by_the_policy: u64,
     /// From the restart to the first lease Redis granted.
     back_after: Option<Duration>,
 }
@@ -593,8 +594,6 @@ struct Outage {
 /// Where the outage test is, as its main thread sets it.
 #[derive(Clone, Copy, Default)]
 struct Phase {
-    /// Just before the kill was sent.
-    killing: Option<Instant>,
     /// Once the server's process was reaped.
     down: Option<Instant>,
     /// Once the new server answered.
@@ -612,16 +611,16 @@ fn outage_replica(
         if phase.lock().unwrap().stop {
             return seen;
         }
-        let before = limiter.stats().lease_calls;
+        let before = limiter.stats();
         let start = Instant::now();
         let decision = limiter.try_acquire(con, "k").unwrap();
         let took = start.elapsed();
         seen.slowest = seen.slowest.max(took);
+        if decision.is_allowed() && limiter.stats().fallbacks > before.fallbacks {
+            seen.admitted_by_the_policy += 1;
+        }
         let now = *phase.lock().unwrap();
         if now.up.is_none() && decision.is_allowed() {
-            if now.killing.is_some_and(|t| start > t) {
-                seen.admitted_since_the_kill += 1;
-            }
             if now.down.is_some_and(|t| start > t) {
                 seen.admitted_while_down += 1;
             }
@@ -629,7 +628,7 @@ fn outage_replica(
         if let Some(up) = now.up
             && seen.back_after.is_none()
             && start > up
-            && limiter.stats().lease_calls > before
+            && limiter.stats().lease_calls > before.lease_calls
         {
             seen.back_after = Some(Instant::now() - up);
         }
@@ -684,7 +683,6 @@ fn redis_killed_mid_run_fails_as_configured_and_recovers() {
             outage_replica(&open, &mut con, &phase)
         });
         thread::sleep(Duration::from_millis(400));
-        set(&|p| p.killing = Some(Instant::now()));
         drop(server); // SIGKILL, then waited for
         set(&|p| p.down = Some(Instant::now()));
         thread::sleep(Duration::from_millis(600));
@@ -718,10 +716,12 @@ fn redis_killed_mid_run_fails_as_configured_and_recovers() {
         "{seen_closed:?}"
     );
     // Failing open: the leases held, plus the local share (5, and not many
-    // more refilled at one a second). Counted from the kill, the whole
-    // share is in it; counted from the death, at most the lease and the
-    // share.
-    assert!(seen_open.admitted_since_the_kill >= 5, "{seen_open:?}");
+    // more refilled at one a second). The whole share is spent by the
+    // policy (a false failure before the kill may have spent part of it
+    // early, so it is counted over the run); counted from the death, at
+    // most the lease and the share are admitted.
+    assert!(seen_open.admitted_by_the_policy >= 5, "{seen_open:?}");
+    assert_eq!(seen_closed.admitted_by_the_policy, 0, "{seen_closed:?}");
     assert!(
         seen_open.admitted_while_down <= u64::from(lease + lease / 4) + 5 + 1,
         "{seen_open:?}"
