@@ -1,5 +1,16 @@
 //! One in-process limit of a combined layer ([`Limit`], [`Entry`]) and the
 //! all-or-nothing walk over them.
+//!
+//! # The walk
+//!
+//! Every limit's key is found before any permit is taken, so a request
+//! without one spends nothing; and each key is extracted once. The walk
+//! goes down the limits in order ([`Limit::walk`]), each frame extracting
+//! its key and keeping it on its own stack frame, then handing the next
+//! frame a [`Prefix`]: the takes of every limit so far, in order. The last
+//! frame, every key found, runs that prefix: limit 0 takes, then its
+//! [`Then`] (limit 1's take, and so on, down to [`Done`]). A refusal
+//! unwinds through the takes already made, each giving its permits back.
 
 use super::items::{Cached, Items, State};
 use super::settle::{Held, Ticket, now_remaining, now_state};
@@ -13,8 +24,11 @@ pub(super) enum Verdict {
         by: usize,
         decision: KeyedDecision,
     },
-    /// A key vanished between the check and the decision.
-    NoKey,
+    /// A limit found no key: nothing was taken anywhere.
+    Missing {
+        denial: Denial,
+        challenge: HeaderValue,
+    },
 }
 
 /// What deciding a request collects.
@@ -29,6 +43,37 @@ pub(super) struct Decide {
     pub(super) depth: usize,
 }
 
+/// The takes after one limit's: run once that limit admitted.
+pub(super) trait Then {
+    fn go(&mut self, cx: &mut Decide) -> Verdict;
+}
+
+/// The takes of the limits walked so far, each with its key: `with` makes
+/// them in order, then runs `then`.
+pub(super) trait Prefix {
+    fn with(&mut self, cx: &mut Decide, then: &mut dyn Then) -> Verdict;
+}
+
+/// The prefix before the first limit: nothing to take.
+pub(super) struct First;
+
+impl Prefix for First {
+    #[inline]
+    fn with(&mut self, cx: &mut Decide, then: &mut dyn Then) -> Verdict {
+        then.go(cx)
+    }
+}
+
+/// What follows the last limit's take: the request is admitted.
+struct Done;
+
+impl Then for Done {
+    #[inline]
+    fn go(&mut self, _: &mut Decide) -> Verdict {
+        Verdict::Admitted
+    }
+}
+
 /// One limit of a [`Limits`] layer, its types erased.
 pub(super) trait Limit: Send + Sync {
     fn name(&self) -> &str;
@@ -40,13 +85,16 @@ pub(super) trait Limit: Send + Sync {
     fn missing(&self, head: &RequestHead<'_>) -> Option<Denial>;
     /// The challenge of a 401 for a key this limit did not find.
     fn challenge(&self) -> HeaderValue;
-    /// Decide this limit and then `rest`, all or nothing.
-    fn decide(
+    /// Find this limit's key and then `rest`'s; once every key is found,
+    /// take from `before`'s limits, this one and `rest`, in order, all or
+    /// nothing.
+    fn walk(
         &self,
         head: &RequestHead<'_>,
         n: u32,
         rest: &[Box<dyn Limit>],
         cx: &mut Decide,
+        before: &mut dyn Prefix,
     ) -> Verdict;
     /// The wait `n` permits would have now, if this limit would refuse them.
     fn wait(&self, head: &RequestHead<'_>, n: u32) -> Option<RetryAfter>;
@@ -96,68 +144,35 @@ where
     }
 
     #[inline]
-    fn decide(
+    fn walk(
         &self,
         head: &RequestHead<'_>,
         n: u32,
         rest: &[Box<dyn Limit>],
         cx: &mut Decide,
+        before: &mut dyn Prefix,
     ) -> Verdict {
         let Some(key) = self.extractor.extract(head) else {
-            return Verdict::NoKey;
-        };
-        let by = cx.depth;
-        let (decision, receipt) = self.limiter.stage_take(&key, n);
-        let KeyedDecision::Allowed { remaining } = decision else {
-            // The longest wait of this limit and every later one that would
-            // refuse too; those are asked without taking anything.
-            let longest = rest
-                .iter()
-                .filter_map(|later| later.wait(head, n))
-                .chain(decision.retry_after())
-                .max();
-            let decision = match (decision, longest) {
-                (KeyedDecision::KeyLimit { .. }, Some(retry_after)) => {
-                    KeyedDecision::KeyLimit { retry_after }
-                }
-                (_, Some(retry_after)) => KeyedDecision::Denied { retry_after },
-                (other, None) => other,
+            return Verdict::Missing {
+                denial: match self.extractor.misconfiguration(head) {
+                    Some(problem) => Denial::Misconfigured(problem),
+                    None => Denial::Refused(Outcome::Unauthorized),
+                },
+                challenge: self.extractor.challenge(),
             };
-            return Verdict::Refused { by, decision };
         };
-        if cx.advertise && !cx.keep {
-            cx.items.push(
-                &self.name,
-                self.cached.as_ref(),
-                self.limiter.advertise_for(&key),
-                &State::Remaining(remaining),
-            );
-        }
-        cx.depth += 1;
-        let verdict = match rest.split_first() {
-            None => Verdict::Admitted,
-            Some((next, rest)) => next.decide(head, n, rest, cx),
+        let mut staged = Staged {
+            entry: self,
+            key: &*key,
+            head,
+            n,
+            rest,
+            before,
         };
-        match (&verdict, receipt) {
-            // Kept even when the admission wrote nothing (so took nothing):
-            // its limit is still told after the response.
-            (Verdict::Admitted, receipt) if cx.keep => {
-                cx.tickets.push(Box::new(Held::<X, L> {
-                    name: self.name.clone(),
-                    limiter: Arc::clone(&self.limiter),
-                    key: key.into_owned(),
-                    receipt,
-                    n,
-                }));
-            }
-            (Verdict::Admitted, _) => {}
-            (_, Some(receipt)) => {
-                // Declined or not, the answer is the same denial.
-                let _ = self.limiter.stage_give_back(&key, receipt);
-            }
-            (_, None) => {}
+        match rest.split_first() {
+            None => staged.with(cx, &mut Done),
+            Some((next, rest)) => next.walk(head, n, rest, cx, &mut staged),
         }
-        verdict
     }
 
     fn wait(&self, head: &RequestHead<'_>, n: u32) -> Option<RetryAfter> {
@@ -180,5 +195,105 @@ where
             self.limiter.advertise_for(&key),
             &state,
         );
+    }
+}
+
+/// One limit with its key found: the prefix of the walk through it.
+struct Staged<'a, 'h, X: KeyExtractor, L> {
+    entry: &'a Entry<X, L>,
+    key: &'a X::Lookup,
+    head: &'a RequestHead<'h>,
+    n: u32,
+    /// The limits after this one.
+    rest: &'a [Box<dyn Limit>],
+    before: &'a mut dyn Prefix,
+}
+
+impl<X, L> Prefix for Staged<'_, '_, X, L>
+where
+    X: KeyExtractor,
+    L: GateLimiter<X::Lookup> + Send + Sync + 'static,
+{
+    #[inline]
+    fn with(&mut self, cx: &mut Decide, then: &mut dyn Then) -> Verdict {
+        let mut take = Take {
+            entry: self.entry,
+            key: self.key,
+            head: self.head,
+            n: self.n,
+            rest: self.rest,
+            then,
+        };
+        self.before.with(cx, &mut take)
+    }
+}
+
+/// One limit's take, then `then`; given back if `then` is not admitted.
+struct Take<'a, 'h, X: KeyExtractor, L> {
+    entry: &'a Entry<X, L>,
+    key: &'a X::Lookup,
+    head: &'a RequestHead<'h>,
+    n: u32,
+    rest: &'a [Box<dyn Limit>],
+    then: &'a mut dyn Then,
+}
+
+impl<X, L> Then for Take<'_, '_, X, L>
+where
+    X: KeyExtractor,
+    L: GateLimiter<X::Lookup> + Send + Sync + 'static,
+{
+    #[inline]
+    fn go(&mut self, cx: &mut Decide) -> Verdict {
+        let (entry, key, head, n, rest) = (self.entry, self.key, self.head, self.n, self.rest);
+        let by = cx.depth;
+        let (decision, receipt) = entry.limiter.stage_take(key, n);
+        let KeyedDecision::Allowed { remaining } = decision else {
+            // The longest wait of this limit and every later one that would
+            // refuse too; those are asked without taking anything.
+            let longest = rest
+                .iter()
+                .filter_map(|later| later.wait(head, n))
+                .chain(decision.retry_after())
+                .max();
+            let decision = match (decision, longest) {
+                (KeyedDecision::KeyLimit { .. }, Some(retry_after)) => {
+                    KeyedDecision::KeyLimit { retry_after }
+                }
+                (_, Some(retry_after)) => KeyedDecision::Denied { retry_after },
+                (other, None) => other,
+            };
+            return Verdict::Refused { by, decision };
+        };
+        if cx.advertise && !cx.keep {
+            cx.items.push(
+                &entry.name,
+                entry.cached.as_ref(),
+                entry.limiter.advertise_for(key),
+                &State::Remaining(remaining),
+            );
+        }
+        cx.depth += 1;
+        let verdict = self.then.go(cx);
+        match (&verdict, receipt) {
+            // Kept even when the admission wrote nothing (so took nothing):
+            // its limit is still told after the response.
+            (Verdict::Admitted, receipt) if cx.keep => {
+                cx.tickets.push(Box::new(Held::<X, L> {
+                    name: entry.name.clone(),
+                    limiter: Arc::clone(&entry.limiter),
+                    key: key.to_owned(),
+                    receipt,
+                    n,
+                }));
+            }
+            (Verdict::Admitted, _) => {}
+            (_, Some(receipt)) => {
+                // Declined or not, the answer is the same denial.
+                let _ = entry.limiter.stage_give_back(key, receipt);
+            }
+            (_, None) => {}
+        }
+        verdict
     }
 }

@@ -119,8 +119,8 @@ type CostOf = Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>;
 /// request refused in-process costs no call). A request is decided as
 /// follows:
 ///
-/// 1. **Keys first.** Every limit's key is extracted before any permit is
-///    taken: a request without one is answered 401 (or 500 for a server
+/// 1. **Keys first.** Every limit's key is extracted, once, before any
+///    permit is taken: a request without one is answered 401 (or 500 for a server
 ///    misconfiguration, [`KeyExtractor::misconfiguration`]) and spends
 ///    nothing anywhere.
 /// 2. **All or nothing, in order.** Limits are asked in the order they were

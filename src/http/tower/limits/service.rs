@@ -1,7 +1,7 @@
 //! The [`Limited`] service: a request decided by the in-process limits at
 //! once, by the remote ones in its response future, then answered.
 
-use super::decide::{Decide, Verdict};
+use super::decide::{Decide, First, Verdict};
 use super::items::{Items, State};
 use super::remote::{RemoteOutcome, push_remote, remote_phase};
 use super::settle::{Settlement, Ticket};
@@ -51,33 +51,26 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &self.layer.shared;
         let head = RequestHead::of(&request);
-        // Every key before any permit: a request without one spends nothing.
-        let missing = shared
-            .limits
-            .iter()
-            .find_map(|l| l.missing(&head).map(|d| (d, l.challenge())))
-            .or_else(|| {
-                let mut remote = shared.remote.iter();
-                remote.find_map(|r| r.missing(&head).map(|d| (d, r.challenge())))
-            });
-        if let Some((denial, challenge)) = missing {
-            match denial {
-                Denial::Misconfigured(problem) => shared.reported.report(problem),
-                _ => shared.counts.add(UNAUTHORIZED, thread_slot()),
-            }
-            let response = deny(
-                &self.layer.respond,
-                &denial,
-                shared.challenge.as_ref(),
-                || challenge,
-                None,
-            );
-            return LimitedFuture::denied(closing(&request, response));
-        }
+        // Every key before any permit, so a request without one spends
+        // nothing: the remote limits' here, the in-process limits' in the
+        // walk, before its first take.
         let remote_keys: Option<Vec<Vec<u8>>> =
             shared.remote.iter().map(|r| r.key(&head)).collect();
         let Some(remote_keys) = remote_keys else {
-            return self.unauthorized(&request);
+            // The first limit without a key answers, in-process ones first.
+            let missing = shared
+                .limits
+                .iter()
+                .find_map(|l| l.missing(&head).map(|d| (d, l.challenge())))
+                .or_else(|| {
+                    let mut remote = shared.remote.iter();
+                    remote.find_map(|r| r.missing(&head).map(|d| (d, r.challenge())))
+                });
+            return match missing {
+                Some((denial, challenge)) => self.missing(&request, denial, challenge),
+                // An extractor that found a key once and not again.
+                None => self.unauthorized(&request),
+            };
         };
         let remote = !remote_keys.is_empty();
         let mut decide = Decide {
@@ -91,7 +84,7 @@ where
         };
         let verdict = match shared.limits.split_first() {
             None => Verdict::Admitted,
-            Some((first, rest)) => first.decide(&head, shared.cost, rest, &mut decide),
+            Some((first, rest)) => first.walk(&head, shared.cost, rest, &mut decide, &mut First),
         };
         match verdict {
             Verdict::Admitted if remote => {
@@ -143,14 +136,38 @@ where
                 );
                 LimitedFuture::denied(closing(&request, response))
             }
-            // Keys were all found above; an extractor that answers
-            // differently the second time is treated as no key.
-            Verdict::NoKey => self.unauthorized(&request),
+            Verdict::Missing { denial, challenge } => self.missing(&request, denial, challenge),
         }
     }
 }
 
 impl<Svc, R> Limited<Svc, R> {
+    /// A 401 (or a misconfiguration's 500) for a limit that found no key.
+    fn missing<ReqBody, B, E>(
+        &self,
+        request: &Request<ReqBody>,
+        denial: Denial,
+        challenge: HeaderValue,
+    ) -> LimitedFuture<Svc, ReqBody, B>
+    where
+        Svc: Service<Request<ReqBody>, Response = Response<B>, Error = E>,
+        R: DenialResponse<B>,
+    {
+        let shared = &self.layer.shared;
+        match denial {
+            Denial::Misconfigured(problem) => shared.reported.report(problem),
+            _ => shared.counts.add(UNAUTHORIZED, thread_slot()),
+        }
+        let response = deny(
+            &self.layer.respond,
+            &denial,
+            shared.challenge.as_ref(),
+            || challenge,
+            None,
+        );
+        LimitedFuture::denied(closing(request, response))
+    }
+
     /// A 401 for a key that an extractor found once and not again.
     pub(super) fn unauthorized<ReqBody, B, E>(
         &self,
