@@ -84,7 +84,7 @@ for path in allow deny; do
     modes+=("$path governor+wait precise $M")
 done
 for path in allow deny; do
-    for alg in token-bucket live-token-bucket fixed-window sliding-window gcra warm-up governor; do
+    for alg in token-bucket live-token-bucket fixed-window sliding-window gcra warm-up warm-up-warm governor; do
         modes+=("algorithm $path $alg $M")
     done
 done

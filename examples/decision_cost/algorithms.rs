@@ -139,6 +139,26 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
             let warm = turnstile::WarmUp::new(quota, quota.period() * 4, 3.0).expect("valid");
             run(warm, n)
         }
+        // The same bucket warmed: used period after period (heat at its
+        // top), then, for denials, emptied; the clock stops there. A bucket
+        // under sustained demand is warm once its warm-up period has passed.
+        "warm-up-warm" => {
+            let quota = if allow {
+                quota.burst((1 << 21) - 1).expect("a valid burst")
+            } else {
+                quota
+            };
+            let warm = turnstile::WarmUp::new(quota, quota.period() * 4, 3.0).expect("valid");
+            let clock = ManualClock::new();
+            let l = RateLimiter::from_parts(warm, clock.clone());
+            for _ in 0..12 {
+                let _ = l.try_acquire();
+                clock.advance(quota.period());
+                let _ = l.try_acquire();
+            }
+            while !allow && l.try_acquire().is_allowed() {}
+            measured(n, || l.try_acquire());
+        }
         "governor" => {
             let nz = |n| NonZeroU32::new(n).expect("nonzero");
             let quota = if allow {
@@ -154,7 +174,7 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
         other => {
             eprintln!(
                 "unknown algorithm {other:?}: token-bucket, live-token-bucket, fixed-window, \
-                 sliding-window, gcra, warm-up or governor"
+                 sliding-window, gcra, warm-up, warm-up-warm or governor"
             );
             return ExitCode::FAILURE;
         }

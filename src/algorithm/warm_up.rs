@@ -362,6 +362,14 @@ impl WarmUp {
         }
     }
 
+    /// [`periods_for`](Self::periods_for) out of line: a denial's wait while
+    /// warming, kept off the path of the decisions on a warm bucket.
+    #[cold]
+    #[inline(never)]
+    fn periods_warming(&self, heat: u64, m: u64) -> u64 {
+        self.periods_for(heat, m)
+    }
+
     /// The fewest periods `j >= 1` after which a bucket warming from heat
     /// `heat` has refilled `m` batches: `⌊B(heat + j)⌋ - ⌊B(heat)⌋ >= m`.
     #[inline]
@@ -413,8 +421,14 @@ impl WarmUp {
     fn level(&self, word: u64, now: u64) -> Level {
         let tokens = self.layout.tokens(word);
         let last = self.layout.time(word);
-        let heat = self.heat(word);
         let elapsed = self.layout.wrap(now.wrapping_sub(last));
+        if tokens < self.capacity && elapsed.wrapping_sub(self.period) >= self.refill_window {
+            // Not a whole period yet, or a reading behind the stored time.
+            // (First: the path of every admission within a period, which
+            // reads no heat.)
+            return Level::AsStored { tokens, last };
+        }
+        let heat = self.heat(word);
         if tokens >= self.capacity {
             // Full: cools a degree each whole period; the fraction is
             // dropped. Behind the stored time nothing changes (a fresh word,
@@ -431,10 +445,6 @@ impl WarmUp {
                 heat,
                 base,
             };
-        }
-        if elapsed.wrapping_sub(self.period) >= self.refill_window {
-            // Not a whole period yet, or a reading behind the stored time.
-            return Level::AsStored { tokens, heat, last };
         }
         let periods = elapsed / self.period;
         let need = (self.capacity - tokens).div_ceil(self.amount);
@@ -467,8 +477,18 @@ impl WarmUp {
         now_ns: u64,
         n: u64,
     ) -> (Decision, Option<u64>) {
-        let missing = n.saturating_sub(available).div_ceil(self.amount);
-        let periods = self.periods_for(heat, missing);
+        let missing = n.saturating_sub(available);
+        let missing = if self.amount == 1 {
+            missing
+        } else {
+            missing.div_ceil(self.amount)
+        };
+        let periods = if heat >= self.periods {
+            // Warm: one batch a period, as the token bucket.
+            missing
+        } else {
+            self.periods_warming(heat, missing)
+        };
         let refill = periods.saturating_mul(self.period).min(self.half);
         let now = self.layout.time_of(now_ns);
         let ahead = self
@@ -490,7 +510,7 @@ impl WarmUp {
 #[derive(Clone, Copy, Debug)]
 enum Level {
     /// No refill is due: the word's fields stand.
-    AsStored { tokens: u64, heat: u64, last: u64 },
+    AsStored { tokens: u64, last: u64 },
     /// Refilled (or full, or cooled) as of `base`.
     Refilled { tokens: u64, heat: u64, base: u64 },
 }
@@ -528,9 +548,9 @@ impl Algorithm for WarmUp {
         let n = u64::from(n);
         // `remaining <= capacity <= u32::MAX` in both arms.
         match self.level(word, t) {
-            Level::AsStored { tokens, heat, last } => {
+            Level::AsStored { tokens, last } => {
                 if tokens < n {
-                    return self.deny(tokens, heat, last, now, n);
+                    return self.deny(tokens, self.heat(word), last, now, n);
                 }
                 let remaining = (tokens - n) as u32;
                 (
