@@ -397,17 +397,13 @@ pub(crate) fn check_permits(n: u32, capacity: u32) -> Result<(), AcquireError> {
     }
 }
 
-impl<A: Algorithm, C: Clock, M: Counter> crate::admission::sealed::Sealed for RateLimiter<A, C, M> {}
-
-impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
-    fn capacity(&self) -> u32 {
-        RateLimiter::capacity(self)
-    }
-
+impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
+    /// [`take`](Stage::take) at `now`, a reading of a clock whose readings
+    /// are this limiter's ([`Clock::shared_readings`]): a reading of any age
+    /// is sound, as for a decision whose compare-and-swap is retried.
     #[inline]
-    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+    pub(crate) fn take_at(&self, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
         let epoch = self.algorithm().epoch();
-        let now = self.clock().now();
         let (decision, written) = self.cell().take(self.algorithm(), now, n);
         self.count(decision.is_allowed());
         (
@@ -419,6 +415,19 @@ impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
                 at: now,
             }),
         )
+    }
+}
+
+impl<A: Algorithm, C: Clock, M: Counter> crate::admission::sealed::Sealed for RateLimiter<A, C, M> {}
+
+impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
+    fn capacity(&self) -> u32 {
+        RateLimiter::capacity(self)
+    }
+
+    #[inline]
+    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        self.take_at(n, self.clock().now())
     }
 
     fn peek(&self, n: u32) -> KeyedDecision {

@@ -711,3 +711,90 @@ async fn a_changed_quota_is_advertised_from_then_on_and_fields_can_be_off() {
     assert_eq!(r.headers()["retry-after"], "3600");
     assert!(!r.headers().contains_key("ratelimit"));
 }
+
+/// A clock that counts its readings; `shared` says whether it declares its
+/// readings shared with every clock of the same identity.
+#[derive(Clone)]
+struct CountingClock {
+    inner: ManualClock,
+    reads: Arc<std::sync::atomic::AtomicU64>,
+    shared: Option<usize>,
+}
+
+impl turnstile::Clock for CountingClock {
+    fn now(&self) -> u64 {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.now()
+    }
+
+    fn shared_readings(&self) -> Option<usize> {
+        self.shared
+    }
+}
+
+/// Limits whose clocks share their readings decide at one reading a
+/// request; limits on clocks of their own each read theirs; a mix reads
+/// each.
+#[tokio::test]
+async fn limits_on_one_clocks_readings_read_the_time_once_a_request() {
+    let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let manual = ManualClock::new();
+    let clock = |shared: Option<usize>| CountingClock {
+        inner: manual.clone(),
+        reads: Arc::clone(&reads),
+        shared,
+    };
+    let quota = Quota::new(100, 1, Duration::from_secs(1)).unwrap();
+    let layer = |a: Option<usize>, b: Option<usize>, c: Option<usize>| {
+        Limits::builder()
+            .limit(
+                "key",
+                api_key(),
+                KeyedLimiter::<String, _, _>::builder(quota)
+                    .clock(clock(a))
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap()
+            .limit(
+                "ip",
+                PeerIp::new(),
+                KeyedLimiter::<IpAddr, _, _>::builder(quota)
+                    .clock(clock(b))
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap()
+            .limit("all", Global, RateLimiter::with_clock(quota, clock(c)))
+            .unwrap()
+            .build()
+            .unwrap()
+    };
+    let reads_per_request = |a, b, c| {
+        let layer = layer(a, b, c);
+        let reads = Arc::clone(&reads);
+        async move {
+            let mut service = layer.layer(echo());
+            // The first request inserts each key (a new key reads its
+            // limiter's clock again under its shard's lock): counted from
+            // the second.
+            assert_eq!(
+                send(&mut service, request(Some("a"), "10.0.0.1:1"))
+                    .await
+                    .status(),
+                200
+            );
+            let before = reads.load(std::sync::atomic::Ordering::Relaxed);
+            for _ in 0..10 {
+                let response = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+                assert_eq!(response.status(), 200);
+            }
+            (reads.load(std::sync::atomic::Ordering::Relaxed) - before) / 10
+        }
+    };
+    assert_eq!(reads_per_request(Some(7), Some(7), Some(7)).await, 1);
+    assert_eq!(reads_per_request(None, None, None).await, 3);
+    assert_eq!(reads_per_request(Some(7), Some(8), Some(7)).await, 3);
+    assert_eq!(reads_per_request(Some(7), Some(7), None).await, 3);
+}

@@ -108,6 +108,15 @@ pub trait Clock: Send + Sync {
         let _ = duration;
         false
     }
+
+    /// An identity shared by every clock whose readings are this one's: a
+    /// reading of one is a reading of all, so a combined layer whose limits
+    /// all answer the same `Some` reads the time once per request. `None`
+    /// (the default): this clock's readings are its own.
+    #[doc(hidden)]
+    fn shared_readings(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// What [`skip_sleep`] did with a sleep.
@@ -143,6 +152,10 @@ impl<C: Clock + ?Sized> Clock for &C {
 
     fn skip(&self, duration: Duration) -> bool {
         (**self).skip(duration)
+    }
+
+    fn shared_readings(&self) -> Option<usize> {
+        (**self).shared_readings()
     }
 }
 

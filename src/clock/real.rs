@@ -263,6 +263,12 @@ impl Default for RealClock {
     }
 }
 
+/// [`Clock::shared_readings`] of every [`RealClock`]. (A [`ManualClock`]'s
+/// is the address of its shared count, never 1.)
+///
+/// [`ManualClock`]: crate::ManualClock
+const REAL_READINGS: usize = 1;
+
 impl Clock for RealClock {
     #[inline]
     fn now(&self) -> u64 {
@@ -270,6 +276,13 @@ impl Clock for RealClock {
             Source::Tsc(tsc) => tsc.now(),
             Source::Os(os) => os.now(),
         }
+    }
+
+    /// Every real clock in a process reads the same: on the TSC, through
+    /// quanta's one calibration, scaled from the counter's zero; on the OS
+    /// clock, from the one epoch of the process's verdict.
+    fn shared_readings(&self) -> Option<usize> {
+        Some(REAL_READINGS)
     }
 }
 

@@ -147,6 +147,25 @@ pub trait GateLimiter<Q: ?Sized>: LimiterStats {
     /// that gives them back.
     #[doc(hidden)]
     fn stage_take(&self, key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>);
+    /// [`Clock::shared_readings`] of the clock every decision of this
+    /// limiter reads; `None` when it has none, or its tiers' differ.
+    #[doc(hidden)]
+    fn shared_readings(&self) -> Option<usize> {
+        None
+    }
+    /// A reading of that clock.
+    #[doc(hidden)]
+    fn reading(&self) -> u64 {
+        0
+    }
+    /// [`stage_take`](Self::stage_take) at `now`, a reading of a clock whose
+    /// readings are this limiter's (the same
+    /// [`shared_readings`](Self::shared_readings)).
+    #[doc(hidden)]
+    fn stage_take_at(&self, key: &Q, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
+        let _ = now;
+        self.stage_take(key, n)
+    }
     /// Give back what [`stage_take`](Self::stage_take) took for `key`, exactly
     /// or not at all.
     #[doc(hidden)]
@@ -258,6 +277,20 @@ where
         self.stage(key).take(n)
     }
 
+    fn shared_readings(&self) -> Option<usize> {
+        self.clock().shared_readings()
+    }
+
+    #[inline]
+    fn reading(&self) -> u64 {
+        self.clock().now()
+    }
+
+    #[inline]
+    fn stage_take_at(&self, key: &Q, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
+        self.stage(key).take_at(n, now)
+    }
+
     fn stage_give_back(&self, key: &Q, receipt: Receipt) -> bool {
         self.stage(key).give_back(receipt)
     }
@@ -363,6 +396,24 @@ where
         self.limiter_of(key).stage(key).take(n)
     }
 
+    fn shared_readings(&self) -> Option<usize> {
+        let mut tiers = (0..self.len_tiers()).filter_map(|i| self.tier(i));
+        let first = tiers.next()?.clock().shared_readings()?;
+        tiers
+            .all(|tier| tier.clock().shared_readings() == Some(first))
+            .then_some(first)
+    }
+
+    #[inline]
+    fn reading(&self) -> u64 {
+        self.tier(0).map_or(0, |tier| tier.clock().now())
+    }
+
+    #[inline]
+    fn stage_take_at(&self, key: &Q, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
+        self.limiter_of(key).stage(key).take_at(n, now)
+    }
+
     fn stage_give_back(&self, key: &Q, receipt: Receipt) -> bool {
         self.limiter_of(key).stage(key).give_back(receipt)
     }
@@ -431,6 +482,20 @@ where
     #[inline]
     fn stage_take(&self, _key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>) {
         Stage::take(self, n)
+    }
+
+    fn shared_readings(&self) -> Option<usize> {
+        self.clock().shared_readings()
+    }
+
+    #[inline]
+    fn reading(&self) -> u64 {
+        self.clock().now()
+    }
+
+    #[inline]
+    fn stage_take_at(&self, _key: &Q, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
+        self.take_at(n, now)
     }
 
     fn stage_give_back(&self, _key: &Q, receipt: Receipt) -> bool {

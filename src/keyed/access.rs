@@ -29,6 +29,20 @@ where
         self.inner.take(key, n, true)
     }
 
+    /// [`take`](Self::take) at `now`, a reading of a clock whose readings
+    /// are this limiter's ([`Clock::shared_readings`]): a combined layer's
+    /// one reading for all its limits. Any reading is sound for a key found
+    /// in the table; a new key reads this limiter's clock under its shard's
+    /// lock, as `take` does.
+    pub(crate) fn take_at<Q>(&self, key: &Q, n: u32, now: u64) -> (KeyedDecision, Option<u64>, u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.inner
+            .take_with_at(&self.inner.algorithm, key, n, true, now)
+    }
+
     /// Note that a reservation stamps a word `ahead` nanoseconds ahead of the
     /// clock, before its compare-and-swap writes it: key-limit denials wait
     /// that much longer for idle keys to become sweepable.
@@ -158,10 +172,27 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        // As in `decide`: any reading will do for a word found in the table.
+        self.take_with_at(algorithm, key, n, counted, self.clock.now())
+    }
+
+    /// [`take_with`](Self::take_with) at the reading `now`.
+    #[inline(always)]
+    fn take_with_at<B, Q>(
+        &self,
+        algorithm: &B,
+        key: &Q,
+        n: u32,
+        counted: bool,
+        now: u64,
+    ) -> (KeyedDecision, Option<u64>, u64)
+    where
+        B: Algorithm,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
-        // As in `decide`: any reading will do for a word found in the table.
-        let now = self.clock.now();
         {
             let guard = self.collector.pin();
             if let Some(cell) = shard.find(hash, key, &guard) {

@@ -32,6 +32,35 @@ impl<K, Q, A, C, S> crate::admission::sealed::Sealed for KeyedStage<'_, K, Q, A,
 {
 }
 
+impl<K, Q, A, C, S> KeyedStage<'_, K, Q, A, C, S>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    A: Algorithm,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// [`take`](Stage::take) at `now`, a reading of a clock whose readings
+    /// are the limiter's ([`Clock::shared_readings`]).
+    #[inline]
+    pub(crate) fn take_at(&self, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
+        let epoch = self.limiter.algorithm().epoch();
+        let (decision, written, at) = self.limiter.take_at(self.key, n, now);
+        (decision, receipt(written, n, epoch, at))
+    }
+}
+
+/// The receipt of an admission that wrote `written`.
+#[inline(always)]
+fn receipt(written: Option<u64>, n: u32, epoch: u64, at: u64) -> Option<Receipt> {
+    written.map(|written| Receipt {
+        written,
+        n,
+        epoch,
+        at,
+    })
+}
+
 impl<K, Q, A, C, S> Stage for KeyedStage<'_, K, Q, A, C, S>
 where
     K: Hash + Eq + Borrow<Q>,
@@ -49,15 +78,7 @@ where
         // The limiter reads the clock itself, and says when.
         let epoch = self.limiter.algorithm().epoch();
         let (decision, written, at) = self.limiter.take(self.key, n);
-        (
-            decision,
-            written.map(|written| Receipt {
-                written,
-                n,
-                epoch,
-                at,
-            }),
-        )
+        (decision, receipt(written, n, epoch, at))
     }
 
     fn peek(&self, n: u32) -> KeyedDecision {

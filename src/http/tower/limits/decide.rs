@@ -41,6 +41,9 @@ pub(super) struct Decide {
     pub(super) tickets: Vec<Box<dyn Ticket>>,
     /// The index of the limit deciding now.
     pub(super) depth: usize,
+    /// The one reading every limit decides at, when they share a clock's
+    /// readings; otherwise each reads its own.
+    pub(super) now: Option<u64>,
 }
 
 /// The takes after one limit's: run once that limit admitted.
@@ -54,12 +57,19 @@ pub(super) trait Prefix {
     fn with(&mut self, cx: &mut Decide, then: &mut dyn Then) -> Verdict;
 }
 
-/// The prefix before the first limit: nothing to take.
-pub(super) struct First;
+/// The prefix before the first limit: nothing to take. Every key is found
+/// when it runs, so it reads the time here for all the limits when they
+/// share a clock's readings (`one_reading`: the first limit's clock).
+pub(super) struct First<'a> {
+    pub(super) one_reading: Option<&'a dyn Limit>,
+}
 
-impl Prefix for First {
+impl Prefix for First<'_> {
     #[inline]
     fn with(&mut self, cx: &mut Decide, then: &mut dyn Then) -> Verdict {
+        if let Some(limit) = self.one_reading {
+            cx.now = Some(limit.reading());
+        }
         then.go(cx)
     }
 }
@@ -83,6 +93,10 @@ pub(super) trait Limit: Send + Sync {
     fn capacity(&self) -> u32;
     /// Why the request has no key for this limit, if it has none.
     fn missing(&self, head: &RequestHead<'_>) -> Option<Denial>;
+    /// [`GateLimiter::shared_readings`] of its limiter.
+    fn shared_readings(&self) -> Option<usize>;
+    /// A reading of its limiter's clock.
+    fn reading(&self) -> u64;
     /// The challenge of a 401 for a key this limit did not find.
     fn challenge(&self) -> HeaderValue;
     /// Find this limit's key and then `rest`'s; once every key is found,
@@ -141,6 +155,15 @@ where
 
     fn challenge(&self) -> HeaderValue {
         self.extractor.challenge()
+    }
+
+    fn shared_readings(&self) -> Option<usize> {
+        self.limiter.shared_readings()
+    }
+
+    #[inline]
+    fn reading(&self) -> u64 {
+        self.limiter.reading()
     }
 
     #[inline]
@@ -247,7 +270,10 @@ where
     fn go(&mut self, cx: &mut Decide) -> Verdict {
         let (entry, key, head, n, rest) = (self.entry, self.key, self.head, self.n, self.rest);
         let by = cx.depth;
-        let (decision, receipt) = entry.limiter.stage_take(key, n);
+        let (decision, receipt) = match cx.now {
+            Some(now) => entry.limiter.stage_take_at(key, n, now),
+            None => entry.limiter.stage_take(key, n),
+        };
         let KeyedDecision::Allowed { remaining } = decision else {
             // The longest wait of this limit and every later one that would
             // refuse too; those are asked without taking anything.

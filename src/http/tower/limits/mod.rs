@@ -197,6 +197,10 @@ struct Shared {
     /// in-process ones, then the remote ones.
     denied_by: Vec<AtomicU64>,
     reported: Reported,
+    /// Whether every in-process limit reads one clock's readings
+    /// ([`Clock::shared_readings`](crate::Clock::shared_readings)): then a
+    /// request reads the time once, and every limit decides at that reading.
+    one_reading: bool,
 }
 
 impl Shared {
@@ -532,6 +536,16 @@ impl LimitsBuilder {
                 capacity: 0,
             });
         }
+        let one_reading = self
+            .limits
+            .split_first()
+            .and_then(|(first, rest)| {
+                let shared = first.shared_readings()?;
+                rest.iter()
+                    .all(|l| l.shared_readings() == Some(shared))
+                    .then_some(())
+            })
+            .is_some();
         let denied_by = (0..self.limits.len() + self.remote.len())
             .map(|_| AtomicU64::new(0))
             .collect();
@@ -555,6 +569,7 @@ impl LimitsBuilder {
                 counts: Tally::new(),
                 denied_by,
                 reported: Reported::default(),
+                one_reading,
             }),
             respond: PlainDenial,
         })

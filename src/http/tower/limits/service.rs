@@ -81,10 +81,16 @@ where
             items: Items::default(),
             tickets: Vec::new(),
             depth: 0,
+            now: None,
         };
         let verdict = match shared.limits.split_first() {
             None => Verdict::Admitted,
-            Some((first, rest)) => first.walk(&head, shared.cost, rest, &mut decide, &mut First),
+            Some((first, rest)) => {
+                let mut start = First {
+                    one_reading: shared.one_reading.then_some(&**first),
+                };
+                first.walk(&head, shared.cost, rest, &mut decide, &mut start)
+            }
         };
         match verdict {
             Verdict::Admitted if remote => {
