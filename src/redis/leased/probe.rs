@@ -10,8 +10,9 @@
 use core::cell::Cell;
 
 std::thread_local! {
-    /// Kept-denial answers left on this thread before the next probe.
-    static UNTIL_PROBE: Cell<u32> = const { Cell::new(0) };
+    /// Kept-denial answers left on this thread before the next probe: the
+    /// `L`-th answer probes, the first thread's included.
+    static UNTIL_PROBE: Cell<u32> = const { Cell::new(u32::MAX) };
 }
 
 /// Count one kept-denial answer on this thread; `true` when it is the one in
@@ -42,5 +43,10 @@ mod tests {
             assert_eq!(probes, 10, "every {every}");
         }
         assert!(super::probes(0), "a zero is one");
+        // A fresh thread probes on its `every`-th answer, not its first.
+        let first = std::thread::spawn(|| (1..=4).find(|_| super::probes(4)))
+            .join()
+            .unwrap();
+        assert_eq!(first, Some(4));
     }
 }
