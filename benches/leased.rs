@@ -230,7 +230,7 @@ fn leased_l1000_4_threads(c: &mut Criterion) {
     let pool = {
         let keyed = Arc::clone(&keyed);
         Pool::new(&server, move |_| {
-            black_box(keyed.try_acquire(black_box(&b"k"[..])));
+            let _ = black_box(keyed.try_acquire(black_box(&b"k"[..])));
         })
     };
     group.bench_function("turnstile-keyed/precise", |b| {
