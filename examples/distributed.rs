@@ -8,7 +8,7 @@
 //! between requests) against one key's limit of 100,000 per second with a
 //! burst of 1,000, for 2 s per mode. It prints each replica's decisions per second, the
 //! admitted total against the bound (exact: `B + r(T)`; leased: `B + r(T) +
-//! N·(L + L/4)`), and the Redis calls per decision. Last, a timed loop: one decision
+//! N·(L + L/2)`), and the Redis calls per decision. Last, a timed loop: one decision
 //! while a lease is held against one in-process keyed decision.
 
 use std::hint::black_box;
@@ -128,7 +128,7 @@ fn main() {
         // the one the start fell in.
         let refill = elapsed / 10 + 1;
         let extra = if mode == "leased" {
-            u64::from(replicas * (LEASE + LEASE / 4))
+            u64::from(replicas * (LEASE + LEASE / 2))
         } else {
             0
         };
@@ -137,7 +137,7 @@ fn main() {
         println!(
             "  admitted {admitted} of bound {bound} (B + r(T){}) over {:.3} s; \
              {calls} Redis script calls for {decisions} decisions: {:.5} per decision\n",
-            if extra > 0 { " + N·(L + L/4)" } else { "" },
+            if extra > 0 { " + N·(L + L/2)" } else { "" },
             elapsed as f64 / 1e6,
             calls as f64 / decisions.max(1) as f64
         );

@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::give_back::{Holders, MIN_PRUNE};
 use super::local::{LeaseWord, Since};
 use super::stats::Counters;
+use super::wait::Signal;
 use super::{LeasedLimiter, MAX_LIFETIME, MIN_LIFETIME, saturating_nanos, word};
 use crate::algorithm::Algorithm;
 use crate::algorithm::token_bucket::TokenBucket;
@@ -36,6 +37,7 @@ pub struct LeasedBuilder<C = RealClock> {
     idle: Option<Duration>,
     on_failure: OnFailure<TokenBucket, RealClock>,
     backoff: Duration,
+    fetch_wait: Duration,
     max_keys: Option<usize>,
     clock: C,
 }
@@ -49,6 +51,7 @@ impl<C: fmt::Debug> fmt::Debug for LeasedBuilder<C> {
             .field("idle", &self.idle)
             .field("on_failure", &self.on_failure)
             .field("backoff", &self.backoff)
+            .field("fetch_wait", &self.fetch_wait)
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
@@ -128,6 +131,7 @@ impl LeasedBuilder {
             idle: None,
             on_failure: OnFailure::Deny,
             backoff: Duration::from_secs(1),
+            fetch_wait: DEFAULT_FETCH_WAIT,
             max_keys: None,
             clock: RealClock::default(),
         })
@@ -137,6 +141,10 @@ impl LeasedBuilder {
 /// The idle time after which a lease is given back, unless set (or the
 /// lifetime, if that is shorter).
 const DEFAULT_IDLE: Duration = Duration::from_millis(250);
+
+/// How long a request waits for its key's fetch in flight, unless set: the
+/// default response deadline of [`Deadlines`](crate::redis::Deadlines).
+const DEFAULT_FETCH_WAIT: Duration = Duration::from_millis(5);
 
 impl<C: Clock> LeasedBuilder<C> {
     /// How long a lease may be spent from (at least 10 ms, at most an hour;
@@ -175,6 +183,19 @@ impl<C: Clock> LeasedBuilder<C> {
         self
     }
 
+    /// How long a request that finds its key dry while the key's next lease
+    /// is being fetched (by another request or the refresher) waits for that
+    /// fetch, instead of a call of its own (default 5 ms, the default
+    /// response deadline of [`Deadlines`](crate::redis::Deadlines)). Set it
+    /// to the response deadline of the connections the fetches run on, so
+    /// that a request waits no longer for another's call than for its own. A
+    /// fetch not back by then answers the request by the failure policy, as
+    /// a call of its own that timed out would; zero answers it so at once.
+    pub fn fetch_wait(mut self, fetch_wait: Duration) -> Self {
+        self.fetch_wait = fetch_wait;
+        self
+    }
+
     /// At most `max_keys` keys hold a lease word at once (the keyed map's
     /// bound; past it a new key is decided by exact mode).
     ///
@@ -199,6 +220,7 @@ impl<C: Clock> LeasedBuilder<C> {
             idle: self.idle,
             on_failure: self.on_failure,
             backoff: self.backoff,
+            fetch_wait: self.fetch_wait,
             max_keys: self.max_keys,
             clock,
         }
@@ -282,6 +304,9 @@ impl<C: Clock> LeasedBuilder<C> {
             refresher: OnceLock::new(),
             on_failure: self.on_failure,
             backoff: self.backoff,
+            fetch_wait: self.fetch_wait,
+            fetch_latency: AtomicU64::new(0),
+            signal: Signal::default(),
             epoch: Instant::now(),
             retry_at: AtomicU64::new(0),
             counters: Counters::default(),

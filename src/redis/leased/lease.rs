@@ -11,6 +11,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
 use crate::redis::MAX_LEASE;
 use crate::redis::{LEASE, RedisLimitError};
+use crate::sync::Ordering;
 
 impl<C: Clock> LeasedLimiter<C> {
     /// The lease size for a size code.
@@ -25,6 +26,59 @@ impl<C: Clock> LeasedLimiter<C> {
         32 - (self.max_lease - 1).leading_zeros()
     }
 
+    /// Whether a request that left `remaining` tokens in lease word `w` at
+    /// `now` is below the key's prefetch mark, the tokens the key spends
+    /// while a fetch is under way: at least a quarter of the lease size
+    /// (none below a size of 4), and up to half of it for a key whose lease,
+    /// spent at the rate it has been since it was granted, would run out
+    /// within twice the fetch latency measured. The mark is met only when
+    /// the quarter is not, so the fast path reads nothing more.
+    #[inline]
+    pub(super) fn below_mark(&self, w: u64, remaining: u32, now: u64) -> bool {
+        let size = self.size(word::size_code(w));
+        let quarter = size / 4;
+        if remaining < quarter {
+            return true;
+        }
+        if quarter == 0 || remaining >= size / 2 {
+            return false;
+        }
+        self.runs_dry_first(w, size, remaining, now)
+    }
+
+    /// Whether `remaining` tokens of a lease of `size` last less than twice
+    /// the fetch latency, spent at the rate the lease has been.
+    #[cold]
+    fn runs_dry_first(&self, w: u64, size: u32, remaining: u32, now: u64) -> bool {
+        // Relaxed: a measurement, which publishes no other data.
+        let latency = self.fetch_latency.load(Ordering::Relaxed);
+        if latency == 0 {
+            return false;
+        }
+        // The lease was granted a lifetime before its expiry, rounded down
+        // to a unit: its age is at least this.
+        let granted = word::nanos(word::time(w).saturating_sub(self.lifetime_units));
+        let age = now.saturating_sub(granted).saturating_sub(word::nanos(1));
+        let spent = size.saturating_sub(remaining);
+        // remaining / (spent / age) < 2 · latency, without dividing; an age
+        // of 0 (less than a unit) reads as a key spending faster than any.
+        u128::from(remaining) * u128::from(age) < 2 * u128::from(latency) * u128::from(spent)
+    }
+
+    /// Fold one fetch's latency (`nanos`) into the moving average.
+    fn record_latency(&self, nanos: u64) {
+        // Relaxed: a measurement, which publishes no other data; a sample
+        // lost to a race with another fetch's only weighs less.
+        let old = self.fetch_latency.load(Ordering::Relaxed);
+        let next = if old == 0 {
+            nanos
+        } else {
+            old - old / 8 + nanos / 8
+        };
+        // Relaxed: as above.
+        self.fetch_latency.store(next.max(1), Ordering::Relaxed);
+    }
+
     /// Claim `key`'s fetch, adapting the lease size; or, for a miss, find
     /// the tokens another fetch brought meanwhile.
     pub(super) fn claim(&self, key: &[u8], n: u32, purpose: Purpose) -> Claim {
@@ -37,7 +91,7 @@ impl<C: Clock> LeasedLimiter<C> {
         let now_units = word::units_down(now);
         let lifetime = self.lifetime_units;
         let max_code = self.max_code();
-        let mut outcome = Claim::Busy;
+        let mut outcome = Claim::Unlinked;
         let mut fetch = None;
         let linked = self.local.transform_linked(key, |w| {
             outcome = Claim::Busy;
@@ -63,8 +117,12 @@ impl<C: Clock> LeasedLimiter<C> {
                     (code + 1).min(max_code)
                 }
                 Purpose::Miss => code,
-                Purpose::Prefetch(_) => {
-                    if usable >= self.size(code) / 4 {
+                Purpose::Prefetch(decision) => {
+                    let seen = match decision {
+                        Decision::Allowed { remaining } => remaining,
+                        Decision::Denied { .. } => 0,
+                    };
+                    if usable > seen {
                         // Another fetch topped it up meanwhile.
                         return None;
                     }
@@ -85,6 +143,7 @@ impl<C: Clock> LeasedLimiter<C> {
         if !linked {
             return match outcome {
                 Claim::Spent(d) => Claim::Spent(d),
+                Claim::Unlinked => Claim::Unlinked,
                 _ => Claim::Busy,
             };
         }
@@ -105,6 +164,7 @@ impl<C: Clock> LeasedLimiter<C> {
                     purpose,
                     size_code: code,
                     need,
+                    started: now,
                     invocation: self.lease_invocation(key, need, want),
                 })
             }
@@ -138,6 +198,7 @@ impl<C: Clock> LeasedLimiter<C> {
             purpose,
             size_code: code,
             need,
+            started,
             ..
         } = *fetch;
         let now = self.local.clock().now();
@@ -150,8 +211,7 @@ impl<C: Clock> LeasedLimiter<C> {
             Err(e) => {
                 self.fail(&e);
                 // Release the claim; the tokens held stay.
-                self.local
-                    .transform_linked(key, |w| Some(w & !word::FETCHING));
+                self.release_fetch(key);
                 return match purpose {
                     Purpose::Prefetch(decision) => decision,
                     Purpose::Miss => self.fallback(key, n, self.backoff),
@@ -159,6 +219,7 @@ impl<C: Clock> LeasedLimiter<C> {
             }
         };
         self.succeed();
+        self.record_latency(now.saturating_sub(started));
         Counters::add(&self.counters.lease_calls, 1);
         Counters::add(&self.counters.tokens_leased, u64::from(granted));
         if granted > 0 {
@@ -249,6 +310,7 @@ impl<C: Clock> LeasedLimiter<C> {
             }
             Some(word::pack(tokens, code, expiry, 0))
         });
+        self.signal.fetch_ended();
         decision
     }
 }
@@ -263,6 +325,8 @@ pub(super) enum Claim {
     Spent(Decision),
     /// Another request is fetching.
     Busy,
+    /// The key is not held here (the keyed map's key bound is reached).
+    Unlinked,
 }
 
 /// The lease script's reply `{granted, left, wait_us, wait_ns}` as the tokens
@@ -337,6 +401,7 @@ mod tests {
             purpose: Purpose::Miss,
             size_code: 2,
             need: 1,
+            started: 0,
             invocation: limiter.lease_invocation(b"k", 1, 4),
         };
         let mut most = 0;

@@ -22,8 +22,10 @@ mod builder;
 mod give_back;
 mod lease;
 mod local;
+mod probe;
 mod refresher;
 mod stats;
+mod wait;
 mod word;
 
 use backoff::Turn;
@@ -35,6 +37,7 @@ use refresher::Queue;
 pub use refresher::Refresher;
 use stats::Counters;
 pub use stats::LeasedStats;
+use wait::Signal;
 
 /// The longest lease lifetime (the word's time field covers 208 days; an hour
 /// keeps every comparison far from its end).
@@ -60,18 +63,24 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// mark), and three flags.
 /// A request for `n` permits spends `n` of those tokens by one
 /// compare-and-swap, with no call to Redis, while the lease is valid and holds
-/// them. The request whose spend takes the count below the low-water mark
+/// them. The request whose spend takes the count below the prefetch mark
 /// claims the key's fetch (a flag in the word, so exactly one request fetches
 /// while the others keep spending): the next lease is fetched ahead of need,
-/// in one script call. With a [`Refresher`]
+/// in one script call. The mark is what the key spends while a fetch is under
+/// way: a quarter of the lease size, or up to half of it for a key that, at
+/// the rate it spent its lease so far, would run out within twice the fetch
+/// latency measured (claim to answer, a moving average per limiter). With a [`Refresher`]
 /// ([`start_refresher`](LeasedLimiter::start_refresher), a thread with a
 /// connection of its own) the request only queues the key and the thread
 /// makes the call, off the request path ([`start_refresher_async`](LeasedLimiter::start_refresher_async)
 /// is the same as a tokio task); without one, the claiming request makes it
 /// after its own decision is made (its answer does not depend on it). A request that finds no tokens (a new key, a lease spent or expired)
 /// claims the fetch and takes a lease for itself (one call, within the
-/// connection's deadline); if another request is fetching already it asks
-/// Redis for its own permits, as exact mode does (one call). A bucket that
+/// connection's deadline); if another request (or the refresher) is fetching
+/// already, it waits for that fetch, up to the fetch wait
+/// ([`LeasedBuilder::fetch_wait`], default 5 ms), and spends from what it
+/// brought, with no call of its own; a fetch not back by then answers it by
+/// the failure policy, as its own call timing out would. A bucket that
 /// has too few tokens answers with the wait until it has what was asked for.
 /// With no tokens held here the word keeps that denial (up to one lease
 /// lifetime) with the count its wait is for, so the denials that follow for
@@ -97,18 +106,32 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// lease costs one call per quarter lease (and delays this process's next
 /// admission by at most a quarter lease's refill time). The lease size adapts
 /// to the key's demand: it starts at 1, doubles when a lease was spent down to
-/// its low-water mark in under a quarter of the lease lifetime or ran out
+/// its prefetch mark in under a quarter of the lease lifetime or ran out
 /// before the next one came, and halves when a lease expired with tokens
-/// left; it never exceeds the configured largest lease `L`. The low-water
-/// mark is a quarter of the lease size (none below a size of 4).
+/// left; it never exceeds the configured largest lease `L`. No prefetch runs
+/// below a size of 4.
+///
+/// # Fair shares of a dry key
+///
+/// When the processes together ask for more than the bucket refills, each
+/// keeps Redis' denial and answers its requests from it with no call, and one
+/// such request in every `L` asks Redis instead (a probe; [`LeasedStats`]
+/// counts them). A process's calls to a dry key so come in proportion to its
+/// requests, and the tokens the bucket refills go to the first call that
+/// finds a quarter lease of them: each process's share of the admissions
+/// follows its share of the requests, as in exact mode, where each request
+/// is a call (`tests/leased.rs` runs one process flat out beside three
+/// slower ones on one key, and checks that the busiest gets at least half
+/// its share of the requests, and more than any other). The probes cost at
+/// most one call per `L` denials.
 ///
 /// # Bounds
 ///
 /// `N` processes share a key; leases have at most `L` tokens and lifetime
 /// `τ`; the bucket has capacity `B` and refills `r(T)` over a time `T`. A
-/// process holds at most `L + ⌊L/4⌋ − 1` tokens of a key: a fetch starts below
-/// the low-water mark `⌊size/4⌋` and brings at most one lease, and a request
-/// that finds too few tokens asks only for what it lacks beyond that.
+/// process holds at most `L + ⌊L/2⌋ − 1` tokens of a key: a fetch starts below
+/// the prefetch mark, at most `⌊size/2⌋`, and brings at most one lease, and a
+/// request that finds too few tokens asks only for what it lacks beyond that.
 ///
 /// - **Over-admission.** Every token spent from a lease was taken from the
 ///   global bucket first. In any interval of length `T` the bucket gives out
@@ -116,31 +139,35 @@ fn saturating_nanos(d: Duration) -> u64 {
 ///   tokens given back were never spent. What a process admits in an interval
 ///   is at most what it took in the interval plus what it held when the
 ///   interval began. So all processes together admit at most
-///   `B + r(T) + N·(L + ⌊L/4⌋)` in any interval of length `T`, against exact
+///   `B + r(T) + N·(L + ⌊L/2⌋)` in any interval of length `T`, against exact
 ///   mode's `B + r(T)`, for as long as Redis keeps the key (a Redis that
 ///   loses its data starts the bucket full again, in either mode). The
-///   tokens left when a lease is topped up (fewer than the low-water mark)
+///   tokens left when a lease is topped up (fewer than the prefetch mark)
 ///   take the new lease's expiry.
-/// - **Stranded tokens.** At any moment at most `N·(L + ⌊L/4⌋)` tokens are out
+/// - **Stranded tokens.** At any moment at most `N·(L + ⌊L/2⌋)` tokens are out
 ///   of the global bucket and not yet spent. Others cannot use them until they
 ///   are spent, given back ([`give_back_idle`](LeasedLimiter::give_back_idle),
 ///   one script per key), or expire: a lease is never spent after `τ`, and
 ///   what it left is lost to the bucket, which refills it at its own rate.
 /// - **Redis calls.** Once the lease size has grown to `L`, one call brings
 ///   `L` tokens: at most one call per `L` admissions while the bucket has
-///   tokens. While it is dry, a lease brings only what has refilled, and costs
-///   two calls: the one that grants it and a prefetch at its low-water mark
-///   that finds the bucket dry (then none until the lease runs out). A denial
-///   costs one call per wait (at most one lease lifetime) per process for
-///   the requests its count covers, and one for each larger request; a
-///   request that misses while another fetches costs one.
+///   tokens, with or without a refresher, however many threads spend: a
+///   request that finds the key dry while its lease is being fetched waits
+///   for that fetch instead of calling. While the bucket is dry, a lease
+///   brings only what has refilled, and costs two calls: the one that grants
+///   it and a prefetch at its mark that finds the bucket dry (then none until
+///   the lease runs out). A denial costs one call per wait (at most one lease
+///   lifetime) per process for the requests its count covers, one per `L`
+///   denials it answers (the probes), and one for each larger request.
 ///
 /// # Failures
 ///
 /// Every call runs on the caller's connection, with its deadline
-/// ([`Deadlines`](super::Deadlines)); a request makes at most one call, so no
-/// request waits longer than one call's deadlines (`Deadlines` names the
-/// cases in redis-rs that take more than one). A failed call starts a backoff, for
+/// ([`Deadlines`](super::Deadlines)); a request makes at most one call, and
+/// one that waits for another's fetch makes none and waits at most the fetch
+/// wait, so with the fetch wait set to the response deadline no request
+/// waits longer than one call's deadlines (`Deadlines` names the cases in
+/// redis-rs that take more than one). A failed call starts a backoff, for
 /// which no request calls Redis; while it lasts a request that the leases held
 /// here cannot serve is answered by the [`OnFailure`] policy: denied (fail
 /// closed: only tokens already leased are spent) or decided by a local keyed
@@ -181,6 +208,14 @@ pub struct LeasedLimiter<C = RealClock> {
     refresher: OnceLock<Queue>,
     on_failure: OnFailure<TokenBucket, RealClock>,
     backoff: Duration,
+    /// How long a request that finds its key dry waits for the key's fetch
+    /// in flight.
+    fetch_wait: Duration,
+    /// The fetches' latency (claim to answer, queueing included), a moving
+    /// average in nanoseconds; 0 before the first.
+    fetch_latency: AtomicU64,
+    /// Wakes the requests waiting for a fetch.
+    signal: Signal,
     epoch: Instant,
     /// Nanoseconds since `epoch` before which Redis is not called; 0 when it
     /// is called.
@@ -219,6 +254,9 @@ pub(crate) struct Fetch {
     /// The tokens Redis is asked to have before it grants any: its wait,
     /// when it grants none, is for this many.
     need: u32,
+    /// When it was claimed, on the words' clock: its latency is measured
+    /// from here.
+    started: u64,
     invocation: ScriptInvocation<'static>,
 }
 
@@ -234,9 +272,7 @@ struct ReleaseOnDrop<'a, C: Clock> {
 impl<C: Clock> Drop for ReleaseOnDrop<'_, C> {
     fn drop(&mut self) {
         if self.armed {
-            self.limiter
-                .local
-                .transform_linked(self.key, |w| Some(w & !word::FETCHING));
+            self.limiter.release_fetch(self.key);
         }
     }
 }
@@ -249,6 +285,8 @@ pub(crate) enum Step {
     Lease(Fetch),
     /// Ask Redis for the permits themselves (exact mode).
     Exact(ScriptInvocation<'static>),
+    /// Wait for the key's fetch in flight, then spend from what it brought.
+    Wait,
 }
 
 #[cfg(all(feature = "tower", feature = "tokio"))]
@@ -262,7 +300,7 @@ impl Step {
                 purpose: Purpose::Prefetch(decision),
                 ..
             }) => Some(*decision),
-            Step::Lease(_) | Step::Exact(_) => None,
+            Step::Lease(_) | Step::Exact(_) | Step::Wait => None,
         }
     }
 
@@ -341,6 +379,10 @@ impl<C: Clock> LeasedLimiter<C> {
                 let result = invocation.invoke(con);
                 Ok(self.finish_exact(key, n, result))
             }
+            Step::Wait => {
+                self.wait_for_fetch(key);
+                Ok(self.after_wait(key, n))
+            }
         }
     }
 
@@ -413,6 +455,10 @@ impl<C: Clock> LeasedLimiter<C> {
                 let result = invocation.invoke_async(con).await;
                 self.finish_exact(key, n, result)
             }
+            Step::Wait => {
+                self.wait_for_fetch_async(key).await;
+                self.after_wait(key, n)
+            }
         }
     }
 
@@ -430,15 +476,14 @@ impl<C: Clock> LeasedLimiter<C> {
         if n > self.max_lease {
             return Ok(self.exact_or_fallback(key, n));
         }
-        let (decision, written, _) = self.local.take(key, n);
+        let (decision, written, now) = self.local.take(key, n);
         match decision {
             KeyedDecision::Allowed { remaining } => {
                 let decision = Decision::Allowed { remaining };
                 let Some(written) = written else {
                     return Ok(Step::Done(decision));
                 };
-                let low = self.size(word::size_code(written)) / 4;
-                if remaining >= low
+                if !self.below_mark(written, remaining, now)
                     || written & (word::FETCHING | word::DRY) != 0
                     || self.is_backing_off()
                 {
@@ -448,8 +493,7 @@ impl<C: Clock> LeasedLimiter<C> {
                     // Claimed first, then the turn: a probe after a backoff
                     // is only taken by a request that will call.
                     Claim::Fetch(_) if matches!(self.turn(), Turn::Skip { .. }) => {
-                        self.local
-                            .transform_linked(key, |w| Some(w & !word::FETCHING));
+                        self.release_fetch(key);
                         Step::Done(decision)
                     }
                     Claim::Fetch(fetch) => match self.refresher.get() {
@@ -463,8 +507,7 @@ impl<C: Clock> LeasedLimiter<C> {
                                 // Not reached (see `Queue::send`); were it,
                                 // the claim is released, and a later request
                                 // prefetches.
-                                self.local
-                                    .transform_linked(key, |w| Some(w & !word::FETCHING));
+                                self.release_fetch(key);
                                 Step::Done(decision)
                             }
                         },
@@ -473,17 +516,46 @@ impl<C: Clock> LeasedLimiter<C> {
                 })
             }
             KeyedDecision::Denied { retry_after } if retry_after.as_nanos() > 0 => {
-                Ok(Step::Done(Decision::Denied { retry_after }))
-            }
-            KeyedDecision::Denied { .. } | KeyedDecision::KeyLimit { .. } => {
-                if let Turn::Skip { wait } = self.turn() {
-                    return Ok(Step::Done(self.fallback(key, n, wait)));
+                let kept = Step::Done(Decision::Denied { retry_after });
+                // One kept-denial answer in every `L` asks Redis instead
+                // (`probe`); never during a backoff, nor while the key's
+                // fetch is in flight.
+                if self.is_backing_off() || !probe::probes(self.max_lease) {
+                    return Ok(kept);
                 }
                 Ok(match self.claim(key, n, Purpose::Miss) {
-                    Claim::Fetch(fetch) => Step::Lease(fetch),
+                    Claim::Fetch(fetch) => {
+                        if let Turn::Skip { .. } = self.turn() {
+                            self.release_fetch(key);
+                            kept
+                        } else {
+                            Counters::add(&self.counters.probes, 1);
+                            Step::Lease(fetch)
+                        }
+                    }
                     Claim::Spent(decision) => Step::Done(decision),
-                    // The turn is taken: no second look at the backoff.
-                    Claim::Busy | Claim::Claimed => self.exact(key, n),
+                    Claim::Busy | Claim::Claimed | Claim::Unlinked => kept,
+                })
+            }
+            KeyedDecision::Denied { .. } | KeyedDecision::KeyLimit { .. } => {
+                Ok(match self.claim(key, n, Purpose::Miss) {
+                    Claim::Spent(decision) => Step::Done(decision),
+                    // Another request (or the refresher) is fetching this
+                    // key's lease: wait for it, with no call of this
+                    // request's own.
+                    Claim::Busy => Step::Wait,
+                    // Claimed first, then the turn: a probe after a backoff
+                    // is only taken by a request that will call.
+                    Claim::Fetch(fetch) => match self.turn() {
+                        Turn::Skip { wait } => {
+                            self.release_fetch(key);
+                            Step::Done(self.fallback(key, n, wait))
+                        }
+                        Turn::Call => Step::Lease(fetch),
+                    },
+                    // Not held here (the key bound is reached): as exact
+                    // mode.
+                    Claim::Claimed | Claim::Unlinked => self.exact_or_fallback(key, n),
                 })
             }
         }

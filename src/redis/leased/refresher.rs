@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use ::redis::ConnectionLike;
 
-use super::{Fetch, LeasedLimiter, word};
+use super::{Fetch, LeasedLimiter};
 use crate::clock::Clock;
 use crate::redis::RedisConnection;
 use crate::sync::Ordering;
@@ -139,8 +139,7 @@ trait ReleaseClaim: Send + Sync {
 
 impl<C: Clock> ReleaseClaim for LeasedLimiter<C> {
     fn release(&self, key: &[u8]) {
-        self.local
-            .transform_linked(key, |w| Some(w & !word::FETCHING));
+        self.release_fetch(key);
     }
 }
 

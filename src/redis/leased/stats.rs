@@ -21,6 +21,13 @@ pub struct LeasedStats {
     /// Exact-mode calls (a miss while another request was fetching, or a
     /// request larger than the largest lease).
     pub exact_calls: u64,
+    /// Requests that found their key dry while its next lease was being
+    /// fetched, and waited for that fetch instead of a call of their own.
+    pub fetch_waits: u64,
+    /// Requests that a kept denial would have answered, and that asked
+    /// Redis instead: one in every largest lease `L` of them, so that a
+    /// process's calls to a dry key follow its demand.
+    pub probes: u64,
     /// Calls to Redis that failed (no connection, a timeout, an error reply).
     pub failures: u64,
     /// Decisions made by the failure policy instead of Redis.
@@ -49,6 +56,8 @@ pub(super) struct Counters {
     pub(super) give_back_calls: AtomicU64,
     pub(super) tokens_given_back: AtomicU64,
     pub(super) exact_calls: AtomicU64,
+    pub(super) fetch_waits: AtomicU64,
+    pub(super) probes: AtomicU64,
     pub(super) failures: AtomicU64,
     pub(super) fallbacks: AtomicU64,
 }
@@ -72,6 +81,8 @@ impl<C: Clock> LeasedLimiter<C> {
             give_back_calls: load(&c.give_back_calls),
             tokens_given_back: load(&c.tokens_given_back),
             exact_calls: load(&c.exact_calls),
+            fetch_waits: load(&c.fetch_waits),
+            probes: load(&c.probes),
             failures: load(&c.failures),
             fallbacks: load(&c.fallbacks),
             degraded: self.health.is_degraded(),
