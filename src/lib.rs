@@ -66,6 +66,9 @@
 // one system call (`membarrier`, `reclaim/`), each block with the argument
 // for why it is sound.
 #![deny(unsafe_code, unsafe_op_in_unsafe_fn)]
+// Without the `std` feature, the crate is `no_std` and uses `alloc`; unit
+// tests keep the standard library, which their harness needs.
+#![cfg_attr(not(any(feature = "std", test)), no_std)]
 // On docs.rs (`--cfg docsrs`, nightly, every feature: Cargo.toml's
 // `[package.metadata.docs.rs]`) each item behind a feature is labelled with
 // it. The loom models' cfg is no user's choice: it labels nothing.
@@ -78,27 +81,39 @@
     unreachable_pub
 )]
 
+extern crate alloc;
+
+#[cfg(all(turnstile_loom, not(feature = "std")))]
+compile_error!("the loom models (`--cfg turnstile_loom`) need the `std` feature");
+
 mod admission;
 mod algorithm;
 mod cell;
+#[cfg(feature = "std")]
 pub mod chain;
 mod clock;
+#[cfg(feature = "std")]
 mod concurrency;
 mod decision;
 mod error;
-#[cfg(any(doc, all(doctest, turnstile_docs)))]
+#[cfg(all(feature = "std", any(doc, all(doctest, turnstile_docs))))]
 pub mod guide;
+#[cfg(feature = "std")]
 mod http;
+#[cfg(feature = "std")]
 mod keyed;
 mod limiter;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 mod quota;
+#[cfg(feature = "std")]
 mod reclaim;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod sync;
+#[cfg(feature = "std")]
 mod tally;
+#[cfg(feature = "std")]
 mod wait;
 mod word;
 
@@ -111,36 +126,50 @@ pub use algorithm::not_yet::NotYet;
 pub use algorithm::sliding_window::SlidingWindow;
 pub use algorithm::token_bucket::TokenBucket;
 pub use algorithm::warm_up::{WarmUp, WarmUpError};
+#[cfg(feature = "std")]
 pub use chain::ChainAdmission;
-#[cfg(not(turnstile_loom))]
+#[cfg(all(feature = "std", not(turnstile_loom)))]
 pub use clock::CoarseClock;
-pub use clock::{Clock, ClockSource, ManualClock, MonotonicClock, RealClock, TscClock};
+pub use clock::{Clock, ManualClock, TickClock};
+#[cfg(feature = "std")]
+pub use clock::{ClockSource, MonotonicClock, RealClock, TscClock};
+#[cfg(feature = "std")]
 pub use concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::{Decision, KeyedDecision, RateLimited, RetryAfter};
-pub use error::{AcquireError, KeyedConfigError, QuotaError};
+#[cfg(feature = "std")]
+pub use error::KeyedConfigError;
+pub use error::{AcquireError, QuotaError};
+#[cfg(feature = "std")]
 pub use http::gate::{
     AdvertisedQuota, Gate, GateLimiter, GateStats, LimiterStats, Outcome, PolicyError,
     RateLimitPolicy,
 };
 #[cfg(feature = "tower")]
 pub use http::tower;
-#[cfg(not(turnstile_loom))]
+#[cfg(all(feature = "std", not(turnstile_loom)))]
 pub use keyed::Sweeper;
+#[cfg(feature = "std")]
 pub use keyed::tiered::{Tiered, TieredError};
+#[cfg(feature = "std")]
 pub use keyed::{
     DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, KeyedAdmission, KeyedBuilder, KeyedLimiter, KeyedStats,
     MIN_SWEEP_INTERVAL,
 };
-pub use limiter::{Counted, Counter, DirectStats, RateLimiter, Uncounted};
+#[cfg(feature = "std")]
+pub use limiter::{Counted, DirectStats};
+pub use limiter::{Counter, RateLimiter, Uncounted};
 pub use quota::Quota;
 /// The grace-period protocol's interface, for the loom models only.
 #[cfg(turnstile_loom)]
 #[doc(hidden)]
 pub use reclaim::model as reclaim_model;
+#[cfg(feature = "std")]
 pub use reclaim::{BarrierMode, Reclamation, reclamation};
 #[cfg(feature = "tokio")]
 pub use wait::fair::{Fair, FairError, FairTarget};
+#[cfg(feature = "std")]
 pub use wait::reserve::{KeyedReservation, Lend, Reservation, ReserveError};
+#[cfg(feature = "std")]
 pub use wait::{WaitError, WaitOptions};
 
 // The README's examples are compiled and run as doc tests of the all-features
