@@ -66,8 +66,9 @@
 // one system call (`membarrier`, `reclaim/`), each block with the argument
 // for why it is sound.
 #![deny(unsafe_code, unsafe_op_in_unsafe_fn)]
-// Without the `std` feature, the crate is `no_std` and uses `alloc`; unit
-// tests keep the standard library, which their harness needs.
+// Without the `std` feature, the crate is `no_std`, and uses `alloc` only with
+// the `alloc` feature; unit tests keep the standard library, which their
+// harness needs.
 #![cfg_attr(not(any(feature = "std", test)), no_std)]
 // On docs.rs (`--cfg docsrs`, nightly, every feature: Cargo.toml's
 // `[package.metadata.docs.rs]`) each item behind a feature is labelled with
@@ -81,6 +82,7 @@
     unreachable_pub
 )]
 
+#[cfg(feature = "alloc")]
 extern crate alloc;
 
 #[cfg(all(turnstile_loom, not(feature = "std")))]
@@ -130,7 +132,9 @@ pub use algorithm::warm_up::{WarmUp, WarmUpError};
 pub use chain::ChainAdmission;
 #[cfg(all(feature = "std", not(turnstile_loom)))]
 pub use clock::CoarseClock;
-pub use clock::{Clock, ManualClock, TickClock};
+#[cfg(feature = "alloc")]
+pub use clock::ManualClock;
+pub use clock::{Clock, TickClock};
 #[cfg(feature = "std")]
 pub use clock::{ClockSource, MonotonicClock, RealClock, TscClock};
 #[cfg(feature = "std")]

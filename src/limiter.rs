@@ -477,7 +477,8 @@ mod tests {
     use crate::algorithm::sliding_window::SlidingWindow;
     use crate::algorithm::warm_up::WarmUp;
     use crate::clock::TickClock;
-    use crate::sync::{Arc, AtomicU64, Ordering};
+    use crate::sync::{AtomicU64, Ordering};
+    use std::sync::Arc;
 
     /// A 1 MHz tick counter and a clock over it.
     fn ticking() -> (Arc<AtomicU64>, TickClock<impl Fn() -> u64 + Send + Sync>) {

@@ -8,7 +8,8 @@
 //! dev-dependencies built with the loom tests (axum) no longer compile.
 //!
 //! Without the `std` feature only what the no_std surface uses is here:
-//! `core`'s atomics, `alloc`'s `Arc`, and [`WriterLock`] on a spin flag.
+//! `core`'s atomics, `alloc`'s `Arc` (with the `alloc` feature), and
+//! [`WriterLock`] on a spin flag.
 
 #[cfg(turnstile_loom)]
 pub(crate) use loom::cell::UnsafeCell;
@@ -19,7 +20,7 @@ pub(crate) use loom::sync::atomic::{
 #[cfg(turnstile_loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 
-#[cfg(not(turnstile_loom))]
+#[cfg(all(not(turnstile_loom), feature = "alloc"))]
 pub(crate) use alloc::sync::Arc;
 #[cfg(not(turnstile_loom))]
 pub(crate) use core::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};

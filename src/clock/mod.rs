@@ -10,7 +10,8 @@
 //! - [`CoarseClock`]: a reading kept fresh by an upkeep thread from the OS
 //!   monotonic clock: about a millisecond of resolution for about a nanosecond
 //!   per reading.
-//! - [`ManualClock`]: set by hand, for tests and examples.
+//! - [`ManualClock`]: set by hand, for tests and examples (without `std`, with
+//!   the `alloc` feature).
 //! - [`TickClock`]: a closure over a monotonic tick source of the
 //!   application's own (a hardware timer without an OS).
 
@@ -18,6 +19,7 @@ use core::time::Duration;
 
 #[cfg(all(feature = "std", not(turnstile_loom)))]
 mod coarse;
+#[cfg(feature = "alloc")]
 mod manual;
 #[cfg(feature = "std")]
 mod real;
@@ -25,6 +27,7 @@ mod tick;
 
 #[cfg(all(feature = "std", not(turnstile_loom)))]
 pub use coarse::CoarseClock;
+#[cfg(feature = "alloc")]
 pub use manual::ManualClock;
 #[cfg(feature = "std")]
 pub use real::{ClockSource, MonotonicClock, RealClock, TscClock};
@@ -155,6 +158,7 @@ impl<C: Clock + ?Sized> Clock for &C {
 }
 
 /// `d` in nanoseconds, saturating at `u64::MAX` (584 years).
+#[cfg(feature = "alloc")]
 pub(crate) fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

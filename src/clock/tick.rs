@@ -161,7 +161,7 @@ mod tests {
 
     #[test]
     fn a_tick_clock_reads_its_closure() {
-        let counter = crate::sync::Arc::new(crate::sync::AtomicU64::new(0));
+        let counter = std::sync::Arc::new(crate::sync::AtomicU64::new(0));
         let source = counter.clone();
         // Relaxed: a test's counter, read on this thread only.
         let clock = TickClock::new(NonZeroU64::new(1_000).expect("1000 > 0"), move || {
