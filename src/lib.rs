@@ -48,7 +48,10 @@
 //!   **Waiting in arrival order**: `Fair` (feature `tokio`).
 //! - **Algorithms**: [`TokenBucket`] (the default), [`Gcra`], [`FixedWindow`],
 //!   [`SlidingWindow`], [`WarmUp`] (a token bucket that starts cold). **Clocks**: [`RealClock`] (the default),
-//!   [`CoarseClock`] (cheaper to read), [`ManualClock`] (for tests).
+//!   [`CoarseClock`] (cheaper to read), [`ManualClock`] (for tests),
+//!   [`TickClock`] (a tick source of your own).
+//! - **Without the standard library**: the algorithms and [`RateLimiter`],
+//!   below.
 //! - **One limit across processes**: the `redis` module (feature `redis`),
 //!   exact or leased.
 //!
@@ -62,6 +65,65 @@
 //! how the crate meets each hazard the rate-limiter pattern names:
 //! unsynchronized counters, unbounded per-key memory, untrusted keys, counters
 //! split across servers.
+//!
+//! # Without the standard library
+//!
+//! The `std` feature is on by default, and every other feature turns it on.
+//! Without it (`default-features = false`) the crate is `#![no_std]`, depends
+//! on no other crate, and needs a target with 64-bit atomics (every limiter's
+//! word is an `AtomicU64`). What it offers then:
+//!
+//! - every algorithm, each a pure function over one word: [`TokenBucket`],
+//!   [`Gcra`], [`FixedWindow`], [`SlidingWindow`], [`WarmUp`],
+//!   [`LiveTokenBucket`], and the [`Algorithm`] trait;
+//! - [`RateLimiter`], built with [`with_clock`](RateLimiter::with_clock) or
+//!   [`from_parts`](RateLimiter::from_parts) on a clock of the application's
+//!   own: a type that implements [`Clock`], or a closure over a monotonic
+//!   tick source of any rate in a [`TickClock`]. Every decision is there
+//!   (`try_acquire`, `check`, `try_acquire_n`, `remaining`), refunds
+//!   ([`Admission`]), and `set_quota` on a [`LiveTokenBucket`];
+//! - [`Quota`], [`Decision`], [`RetryAfter`], [`NotYet`], and the errors
+//!   [`QuotaError`], [`AcquireError`], [`WarmUpError`] and [`RateLimited`]
+//!   (each a `core::error::Error`);
+//! - [`ManualClock`] with the `alloc` feature: its clones share one time
+//!   through an `Arc`. It is the one use of `alloc`, which makes the
+//!   application supply a global allocator; without the feature the crate
+//!   links no `alloc`, and a [`TickClock`] over an atomic counter serves as
+//!   a clock set by hand.
+//!
+//! Everything else needs `std`: the keyed map ([`KeyedLimiter`], [`Tiered`]),
+//! waits and reservations, the clocks on the OS ([`RealClock`],
+//! [`MonotonicClock`], [`TscClock`], [`CoarseClock`]), counting a direct
+//! limiter's decisions ([`RateLimiter::counted`], whose counters are per
+//! thread), [`chain`], [`ConcurrencyLimiter`], the [`Gate`] and the tower
+//! layers, metrics and Redis. Without `std`, [`RateLimiter`]'s type
+//! parameters have no defaults (there is no default clock): name them,
+//! `RateLimiter<TokenBucket, MyClock>`, which compiles with `std` too.
+//!
+//! ```
+//! use turnstile::{Clock, Quota, RateLimiter, TokenBucket};
+//!
+//! /// A clock on a hardware timer.
+//! struct Timer;
+//!
+//! impl Clock for Timer {
+//!     fn now(&self) -> u64 {
+//!         // Nanoseconds since boot, read from the timer; never going back.
+//!         # 5_000_000
+//!     }
+//! }
+//!
+//! let limiter: RateLimiter<TokenBucket, Timer> =
+//!     RateLimiter::with_clock(Quota::per_second(10)?, Timer);
+//! assert!(limiter.try_acquire().is_allowed());
+//! # Ok::<(), turnstile::QuotaError>(())
+//! ```
+//!
+//! Decisions take no lock and may be made anywhere, an interrupt handler
+//! included. A [`LiveTokenBucket`]'s quota changes are serialized by a lock
+//! that, without `std`, spins: a `set_quota` from an interrupt handler that
+//! interrupted another `set_quota` on the same limiter, on the same core,
+//! would spin forever. Change quotas from one context only.
 // `unsafe` lives in the keyed map's lock-free table (`src/keyed/table/`) and in
 // one system call (`membarrier`, `reclaim/`), each block with the argument
 // for why it is sound.
