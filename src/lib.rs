@@ -68,8 +68,8 @@
 //!
 //! # Without the standard library
 //!
-//! The `std` feature is on by default, and every other feature turns it on.
-//! Without it (`default-features = false`) the crate is `#![no_std]`, depends
+//! The `std` feature is on by default, and every other feature but `alloc`
+//! turns it on. Without it (`default-features = false`) the crate is `#![no_std]`, depends
 //! on no other crate, and needs a target with 64-bit atomics (every limiter's
 //! word is an `AtomicU64`). What it offers then:
 //!

@@ -46,50 +46,47 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A lock that guards no data, only a stretch of code: the writer's lock of a
 /// [`LiveTokenBucket`](crate::LiveTokenBucket), which serializes quota
-/// changes (decisions never take it). A [`Mutex`] with the `std` feature or
-/// under loom, whose waiters sleep; without `std`, a flag taken by
+/// changes (decisions never take it). A [`Mutex`] with the `std` feature (and
+/// so under loom), whose waiters sleep; without `std`, a flag taken by
 /// compare-and-swap, whose waiters spin: a quota change holds it for the
 /// conversion of one word, and no_std has nothing to sleep on. (A change
 /// made from an interrupt handler that interrupted another change on the
 /// same core would spin forever: the crate's docs say so.)
 pub(crate) struct WriterLock {
-    #[cfg(any(feature = "std", turnstile_loom))]
+    #[cfg(feature = "std")]
     mutex: Mutex<()>,
-    #[cfg(not(any(feature = "std", turnstile_loom)))]
+    #[cfg(not(feature = "std"))]
     held: AtomicBool,
 }
 
 /// A held [`WriterLock`], released when dropped.
 pub(crate) struct WriterGuard<'a> {
-    #[cfg(any(feature = "std", turnstile_loom))]
+    #[cfg(feature = "std")]
     _guard: MutexGuard<'a, ()>,
-    #[cfg(not(any(feature = "std", turnstile_loom)))]
+    #[cfg(not(feature = "std"))]
     held: &'a AtomicBool,
 }
 
 impl WriterLock {
     pub(crate) fn new() -> WriterLock {
         WriterLock {
-            #[cfg(any(feature = "std", turnstile_loom))]
+            #[cfg(feature = "std")]
             mutex: Mutex::new(()),
-            #[cfg(not(any(feature = "std", turnstile_loom)))]
+            #[cfg(not(feature = "std"))]
             held: AtomicBool::new(false),
         }
     }
 
     /// Wait until the lock is free, and take it.
     pub(crate) fn lock(&self) -> WriterGuard<'_> {
-        #[cfg(any(feature = "std", turnstile_loom))]
+        #[cfg(feature = "std")]
         {
-            // As `lock`: the guarded stretch leaves nothing to repair.
+            // Poison ignored, as in `lock`: a change leaves its slots whole.
             WriterGuard {
-                _guard: self
-                    .mutex
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+                _guard: lock(&self.mutex),
             }
         }
-        #[cfg(not(any(feature = "std", turnstile_loom)))]
+        #[cfg(not(feature = "std"))]
         {
             // Acquire on success: pairs with the Release store of the guard's
             // drop, so this holder sees every write the last holder made
@@ -107,7 +104,7 @@ impl WriterLock {
     }
 }
 
-#[cfg(not(any(feature = "std", turnstile_loom)))]
+#[cfg(not(feature = "std"))]
 impl Drop for WriterGuard<'_> {
     fn drop(&mut self) {
         // Release: pairs with the Acquire of the next `lock`, publishing the
