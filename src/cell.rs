@@ -29,6 +29,7 @@ impl Cell {
 
     /// Set the word of a cell that no other thread can reach yet (a keyed
     /// key's slot before its control byte publishes it).
+    #[cfg(feature = "std")]
     pub(crate) fn set(&self, word: u64) {
         // Relaxed: the slot is published by a Release store of its control byte,
         // after this.
@@ -128,6 +129,7 @@ impl Cell {
     /// Replace the word by `next(word)` unless it returns `None`; returns the
     /// word replaced and the word written, or `None` with the word left as
     /// it was. One compare-and-swap loop, as every transition of the word.
+    #[cfg(feature = "std")]
     pub(crate) fn transform(&self, mut next: impl FnMut(u64) -> Option<u64>) -> Option<(u64, u64)> {
         // Relaxed: see the type's documentation.
         let mut current = self.word.load(Ordering::Relaxed);

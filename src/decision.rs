@@ -291,7 +291,7 @@ impl fmt::Display for RateLimited {
     }
 }
 
-impl std::error::Error for RateLimited {}
+impl core::error::Error for RateLimited {}
 
 impl From<RetryAfter> for Duration {
     fn from(retry_after: RetryAfter) -> Duration {

@@ -173,7 +173,7 @@ impl fmt::Display for QuotaError {
     }
 }
 
-impl std::error::Error for QuotaError {}
+impl core::error::Error for QuotaError {}
 
 /// Why a request for `n` permits was refused outright, before any rate decision.
 ///
@@ -212,9 +212,10 @@ impl fmt::Display for AcquireError {
     }
 }
 
-impl std::error::Error for AcquireError {}
+impl core::error::Error for AcquireError {}
 
 /// Why a [`KeyedLimiter`](crate::KeyedLimiter) could not be built.
+#[cfg(feature = "std")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyedConfigError {
@@ -243,6 +244,7 @@ pub enum KeyedConfigError {
     },
 }
 
+#[cfg(feature = "std")]
 impl fmt::Display for KeyedConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -269,4 +271,5 @@ impl fmt::Display for KeyedConfigError {
     }
 }
 
-impl std::error::Error for KeyedConfigError {}
+#[cfg(feature = "std")]
+impl core::error::Error for KeyedConfigError {}

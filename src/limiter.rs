@@ -7,12 +7,18 @@ use crate::algorithm::not_yet::NotYet;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::algorithm::within_refund_horizon;
 use crate::cell::Cell;
-use crate::clock::{Clock, RealClock};
+use crate::clock::Clock;
+#[cfg(feature = "std")]
+use crate::clock::RealClock;
 use crate::decision::{Decision, KeyedDecision};
 use crate::error::{AcquireError, QuotaError};
 use crate::quota::Quota;
+#[cfg(feature = "std")]
 use crate::reclaim::thread_slot;
+#[cfg(feature = "std")]
 use crate::tally::{ADMITTED, DENIED, Tally};
+#[cfg(feature = "std")]
+use alloc::boxed::Box;
 
 /// A lock-free rate limiter for one stream of requests (one API, one client, one
 /// outbound dependency). Share it by reference or in an `Arc`; every method takes
@@ -66,7 +72,17 @@ use crate::tally::{ADMITTED, DENIED, Tally};
     )),
     repr(align(64))
 )]
-pub struct RateLimiter<A = TokenBucket, C = RealClock, M = Uncounted> {
+// Without `std` there is no default clock, and so no default algorithm
+// either (a default must follow every parameter without one): a no_std
+// limiter names both, `RateLimiter<TokenBucket, MyClock>`, which also
+// compiles with `std`.
+pub struct RateLimiter<
+    #[cfg(feature = "std")] A = TokenBucket,
+    #[cfg(not(feature = "std"))] A,
+    #[cfg(feature = "std")] C = RealClock,
+    #[cfg(not(feature = "std"))] C,
+    M = Uncounted,
+> {
     cell: Cell,
     algorithm: A,
     clock: C,
@@ -75,6 +91,7 @@ pub struct RateLimiter<A = TokenBucket, C = RealClock, M = Uncounted> {
 }
 
 /// A direct limiter's counters ([`RateLimiter::stats`]).
+#[cfg(feature = "std")]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DirectStats {
@@ -96,6 +113,7 @@ pub trait Counter: sealed::Sealed {
 mod sealed {
     pub trait Sealed {}
     impl Sealed for super::Uncounted {}
+    #[cfg(feature = "std")]
     impl Sealed for super::Counted {}
 }
 
@@ -109,10 +127,13 @@ impl Counter for Uncounted {
 }
 
 /// A direct limiter's admitted and denied counters: one cache-padded pair per
-/// thread slot, each written only by its thread.
+/// thread slot, each written only by its thread. Needs the `std` feature
+/// (thread slots are thread-locals).
+#[cfg(feature = "std")]
 #[derive(Debug)]
 pub struct Counted(Box<Tally>);
 
+#[cfg(feature = "std")]
 impl Counter for Counted {
     #[inline(always)]
     fn count(&self, admitted: bool) {
@@ -120,6 +141,7 @@ impl Counter for Counted {
     }
 }
 
+#[cfg(feature = "std")]
 impl RateLimiter {
     /// A token-bucket limiter for `quota` on the real clock.
     pub fn new(quota: Quota) -> RateLimiter {
@@ -136,6 +158,7 @@ impl<C: Clock> RateLimiter<TokenBucket, C> {
     }
 }
 
+#[cfg(feature = "std")]
 impl RateLimiter<LiveTokenBucket> {
     /// A token-bucket limiter on the real clock whose quota can be changed
     /// while it serves ([`set_quota`](RateLimiter::set_quota)), up to a
@@ -202,7 +225,7 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     }
 
     /// This limiter, counting admissions and denials for
-    /// [`stats`](RateLimiter::stats).
+    /// [`stats`](RateLimiter::stats). Needs the `std` feature.
     ///
     /// Off by default for a direct limiter: the counters are one cache-padded
     /// pair per thread slot (about 8 KiB), against the limiter's 128 bytes,
@@ -223,6 +246,7 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// assert_eq!((stats.admitted, stats.denied), (2, 1));
     /// # Ok::<(), turnstile::QuotaError>(())
     /// ```
+    #[cfg(feature = "std")]
     pub fn counted(self) -> RateLimiter<A, C, Counted> {
         RateLimiter {
             cell: self.cell,
@@ -233,6 +257,7 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     }
 }
 
+#[cfg(feature = "std")]
 impl<A, C> RateLimiter<A, C, Counted> {
     /// The counters, summed over the threads that decided (each read in turn,
     /// not at one instant).
@@ -444,5 +469,137 @@ impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
             .refund_unless_changed(receipt.epoch, &mut || {
                 cell.refund(self.algorithm(), receipt.written, receipt.n)
             })
+    }
+}
+
+/// The direct limiter as the no_std build has it (`cargo test
+/// --no-default-features --lib` runs these too): on a clock of the
+/// application's own, with no default parameter.
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use core::num::NonZeroU64;
+    use core::time::Duration;
+
+    use super::*;
+    use crate::algorithm::fixed_window::FixedWindow;
+    use crate::algorithm::gcra::Gcra;
+    use crate::algorithm::sliding_window::SlidingWindow;
+    use crate::algorithm::warm_up::WarmUp;
+    use crate::clock::TickClock;
+    use crate::sync::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    /// A 1 MHz tick counter and a clock over it.
+    fn ticking() -> (Arc<AtomicU64>, TickClock<impl Fn() -> u64 + Send + Sync>) {
+        let ticks = Arc::new(AtomicU64::new(0));
+        let source = ticks.clone();
+        let hz = NonZeroU64::new(1_000_000).expect("a million is not zero");
+        // Relaxed: the test moves the counter on its own thread.
+        (
+            ticks,
+            TickClock::new(hz, move || source.load(Ordering::Relaxed)),
+        )
+    }
+
+    /// Spend until denied at tick 0; the denial's wait, in whole ticks,
+    /// rounded up, is when the next permit comes: not a tick before.
+    fn waits_as_it_says<A: Algorithm>(algorithm: A) {
+        let (ticks, clock) = ticking();
+        let limiter: RateLimiter<A, _> = RateLimiter::from_parts(algorithm, clock);
+        let capacity = limiter.capacity();
+        let mut admitted = 0;
+        let wait = loop {
+            match limiter.try_acquire() {
+                Decision::Allowed { .. } => admitted += 1,
+                Decision::Denied { retry_after } => break retry_after.duration(),
+            }
+            assert!(
+                admitted <= capacity,
+                "admitted {admitted} above the capacity {capacity}"
+            );
+        };
+        assert!(admitted >= 1, "a fresh limiter admits");
+        assert!(!wait.is_zero());
+        let due = u64::try_from(wait.as_nanos().div_ceil(1_000)).expect("a wait of seconds");
+        // Relaxed: as in `ticking`.
+        ticks.store(due - 1, Ordering::Relaxed);
+        // `due - 1` ticks are less than the wait.
+        assert!(
+            limiter.check().is_err(),
+            "admitted before its wait of {wait:?}"
+        );
+        ticks.store(due, Ordering::Relaxed);
+        assert!(
+            limiter.try_acquire().is_allowed(),
+            "denied after its wait of {wait:?}"
+        );
+    }
+
+    #[test]
+    fn every_algorithm_waits_as_it_says_on_a_tick_clock() {
+        let quota = Quota::new(3, 1, Duration::from_millis(7)).expect("a valid quota");
+        waits_as_it_says(TokenBucket::new(quota));
+        waits_as_it_says(Gcra::new(quota));
+        waits_as_it_says(LiveTokenBucket::new(quota).expect("a valid live quota"));
+        waits_as_it_says(WarmUp::new(quota, Duration::from_millis(70), 3.0).expect("valid"));
+        waits_as_it_says(FixedWindow::new(3, Duration::from_millis(7)).expect("valid"));
+        waits_as_it_says(SlidingWindow::new(3, Duration::from_millis(7)).expect("valid"));
+    }
+
+    #[test]
+    fn a_refund_gives_the_permit_back() {
+        let (_ticks, clock) = ticking();
+        let quota = Quota::new(2, 1, Duration::from_secs(1)).expect("a valid quota");
+        let limiter: RateLimiter<TokenBucket, _> = RateLimiter::with_clock(quota, clock);
+        let before = limiter.remaining();
+        let admission = limiter
+            .try_acquire_refundable()
+            .expect("a full bucket admits");
+        assert_eq!(limiter.remaining(), before - 1);
+        assert!(admission.refund());
+        assert_eq!(limiter.remaining(), before);
+        assert_eq!(
+            limiter.try_acquire_n(quota.capacity() + 1),
+            Err(AcquireError::InsufficientCapacity {
+                requested: quota.capacity() + 1,
+                capacity: quota.capacity(),
+            })
+        );
+    }
+
+    /// Quota changes from many threads at once, with decisions between them:
+    /// the writer's lock (a spin flag without `std`) lets one change through
+    /// at a time, so every change is counted and the last one is in force.
+    #[test]
+    fn concurrent_quota_changes_each_take_effect() {
+        const THREADS: u64 = 4;
+        const CHANGES: u64 = 200;
+        let (ticks, clock) = ticking();
+        let quotas = [
+            Quota::new(10, 1, Duration::from_millis(10)).expect("a valid quota"),
+            Quota::new(40, 4, Duration::from_millis(5)).expect("a valid quota"),
+        ];
+        let bucket = LiveTokenBucket::new(quotas[0]).expect("a valid live quota");
+        let limiter = RateLimiter::from_parts(bucket, clock);
+        let start = std::sync::Barrier::new(THREADS as usize);
+        std::thread::scope(|s| {
+            for thread in 0..THREADS {
+                let (limiter, ticks, start) = (&limiter, &ticks, &start);
+                s.spawn(move || {
+                    start.wait();
+                    for i in 0..CHANGES {
+                        let quota = quotas[usize::from((thread + i) % 2 == 1)];
+                        limiter.set_quota(quota).expect("below the ceiling");
+                        // Relaxed: a counter, moved by every thread.
+                        ticks.fetch_add(100, Ordering::Relaxed);
+                        let _ = limiter.try_acquire();
+                    }
+                });
+            }
+        });
+        assert_eq!(limiter.algorithm().changes(), THREADS * CHANGES);
+        limiter.set_quota(quotas[1]).expect("below the ceiling");
+        assert_eq!(limiter.quota(), quotas[1]);
+        assert!(limiter.remaining() <= quotas[1].capacity());
     }
 }

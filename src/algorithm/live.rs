@@ -9,7 +9,7 @@ use crate::algorithm::token_bucket::{self, Params, RawBucket, TokenBucket};
 use crate::decision::Decision;
 use crate::error::QuotaError;
 use crate::quota::Quota;
-use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, fence, lock};
+use crate::sync::{AtomicU64, Ordering, WriterGuard, WriterLock, fence};
 use crate::word::Layout;
 
 /// The largest capacity whose bucket keeps time in whole microseconds; the
@@ -149,7 +149,7 @@ pub struct LiveTokenBucket {
     /// words a new key gets; written only under `writer`.
     generation: AtomicU64,
     /// Held by a change from writing its slot until every word is converted.
-    writer: Mutex<()>,
+    writer: WriterLock,
 }
 
 /// One quota's parameters, read as a whole under a sequence number: the
@@ -287,7 +287,7 @@ impl LiveTokenBucket {
             ceiling,
             slots: [Slot::new(&bucket), Slot::new(&bucket)],
             generation: AtomicU64::new(0),
-            writer: Mutex::new(()),
+            writer: WriterLock::new(),
         })
     }
 
@@ -310,7 +310,7 @@ impl LiveTokenBucket {
     /// `f()`, with changes held off, if the count of changes is still `since`;
     /// `None` otherwise.
     pub(crate) fn unless_changed<R>(&self, since: u64, f: impl FnOnce() -> R) -> Option<R> {
-        let _writer = lock(&self.writer);
+        let _writer = self.writer.lock();
         // Relaxed: only changes store it, under `writer`, which this holds.
         (self.generation.load(Ordering::Relaxed) == since).then(f)
     }
@@ -397,6 +397,7 @@ impl LiveTokenBucket {
     /// a spend is the same under either quota but a loan's refill time, from
     /// parameters of two quotas, may not be. A reservation is not on the
     /// decision path: the check costs a load.)
+    #[cfg(feature = "std")]
     pub(crate) fn reserve(
         &self,
         word: u64,
@@ -425,6 +426,7 @@ impl LiveTokenBucket {
     /// The slot `word` names, opened for a decision on it: its parity, its
     /// sequence number (for [`unchanged`](Self::unchanged)) and a view that
     /// reads its fields where the decision needs them.
+    #[cfg(feature = "std")]
     #[inline(always)]
     fn open(&self, word: u64) -> (usize, u64, SlotView<'_>) {
         let parity = self.parity(word);
@@ -498,7 +500,7 @@ impl LiveTokenBucket {
     /// starts in the new quota. The caller converts every word with the
     /// returned [`Change`] while it lives.
     pub(crate) fn begin(&self, quota: Quota) -> Result<Change<'_>, QuotaError> {
-        let guard = lock(&self.writer);
+        let guard = self.writer.lock();
         let new = validate(quota, self.ceiling, self.layout)?;
         // Relaxed: only changes store it, and they hold `writer`.
         let generation = self.generation.load(Ordering::Relaxed);
@@ -560,7 +562,7 @@ pub(crate) struct Change<'a> {
     new: TokenBucket,
     /// The parity bit of converted words.
     to: u64,
-    _writer: MutexGuard<'a, ()>,
+    _writer: WriterGuard<'a>,
 }
 
 impl Change<'_> {
@@ -703,6 +705,8 @@ mod tests {
     /// the word not yet converted. A decision and a loan on that word are
     /// decided by the old quota (the word's slot), not the one in force; the
     /// loan's word keeps the old parity, so the conversion still takes it.
+    /// (Loans are reservations': `std` only.)
+    #[cfg(feature = "std")]
     #[test]
     fn a_word_not_yet_converted_is_decided_and_lent_on_its_own_quota() {
         let old = quota(2, 1, 100);

@@ -482,6 +482,7 @@ pub(crate) fn decide<P: Params>(p: &P, word: u64, now: u64, n: u32) -> (Decision
 /// refill's batch beyond `n` (less than `amount` tokens, none when
 /// `amount` is 1) is dropped, so a reservation never admits more than the
 /// bucket would have. `n` must be at least 1; more than the capacity is refused.
+#[cfg(feature = "std")]
 pub(crate) fn reserve<P: Params>(
     p: &P,
     word: u64,

@@ -222,7 +222,20 @@ impl fmt::Display for WarmUpError {
     }
 }
 
-impl std::error::Error for WarmUpError {}
+impl core::error::Error for WarmUpError {}
+
+/// `x` rounded to the nearest whole number, halves away from zero: `f64::round`
+/// for `0 <= x < 2^52`, without `std` (which `f64::round` needs).
+fn round_positive(x: f64) -> u64 {
+    let whole = x as u64;
+    // Exact: `whole <= x < whole + 1`, both below 2^52, so the difference is
+    // a float of `x`'s own precision.
+    if x - whole as f64 >= 0.5 {
+        whole.saturating_add(1)
+    } else {
+        whole
+    }
+}
 
 /// The bits `x` needs.
 const fn bits(x: u64) -> u32 {
@@ -246,7 +259,7 @@ impl WarmUp {
             return Err(WarmUpError::ColdFactor { cold_factor });
         }
         // In range: 1_000 ..= 1_000_000.
-        let cold = (cold_factor * COLD_SCALE as f64).round() as u64;
+        let cold = round_positive(cold_factor * COLD_SCALE as f64);
         let bucket = TokenBucket::new(quota);
         let plain = Layout::for_capacity(quota.capacity());
         let unit_micros = plain.unit_micros();
@@ -642,6 +655,22 @@ impl Algorithm for WarmUp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_positive_is_f64_round() {
+        let mut xs = vec![0.0, 0.5, 1.5, 2.5, 0.49999999999999994, 1000.0, 1_000_000.0];
+        for k in 0..=4_000u32 {
+            // Every cold factor to a ten-thousandth from 1 to 1.4, scaled as
+            // `new` scales it, and each half-way point.
+            let cold = 1.0 + f64::from(k) / 10_000.0;
+            xs.push(cold * COLD_SCALE as f64);
+            xs.push(f64::from(k) + 0.5);
+            xs.push(f64::from(k) * 250.0 + 0.499_999_999);
+        }
+        for x in xs {
+            assert_eq!(round_positive(x), x.round() as u64, "{x}");
+        }
+    }
 
     fn warm(c: u32, a: u32, period_ms: u64, periods: u64, cold: f64) -> WarmUp {
         let quota = Quota::new(c, a, Duration::from_millis(period_ms)).unwrap();

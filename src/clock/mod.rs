@@ -1,6 +1,6 @@
 //! Time as `u64` nanoseconds since a clock's epoch.
 //!
-//! Five clocks:
+//! Six clocks; the first four need the `std` feature:
 //!
 //! - [`RealClock`], the default: the TSC through quanta where the kernel itself
 //!   keeps time on the TSC and the TSC's rate agrees with the OS clock's at
@@ -10,19 +10,28 @@
 //! - [`CoarseClock`]: a reading kept fresh by an upkeep thread from the OS
 //!   monotonic clock: about a millisecond of resolution for about a nanosecond
 //!   per reading.
-//! - [`ManualClock`]: set by hand, for tests and examples.
+//! - [`ManualClock`]: set by hand, for tests and examples (without `std`, with
+//!   the `alloc` feature).
+//! - [`TickClock`]: a closure over a monotonic tick source of the
+//!   application's own (a hardware timer without an OS).
 
 use core::time::Duration;
 
-#[cfg(not(turnstile_loom))]
+#[cfg(all(feature = "std", not(turnstile_loom)))]
 mod coarse;
+#[cfg(feature = "alloc")]
 mod manual;
+#[cfg(feature = "std")]
 mod real;
+mod tick;
 
-#[cfg(not(turnstile_loom))]
+#[cfg(all(feature = "std", not(turnstile_loom)))]
 pub use coarse::CoarseClock;
+#[cfg(feature = "alloc")]
 pub use manual::ManualClock;
+#[cfg(feature = "std")]
 pub use real::{ClockSource, MonotonicClock, RealClock, TscClock};
+pub use tick::TickClock;
 
 /// A source of time for a limiter.
 ///
@@ -120,6 +129,7 @@ pub trait Clock: Send + Sync {
 }
 
 /// What [`skip_sleep`] did with a sleep.
+#[cfg(feature = "std")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Skip {
     /// A real clock: the caller sleeps.
@@ -133,6 +143,7 @@ pub(crate) enum Skip {
 
 /// A wait's sleep of `d` on `clock`: skipped on a simulated clock
 /// ([`Clock::skip`]), and `Stuck` when skipping left the clock where it was.
+#[cfg(feature = "std")]
 pub(crate) fn skip_sleep<C: Clock + ?Sized>(clock: &C, d: Duration) -> Skip {
     let before = clock.now();
     if !clock.skip(d) {
@@ -160,6 +171,7 @@ impl<C: Clock + ?Sized> Clock for &C {
 }
 
 /// `d` in nanoseconds, saturating at `u64::MAX` (584 years).
+#[cfg(feature = "alloc")]
 pub(crate) fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
