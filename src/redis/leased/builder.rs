@@ -15,6 +15,7 @@ use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
 use crate::keyed::KeyedBuilder;
 use crate::redis::MAX_LEASE;
+use crate::redis::failover::{DEFAULT_TIMEOUTS_TO_BACK_OFF, Ledger, Strikes};
 use crate::redis::guarded::OnFailure;
 use crate::redis::health::Health;
 use crate::redis::{RedisAlgorithm, RedisConfigError, RedisLimiter};
@@ -36,6 +37,7 @@ pub struct LeasedBuilder<C = RealClock> {
     idle: Option<Duration>,
     on_failure: OnFailure<TokenBucket, RealClock>,
     backoff: Duration,
+    timeouts: u32,
     max_keys: Option<usize>,
     clock: C,
 }
@@ -128,6 +130,7 @@ impl LeasedBuilder {
             idle: None,
             on_failure: OnFailure::Deny,
             backoff: Duration::from_secs(1),
+            timeouts: DEFAULT_TIMEOUTS_TO_BACK_OFF,
             max_keys: None,
             clock: RealClock::default(),
         })
@@ -175,6 +178,27 @@ impl<C: Clock> LeasedBuilder<C> {
         self
     }
 
+    /// Start the backoff at the `timeouts`-th call in a row that timed out
+    /// (3 by default; 0 is taken as 1), as
+    /// [`Guarded::timeouts_to_back_off`](crate::redis::Guarded::timeouts_to_back_off)
+    /// does: a call that timed out may only have met a slow Redis, so it is
+    /// answered by the policy without stopping the calls of the others; any
+    /// other failure starts the backoff at once.
+    ///
+    /// ```
+    /// use turnstile::redis::{LeasedBuilder, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(1_000)?))?;
+    /// let limiter = LeasedBuilder::new(global, 50)?.timeouts_to_back_off(5).build()?;
+    /// assert_eq!(limiter.timeouts(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn timeouts_to_back_off(mut self, timeouts: u32) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
     /// At most `max_keys` keys hold a lease word at once (the keyed map's
     /// bound; past it a new key is decided by exact mode).
     ///
@@ -199,6 +223,7 @@ impl<C: Clock> LeasedBuilder<C> {
             idle: self.idle,
             on_failure: self.on_failure,
             backoff: self.backoff,
+            timeouts: self.timeouts,
             max_keys: self.max_keys,
             clock,
         }
@@ -286,6 +311,8 @@ impl<C: Clock> LeasedBuilder<C> {
             retry_at: AtomicU64::new(0),
             counters: Counters::default(),
             health: Health::default(),
+            strikes: Strikes::new(self.timeouts),
+            ledger: Ledger::default(),
         })
     }
 }

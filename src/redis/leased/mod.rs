@@ -13,6 +13,7 @@ use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
 use crate::keyed::KeyedLimiter;
 use crate::redis::RedisLimiter;
+use crate::redis::failover::{Debt, Ledger, Strikes};
 use crate::redis::guarded::OnFailure;
 use crate::redis::health::Health;
 use crate::sync::{AtomicU64, Ordering};
@@ -188,6 +189,10 @@ pub struct LeasedLimiter<C = RealClock> {
     counters: Counters,
     /// The degraded periods: counted and logged once each.
     health: Health,
+    /// Timeouts in a row, and how many start the backoff.
+    strikes: Strikes,
+    /// Local shares emptied per degraded period, and what they owe Redis.
+    ledger: Ledger,
 }
 
 impl<C: Clock + fmt::Debug> fmt::Debug for LeasedLimiter<C> {
@@ -247,8 +252,9 @@ pub(crate) enum Step {
     Done(Decision),
     /// Take a lease.
     Lease(Fetch),
-    /// Ask Redis for the permits themselves (exact mode).
-    Exact(ScriptInvocation<'static>),
+    /// Ask Redis for the permits themselves (exact mode), and for the debt
+    /// claimed (see `failover`).
+    Exact(ScriptInvocation<'static>, u32),
 }
 
 #[cfg(all(feature = "tower", feature = "tokio"))]
@@ -262,7 +268,7 @@ impl Step {
                 purpose: Purpose::Prefetch(decision),
                 ..
             }) => Some(*decision),
-            Step::Lease(_) | Step::Exact(_) => None,
+            Step::Lease(_) | Step::Exact(..) => None,
         }
     }
 
@@ -337,9 +343,10 @@ impl<C: Clock> LeasedLimiter<C> {
                 let result = fetch.invocation.invoke(con);
                 Ok(self.finish_lease(key, n, &fetch, result))
             }
-            Step::Exact(invocation) => {
+            Step::Exact(invocation, debt) => {
+                let debt = Debt::claimed(&self.ledger, key, debt);
                 let result = invocation.invoke(con);
-                Ok(self.finish_exact(key, n, result))
+                Ok(self.finish_exact(key, n, debt, result))
             }
         }
     }
@@ -409,9 +416,10 @@ impl<C: Clock> LeasedLimiter<C> {
                 claim.armed = false;
                 self.finish_lease(key, n, &fetch, result)
             }
-            Step::Exact(invocation) => {
+            Step::Exact(invocation, debt) => {
+                let debt = Debt::claimed(&self.ledger, key, debt);
                 let result = invocation.invoke_async(con).await;
-                self.finish_exact(key, n, result)
+                self.finish_exact(key, n, debt, result)
             }
         }
     }
@@ -441,6 +449,7 @@ impl<C: Clock> LeasedLimiter<C> {
                 if remaining >= low
                     || written & (word::FETCHING | word::DRY) != 0
                     || self.is_backing_off()
+                    || self.ledger.owes(key)
                 {
                     return Ok(Step::Done(decision));
                 }
@@ -479,6 +488,10 @@ impl<C: Clock> LeasedLimiter<C> {
                 if let Turn::Skip { wait } = self.turn() {
                     return Ok(Step::Done(self.fallback(key, n, wait)));
                 }
+                if self.ledger.owes(key) {
+                    // A debt is paid by an exact call before leases resume.
+                    return Ok(self.exact(key, n));
+                }
                 Ok(match self.claim(key, n, Purpose::Miss) {
                     Claim::Fetch(fetch) => Step::Lease(fetch),
                     Claim::Spent(decision) => Step::Done(decision),
@@ -496,22 +509,33 @@ impl<C: Clock> LeasedLimiter<C> {
         self.exact(key, n)
     }
 
-    /// Ask Redis for the permits themselves, as exact mode does.
+    /// Ask Redis for the permits themselves, as exact mode does, and for
+    /// what the key's local admissions owe (up to the capacity).
     fn exact(&self, key: &[u8], n: u32) -> Step {
-        match self.limiter.invocation(key, n, None) {
-            Ok(invocation) => Step::Exact(invocation),
-            // Checked already: n is within 1..=capacity.
+        let debt = Debt::claim(&self.ledger, key, self.capacity - n);
+        match self.limiter.invocation(key, n + debt.amount(), None) {
+            Ok(invocation) => Step::Exact(invocation, debt.keep()),
+            // Checked already: n + debt is within 1..=capacity.
             Err(_) => Step::Done(Decision::Denied {
                 retry_after: RETRY_AT_ONCE,
             }),
         }
     }
 
-    fn finish_exact(&self, key: &[u8], n: u32, result: RedisResult<Value>) -> Decision {
+    fn finish_exact(
+        &self,
+        key: &[u8],
+        n: u32,
+        debt: Debt<'_>,
+        result: RedisResult<Value>,
+    ) -> Decision {
         match self.limiter.decide(result) {
             Ok(decision) => {
                 self.succeed();
                 Counters::add(&self.counters.exact_calls, 1);
+                if decision.is_allowed() {
+                    debt.paid();
+                }
                 decision
             }
             Err(e) => {
