@@ -451,8 +451,17 @@ async fn redis_killed_the_layer_answers_by_its_policy_within_the_deadline_then_r
     assert!(retry_after >= 1);
     assert!(elapsed < deadline, "{elapsed:?}");
     let (response, elapsed) = timed(open.layer(inner.service()), Request::new(())).await;
-    assert_eq!(response.status(), StatusCode::OK, "the local limit admits");
+    assert_eq!(
+        response.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the local share starts empty in the degraded period"
+    );
     assert!(elapsed < deadline, "{elapsed:?}");
+    // 500 a second: it admits what refills, and Redis is owed for it.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (response, _) = timed(open.layer(inner.service()), Request::new(())).await;
+    assert_eq!(response.status(), StatusCode::OK, "the local limit admits");
+    assert_eq!(open.limit().stats().owed, 1);
     // A key with no lease held: failing closed denies.
     let (response, elapsed) = timed(leased.layer(inner.service()), with_key("other")).await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -479,6 +488,11 @@ async fn redis_killed_the_layer_answers_by_its_policy_within_the_deadline_then_r
     let (response, _) = timed(open.layer(inner.service()), Request::new(())).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert!(!open.limit().is_backing_off());
+    assert_eq!(
+        open.limit().stats().owed,
+        0,
+        "charged to Redis with the call"
+    );
     let leases = leased.limit().stats().lease_calls;
     let (response, _) = timed(leased.layer(inner.service()), with_key("other")).await;
     assert_eq!(response.status(), StatusCode::OK);

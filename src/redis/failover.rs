@@ -7,7 +7,9 @@
 //!   loaded host, a pause of the process): it counts as one strike, and the
 //!   backoff starts at the `k`-th timeout in a row (3 by default) with no
 //!   answered call between them. Any other failure (a refused or dropped
-//!   connection, an error reply) starts it at once. A failed call is always
+//!   connection, an error reply) starts it at once, and so does any failure
+//!   once one has started it, until a call is answered (a probe after the
+//!   backoff that times out backs off again). A failed call is always
 //!   answered by the failure policy and never sent again.
 //! - **The local share starts empty.** Each degraded period (from a failed call
 //!   to the next answered one) empties a key's local bucket before its first
@@ -60,7 +62,8 @@ impl Failure for ::redis::RedisError {
 
 /// Consecutive timeouts, and when they start the backoff.
 pub(crate) struct Strikes {
-    /// Timeouts since the last answered call or backoff.
+    /// Timeouts since the last answered call (at least `limit` once any
+    /// failure has started the backoff: a failed probe restarts it at once).
     run: AtomicU64,
     /// The timeouts in a row that start the backoff (at least 1).
     limit: u64,
@@ -85,15 +88,10 @@ impl Strikes {
         // two failures and a success at worst starts the backoff one timeout
         // late or early.
         if !timeout {
-            self.run.store(0, Ordering::Relaxed);
+            self.run.store(self.limit, Ordering::Relaxed);
             return true;
         }
-        let run = self.run.fetch_add(1, Ordering::Relaxed) + 1;
-        if run >= self.limit {
-            self.run.store(0, Ordering::Relaxed);
-            return true;
-        }
-        false
+        self.run.fetch_add(1, Ordering::Relaxed) + 1 >= self.limit
     }
 
     /// A call was answered: the run of timeouts ends.
@@ -325,9 +323,13 @@ mod tests {
         assert!(!strikes.struck(true));
         assert!(!strikes.struck(true));
         assert!(strikes.struck(true));
-        // The count starts again after a backoff.
-        assert!(!strikes.struck(true));
+        // Until a call is answered, a probe that times out backs off again.
+        assert!(strikes.struck(true));
+        strikes.cleared();
         assert!(strikes.struck(false));
+        assert!(strikes.struck(true), "after another failure too");
+        strikes.cleared();
+        assert!(!strikes.struck(true));
         assert!(Strikes::new(0).struck(true), "0 is taken as 1");
     }
 

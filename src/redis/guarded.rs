@@ -100,13 +100,25 @@ pub struct GuardedStats {
     /// Degraded periods so far: each begins with a failed call while none
     /// was open, and ends when a call succeeds.
     pub degraded_periods: u64,
+    /// Permits the local share of [`OnFailure::Local`](crate::redis::OnFailure::Local)
+    /// admitted that Redis has not yet been charged for: each key's next
+    /// call that decides in Redis asks for them too (see the guide's
+    /// failover rule).
+    pub owed: u64,
 }
 
 /// A [`RedisLimiter`] that never returns a Redis error: when a call fails it
 /// answers by its [`OnFailure`] policy, and for the `backoff` after a failure
-/// it does not call Redis at all, so a dead Redis costs the requests in flight
-/// one call's deadlines ([`Deadlines`](super::Deadlines) names the longer
-/// cases) and the rest nothing. After the backoff one request tries
+/// (a timeout, only the third in a row:
+/// [`timeouts_to_back_off`](Self::timeouts_to_back_off)) it does not call
+/// Redis at all, so a dead Redis costs the requests in flight one call's
+/// deadlines ([`Deadlines`](super::Deadlines) names the longer cases) and the
+/// rest nothing. A local share starts empty in each degraded period, and what
+/// it admitted is charged to Redis by the key's next call there: over any
+/// interval of length `T` holding a failure and its recovery, all processes
+/// admit at most `B + r(T)` plus what was admitted locally and not yet
+/// charged (the guide's
+/// [failover rule](crate::guide::redis#the-failover-rule-and-its-bound)). After the backoff one request tries
 /// Redis again (the others keep to the policy until it has answered); its
 /// success ends the backoff. Admissions can be given back
 /// ([`try_acquire_refundable`](Self::try_acquire_refundable),
@@ -330,6 +342,7 @@ impl<A, C> Guarded<A, C> {
             refund_declined: self.refund_declined.load(Ordering::Relaxed),
             degraded: self.health.is_degraded(),
             degraded_periods: self.health.periods(),
+            owed: self.ledger.total(),
         }
     }
 

@@ -74,7 +74,8 @@ impl<C: Clock> LeasedLimiter<C> {
     pub(super) fn fail<E: Failure + ?Sized>(&self, error: &E) {
         let counts = self.counts();
         Counters::add(&self.counters.failures, 1);
-        self.health.failed(self.source(), &error as &dyn fmt::Display, counts);
+        self.health
+            .failed(self.source(), &error as &dyn fmt::Display, counts);
         if !self.strikes.struck(error.timed_out()) {
             return;
         }

@@ -141,13 +141,21 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// Every call runs on the caller's connection, with its deadline
 /// ([`Deadlines`](super::Deadlines)); a request makes at most one call, so no
 /// request waits longer than one call's deadlines (`Deadlines` names the
-/// cases in redis-rs that take more than one). A failed call starts a backoff, for
+/// cases in redis-rs that take more than one). A failed call starts a backoff
+/// (a timeout, only the third in a row:
+/// [`timeouts_to_back_off`](LeasedBuilder::timeouts_to_back_off)), for
 /// which no request calls Redis; while it lasts a request that the leases held
 /// here cannot serve is answered by the [`OnFailure`] policy: denied (fail
 /// closed: only tokens already leased are spent) or decided by a local keyed
-/// limit (fail open). After the backoff one request probes Redis; its success
-/// ends the backoff. [`stats`](LeasedLimiter::stats) counts failures and
-/// fallback decisions.
+/// limit (fail open), which starts empty in each degraded period and whose
+/// admissions are charged to Redis by the key's next exact-mode call. Over any
+/// interval of length `T` holding a failure and its recovery, all processes
+/// admit at most `B + r(T) + N·(L + ⌊L/4⌋)`, plus what the local shares
+/// admitted and Redis was not yet charged for (the guide's
+/// [failover rule](crate::guide::redis#the-failover-rule-and-its-bound)).
+/// After the backoff one request probes Redis; its success ends the backoff.
+/// [`stats`](LeasedLimiter::stats) counts failures, fallback decisions and
+/// what is owed.
 ///
 /// # Example
 ///
