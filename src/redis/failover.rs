@@ -21,7 +21,11 @@
 //!   Redis asks for its own permits plus what is owed (up to the capacity),
 //!   all or nothing: admitted, the debt is paid; denied or failed, it stays
 //!   owed (a failed call may have run: then it is paid twice, which errs on
-//!   the side of admitting less).
+//!   the side of admitting less). After such a denial (a bucket that others
+//!   keep near empty never holds the request and the debt at once) the key
+//!   pays as it goes: each of its calls asks for its own permits only, and
+//!   an admission pays the debt instead of admitting the request (denied,
+//!   with the least wait), until nothing is owed.
 
 use core::fmt;
 use core::hash::BuildHasher;
@@ -30,6 +34,7 @@ use std::hash::RandomState;
 
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
+use crate::decision::{Decision, RetryAfter};
 use crate::keyed::KeyedLimiter;
 use crate::sync::{AtomicU64, Mutex, Ordering, lock};
 
@@ -122,6 +127,9 @@ struct Entry {
     /// Permits the local share admitted for the key and Redis was not yet
     /// charged for.
     owed: u64,
+    /// Whether the key pays as it goes: a call that asked for the request
+    /// and the debt at once was denied.
+    converting: bool,
 }
 
 /// Per key: the degraded period whose start emptied its local bucket, and
@@ -219,29 +227,47 @@ impl Ledger {
         }
     }
 
-    /// Take up to `room` of `key`'s debt, for a call to Redis to pay: what it
-    /// took (0 when nothing is owed). Give it back with
-    /// [`unpaid`](Self::unpaid) unless the call admitted.
+    /// Take some of `key`'s debt for a call that asks for `n` permits, with
+    /// `room` more within the capacity: up to `room`, asked for beside the
+    /// request, or up to `n` when the key pays as it goes (see the module's
+    /// rule). Give it back with [`unpaid`](Self::unpaid) unless the call
+    /// admitted.
     #[inline]
-    pub(crate) fn claim(&self, key: &[u8], room: u32) -> u32 {
-        if self.total() == 0 || room == 0 {
-            return 0;
+    pub(crate) fn claim(&self, key: &[u8], n: u32, room: u32) -> Claimed {
+        if self.total() == 0 {
+            return Claimed::NONE;
         }
-        self.claim_slow(key, room)
+        self.claim_slow(key, n, room)
     }
 
     #[cold]
-    fn claim_slow(&self, key: &[u8], room: u32) -> u32 {
+    fn claim_slow(&self, key: &[u8], n: u32, room: u32) -> Claimed {
         let mut shard = lock(self.shard(key));
         let Some(entry) = shard.get_mut(key) else {
-            return 0;
+            return Claimed::NONE;
         };
-        // At most `room`, so it fits a u32.
-        let take = entry.owed.min(u64::from(room)) as u32;
+        let convert = entry.converting;
+        let most = if convert { n } else { room };
+        // At most `room` or `n`, so it fits a u32.
+        let take = entry.owed.min(u64::from(most)) as u32;
         entry.owed -= u64::from(take);
+        if entry.owed == 0 {
+            entry.converting = false;
+        }
         // Relaxed: as in `owe`.
         self.owed.fetch_sub(u64::from(take), Ordering::Relaxed);
-        take
+        Claimed {
+            amount: take,
+            convert: convert && take > 0,
+        }
+    }
+
+    /// A call that asked for its request and `key`'s debt at once was
+    /// denied: the key pays as it goes from now on.
+    fn convert(&self, key: &[u8]) {
+        if let Some(entry) = lock(self.shard(key)).get_mut(key) {
+            entry.converting = true;
+        }
     }
 
     /// A claimed debt that a call did not pay (denied, or failed): owed
@@ -258,53 +284,90 @@ impl Ledger {
     }
 }
 
-/// A debt claimed for a call: owed again when dropped unless
-/// [`paid`](Self::paid) (a future dropped mid-call, a denial, a failure).
+/// A claim on a key's debt, as a step to be made later keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Claimed {
+    amount: u32,
+    /// Paid by the request's own admission, not asked for beside it.
+    convert: bool,
+}
+
+impl Claimed {
+    const NONE: Claimed = Claimed {
+        amount: 0,
+        convert: false,
+    };
+}
+
+/// A debt claimed for a call: owed again when dropped unless the call's
+/// decision [`settle`](Self::settle)s it (a future dropped mid-call, a
+/// denial, a failure).
 pub(crate) struct Debt<'a> {
     ledger: &'a Ledger,
     key: &'a [u8],
-    amount: u32,
+    claimed: Claimed,
 }
 
 impl<'a> Debt<'a> {
-    /// Claim up to `room` of `key`'s debt.
-    pub(crate) fn claim(ledger: &'a Ledger, key: &'a [u8], room: u32) -> Self {
+    /// Claim some of `key`'s debt for a call asking for `n` permits, with
+    /// `room` more within the capacity.
+    pub(crate) fn claim(ledger: &'a Ledger, key: &'a [u8], n: u32, room: u32) -> Self {
         Debt {
             ledger,
             key,
-            amount: ledger.claim(key, room),
+            claimed: ledger.claim(key, n, room),
         }
     }
 
-    /// A debt of `amount` claimed earlier ([`keep`](Self::keep)).
-    pub(crate) fn claimed(ledger: &'a Ledger, key: &'a [u8], amount: u32) -> Self {
+    /// A claim made earlier ([`keep`](Self::keep)).
+    pub(crate) fn claimed(ledger: &'a Ledger, key: &'a [u8], claimed: Claimed) -> Self {
         Debt {
             ledger,
             key,
-            amount,
+            claimed,
         }
     }
 
-    /// The permits claimed.
-    pub(crate) fn amount(&self) -> u32 {
-        self.amount
+    /// The permits to ask for beside the request's own.
+    pub(crate) fn extra(&self) -> u32 {
+        if self.claimed.convert {
+            0
+        } else {
+            self.claimed.amount
+        }
     }
 
-    /// Keep the claim past this guard (a step to be made later), as its
-    /// amount: [`claimed`](Self::claimed) makes a guard of it again.
-    pub(crate) fn keep(mut self) -> u32 {
-        core::mem::take(&mut self.amount)
+    /// Keep the claim past this guard (a step to be made later):
+    /// [`claimed`](Self::claimed) makes a guard of it again.
+    pub(crate) fn keep(mut self) -> Claimed {
+        core::mem::replace(&mut self.claimed, Claimed::NONE)
     }
 
-    /// The call admitted: the debt is paid.
-    pub(crate) fn paid(mut self) {
-        self.amount = 0;
+    /// The call decided: an admission pays the debt (and, paying as it goes,
+    /// is the request's denial, with the least wait); a denial leaves it
+    /// owed, and a denial of the request and the debt at once makes the key
+    /// pay as it goes.
+    pub(crate) fn settle(mut self, decision: Decision) -> Decision {
+        let Claimed { amount, convert } = core::mem::replace(&mut self.claimed, Claimed::NONE);
+        match decision {
+            Decision::Allowed { .. } if convert => Decision::Denied {
+                retry_after: RetryAfter::from_nanos(1),
+            },
+            Decision::Allowed { .. } => decision,
+            Decision::Denied { .. } => {
+                self.ledger.unpaid(self.key, amount);
+                if amount > 0 && !convert {
+                    self.ledger.convert(self.key);
+                }
+                decision
+            }
+        }
     }
 }
 
 impl Drop for Debt<'_> {
     fn drop(&mut self) {
-        self.ledger.unpaid(self.key, self.amount);
+        self.ledger.unpaid(self.key, self.claimed.amount);
     }
 }
 
@@ -344,18 +407,39 @@ mod tests {
         assert!(ledger.prepare(&local, b"k", 1));
         ledger.owe(b"k", 3);
         assert!(ledger.owes(b"k") && !ledger.owes(b"j"));
-        assert_eq!(ledger.claim(b"k", 2), 2);
+        assert_eq!(ledger.claim(b"k", 1, 2).amount, 2);
         ledger.unpaid(b"k", 2);
+        let allowed = Decision::Allowed { remaining: 0 };
+        let denied = Decision::Denied {
+            retry_after: RetryAfter::from_nanos(5),
+        };
         {
-            let debt = Debt::claim(&ledger, b"k", 10);
-            assert_eq!(debt.amount(), 3);
+            let debt = Debt::claim(&ledger, b"k", 1, 10);
+            assert_eq!(debt.extra(), 3);
             assert_eq!(ledger.total(), 0);
         }
         assert_eq!(ledger.total(), 3, "dropped unpaid: owed again");
-        Debt::claim(&ledger, b"k", 10).paid();
+        // Denied with the debt: owed again, and paid as it goes after.
+        assert_eq!(Debt::claim(&ledger, b"k", 1, 10).settle(denied), denied);
+        assert_eq!(ledger.total(), 3);
+        let debt = Debt::claim(&ledger, b"k", 2, 10);
+        assert_eq!(debt.extra(), 0, "the request's own permits only");
+        assert!(debt.settle(allowed).is_denied(), "its admission pays");
+        assert_eq!(ledger.total(), 1);
+        assert!(
+            Debt::claim(&ledger, b"k", 2, 10)
+                .settle(allowed)
+                .is_denied()
+        );
         assert_eq!(ledger.total(), 0);
+        assert_eq!(Debt::claim(&ledger, b"k", 1, 10).settle(allowed), allowed);
+        ledger.owe(b"k", 2);
+        let debt = Debt::claim(&ledger, b"k", 1, 10);
+        assert_eq!(debt.extra(), 2, "asked beside the request again");
+        assert_eq!(debt.settle(allowed), allowed);
         ledger.owe(b"k", 2);
         ledger.forgive(b"k", 5);
-        assert_eq!((ledger.total(), ledger.claim(b"k", 9)), (0, 0));
+        assert_eq!(ledger.total(), 0);
+        assert_eq!(ledger.claim(b"k", 1, 9), Claimed::NONE);
     }
 }

@@ -541,7 +541,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
             return Ok(self.fallback(key, n, wait));
         }
         let debt = self.debt(key, n);
-        let result = self.limiter.try_acquire_n(con, key, n + debt.amount());
+        let result = self.limiter.try_acquire_n(con, key, n + debt.extra());
         self.settle(turn, key, n, debt, result)
     }
 
@@ -635,7 +635,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         let debt = self.debt(key, n);
         let result = self
             .limiter
-            .try_acquire_n_refundable(con, key, n + debt.amount());
+            .try_acquire_n_refundable(con, key, n + debt.extra());
         self.settle_refundable(turn, key, n, debt, result)
     }
 
@@ -677,7 +677,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         let debt = self.debt(key, n);
         let result = self
             .limiter
-            .try_acquire_n_refundable_async(con, key, n + debt.amount())
+            .try_acquire_n_refundable_async(con, key, n + debt.extra())
             .await;
         self.settle_refundable(turn, key, n, debt, result)
     }
@@ -801,7 +801,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         let debt = self.debt(key, n);
         let result = self
             .limiter
-            .try_acquire_n_async(con, key, n + debt.amount())
+            .try_acquire_n_async(con, key, n + debt.extra())
             .await;
         self.settle(turn, key, n, debt, result)
     }
@@ -846,7 +846,12 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
     /// asks for `n` permits (`n` is within the capacity): paid if it admits,
     /// owed again otherwise (see [`failover`](super::failover)).
     fn debt<'a>(&'a self, key: &'a [u8], n: u32) -> Debt<'a> {
-        Debt::claim(&self.ledger, key, self.limiter.capacity().saturating_sub(n))
+        Debt::claim(
+            &self.ledger,
+            key,
+            n,
+            self.limiter.capacity().saturating_sub(n),
+        )
     }
 
     /// Record how the call went, and answer.
@@ -861,10 +866,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         match result {
             Ok(decision) => {
                 self.succeeded(&turn);
-                if decision.is_allowed() {
-                    debt.paid();
-                }
-                Ok(decision)
+                Ok(debt.settle(decision))
             }
             Err(RedisLimitError::Acquire(e)) => Err(e),
             Err(e) => {
@@ -886,12 +888,12 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         match result {
             Ok((decision, receipt)) => {
                 self.succeeded(&turn);
-                if decision.is_allowed() {
-                    debt.paid();
-                }
+                let decision = debt.settle(decision);
                 // A refund gives back the request's own permits, never the
-                // debt it paid.
-                let receipt = receipt.map(|r| self.receipt(n, Taker::Redis(r.for_permits(n))));
+                // debt it paid (none, if the admission paid it).
+                let receipt = receipt
+                    .filter(|_| decision.is_allowed())
+                    .map(|r| self.receipt(n, Taker::Redis(r.for_permits(n))));
                 Ok((decision, receipt))
             }
             Err(RedisLimitError::Acquire(e)) => Err(e),

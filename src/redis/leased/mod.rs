@@ -13,7 +13,7 @@ use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
 use crate::keyed::KeyedLimiter;
 use crate::redis::RedisLimiter;
-use crate::redis::failover::{Debt, Ledger, Strikes};
+use crate::redis::failover::{Claimed, Debt, Ledger, Strikes};
 use crate::redis::guarded::OnFailure;
 use crate::redis::health::Health;
 use crate::sync::{AtomicU64, Ordering};
@@ -262,7 +262,7 @@ pub(crate) enum Step {
     Lease(Fetch),
     /// Ask Redis for the permits themselves (exact mode), and for the debt
     /// claimed (see `failover`).
-    Exact(ScriptInvocation<'static>, u32),
+    Exact(ScriptInvocation<'static>, Claimed),
 }
 
 #[cfg(all(feature = "tower", feature = "tokio"))]
@@ -520,8 +520,8 @@ impl<C: Clock> LeasedLimiter<C> {
     /// Ask Redis for the permits themselves, as exact mode does, and for
     /// what the key's local admissions owe (up to the capacity).
     fn exact(&self, key: &[u8], n: u32) -> Step {
-        let debt = Debt::claim(&self.ledger, key, self.capacity - n);
-        match self.limiter.invocation(key, n + debt.amount(), None) {
+        let debt = Debt::claim(&self.ledger, key, n, self.capacity - n);
+        match self.limiter.invocation(key, n + debt.extra(), None) {
             Ok(invocation) => Step::Exact(invocation, debt.keep()),
             // Checked already: n + debt is within 1..=capacity.
             Err(_) => Step::Done(Decision::Denied {
@@ -541,10 +541,7 @@ impl<C: Clock> LeasedLimiter<C> {
             Ok(decision) => {
                 self.succeed();
                 Counters::add(&self.counters.exact_calls, 1);
-                if decision.is_allowed() {
-                    debt.paid();
-                }
-                decision
+                debt.settle(decision)
             }
             Err(e) => {
                 self.fail(&e);
