@@ -620,10 +620,8 @@ fn outage_replica(
             seen.admitted_by_the_policy += 1;
         }
         let now = *phase.lock().unwrap();
-        if now.up.is_none() && decision.is_allowed() {
-            if now.down.is_some_and(|t| start > t) {
-                seen.admitted_while_down += 1;
-            }
+        if now.up.is_none() && decision.is_allowed() && now.down.is_some_and(|t| start > t) {
+            seen.admitted_while_down += 1;
         }
         if let Some(up) = now.up
             && seen.back_after.is_none()

@@ -132,12 +132,15 @@ struct Entry {
     converting: bool,
 }
 
+/// One shard of the [`Ledger`]: its keys' lines.
+type Shard = HashMap<Vec<u8>, Entry>;
+
 /// Per key: the degraded period whose start emptied its local bucket, and
 /// what its local admissions owe Redis. Touched only by local decisions and,
 /// while anything is owed, by calls to Redis; a healthy call reads one
 /// atomic.
 pub(crate) struct Ledger {
-    shards: Box<[Mutex<HashMap<Vec<u8>, Entry>>]>,
+    shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     /// All keys' debts together: 0 lets a call skip the lookup.
     owed: AtomicU64,
@@ -162,7 +165,7 @@ impl fmt::Debug for Ledger {
 }
 
 impl Ledger {
-    fn shard(&self, key: &[u8]) -> &Mutex<HashMap<Vec<u8>, Entry>> {
+    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
         // The remainder is below SHARDS, so it fits.
         &self.shards[(self.hasher.hash_one(key) % SHARDS as u64) as usize]
     }
