@@ -693,14 +693,21 @@ fn while_redis_is_down_a_local_limit_answers_and_redis_is_tried_after_the_backof
 
     drop(server); // killed
     let failed_at = Instant::now();
-    // The call fails, and the local limit answers.
-    assert_eq!(guarded.try_acquire(&mut con, "k"), allowed(1));
+    // The call fails, and the local limit answers: its share starts empty in
+    // the degraded period (the failover rule), and refills 1 a minute.
+    let denied = guarded.try_acquire(&mut con, "k").unwrap();
+    assert!(
+        denied
+            .retry_after()
+            .is_some_and(|w| w.as_nanos() > 20 * backoff.as_nanos() as u64),
+        "the local share's own wait: {denied:?}"
+    );
     assert!(guarded.is_backing_off());
     // During the backoff Redis is not called: the failures stay at 1.
-    assert_eq!(guarded.try_acquire(&mut con, "k"), allowed(0));
+    assert!(guarded.try_acquire(&mut con, "k").unwrap().is_denied());
     assert!(guarded.try_acquire(&mut con, "k").unwrap().is_denied());
     let stats = guarded.stats();
-    assert_eq!((stats.failures, stats.fallbacks), (1, 3));
+    assert_eq!((stats.failures, stats.fallbacks, stats.owed), (1, 3, 0));
     assert!(
         failed_at.elapsed() < backoff,
         "the test was too slow to tell"
@@ -1440,7 +1447,13 @@ fn guarded_refunds_go_to_whoever_admitted_and_are_counted() {
     let minute = 60_000 * MS;
     let global =
         RedisLimiter::new("gr", TokenBucket::new(Quota::new(5, 1, minute).unwrap())).unwrap();
-    let local = KeyedLimiter::new(Quota::new(2, 1, minute).unwrap());
+    // The local limit on a clock of the test's: its share starts empty in a
+    // degraded period, and the test refills it.
+    let clock = turnstile::ManualClock::new();
+    let local = KeyedLimiter::builder(Quota::new(2, 1, minute).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
     let backoff = 1_000 * MS;
     let guarded = Guarded::new(global, OnFailure::Local(local), backoff);
     let mut con = server.connection();
@@ -1472,6 +1485,9 @@ fn guarded_refunds_go_to_whoever_admitted_and_are_counted() {
 
     drop(server); // killed
     let failed_at = Instant::now();
+    // The failure: the local share, emptied, denies; two minutes refill it.
+    assert!(guarded.try_acquire(&mut con, "k").unwrap().is_denied());
+    clock.advance(2 * minute);
     // The local limit admits; its refund goes back to it, with no call.
     let (decision, local) = guarded.try_acquire_n_refundable(&mut con, "k", 2).unwrap();
     assert_eq!(decision, Decision::Allowed { remaining: 0 });
@@ -1517,11 +1533,18 @@ fn guarded_refunds_go_to_whoever_admitted_and_are_counted() {
     assert!(guarded.is_backing_off());
 
     // A receipt of another Guarded declines.
+    let other_local = KeyedLimiter::builder(Quota::new(2, 1, minute).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
     let other = Guarded::new(
         guarded.limiter().clone(),
-        OnFailure::Local(KeyedLimiter::new(Quota::new(2, 1, minute).unwrap())),
+        OnFailure::Local(other_local),
         backoff,
     );
+    // Its failure empties its share; two minutes refill it.
+    assert!(other.try_acquire(&mut con, "k").unwrap().is_denied());
+    clock.advance(2 * minute);
     let (_, foreign) = other.try_acquire_refundable(&mut con, "k").unwrap();
     assert!(!guarded.refund(&mut con, foreign.unwrap()));
     assert_eq!(guarded.stats().refund_declined, 4);

@@ -342,10 +342,10 @@ async fn leased_replicas_behind_layers_admit_within_the_stated_bound() {
         }
     }
     let refill = start.elapsed().as_secs() / 60 + 1;
-    // At most B + r(T) + N·(L + ⌊L/4⌋); and what no lease holds is not
+    // At most B + r(T) + N·(L + ⌊L/2⌋); and what no lease holds is not
     // stranded: at least B less what two leases can hold.
     let n = replicas.len() as u64;
-    let held = n * u64::from(L + L / 4);
+    let held = n * u64::from(L + L / 2);
     assert!(ok <= B + refill + held, "{ok} admitted");
     assert!(ok >= B - held, "{ok} admitted");
     assert_eq!(inner.calls(), ok);
@@ -451,8 +451,17 @@ async fn redis_killed_the_layer_answers_by_its_policy_within_the_deadline_then_r
     assert!(retry_after >= 1);
     assert!(elapsed < deadline, "{elapsed:?}");
     let (response, elapsed) = timed(open.layer(inner.service()), Request::new(())).await;
-    assert_eq!(response.status(), StatusCode::OK, "the local limit admits");
+    assert_eq!(
+        response.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the local share starts empty in the degraded period"
+    );
     assert!(elapsed < deadline, "{elapsed:?}");
+    // 500 a second: it admits what refills, and Redis is owed for it.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (response, _) = timed(open.layer(inner.service()), Request::new(())).await;
+    assert_eq!(response.status(), StatusCode::OK, "the local limit admits");
+    assert_eq!(open.limit().stats().owed, 1);
     // A key with no lease held: failing closed denies.
     let (response, elapsed) = timed(leased.layer(inner.service()), with_key("other")).await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -479,6 +488,11 @@ async fn redis_killed_the_layer_answers_by_its_policy_within_the_deadline_then_r
     let (response, _) = timed(open.layer(inner.service()), Request::new(())).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert!(!open.limit().is_backing_off());
+    assert_eq!(
+        open.limit().stats().owed,
+        0,
+        "charged to Redis with the call"
+    );
     let leases = leased.limit().stats().lease_calls;
     let (response, _) = timed(leased.layer(inner.service()), with_key("other")).await;
     assert_eq!(response.status(), StatusCode::OK);

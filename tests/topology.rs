@@ -480,7 +480,7 @@ fn replicas_on_a_sentinel_primary_stay_within_the_exact_bound_through_a_failover
 }
 
 /// Leased mode on a cluster: the refresher takes a cluster connection, and
-/// the replicas stay within B + r(T) + N·(L + ⌊L/4⌋).
+/// the replicas stay within B + r(T) + N·(L + ⌊L/2⌋).
 #[test]
 fn leased_replicas_on_a_cluster_stay_within_their_bound() {
     let Some(cluster) = redis_topology::cluster(SUITE) else {
@@ -524,7 +524,7 @@ fn leased_replicas_on_a_cluster_stay_within_their_bound() {
         || {},
     );
     drop(refreshers);
-    let bound = exact_bound(elapsed) + replicas as u64 * u64::from(lease + lease / 4);
+    let bound = exact_bound(elapsed) + replicas as u64 * u64::from(lease + lease / 2);
     let calls: u64 = limiters.iter().map(|l| l.stats().lease_calls).sum();
     eprintln!(
         "leased on a cluster: admitted {admitted} of at most {bound} in {elapsed:?}; {calls} lease calls"

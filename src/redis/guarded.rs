@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use ::redis::ConnectionLike;
 
+use super::failover::{DEFAULT_TIMEOUTS_TO_BACK_OFF, Debt, Ledger, Strikes};
 use super::health::{Counts, Health, Source};
 use super::{RedisLimitError, RedisLimiter, RedisReceipt};
 use crate::admission::{Receipt, Stage};
@@ -99,13 +100,25 @@ pub struct GuardedStats {
     /// Degraded periods so far: each begins with a failed call while none
     /// was open, and ends when a call succeeds.
     pub degraded_periods: u64,
+    /// Permits the local share of [`OnFailure::Local`](crate::redis::OnFailure::Local)
+    /// admitted that Redis has not yet been charged for: each key's next
+    /// call that decides in Redis asks for them too (see the guide's
+    /// failover rule).
+    pub owed: u64,
 }
 
 /// A [`RedisLimiter`] that never returns a Redis error: when a call fails it
 /// answers by its [`OnFailure`] policy, and for the `backoff` after a failure
-/// it does not call Redis at all, so a dead Redis costs the requests in flight
-/// one call's deadlines ([`Deadlines`](super::Deadlines) names the longer
-/// cases) and the rest nothing. After the backoff one request tries
+/// (a timeout, only the third in a row:
+/// [`timeouts_to_back_off`](Self::timeouts_to_back_off)) it does not call
+/// Redis at all, so a dead Redis costs the requests in flight one call's
+/// deadlines ([`Deadlines`](super::Deadlines) names the longer cases) and the
+/// rest nothing. A local share starts empty in each degraded period, and what
+/// it admitted is charged to Redis by the key's next call there: over any
+/// interval of length `T` holding a failure and its recovery, all processes
+/// admit at most `B + r(T)` plus what was admitted locally and not yet
+/// charged (the guide's
+/// [failover rule](crate::guide::redis#the-failover-rule-and-its-bound)). After the backoff one request tries
 /// Redis again (the others keep to the policy until it has answered); its
 /// success ends the backoff. Admissions can be given back
 /// ([`try_acquire_refundable`](Self::try_acquire_refundable),
@@ -140,6 +153,10 @@ pub struct Guarded<A = TokenBucket, C = crate::clock::RealClock> {
     refund_declined: AtomicU64,
     /// The degraded periods: counted and logged once each.
     health: Health,
+    /// Timeouts in a row, and how many start the backoff.
+    strikes: Strikes,
+    /// Local shares emptied per degraded period, and what they owe Redis.
+    ledger: Ledger,
     /// This limiter among all others, so that a receipt is given back only to
     /// the limiter that made it.
     id: u64,
@@ -274,6 +291,8 @@ impl<A, C> Guarded<A, C> {
             refunded: AtomicU64::new(0),
             refund_declined: AtomicU64::new(0),
             health: Health::default(),
+            strikes: Strikes::new(DEFAULT_TIMEOUTS_TO_BACK_OFF),
+            ledger: Ledger::default(),
             // Relaxed: only unique values are needed, which any order of
             // read-modify-writes on one atomic gives.
             id: NEXT_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
@@ -283,6 +302,34 @@ impl<A, C> Guarded<A, C> {
     /// The limiter in Redis.
     pub fn limiter(&self) -> &RedisLimiter {
         &self.limiter
+    }
+
+    /// Start the backoff at the `timeouts`-th call in a row that timed out
+    /// (3 by default; 0 is taken as 1). A call that timed out may only have
+    /// met a slow Redis (a loaded host), so each is answered by the policy
+    /// without stopping the calls of the others; any other failure (a
+    /// refused or dropped connection, an error reply) starts the backoff at
+    /// once, and an answered call ends the run.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::redis::{Guarded, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(100)?))?;
+    /// let limiter = Guarded::fail_closed(global, Duration::from_secs(1)).timeouts_to_back_off(1);
+    /// assert_eq!(limiter.timeouts(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn timeouts_to_back_off(mut self, timeouts: u32) -> Self {
+        self.strikes = Strikes::new(timeouts);
+        self
+    }
+
+    /// The timeouts in a row that start the backoff
+    /// ([`timeouts_to_back_off`](Self::timeouts_to_back_off)).
+    pub fn timeouts(&self) -> u32 {
+        self.strikes.limit()
     }
 
     /// Failures, fallback decisions and refunds so far.
@@ -295,6 +342,7 @@ impl<A, C> Guarded<A, C> {
             refund_declined: self.refund_declined.load(Ordering::Relaxed),
             degraded: self.health.is_degraded(),
             degraded_periods: self.health.periods(),
+            owed: self.ledger.total(),
         }
     }
 
@@ -423,6 +471,7 @@ impl<A, C> Guarded<A, C> {
     /// A call that Redis answered: a probe's answer ends the backoff, and
     /// any answer the degraded period.
     fn succeeded(&self, turn: &Turn) {
+        self.strikes.cleared();
         if matches!(turn, Turn::Probe) || self.is_backing_off() {
             // Relaxed: see `turn`.
             self.retry_at.store(0, Ordering::Relaxed);
@@ -432,16 +481,20 @@ impl<A, C> Guarded<A, C> {
         }
     }
 
-    /// A call that failed with `error`: counted, Redis is not called for a
-    /// backoff, and a degraded period opens if none is (logged once).
-    fn failed(&self, error: &dyn fmt::Display) {
+    /// A call that failed with `error`: counted, a degraded period opens if
+    /// none is (logged once), and Redis is not called for a backoff if this
+    /// is not a timeout or the last of the timeouts in a row that start one
+    /// ([`timeouts_to_back_off`](Self::timeouts_to_back_off)).
+    fn failed(&self, error: &RedisLimitError) {
         let counts = self.counts();
         // Relaxed: a counter, and `retry_at` publishes no other data (see
         // `turn`).
         self.failures.fetch_add(1, Ordering::Relaxed);
         self.health.failed(self.source(), error, counts);
-        let next = self.now().saturating_add(self.backoff_nanos());
-        self.retry_at.store(next, Ordering::Relaxed);
+        if self.strikes.struck(error.is_timeout()) {
+            let next = self.now().saturating_add(self.backoff_nanos());
+            self.retry_at.store(next, Ordering::Relaxed);
+        }
     }
 
     fn now(&self) -> u64 {
@@ -487,8 +540,9 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         if let Turn::Skip { wait } = turn {
             return Ok(self.fallback(key, n, wait));
         }
-        let result = self.limiter.try_acquire_n(con, key, n);
-        self.settle(turn, key, n, result)
+        let debt = self.debt(key, n);
+        let result = self.limiter.try_acquire_n(con, key, n + debt.extra());
+        self.settle(turn, key, n, debt, result)
     }
 
     /// [`try_acquire`](Self::try_acquire) on an asynchronous connection
@@ -578,8 +632,11 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         if let Turn::Skip { wait } = turn {
             return Ok(self.fallback_refundable(key, n, wait));
         }
-        let result = self.limiter.try_acquire_n_refundable(con, key, n);
-        self.settle_refundable(turn, key, n, result)
+        let debt = self.debt(key, n);
+        let result = self
+            .limiter
+            .try_acquire_n_refundable(con, key, n + debt.extra());
+        self.settle_refundable(turn, key, n, debt, result)
     }
 
     /// [`try_acquire_refundable`](Self::try_acquire_refundable) on an
@@ -617,11 +674,12 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         if let Turn::Skip { wait } = turn {
             return Ok(self.fallback_refundable(key, n, wait));
         }
+        let debt = self.debt(key, n);
         let result = self
             .limiter
-            .try_acquire_n_refundable_async(con, key, n)
+            .try_acquire_n_refundable_async(con, key, n + debt.extra())
             .await;
-        self.settle_refundable(turn, key, n, result)
+        self.settle_refundable(turn, key, n, debt, result)
     }
 
     /// Give back what an admission took, to whichever admitted it: `true`
@@ -674,17 +732,25 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         if receipt.id != self.id {
             return Refund::Done(false);
         }
+        let permits = receipt.n;
         match receipt.by {
-            Taker::Local { receipt: None, .. } => {
+            Taker::Local { key, receipt: None } => {
                 // The local admission wrote nothing, so took nothing: nothing
-                // is owed.
+                // is owed, to the local share or to Redis.
+                self.ledger.forgive(&key, permits);
                 Refund::Done(true)
             }
             Taker::Local {
                 key,
                 receipt: Some(receipt),
             } => Refund::Done(match &self.on_failure {
-                OnFailure::Local(local) => local.stage(key.as_slice()).give_back(receipt),
+                OnFailure::Local(local) => {
+                    let given = local.stage(key.as_slice()).give_back(receipt);
+                    if given {
+                        self.ledger.forgive(&key, permits);
+                    }
+                    given
+                }
                 // Not reached: only a local limit makes local receipts.
                 OnFailure::Deny => false,
             }),
@@ -732,8 +798,12 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         n: u32,
         Call(turn): Call,
     ) -> Result<Decision, AcquireError> {
-        let result = self.limiter.try_acquire_n_async(con, key, n).await;
-        self.settle(turn, key, n, result)
+        let debt = self.debt(key, n);
+        let result = self
+            .limiter
+            .try_acquire_n_async(con, key, n + debt.extra())
+            .await;
+        self.settle(turn, key, n, debt, result)
     }
 
     /// Check `n`, then decide whether this request calls Redis.
@@ -772,18 +842,31 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         }
     }
 
+    /// What `key`'s local admissions owe Redis, claimed for a call that
+    /// asks for `n` permits (`n` is within the capacity): paid if it admits,
+    /// owed again otherwise (see [`failover`](super::failover)).
+    fn debt<'a>(&'a self, key: &'a [u8], n: u32) -> Debt<'a> {
+        Debt::claim(
+            &self.ledger,
+            key,
+            n,
+            self.limiter.capacity().saturating_sub(n),
+        )
+    }
+
     /// Record how the call went, and answer.
     fn settle(
         &self,
         turn: Turn,
         key: &[u8],
         n: u32,
+        debt: Debt<'_>,
         result: Result<Decision, RedisLimitError>,
     ) -> Result<Decision, AcquireError> {
         match result {
             Ok(decision) => {
                 self.succeeded(&turn);
-                Ok(decision)
+                Ok(debt.settle(decision))
             }
             Err(RedisLimitError::Acquire(e)) => Err(e),
             Err(e) => {
@@ -799,12 +882,19 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         turn: Turn,
         key: &[u8],
         n: u32,
+        debt: Debt<'_>,
         result: Result<(Decision, Option<RedisReceipt>), RedisLimitError>,
     ) -> Result<(Decision, Option<GuardedReceipt>), AcquireError> {
         match result {
             Ok((decision, receipt)) => {
                 self.succeeded(&turn);
-                Ok((decision, receipt.map(|r| self.receipt(n, Taker::Redis(r)))))
+                let decision = debt.settle(decision);
+                // A refund gives back the request's own permits, never the
+                // debt it paid (none, if the admission paid it).
+                let receipt = receipt
+                    .filter(|_| decision.is_allowed())
+                    .map(|r| self.receipt(n, Taker::Redis(r.for_permits(n))));
+                Ok((decision, receipt))
             }
             Err(RedisLimitError::Acquire(e)) => Err(e),
             Err(e) => {
@@ -833,12 +923,18 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
         // A local limiter smaller than the global capacity may refuse `n`
         // outright: deny, with the wait until Redis is tried.
-        if n == 0 || n > local.algorithm().capacity() {
+        if n == 0
+            || n > local.algorithm().capacity()
+            || !self.ledger.prepare(local, key, self.health.periods())
+        {
             return (deny_for(wait), None);
         }
         match local.stage(key).take(n) {
             (KeyedDecision::Allowed { remaining }, receipt) => (
-                Decision::Allowed { remaining },
+                {
+                    self.ledger.owe(key, n);
+                    Decision::Allowed { remaining }
+                },
                 Some(self.receipt(
                     n,
                     Taker::Local {
@@ -864,8 +960,14 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
                 // A local limiter smaller than the global capacity may refuse
                 // `n` outright: deny, with the wait until Redis is tried.
                 let deny = || deny_for(wait);
+                if !self.ledger.prepare(local, key, self.health.periods()) {
+                    return deny();
+                }
                 match local.try_acquire_n(key, n) {
-                    Ok(KeyedDecision::Allowed { remaining }) => Decision::Allowed { remaining },
+                    Ok(KeyedDecision::Allowed { remaining }) => {
+                        self.ledger.owe(key, n);
+                        Decision::Allowed { remaining }
+                    }
                     Ok(KeyedDecision::Denied { retry_after })
                     | Ok(KeyedDecision::KeyLimit { retry_after }) => {
                         Decision::Denied { retry_after }

@@ -139,6 +139,7 @@ mod cluster;
 mod combined;
 mod connection;
 mod error;
+mod failover;
 mod guarded;
 mod health;
 #[cfg(all(feature = "tower", feature = "tokio"))]

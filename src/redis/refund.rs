@@ -49,6 +49,13 @@ impl RedisReceipt {
         self.n
     }
 
+    /// The same receipt for `n` of the permits the admission took (at most
+    /// those): a call that also paid a debt gives back only its request's.
+    pub(crate) fn for_permits(mut self, n: u32) -> Self {
+        self.n = self.n.min(n);
+        self
+    }
+
     /// The state the admission wrote to the key, as Redis holds it (a token
     /// bucket's `tokens:time`, for one).
     pub fn written(&self) -> &str {

@@ -31,6 +31,25 @@ impl Server {
         self.port
     }
 
+    /// Stop the server's process (`SIGSTOP`): connections stay open and
+    /// commands queue, unanswered, until [`resume`](Self::resume).
+    pub fn stop(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Let a [`stop`](Self::stop)ped server run again (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} of the test server");
+    }
+
     pub fn client(&self) -> Client {
         Client::open(format!("redis://127.0.0.1:{}/", self.port)).expect("a valid address")
     }

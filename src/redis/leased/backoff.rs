@@ -12,6 +12,7 @@ use super::{LeasedLimiter, saturating_nanos};
 use crate::clock::Clock;
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::redis::RedisLimitError;
+use crate::redis::failover::Failure;
 use crate::redis::guarded::OnFailure;
 use crate::redis::health::{Counts, Source};
 use crate::sync::Ordering;
@@ -56,6 +57,7 @@ impl<C: Clock> LeasedLimiter<C> {
 
     /// A call that Redis answered: the backoff and the degraded period end.
     pub(super) fn succeed(&self) {
+        self.strikes.cleared();
         if self.is_backing_off() {
             // Relaxed: see `turn`.
             self.retry_at.store(0, Ordering::Relaxed);
@@ -65,17 +67,29 @@ impl<C: Clock> LeasedLimiter<C> {
         }
     }
 
-    /// A call that failed with `error`: counted, Redis is not called for a
-    /// backoff, and a degraded period opens if none is (logged once).
-    pub(super) fn fail(&self, error: &dyn fmt::Display) {
+    /// A call that failed with `error`: counted, a degraded period opens if
+    /// none is (logged once), and Redis is not called for a backoff unless
+    /// this is a timeout short of the run that starts one
+    /// ([`timeouts_to_back_off`](super::LeasedBuilder::timeouts_to_back_off)).
+    pub(super) fn fail<E: Failure + ?Sized>(&self, error: &E) {
         let counts = self.counts();
         Counters::add(&self.counters.failures, 1);
-        self.health.failed(self.source(), error, counts);
+        self.health
+            .failed(self.source(), &error as &dyn fmt::Display, counts);
+        if !self.strikes.struck(error.timed_out()) {
+            return;
+        }
         let next = self
             .now_nanos()
             .saturating_add(saturating_nanos(self.backoff));
         // Relaxed: see `turn`.
         self.retry_at.store(next, Ordering::Relaxed);
+    }
+
+    /// The timeouts in a row that start the backoff
+    /// ([`timeouts_to_back_off`](super::LeasedBuilder::timeouts_to_back_off)).
+    pub fn timeouts(&self) -> u32 {
+        self.strikes.limit()
     }
 
     /// Who the log events are about.
@@ -201,8 +215,16 @@ impl<C: Clock> LeasedLimiter<C> {
         };
         match &self.on_failure {
             OnFailure::Deny => deny,
+            // The share starts empty in each degraded period, and what it
+            // admits is owed to Redis (see `failover`).
+            OnFailure::Local(local) if !self.ledger.prepare(local, key, self.health.periods()) => {
+                deny
+            }
             OnFailure::Local(local) => match local.try_acquire_n(key, n) {
-                Ok(KeyedDecision::Allowed { remaining }) => Decision::Allowed { remaining },
+                Ok(KeyedDecision::Allowed { remaining }) => {
+                    self.ledger.owe(key, n);
+                    Decision::Allowed { remaining }
+                }
                 Ok(KeyedDecision::Denied { retry_after })
                 | Ok(KeyedDecision::KeyLimit { retry_after }) => Decision::Denied { retry_after },
                 Err(_) => deny,

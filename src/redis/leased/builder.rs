@@ -16,6 +16,7 @@ use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
 use crate::keyed::KeyedBuilder;
 use crate::redis::MAX_LEASE;
+use crate::redis::failover::{DEFAULT_TIMEOUTS_TO_BACK_OFF, Ledger, Strikes};
 use crate::redis::guarded::OnFailure;
 use crate::redis::health::Health;
 use crate::redis::{RedisAlgorithm, RedisConfigError, RedisLimiter};
@@ -38,6 +39,7 @@ pub struct LeasedBuilder<C = RealClock> {
     on_failure: OnFailure<TokenBucket, RealClock>,
     backoff: Duration,
     fetch_wait: Duration,
+    timeouts: u32,
     max_keys: Option<usize>,
     clock: C,
 }
@@ -132,6 +134,7 @@ impl LeasedBuilder {
             on_failure: OnFailure::Deny,
             backoff: Duration::from_secs(1),
             fetch_wait: DEFAULT_FETCH_WAIT,
+            timeouts: DEFAULT_TIMEOUTS_TO_BACK_OFF,
             max_keys: None,
             clock: RealClock::default(),
         })
@@ -196,6 +199,27 @@ impl<C: Clock> LeasedBuilder<C> {
         self
     }
 
+    /// Start the backoff at the `timeouts`-th call in a row that timed out
+    /// (3 by default; 0 is taken as 1), as
+    /// [`Guarded::timeouts_to_back_off`](crate::redis::Guarded::timeouts_to_back_off)
+    /// does: a call that timed out may only have met a slow Redis, so it is
+    /// answered by the policy without stopping the calls of the others; any
+    /// other failure starts the backoff at once.
+    ///
+    /// ```
+    /// use turnstile::redis::{LeasedBuilder, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(1_000)?))?;
+    /// let limiter = LeasedBuilder::new(global, 50)?.timeouts_to_back_off(5).build()?;
+    /// assert_eq!(limiter.timeouts(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn timeouts_to_back_off(mut self, timeouts: u32) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
     /// At most `max_keys` keys hold a lease word at once (the keyed map's
     /// bound; past it a new key is decided by exact mode).
     ///
@@ -221,6 +245,7 @@ impl<C: Clock> LeasedBuilder<C> {
             on_failure: self.on_failure,
             backoff: self.backoff,
             fetch_wait: self.fetch_wait,
+            timeouts: self.timeouts,
             max_keys: self.max_keys,
             clock,
         }
@@ -311,6 +336,8 @@ impl<C: Clock> LeasedBuilder<C> {
             retry_at: AtomicU64::new(0),
             counters: Counters::default(),
             health: Health::default(),
+            strikes: Strikes::new(self.timeouts),
+            ledger: Ledger::default(),
         })
     }
 }

@@ -48,7 +48,11 @@ impl<C: Clock> LeasedLimiter<C> {
                 .give_back_invocation(&key, tokens)
                 .invoke_async(con)
                 .await;
+            let failed = result.is_err();
             total += self.settle_give_back(tokens, result);
+            if failed {
+                break;
+            }
         }
         total
     }
@@ -65,7 +69,13 @@ impl<C: Clock> LeasedLimiter<C> {
                 continue;
             };
             let result = self.give_back_invocation(&key, tokens).invoke(con);
+            let failed = result.is_err();
             total += self.settle_give_back(tokens, result);
+            // A timeout need not start the backoff (a strike): the pass
+            // stops at its own first failure all the same.
+            if failed {
+                break;
+            }
         }
         total
     }

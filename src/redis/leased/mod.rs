@@ -13,6 +13,7 @@ use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
 use crate::keyed::KeyedLimiter;
 use crate::redis::RedisLimiter;
+use crate::redis::failover::{Claimed, Debt, Ledger, Strikes};
 use crate::redis::guarded::OnFailure;
 use crate::redis::health::Health;
 use crate::sync::{AtomicU64, Ordering};
@@ -167,13 +168,21 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// one that waits for another's fetch makes none and waits at most the fetch
 /// wait, so with the fetch wait set to the response deadline no request
 /// waits longer than one call's deadlines (`Deadlines` names the cases in
-/// redis-rs that take more than one). A failed call starts a backoff, for
+/// redis-rs that take more than one). A failed call starts a backoff
+/// (a timeout, only the third in a row:
+/// [`timeouts_to_back_off`](LeasedBuilder::timeouts_to_back_off)), for
 /// which no request calls Redis; while it lasts a request that the leases held
 /// here cannot serve is answered by the [`OnFailure`] policy: denied (fail
 /// closed: only tokens already leased are spent) or decided by a local keyed
-/// limit (fail open). After the backoff one request probes Redis; its success
-/// ends the backoff. [`stats`](LeasedLimiter::stats) counts failures and
-/// fallback decisions.
+/// limit (fail open), which starts empty in each degraded period and whose
+/// admissions are charged to Redis by the key's next exact-mode call. Over any
+/// interval of length `T` holding a failure and its recovery, all processes
+/// admit at most `B + r(T) + N·(L + ⌊L/2⌋)`, plus what the local shares
+/// admitted and Redis was not yet charged for (the guide's
+/// [failover rule](crate::guide::redis#the-failover-rule-and-its-bound)).
+/// After the backoff one request probes Redis; its success ends the backoff.
+/// [`stats`](LeasedLimiter::stats) counts failures, fallback decisions and
+/// what is owed.
 ///
 /// # Example
 ///
@@ -223,6 +232,10 @@ pub struct LeasedLimiter<C = RealClock> {
     counters: Counters,
     /// The degraded periods: counted and logged once each.
     health: Health,
+    /// Timeouts in a row, and how many start the backoff.
+    strikes: Strikes,
+    /// Local shares emptied per degraded period, and what they owe Redis.
+    ledger: Ledger,
 }
 
 impl<C: Clock + fmt::Debug> fmt::Debug for LeasedLimiter<C> {
@@ -283,8 +296,9 @@ pub(crate) enum Step {
     Done(Decision),
     /// Take a lease.
     Lease(Fetch),
-    /// Ask Redis for the permits themselves (exact mode).
-    Exact(ScriptInvocation<'static>),
+    /// Ask Redis for the permits themselves (exact mode), and for the debt
+    /// claimed (see `failover`).
+    Exact(ScriptInvocation<'static>, Claimed),
     /// Wait for the key's fetch in flight, then spend from what it brought.
     Wait,
 }
@@ -300,7 +314,7 @@ impl Step {
                 purpose: Purpose::Prefetch(decision),
                 ..
             }) => Some(*decision),
-            Step::Lease(_) | Step::Exact(_) | Step::Wait => None,
+            Step::Lease(_) | Step::Exact(..) | Step::Wait => None,
         }
     }
 
@@ -375,9 +389,10 @@ impl<C: Clock> LeasedLimiter<C> {
                 let result = fetch.invocation.invoke(con);
                 Ok(self.finish_lease(key, n, &fetch, result))
             }
-            Step::Exact(invocation) => {
+            Step::Exact(invocation, debt) => {
+                let debt = Debt::claimed(&self.ledger, key, debt);
                 let result = invocation.invoke(con);
-                Ok(self.finish_exact(key, n, result))
+                Ok(self.finish_exact(key, n, debt, result))
             }
             Step::Wait => {
                 self.wait_for_fetch(key);
@@ -451,9 +466,10 @@ impl<C: Clock> LeasedLimiter<C> {
                 claim.armed = false;
                 self.finish_lease(key, n, &fetch, result)
             }
-            Step::Exact(invocation) => {
+            Step::Exact(invocation, debt) => {
+                let debt = Debt::claimed(&self.ledger, key, debt);
                 let result = invocation.invoke_async(con).await;
-                self.finish_exact(key, n, result)
+                self.finish_exact(key, n, debt, result)
             }
             Step::Wait => {
                 self.wait_for_fetch_async(key).await;
@@ -486,6 +502,7 @@ impl<C: Clock> LeasedLimiter<C> {
                 if !self.below_mark(written, remaining, now)
                     || written & (word::FETCHING | word::DRY) != 0
                     || self.is_backing_off()
+                    || self.ledger.owes(key)
                 {
                     return Ok(Step::Done(decision));
                 }
@@ -522,6 +539,10 @@ impl<C: Clock> LeasedLimiter<C> {
                 // fetch is in flight.
                 if self.is_backing_off() || !probe::probes(self.max_lease) {
                     return Ok(kept);
+                }
+                if self.ledger.owes(key) {
+                    // A debt is paid by an exact call before leases resume.
+                    return Ok(self.exact(key, n));
                 }
                 Ok(match self.claim(key, n, Purpose::Miss) {
                     Claim::Fetch(fetch) => {
@@ -568,23 +589,31 @@ impl<C: Clock> LeasedLimiter<C> {
         self.exact(key, n)
     }
 
-    /// Ask Redis for the permits themselves, as exact mode does.
+    /// Ask Redis for the permits themselves, as exact mode does, and for
+    /// what the key's local admissions owe (up to the capacity).
     fn exact(&self, key: &[u8], n: u32) -> Step {
-        match self.limiter.invocation(key, n, None) {
-            Ok(invocation) => Step::Exact(invocation),
-            // Checked already: n is within 1..=capacity.
+        let debt = Debt::claim(&self.ledger, key, n, self.capacity - n);
+        match self.limiter.invocation(key, n + debt.extra(), None) {
+            Ok(invocation) => Step::Exact(invocation, debt.keep()),
+            // Checked already: n + debt is within 1..=capacity.
             Err(_) => Step::Done(Decision::Denied {
                 retry_after: RETRY_AT_ONCE,
             }),
         }
     }
 
-    fn finish_exact(&self, key: &[u8], n: u32, result: RedisResult<Value>) -> Decision {
+    fn finish_exact(
+        &self,
+        key: &[u8],
+        n: u32,
+        debt: Debt<'_>,
+        result: RedisResult<Value>,
+    ) -> Decision {
         match self.limiter.decide(result) {
             Ok(decision) => {
                 self.succeed();
                 Counters::add(&self.counters.exact_calls, 1);
-                decision
+                debt.settle(decision)
             }
             Err(e) => {
                 self.fail(&e);

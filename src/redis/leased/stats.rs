@@ -38,6 +38,11 @@ pub struct LeasedStats {
     /// Degraded periods so far: each begins with a failed call while none
     /// was open, and ends when a call succeeds.
     pub degraded_periods: u64,
+    /// Permits the local share of [`OnFailure::Local`](crate::redis::OnFailure::Local)
+    /// admitted that Redis has not yet been charged for: each key's next
+    /// call that decides in Redis asks for them too (see the guide's
+    /// failover rule).
+    pub owed: u64,
 }
 
 impl LeasedStats {
@@ -87,6 +92,7 @@ impl<C: Clock> LeasedLimiter<C> {
             fallbacks: load(&c.fallbacks),
             degraded: self.health.is_degraded(),
             degraded_periods: self.health.periods(),
+            owed: self.ledger.total(),
         }
     }
 }

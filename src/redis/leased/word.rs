@@ -79,8 +79,8 @@ mod tests {
     #[test]
     fn the_word_packs_and_unpacks_at_every_edge() {
         let all = word::DRY | word::DENIED | word::FETCHING;
-        let w = word::pack(MAX_LEASE + MAX_LEASE / 4, 31, word::TIME_MASK, all);
-        assert_eq!(word::tokens(w), MAX_LEASE + MAX_LEASE / 4);
+        let w = word::pack(MAX_LEASE + MAX_LEASE / 2, 31, word::TIME_MASK, all);
+        assert_eq!(word::tokens(w), MAX_LEASE + MAX_LEASE / 2);
         assert_eq!(word::size_code(w), 31);
         assert_eq!(word::time(w), word::TIME_MASK);
         assert_eq!(w & all, all);
