@@ -164,6 +164,8 @@ mod error;
 pub mod guide;
 #[cfg(feature = "std")]
 mod http;
+#[cfg(feature = "io")]
+pub mod io;
 #[cfg(feature = "std")]
 mod keyed;
 mod limiter;
