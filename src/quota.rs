@@ -451,10 +451,7 @@ fn refill_within_burst(rate: u64, interval: u64, unit: u64, burst: u32) -> Optio
             .min_by_key(|&(amount, period)| (period, core::cmp::Reverse(amount)))?
     };
     // `amount <= burst` and the period fits in a u64, by `valid`.
-    Some((
-        u32::try_from(chosen.0).ok()?,
-        u64::try_from(chosen.1).ok()?,
-    ))
+    Some((u32::try_from(chosen.0).ok()?, u64::try_from(chosen.1).ok()?))
 }
 
 /// The smallest burst that keeps `rate` tokens per `interval` microseconds

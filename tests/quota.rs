@@ -280,10 +280,7 @@ fn max_fill_time_is_half_the_time_field_and_never_under_4_46_years() {
 /// second is the first over the second, compared with a rate `r` as
 /// `first` against `r · second`.
 fn rate_of(q: &Quota) -> (u128, u128) {
-    (
-        u128::from(q.amount()) * 1_000_000,
-        q.period().as_micros(),
-    )
+    (u128::from(q.amount()) * 1_000_000, q.period().as_micros())
 }
 
 #[test]
@@ -305,7 +302,10 @@ fn ten_billion_per_second_is_exact_at_every_burst_that_can_keep_it() {
         let (tokens, micros) = rate_of(&q);
         // amount / period = rate, exactly.
         assert_eq!(tokens, u128::from(rate) * micros, "burst {burst}: {q:?}");
-        assert!(u64::from(q.amount()) <= u64::from(burst), "a refill fits: {q:?}");
+        assert!(
+            u64::from(q.amount()) <= u64::from(burst),
+            "a refill fits: {q:?}"
+        );
         assert_eq!(q.period().as_micros() % q.time_unit().as_micros(), 0);
     }
     let q = Quota::per_second_with_burst(rate, u32::MAX).unwrap();
@@ -322,8 +322,9 @@ fn a_burst_too_small_for_the_rate_is_refused_with_the_smallest_that_works() {
         4_294_967_296,
         65_000_000_000,
     ] {
-        let Err(QuotaError::BurstBelowRate { min_burst, burst, .. }) =
-            Quota::per_second_with_burst(rate, 1)
+        let Err(QuotaError::BurstBelowRate {
+            min_burst, burst, ..
+        }) = Quota::per_second_with_burst(rate, 1)
         else {
             panic!("{rate}/s kept by a burst of 1");
         };
@@ -335,8 +336,14 @@ fn a_burst_too_small_for_the_rate_is_refused_with_the_smallest_that_works() {
         let asked = u128::from(rate) * micros;
         assert!(tokens <= asked && tokens * 1_000 >= asked * 999, "{kept:?}");
         let below = Quota::per_second_with_burst(rate, min - 1).unwrap_err();
-        assert!(matches!(below, QuotaError::BurstBelowRate { .. }), "{rate}: {below}");
-        assert!(below.to_string().contains(&format!("keeps it is {min}")), "{below}");
+        assert!(
+            matches!(below, QuotaError::BurstBelowRate { .. }),
+            "{rate}: {below}"
+        );
+        assert!(
+            below.to_string().contains(&format!("keeps it is {min}")),
+            "{below}"
+        );
     }
 }
 
@@ -396,13 +403,19 @@ fn rates_that_are_whole_tokens_per_millisecond_are_exact() {
         };
         let (tokens, micros) = rate_of(&q);
         assert_eq!(tokens, u128::from(rate) * micros, "{rate}/{burst}: {q:?}");
-        assert!(q.period() <= Duration::from_millis(1).max(q.time_unit()), "{q:?}");
+        assert!(
+            q.period() <= Duration::from_millis(1).max(q.time_unit()),
+            "{q:?}"
+        );
     }
 }
 
 #[test]
 fn zero_rate_and_zero_burst_are_refused_for_large_rates_too() {
-    assert_eq!(Quota::per_second_with_burst(0, 10), Err(QuotaError::ZeroRate));
+    assert_eq!(
+        Quota::per_second_with_burst(0, 10),
+        Err(QuotaError::ZeroRate)
+    );
     assert_eq!(
         Quota::per_second_with_burst(10, 0),
         Err(QuotaError::ZeroCapacity)

@@ -54,12 +54,14 @@
 //! or write asks for at most [`chunk`](ShapedWrite::chunk) bytes (64 KiB by
 //! default, never more than the capacity) and moves at most that many.
 //!
-//! **Bytes taken but not moved stay with the adapter.** A reader or writer
-//! takes permits for the bytes it offers the inner reader or writer; when
-//! that moves fewer (a short write, a read that found fewer bytes waiting),
-//! the rest is kept as credit for the next call, so every byte is paid for
-//! exactly once. Credit left when the adapter is dropped stays spent: at most
-//! one chunk per adapter.
+//! **Every byte is paid for once.** A writer takes permits for the bytes
+//! it offers the inner writer; when that writes fewer (a short write), the
+//! rest is credit for the next write (credit left when the writer is
+//! dropped stays spent: at most one chunk). A reader pays after it reads,
+//! for the bytes that arrived: at once when the permits are there, else
+//! the next read waits for them before reading more. An idle connection
+//! holds no permits, and a reader is at most one read (one chunk) ahead of
+//! its limiter.
 //!
 //! # Holding a rate
 //!

@@ -73,6 +73,21 @@ impl Pacer {
         self.poll_wait(cx, w, n, options)
     }
 
+    /// Take `n` permits if they are there now, without waiting, and without
+    /// registering the task for a wake-up when they are not (`false`).
+    #[inline]
+    pub(crate) fn try_take_now<W: Waitable + ?Sized>(&self, w: &W, n: u32) -> bool {
+        if self.sleeping || self.start.is_some() || n > w.capacity() {
+            return false;
+        }
+        let now = w.wait_clock().now();
+        let admitted = matches!(w.try_once(now, n), KeyedDecision::Allowed { .. });
+        if admitted {
+            w.count(true);
+        }
+        admitted
+    }
+
     /// The slow path: sleep until the permits are due, then try again.
     #[cold]
     fn poll_wait<W: Waitable + ?Sized>(
@@ -153,7 +168,9 @@ impl Pacer {
                 .max(1);
             match self.poll_take(cx, w, n, options) {
                 Poll::Ready(Ok(())) => *owed -= u64::from(n),
-                Poll::Ready(Err(WaitError::Acquire(AcquireError::InsufficientCapacity { .. }))) => {}
+                Poll::Ready(Err(WaitError::Acquire(AcquireError::InsufficientCapacity {
+                    ..
+                }))) => {}
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             }

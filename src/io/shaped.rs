@@ -23,9 +23,10 @@ struct Budget {
     pacer: Pacer,
     /// Bytes paid for and not moved yet.
     credit: u64,
-    /// Bytes asked for by the decision under way (0: none), and how many of
-    /// them are still to be paid (a capacity lowered by a live quota while
-    /// it waits splits the payment).
+    /// A writer: bytes asked for by the decision under way (0: none), and
+    /// how many of them are still to be paid (a capacity lowered by a live
+    /// quota while it waits splits the payment). A reader: `owed` is what
+    /// its last read could not pay at once.
     asked: u64,
     owed: u64,
     /// The most bytes one decision asks for.
@@ -61,7 +62,10 @@ impl Budget {
                 self.asked = u64::from(want.min(self.chunk).min(limiter.capacity()).max(1));
                 self.owed = self.asked;
             }
-            match self.pacer.poll_pay(cx, limiter, &mut self.owed, &self.options) {
+            match self
+                .pacer
+                .poll_pay(cx, limiter, &mut self.owed, &self.options)
+            {
                 Poll::Ready(Ok(())) => {
                     self.credit = self.asked;
                     self.asked = 0;
@@ -245,11 +249,13 @@ pin_project_lite::pin_project! {
     /// [`AsyncWrite`]) pass through unshaped; wrap in a [`ShapedWrite`] as
     /// well to shape both directions.
     ///
-    /// Each read pays for at most a [`chunk`](Self::chunk) of the caller's
-    /// buffer before reading (all or nothing, woken once, when the bytes are
-    /// due) and lets the inner reader fill at most what is paid for. Bytes
-    /// paid for and not read (the inner reader had fewer) are credit for the
-    /// next read.
+    /// Each read lets the inner reader fill at most a [`chunk`](Self::chunk)
+    /// of the caller's buffer, and pays for what it read: at once when the
+    /// permits are there, else the next read first waits for them (woken
+    /// once, when they are due) before it reads more. So a reader pays
+    /// only for bytes that arrived (an idle connection holds no permits),
+    /// and is at most one read ahead of its limiter: at most one chunk
+    /// beyond what the limiter admitted has been delivered at any time.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -319,9 +325,10 @@ impl<R, L> ShapedRead<R, L> {
         &self.limiter
     }
 
-    /// Bytes paid for and not yet read.
-    pub fn credit(&self) -> u64 {
-        self.budget.credit
+    /// Bytes read and not paid for yet: the next read waits for them
+    /// before it reads more.
+    pub fn owed(&self) -> u64 {
+        self.budget.owed
     }
 
     /// The inner reader.
@@ -341,20 +348,34 @@ impl<R: AsyncRead, L: Throttle> AsyncRead for ShapedRead<R, L> {
         if buf.remaining() == 0 {
             return this.inner.poll_read(cx, buf);
         }
-        let grant = match this.budget.poll_grant(cx, this.limiter, buf.remaining()) {
-            Poll::Ready(Ok(grant)) => grant,
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-            Poll::Pending => return Poll::Pending,
-        };
+        let budget = this.budget;
+        // What the last read could not pay at once is paid first.
+        if budget.owed > 0 {
+            match budget
+                .pacer
+                .poll_pay(cx, this.limiter, &mut budget.owed, &budget.options)
+            {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(wait_error(e))),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let most = u32::try_from(buf.remaining()).unwrap_or(u32::MAX);
+        let grant = most.min(budget.chunk).min(this.limiter.capacity()).max(1);
         // The inner reader fills at most the grant: a buffer over that part
         // of the caller's (initialized once, as tokio's own adapters do
         // without `unsafe`; a reused buffer is initialized already).
+        let grant = usize::try_from(grant).unwrap_or(usize::MAX);
         let mut part = ReadBuf::new(buf.initialize_unfilled_to(grant));
         let read = this.inner.poll_read(cx, &mut part);
         let n = part.filled().len();
         if let Poll::Ready(Ok(())) = read {
-            this.budget.spend(n);
             buf.advance(n);
+            // At most the grant, a u32.
+            let n = u32::try_from(n).unwrap_or(u32::MAX);
+            if n > 0 && !budget.pacer.try_take_now(this.limiter, n) {
+                budget.owed = u64::from(n);
+            }
         }
         read
     }

@@ -97,7 +97,10 @@ where
                 Poll::Pending => return Poll::Pending,
             }
         }
-        match this.pacer.poll_pay(cx, this.limiter, this.owed, &NO_OPTIONS) {
+        match this
+            .pacer
+            .poll_pay(cx, this.limiter, this.owed, &NO_OPTIONS)
+        {
             Poll::Ready(Ok(())) => Poll::Ready(this.item.take()),
             // Without a deadline a wait fails only on a simulated clock that
             // cannot move any more, which never admits again.
@@ -245,7 +248,10 @@ where
         if this.item.is_none() {
             return Poll::Ready(Ok(()));
         }
-        match this.pacer.poll_pay(cx, this.limiter, this.owed, &NO_OPTIONS) {
+        match this
+            .pacer
+            .poll_pay(cx, this.limiter, this.owed, &NO_OPTIONS)
+        {
             Poll::Ready(Ok(())) => {}
             // As in `Throttled::poll_next`.
             Poll::Ready(Err(_)) | Poll::Pending => return Poll::Pending,

@@ -420,7 +420,12 @@ async fn sleep_until_admitted<W: Waitable>(
 }
 
 /// One try: taken, or how long to sleep before the next; or the deadline.
-pub(crate) fn step<W: Waitable + ?Sized>(w: &W, n: u32, start: u64, options: &WaitOptions) -> Result<Step, WaitError> {
+pub(crate) fn step<W: Waitable + ?Sized>(
+    w: &W,
+    n: u32,
+    start: u64,
+    options: &WaitOptions,
+) -> Result<Step, WaitError> {
     let now = w.wait_clock().now();
     let decision = w.try_once(now, n);
     // A limiter that read the clock itself measured its retry-after from a
