@@ -167,19 +167,19 @@ fn next<S: Stream + Unpin>(s: &mut S) -> impl Future<Output = Option<S::Item>> +
 #[tokio::test(start_paused = true)]
 async fn a_waiting_writer_wakes_once_per_wait_exactly_when_its_bytes_are_due() {
     let clock = TokioClock::new();
-    // 1 MB/s: one byte a microsecond, bursts of 10,000.
-    let quota = Quota::per_second_with_burst(1_000_000, 10_000).unwrap();
+    // 1 MB/s: one byte a microsecond, bursts of 40,000.
+    let quota = Quota::per_second_with_burst(1_000_000, 40_000).unwrap();
     let limiter = RateLimiter::with_clock(quota, clock.clone());
     let mut out = ShapedWrite::new(tokio::io::sink(), &limiter).chunk(10_000);
     let data = vec![0u8; 100_000];
     let (written, polls, wakes) = counted(out.write_all(&data)).await;
     written.unwrap();
-    // The burst at once, then nine chunks, each a wait of 10 ms.
-    assert_eq!(wakes, 9, "one wake-up per wait");
-    assert_eq!(polls, 10, "no poll without a wake-up");
+    // The burst at once, then six chunks, each a wait of 10 ms.
+    assert_eq!(wakes, 6, "one wake-up per wait");
+    assert_eq!(polls, 7, "no poll without a wake-up");
     let elapsed = Duration::from_nanos(clock.now());
     assert!(
-        elapsed >= Duration::from_millis(90) && elapsed <= Duration::from_millis(99),
+        elapsed >= Duration::from_millis(60) && elapsed <= Duration::from_millis(66),
         "{elapsed:?}"
     );
     assert_eq!(out.credit(), 0);
@@ -247,7 +247,7 @@ async fn a_dropped_write_spends_nothing_it_did_not_write() {
     let clock = TokioClock::new();
     // 1,000 bytes a second, bursts of 100.
     let limiter = RateLimiter::with_clock(
-        Quota::new(100, 1, Duration::from_millis(1)).unwrap(),
+        Quota::new(400, 1, Duration::from_millis(1)).unwrap(),
         clock.clone(),
     );
     let mut out = ShapedWrite::new(
@@ -258,11 +258,11 @@ async fn a_dropped_write_spends_nothing_it_did_not_write() {
         &limiter,
     )
     .chunk(100);
-    // The first chunk goes at once; the second waits 100 ms, and is dropped
-    // after 50.
-    let cancelled = tokio::time::timeout(Duration::from_millis(50), out.write_all(&[0; 200])).await;
+    // The burst goes at once, in four chunks; the next chunk waits 100 ms,
+    // and is dropped after 50.
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), out.write_all(&[0; 500])).await;
     assert!(cancelled.is_err());
-    assert_eq!(out.get_ref().written, 100);
+    assert_eq!(out.get_ref().written, 400);
     // 50 ms refilled 50 bytes, and the dropped wait took none of them.
     assert_eq!(clock.now(), 50_000_000);
     assert_eq!(limiter.remaining(), 50);
@@ -273,7 +273,7 @@ async fn a_dropped_write_spends_nothing_it_did_not_write() {
 async fn short_writes_keep_their_credit_for_the_next() {
     let clock = TokioClock::new();
     let limiter = RateLimiter::with_clock(
-        Quota::new(100, 1, Duration::from_millis(1)).unwrap(),
+        Quota::new(400, 1, Duration::from_millis(1)).unwrap(),
         clock.clone(),
     );
     let mut out = ShapedWrite::new(
@@ -286,10 +286,10 @@ async fn short_writes_keep_their_credit_for_the_next() {
     .chunk(100);
     // One decision of 100 for a write the inner writer takes 30 of.
     assert_eq!(out.write(&[0; 100]).await.unwrap(), 30);
-    assert_eq!((out.credit(), limiter.remaining()), (70, 0));
+    assert_eq!((out.credit(), limiter.remaining()), (70, 300));
     // The next 70 bytes are paid for already: no decision, no wait.
     out.write_all(&[0; 70]).await.unwrap();
-    assert_eq!((out.credit(), limiter.remaining(), clock.now()), (0, 0, 0));
+    assert_eq!((out.credit(), limiter.remaining(), clock.now()), (0, 300, 0));
     assert_eq!(out.get_ref().written, 100);
 }
 
@@ -484,7 +484,7 @@ fn a_weighted_sink_holds_an_item_until_its_cost_is_paid() {
 async fn a_large_buffer_is_split_so_no_decision_exceeds_the_bucket() {
     let clock = TokioClock::new();
     // A bucket of 1,000 and a default chunk of 64 KiB: a 10,000-byte write
-    // is split into decisions of at most 1,000.
+    // is split into decisions of at most a quarter of the bucket.
     let limiter = RateLimiter::with_clock(
         Quota::new(1_000, 1, Duration::from_micros(100)).unwrap(),
         clock.clone(),
@@ -500,11 +500,11 @@ async fn a_large_buffer_is_split_so_no_decision_exceeds_the_bucket() {
     let mut left = 10_000;
     while left > 0 {
         let n = out.write(&vec![0; left]).await.unwrap();
-        assert!(n <= 1_000, "{n}");
+        assert!(n <= 250, "{n}");
         sizes.push(n);
         left -= n;
     }
-    assert_eq!(sizes, [1_000; 10]);
+    assert_eq!(sizes, [250; 40]);
     // 9,000 at one a tenth of a millisecond.
     assert_eq!(clock.now() / 1_000_000, 900);
 }

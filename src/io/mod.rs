@@ -52,7 +52,9 @@
 //! the limiter's capacity, so a burst never exceeds the bucket: an item whose
 //! cost is larger is paid in instalments of at most a bucketful, and a read
 //! or write asks for at most [`chunk`](ShapedWrite::chunk) bytes (64 KiB by
-//! default, never more than the capacity) and moves at most that many.
+//! default, never more than a quarter of the capacity, so that a wake-up
+//! that comes late finds the bucket not yet full and loses nothing) and
+//! moves at most that many.
 //!
 //! **Every byte is paid for once.** A writer takes permits for the bytes
 //! it offers the inner writer; when that writes fewer (a short write), the

@@ -12,9 +12,20 @@ use super::pace::Pacer;
 use crate::wait::{WaitError, WaitOptions};
 
 /// The most bytes one read or write asks its limiter for, unless
-/// [`chunk`](ShapedWrite::chunk) says otherwise: 64 KiB (never more than the
-/// limiter's capacity).
+/// [`chunk`](ShapedWrite::chunk) says otherwise: 64 KiB (never more than a
+/// quarter of the limiter's capacity, see [`grant_limit`]).
 pub const DEFAULT_CHUNK: u32 = 64 * 1024;
+
+/// The most bytes one decision asks for: the chunk, and at most a quarter of
+/// the capacity (at least 1). A wait for a whole bucketful would be admitted
+/// only once the bucket is full, and every microsecond the wake-up is late
+/// (tokio's timer rounds up to its millisecond, the scheduler adds more)
+/// would refill a full bucket for nothing: the rate would fall short by the
+/// lateness. Waiting for a quarter leaves three quarters of the bucket to
+/// absorb it.
+fn grant_limit(chunk: u32, capacity: u32) -> u32 {
+    chunk.min(capacity / 4).max(1)
+}
 
 /// Permits taken for bytes, and the wait for more: what a reader and a
 /// writer share.
@@ -59,7 +70,7 @@ impl Budget {
         if self.credit == 0 {
             if self.asked == 0 {
                 let want = u32::try_from(want).unwrap_or(u32::MAX);
-                self.asked = u64::from(want.min(self.chunk).min(limiter.capacity()).max(1));
+                self.asked = u64::from(want.min(grant_limit(self.chunk, limiter.capacity())));
                 self.owed = self.asked;
             }
             match self
@@ -153,8 +164,9 @@ impl<W, L: Throttle> ShapedWrite<W, L> {
         }
     }
 
-    /// Ask the limiter for at most `bytes` per decision (at least 1; the
-    /// limiter's capacity caps it in any case). Smaller chunks let
+    /// Ask the limiter for at most `bytes` per decision (at least 1; a
+    /// quarter of the limiter's capacity caps it in any case, so that a late
+    /// wake-up loses nothing to a full bucket). Smaller chunks let
     /// connections that share a limiter take turns more finely, at a
     /// decision per chunk; [`DEFAULT_CHUNK`] by default.
     #[must_use]
@@ -361,7 +373,7 @@ impl<R: AsyncRead, L: Throttle> AsyncRead for ShapedRead<R, L> {
             }
         }
         let most = u32::try_from(buf.remaining()).unwrap_or(u32::MAX);
-        let grant = most.min(budget.chunk).min(this.limiter.capacity()).max(1);
+        let grant = most.min(grant_limit(budget.chunk, this.limiter.capacity()));
         // The inner reader fills at most the grant: a buffer over that part
         // of the caller's (initialized once, as tokio's own adapters do
         // without `unsafe`; a reused buffer is initialized already).
