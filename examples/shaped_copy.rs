@@ -5,14 +5,17 @@
 //! cargo run --release --example shaped_copy                      # 1 MB/s for 10 s over loopback TCP
 //! cargo run --release --example shaped_copy -- --rate 1000000000 --burst 16777215
 //! cargo run --release --example shaped_copy -- --file SRC DST --rate 50000000
+//! cargo run --release --example shaped_copy -- --sink --rate 1000000000 --burst 16777215
 //! ```
 //!
 //! Socket mode (the default) writes `rate × seconds` bytes beyond the
 //! burst into a loopback TCP connection whose other end only counts them,
 //! and times the copy from the first write to the last byte received:
 //! the achieved rate is the bytes beyond the burst over that time. It exits
-//! with failure when the rate is off by more than 1%. File mode copies SRC
-//! to DST through a shaped reader.
+//! with failure when the rate is off by more than 1%. `--sink` writes into
+//! `tokio::io::sink()` instead, timing the writer alone: the shaper at rates
+//! a machine's loopback cannot carry. File mode copies SRC to DST through a
+//! shaped reader.
 //!
 //! The writer's task runs under a waker that counts its wake-ups: each wait
 //! for the limiter is one wake-up, and a full socket buffer adds its own.
@@ -34,6 +37,9 @@ struct Options {
     seconds: u64,
     chunk: u32,
     file: Option<(String, String)>,
+    /// Write into `tokio::io::sink()` instead of a socket: the shaper alone,
+    /// for rates a machine's loopback cannot carry.
+    sink: bool,
 }
 
 fn parse() -> Result<Options, String> {
@@ -43,6 +49,7 @@ fn parse() -> Result<Options, String> {
         seconds: 10,
         chunk: 64 * 1024,
         file: None,
+        sink: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -54,6 +61,7 @@ fn parse() -> Result<Options, String> {
                 options.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
             }
             "--chunk" => options.chunk = value()?.parse().map_err(|e| format!("--chunk: {e}"))?,
+            "--sink" => options.sink = true,
             "--file" => {
                 let from = value()?;
                 let to = args.next().ok_or("--file needs SRC and DST")?;
@@ -137,15 +145,47 @@ async fn socket(options: &Options, limiter: RateLimiter) -> std::io::Result<bool
     .await;
     written?;
     let (received, end) = receiver.await.map_err(std::io::Error::other)??;
-    let elapsed = end - start;
-    let beyond = received.saturating_sub(u64::from(options.burst));
+    report("socket", options, received, end - start, polls, wakes)
+}
+
+async fn sink(options: &Options, limiter: RateLimiter) -> std::io::Result<bool> {
+    let total = options.rate * options.seconds + u64::from(options.burst);
+    let mut out = ShapedWrite::new(tokio::io::sink(), limiter).chunk(options.chunk);
+    let block = vec![0u8; 1 << 20];
+    let start = Instant::now();
+    let (written, polls, wakes) = counted(async {
+        let mut left = total;
+        while left > 0 {
+            let n = usize::try_from(left).unwrap_or(usize::MAX).min(block.len());
+            out.write_all(&block[..n]).await?;
+            left -= n as u64;
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+    written?;
+    let elapsed = start.elapsed();
+    report("sink", options, total, elapsed, polls, wakes)
+}
+
+/// Print the rate achieved beyond the burst and the writer's wake-ups;
+/// `true` when the rate is within 1%.
+fn report(
+    what: &str,
+    options: &Options,
+    moved: u64,
+    elapsed: std::time::Duration,
+    polls: usize,
+    wakes: usize,
+) -> std::io::Result<bool> {
+    let beyond = moved.saturating_sub(u64::from(options.burst));
     let achieved = beyond as f64 / elapsed.as_secs_f64();
     let off = (achieved / options.rate as f64 - 1.0) * 100.0;
     // The waits the limiter alone forces: one per chunk beyond the burst.
     let chunk = u64::from(options.chunk.min(options.burst / 4).max(1));
     let waits = beyond.div_ceil(chunk);
     println!(
-        "socket: {received} bytes in {:.3} s; beyond the burst of {}: {:.0} B/s against {} B/s ({off:+.3}%)",
+        "{what}: {moved} bytes in {:.3} s; beyond the burst of {}: {:.0} B/s against {} B/s ({off:+.3}%)",
         elapsed.as_secs_f64(),
         options.burst,
         achieved,
@@ -213,6 +253,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match &options.file {
             Some((from, to)) => file(&options, limiter, from, to).await.map(|()| true),
+            None if options.sink => sink(&options, limiter).await,
             None => socket(&options, limiter).await,
         }
     });
