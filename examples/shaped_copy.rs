@@ -198,8 +198,14 @@ fn report(
     Ok(off.abs() <= 1.0)
 }
 
-async fn file(options: &Options, limiter: RateLimiter, from: &str, to: &str) -> std::io::Result<()> {
-    let mut input = ShapedRead::new(tokio::fs::File::open(from).await?, limiter).chunk(options.chunk);
+async fn file(
+    options: &Options,
+    limiter: RateLimiter,
+    from: &str,
+    to: &str,
+) -> std::io::Result<()> {
+    let mut input =
+        ShapedRead::new(tokio::fs::File::open(from).await?, limiter).chunk(options.chunk);
     let mut output = tokio::fs::File::create(to).await?;
     let start = Instant::now();
     let copied = tokio::io::copy(&mut input, &mut output).await?;

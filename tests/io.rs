@@ -289,7 +289,10 @@ async fn short_writes_keep_their_credit_for_the_next() {
     assert_eq!((out.credit(), limiter.remaining()), (70, 300));
     // The next 70 bytes are paid for already: no decision, no wait.
     out.write_all(&[0; 70]).await.unwrap();
-    assert_eq!((out.credit(), limiter.remaining(), clock.now()), (0, 300, 0));
+    assert_eq!(
+        (out.credit(), limiter.remaining(), clock.now()),
+        (0, 300, 0)
+    );
     assert_eq!(out.get_ref().written, 100);
 }
 

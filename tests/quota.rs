@@ -426,3 +426,29 @@ fn zero_rate_and_zero_burst_are_refused_for_large_rates_too() {
         Err(QuotaError::FillTimeTooLong { .. })
     ));
 }
+
+#[test]
+fn a_ten_gigabyte_a_second_bucket_refills_exactly_its_rate() {
+    use turnstile::{ManualClock, RateLimiter};
+    let clock = ManualClock::new();
+    let quota = Quota::per_second_with_burst(10_000_000_000, u32::MAX).unwrap();
+    let limiter = RateLimiter::with_clock(quota, clock.clone());
+    assert!(limiter.try_acquire_n(u32::MAX).unwrap().is_allowed());
+    assert_eq!(limiter.remaining(), 0);
+    // Six time units of 65.536 ms: 10^10 bytes a second for 393.216 ms.
+    let unit = quota.time_unit();
+    assert_eq!(unit, Duration::from_micros(65_536));
+    clock.advance(unit * 6);
+    let expected = 10_000_000_000u64 * 393_216 / 1_000_000;
+    assert_eq!(u64::from(limiter.remaining()), expected);
+    // The wait for a whole bucket from here is exact: the units that bring
+    // the rest.
+    let missing = u64::from(u32::MAX) - expected;
+    let units = missing.div_ceil(655_360_000);
+    let wait = limiter
+        .try_acquire_n(u32::MAX)
+        .unwrap()
+        .retry_after()
+        .expect("not full yet");
+    assert_eq!(wait.duration(), unit * u32::try_from(units).unwrap());
+}
