@@ -49,14 +49,14 @@ fn stream_allow(c: &mut Criterion) {
     let mut cx = Context::from_waker(Waker::noop());
 
     let mut bare = Repeat;
-    group.bench_function("bare", |b| b.iter(|| black_box(one(&mut bare, &mut cx))));
+    group.bench_function("bare", |b| b.iter(|| one(black_box(&mut bare), &mut cx)));
 
     let ours = turnstile::RateLimiter::new(
         turnstile::Quota::per_second_with_burst(u64::from(ALLOW_RATE), ALLOW_RATE).unwrap(),
     );
     let mut stream = Repeat.throttle(&ours);
     group.bench_function("turnstile", |b| {
-        b.iter(|| black_box(one(&mut stream, &mut cx)))
+        b.iter(|| one(black_box(&mut stream), &mut cx))
     });
 
     let theirs = governor::RateLimiter::direct(governor::Quota::per_second(
@@ -64,12 +64,12 @@ fn stream_allow(c: &mut Criterion) {
     ));
     let mut stream = Repeat.ratelimit_stream(&theirs);
     group.bench_function("governor", |b| {
-        b.iter(|| black_box(one(&mut stream, &mut cx)))
+        b.iter(|| one(black_box(&mut stream), &mut cx))
     });
 
     let mut stream = Repeat.throttle_weighted(&ours, |_: &()| 1);
     group.bench_function("turnstile-weighted", |b| {
-        b.iter(|| black_box(one(&mut stream, &mut cx)))
+        b.iter(|| one(black_box(&mut stream), &mut cx))
     });
     group.finish();
 }

@@ -99,10 +99,10 @@ impl Pacer {
     ) -> Poll<Result<(), WaitError>> {
         loop {
             if self.sleeping {
-                if let Some(sleep) = self.sleep.as_mut() {
-                    if sleep.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
+                if let Some(sleep) = self.sleep.as_mut()
+                    && sleep.as_mut().poll(cx).is_pending()
+                {
+                    return Poll::Pending;
                 }
                 self.sleeping = false;
             }
