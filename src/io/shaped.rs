@@ -13,7 +13,8 @@ use crate::wait::{WaitError, WaitOptions};
 
 /// The most bytes one read or write asks its limiter for, unless
 /// [`chunk`](ShapedWrite::chunk) says otherwise: 64 KiB (never more than a
-/// quarter of the limiter's capacity, see [`grant_limit`]).
+/// quarter of the limiter's capacity, so that a wake-up that comes late
+/// finds the bucket not yet full and loses nothing).
 pub const DEFAULT_CHUNK: u32 = 64 * 1024;
 
 /// The most bytes one decision asks for: the chunk, and at most a quarter of
