@@ -64,7 +64,7 @@ pub enum QuotaError {
         /// The smallest burst that keeps the rate. (Not every larger one
         /// does: a burst above 65,535 has a coarser time unit, whose refill
         /// must bring more.) Above `u32::MAX` when no burst can (a rate
-        /// above about 6.55 × 10^10 per second).
+        /// above about 6.56 × 10^10 per second).
         min_burst: u64,
     },
     /// A window algorithm's limit (or a concurrency limit) was 0.
@@ -166,8 +166,8 @@ impl fmt::Display for QuotaError {
                 f,
                 "no burst can keep {rate} tokens per second (asked with a burst of {burst}): \
                  a refill of one time unit would bring more than 4294967295 tokens, the \
-                 largest bucket; the largest rate is about 65535999984 per second, with \
-                 a burst of 4294967295"
+                 largest bucket; the largest rate is about 6.56 × 10^10 per second \
+                 (kept within 0.1%), with a burst of 4294967295"
             ),
             QuotaError::BurstBelowRate {
                 rate,

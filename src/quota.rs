@@ -426,13 +426,15 @@ fn refill_within_burst(rate: u64, interval: u64, unit: u64, burst: u32) -> Optio
     let exact_period = step / gcd(step, u) * u;
     let exact = (r * exact_period / i, exact_period);
     // Inexact: `refill_for_rate`'s two, and the longest period whose batch
-    // still fits in the bucket.
+    // still fits in the bucket (below).
     let k = (PRECISION * i).div_ceil(r * u).max(1);
     let floored = (r * k * u / i, k * u);
     let a = (r * PRECISION * u).div_ceil(i);
     let rounded = (a, ((a * i).div_ceil(r)).div_ceil(u) * u);
-    let fit_units = b * i / (r * u);
-    let fit = (r * fit_units * u / i, fit_units * u);
+    // The longest period whose batch fits, and at least one unit: a batch
+    // of one unit cut to the burst, when that is within PRECISION.
+    let fit_units = (b * i / (r * u)).max(1);
+    let fit = ((r * fit_units * u / i).min(b), fit_units * u);
     let valid = |&(amount, period): &(u128, u128)| {
         amount >= 1
             && amount <= b

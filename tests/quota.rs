@@ -349,10 +349,12 @@ fn a_burst_too_small_for_the_rate_is_refused_with_the_smallest_that_works() {
 
 #[test]
 fn a_rate_no_burst_can_keep_is_refused_and_says_so() {
-    // At `u32::MAX` a unit is 65.536 ms: at most u32::MAX tokens per unit.
+    // At `u32::MAX` a unit is 65.536 ms: at most u32::MAX tokens per unit,
+    // which is within 0.1% of rates up to a thousandth above it.
     let max_rate = u64::from(u32::MAX) * 1_000_000 / 65_536;
     assert!(Quota::per_second_with_burst(max_rate, u32::MAX).is_ok());
-    for rate in [max_rate + 1_000_000, 100_000_000_000, u64::MAX] {
+    assert!(Quota::per_second_with_burst(max_rate + max_rate / 2_000, u32::MAX).is_ok());
+    for rate in [max_rate + max_rate / 500, 100_000_000_000, u64::MAX] {
         let err = Quota::per_second_with_burst(rate, u32::MAX).unwrap_err();
         let QuotaError::BurstBelowRate { min_burst, .. } = err else {
             panic!("{rate}: {err:?}");

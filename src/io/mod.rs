@@ -124,12 +124,16 @@ impl<T: Waitable + ?Sized> Throttle for T {}
 /// use std::sync::Arc;
 /// use tokio::io::AsyncWriteExt;
 /// use turnstile::io::{KeyThrottle, ShapedWrite};
-/// use turnstile::{KeyedLimiter, Quota};
+/// use turnstile::{KeyedLimiter, ManualClock, Quota};
 ///
-/// // 10 MB/s per tenant, shared by all of a tenant's connections.
-/// let per_tenant = Arc::new(KeyedLimiter::<String>::new(
-///     Quota::per_second_with_burst(10_000_000, 256 * 1024)?,
-/// ));
+/// // 10 MB/s per tenant, shared by all of a tenant's connections (on a
+/// // simulated clock, so that nothing refills while the example runs).
+/// let clock = ManualClock::new();
+/// let per_tenant = Arc::new(
+///     KeyedLimiter::<String>::builder(Quota::per_second_with_burst(10_000_000, 256 * 1024)?)
+///         .clock(clock)
+///         .build()?,
+/// );
 /// let tenant = KeyThrottle::new(Arc::clone(&per_tenant), "acme".to_owned());
 /// let mut out = ShapedWrite::new(tokio::io::sink(), tenant);
 /// out.write_all(b"hello").await?;

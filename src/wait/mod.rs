@@ -187,6 +187,9 @@ pub(crate) enum Step {
 /// What a wait needs from a limiter. Sealed: a public trait in a private
 /// module, so that the I/O adapters' `Throttle` can name it as a supertrait
 /// while no type outside the crate can implement it.
+// Reachable from outside only as the supertrait of `io::Throttle`: without
+// feature `io` nothing outside the crate can name it.
+#[cfg_attr(not(feature = "io"), allow(unreachable_pub))]
 pub(crate) mod sealed {
     use crate::clock::Clock;
     use crate::decision::KeyedDecision;
