@@ -50,6 +50,23 @@ pub enum QuotaError {
         /// The longest fill time this capacity allows.
         max: Duration,
     },
+    /// [`Quota::per_second_with_burst`](crate::Quota::per_second_with_burst)
+    /// cannot keep the rate with this burst: a bucket refills in whole time
+    /// units ([`Quota::time_unit`](crate::Quota::time_unit)), and what one
+    /// refill must bring to keep the rate, within 0.1%, is more than the
+    /// bucket holds (tokens past the capacity are dropped, so the rate would
+    /// silently fall to about `burst` per unit).
+    BurstBelowRate {
+        /// The rate asked for, per second.
+        rate: u64,
+        /// The burst asked for.
+        burst: u32,
+        /// The smallest burst that keeps the rate. (Not every larger one
+        /// does: a burst above 65,535 has a coarser time unit, whose refill
+        /// must bring more.) Above `u32::MAX` when no burst can (a rate
+        /// above about 6.56 × 10^10 per second).
+        min_burst: u64,
+    },
     /// A window algorithm's limit (or a concurrency limit) was 0.
     ZeroLimit,
     /// A fair queue (`Fair::new`, feature `tokio`) was given room for 0
@@ -140,6 +157,28 @@ impl fmt::Display for QuotaError {
                 "quota takes {fill_time:?} to refill an empty bucket of {capacity} tokens; \
                  with that capacity the packed word measures at most {max:?}: \
                  raise the amount per period, shorten the period, or lower the capacity"
+            ),
+            QuotaError::BurstBelowRate {
+                rate,
+                burst,
+                min_burst,
+            } if *min_burst > u64::from(u32::MAX) => write!(
+                f,
+                "no burst can keep {rate} tokens per second (asked with a burst of {burst}): \
+                 a refill of one time unit would bring more than 4294967295 tokens, the \
+                 largest bucket; the largest rate is about 6.56 × 10^10 per second \
+                 (kept within 0.1%), with a burst of 4294967295"
+            ),
+            QuotaError::BurstBelowRate {
+                rate,
+                burst,
+                min_burst,
+            } => write!(
+                f,
+                "a burst of {burst} tokens cannot keep {rate} tokens per second: the bucket \
+                 refills in whole time units, and one unit's refill would overflow it; \
+                 the smallest burst that keeps it is {min_burst} (a burst above 65535 \
+                 counts time in coarser units and needs proportionally more)"
             ),
             QuotaError::ZeroLimit => {
                 f.write_str("limit is 0; it must be between 1 and 4294967295 permits")

@@ -54,6 +54,10 @@
 //!   below.
 //! - **One limit across processes**: the `redis` module (feature `redis`),
 //!   exact or leased.
+//! - **Bytes per second and streams**: the `io` module (feature `io`):
+//!   streams and sinks at a rate, tokio readers and writers shaped to a
+//!   rate with a burst, per connection or shared; rates up to 10^10 per
+//!   second with [`Quota::per_second_with_burst`].
 //!
 //! The [`guide`] is the manual, one chapter per topic, in reading order:
 //! [`algorithms`](guide::algorithms) (the semantics and bounds of each),
@@ -164,6 +168,8 @@ mod error;
 pub mod guide;
 #[cfg(feature = "std")]
 mod http;
+#[cfg(feature = "io")]
+pub mod io;
 #[cfg(feature = "std")]
 mod keyed;
 mod limiter;

@@ -3,7 +3,7 @@
 use core::time::Duration;
 
 use crate::error::QuotaError;
-use crate::word::Layout;
+use crate::word::{Layout, TOKEN_BITS_AT_MICROSECOND};
 
 const MICROS_PER_SECOND: u64 = 1_000_000;
 /// The rate constructors keep their rounding below one part in this many.
@@ -113,6 +113,72 @@ impl Quota {
     /// [`QuotaError::ZeroRate`] for 0.
     pub fn per_second(rate: u32) -> Result<Quota, QuotaError> {
         Quota::per_interval(rate, MICROS_PER_SECOND)
+    }
+
+    /// `rate` tokens per second with a burst of `burst`, for rates beyond a
+    /// `u32` (bytes per second: up to 10^10 per second and more) and bursts
+    /// up to `u32::MAX` (4 GiB less one byte, the widest token field).
+    ///
+    /// The bucket refills `amount` tokens every `period`, a whole number of
+    /// the burst's [time unit](Quota::time_unit) (1 µs up to a burst of
+    /// 65,535, 65.536 ms at `u32::MAX`), and each refill must fit in the
+    /// bucket. Within those bounds the refill is:
+    ///
+    /// - **exact** when `rate` is a whole number of tokens per some period
+    ///   of at most a millisecond (or at most one time unit where the unit
+    ///   is longer) and that refill fits in the bucket: every multiple of
+    ///   1,000 per second with a burst up to 65,535, and above that every
+    ///   rate that brings whole tokens per unit (10^10 per second is
+    ///   655,360,000 tokens every 65.536 ms with a burst of `u32::MAX`);
+    /// - otherwise **rounded down**, never above `rate` and within 0.1% of
+    ///   it, with the shortest period that allows, as [`Quota::per_second`]
+    ///   rounds (999,999,937 per second with a burst of 1,000 is 999 tokens
+    ///   every microsecond: 0.09999% slow).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Quota, QuotaError};
+    ///
+    /// // 10 GB/s with bursts of up to 4 GiB less one byte: exact.
+    /// let q = Quota::per_second_with_burst(10_000_000_000, u32::MAX)?;
+    /// assert_eq!((q.amount(), q.period()), (655_360_000, Duration::from_micros(65_536)));
+    ///
+    /// // 1 MB/s with bursts of 64 KiB: 2 bytes every 2 µs.
+    /// let q = Quota::per_second_with_burst(1_000_000, 64 * 1024)?;
+    /// assert_eq!((q.amount(), q.period()), (2, Duration::from_micros(2)));
+    ///
+    /// // 10^10 per second cannot be kept by a bucket of 1,000: a microsecond
+    /// // brings 10,000. 9,990 a microsecond is within 0.1%.
+    /// assert!(matches!(
+    ///     Quota::per_second_with_burst(10_000_000_000, 1_000),
+    ///     Err(QuotaError::BurstBelowRate { min_burst: 9_990, .. })
+    /// ));
+    /// # Ok::<(), QuotaError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::ZeroRate`], [`QuotaError::ZeroCapacity`];
+    /// [`QuotaError::BurstBelowRate`] when no refill that fits in the bucket
+    /// keeps the rate within 0.1% (the error names the smallest burst that
+    /// does); [`QuotaError::FillTimeTooLong`] when refilling the burst takes
+    /// longer than the word measures (a large burst at a low rate).
+    pub fn per_second_with_burst(rate: u64, burst: u32) -> Result<Quota, QuotaError> {
+        if rate == 0 {
+            return Err(QuotaError::ZeroRate);
+        }
+        if burst == 0 {
+            return Err(QuotaError::ZeroCapacity);
+        }
+        let unit = Layout::for_capacity(burst).unit_micros();
+        match refill_within_burst(rate, MICROS_PER_SECOND, unit, burst) {
+            Some((amount, period)) => Quota::from_micros(burst, amount, period),
+            None => Err(QuotaError::BurstBelowRate {
+                rate,
+                burst,
+                min_burst: min_burst_for_rate(rate, MICROS_PER_SECOND),
+            }),
+        }
     }
 
     /// `rate` tokens per minute, with a burst of `rate`; refill chosen as
@@ -339,6 +405,88 @@ fn refill_for_rate(rate: u64, interval: u64, unit: u64) -> (u64, u64) {
         u64::try_from(amount).unwrap_or(u64::MAX),
         u64::try_from(period).unwrap_or(u64::MAX),
     )
+}
+
+/// The `(amount, period)` refill for `rate` tokens per `interval`
+/// microseconds in a bucket of `burst` tokens whose time unit is `unit`
+/// microseconds: `amount <= burst` (a refill the bucket cannot hold would
+/// lose tokens), never faster than the rate and within one part in
+/// `PRECISION` of it. The exact refill when its period is at most a
+/// millisecond or one unit, else the candidate with the shortest period.
+/// `None` when no candidate fits.
+fn refill_within_burst(rate: u64, interval: u64, unit: u64, burst: u32) -> Option<(u32, u64)> {
+    let (r, i, u, b) = (
+        u128::from(rate),
+        u128::from(interval),
+        u128::from(unit),
+        u128::from(burst),
+    );
+    // Exact: as in `refill_for_rate`.
+    let step = i / gcd(r, i);
+    let exact_period = step / gcd(step, u) * u;
+    let exact = (r * exact_period / i, exact_period);
+    // Inexact: `refill_for_rate`'s two, and the longest period whose batch
+    // still fits in the bucket (below).
+    let k = (PRECISION * i).div_ceil(r * u).max(1);
+    let floored = (r * k * u / i, k * u);
+    let a = (r * PRECISION * u).div_ceil(i);
+    let rounded = (a, ((a * i).div_ceil(r)).div_ceil(u) * u);
+    // The longest period whose batch fits, and at least one unit: a batch
+    // of one unit cut to the burst, when that is within PRECISION.
+    let fit_units = (b * i / (r * u)).max(1);
+    let fit = ((r * fit_units * u / i).min(b), fit_units * u);
+    let valid = |&(amount, period): &(u128, u128)| {
+        amount >= 1
+            && amount <= b
+            && period >= u
+            && u64::try_from(period).is_ok()
+            // Never faster than the rate, within one part in PRECISION.
+            && amount * i <= r * period
+            && amount * i * PRECISION >= r * period * (PRECISION - 1)
+    };
+    let chosen = if valid(&exact) && exact.1 <= u.max(1_000) {
+        exact
+    } else {
+        [exact, floored, rounded, fit]
+            .into_iter()
+            .filter(valid)
+            .min_by_key(|&(amount, period)| (period, core::cmp::Reverse(amount)))?
+    };
+    // `amount <= burst` and the period fits in a u64, by `valid`.
+    Some((u32::try_from(chosen.0).ok()?, u64::try_from(chosen.1).ok()?))
+}
+
+/// The smallest burst that keeps `rate` tokens per `interval` microseconds
+/// ([`refill_within_burst`] finds a refill for it); above `u32::MAX` when
+/// none does. Among bursts of one bit width (one time unit) a larger burst
+/// only relaxes the fit, so each width is searched by bisection, narrowest
+/// first. (Across widths it is not monotonic: a wider burst has a coarser
+/// unit, whose refill must bring more.)
+fn min_burst_for_rate(rate: u64, interval: u64) -> u64 {
+    let works = |burst: u32| {
+        let unit = Layout::for_capacity(burst).unit_micros();
+        refill_within_burst(rate, interval, unit, burst).is_some()
+    };
+    for bits in 1..=u32::BITS {
+        let (mut low, high) = (1u32 << (bits - 1), u32::MAX >> (u32::BITS - bits));
+        if !works(high) {
+            continue;
+        }
+        // `works(high)`; find the smallest in `low..=high`.
+        let mut high = high;
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if works(mid) {
+                high = mid;
+            } else {
+                low = mid + 1;
+            }
+        }
+        return u64::from(low);
+    }
+    // What one unit of the widest burst would have to hold.
+    let unit = 1u128 << (u32::BITS - TOKEN_BITS_AT_MICROSECOND);
+    u64::try_from((u128::from(rate) * unit).div_ceil(u128::from(interval))).unwrap_or(u64::MAX)
 }
 
 const fn gcd(mut a: u128, mut b: u128) -> u128 {

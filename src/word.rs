@@ -7,7 +7,7 @@ const NANOS_PER_MICRO: u64 = 1_000;
 
 /// Token-field width up to which the time unit is one microsecond. Wider token
 /// fields coarsen the unit instead of shortening the time field's span.
-const TOKEN_BITS_AT_MICROSECOND: u32 = 16;
+pub(crate) const TOKEN_BITS_AT_MICROSECOND: u32 = 16;
 
 /// Where the two fields sit in a token bucket's word, for one capacity, and the
 /// time field's unit.

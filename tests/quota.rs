@@ -272,3 +272,185 @@ fn max_fill_time_is_half_the_time_field_and_never_under_4_46_years() {
         );
     }
 }
+
+// Large rates: `Quota::per_second_with_burst`, up to 10^10 per second and
+// bursts up to `u32::MAX`.
+
+/// The quota's refill as `(amount · 10^6, period in µs)`: its rate per
+/// second is the first over the second, compared with a rate `r` as
+/// `first` against `r · second`.
+fn rate_of(q: &Quota) -> (u128, u128) {
+    (u128::from(q.amount()) * 1_000_000, q.period().as_micros())
+}
+
+#[test]
+fn ten_billion_per_second_is_exact_at_every_burst_that_can_keep_it() {
+    let rate = 10_000_000_000u64;
+    // From the smallest burst that holds a microsecond's tokens to the largest.
+    for burst in [
+        10_000,
+        65_535,
+        65_536,
+        1 << 20,
+        (1 << 24) - 1,
+        1 << 30,
+        u32::MAX - 1,
+        u32::MAX,
+    ] {
+        let q = Quota::per_second_with_burst(rate, burst).unwrap();
+        assert_eq!(q.capacity(), burst);
+        let (tokens, micros) = rate_of(&q);
+        // amount / period = rate, exactly.
+        assert_eq!(tokens, u128::from(rate) * micros, "burst {burst}: {q:?}");
+        assert!(
+            u64::from(q.amount()) <= u64::from(burst),
+            "a refill fits: {q:?}"
+        );
+        assert_eq!(q.period().as_micros() % q.time_unit().as_micros(), 0);
+    }
+    let q = Quota::per_second_with_burst(rate, u32::MAX).unwrap();
+    assert_eq!(q.amount(), 655_360_000);
+    assert_eq!(q.period(), Duration::from_micros(65_536));
+}
+
+#[test]
+fn a_burst_too_small_for_the_rate_is_refused_with_the_smallest_that_works() {
+    for rate in [
+        10_000_000_000u64,
+        1_000_000_000,
+        999_999_937,
+        4_294_967_296,
+        65_000_000_000,
+    ] {
+        let Err(QuotaError::BurstBelowRate {
+            min_burst, burst, ..
+        }) = Quota::per_second_with_burst(rate, 1)
+        else {
+            panic!("{rate}/s kept by a burst of 1");
+        };
+        assert_eq!(burst, 1);
+        let min = u32::try_from(min_burst).expect("a burst can keep it");
+        let kept = Quota::per_second_with_burst(rate, min).unwrap();
+        // Never faster than asked, within 0.1%.
+        let (tokens, micros) = rate_of(&kept);
+        let asked = u128::from(rate) * micros;
+        assert!(tokens <= asked && tokens * 1_000 >= asked * 999, "{kept:?}");
+        let below = Quota::per_second_with_burst(rate, min - 1).unwrap_err();
+        assert!(
+            matches!(below, QuotaError::BurstBelowRate { .. }),
+            "{rate}: {below}"
+        );
+        assert!(
+            below.to_string().contains(&format!("keeps it is {min}")),
+            "{below}"
+        );
+    }
+}
+
+#[test]
+fn a_rate_no_burst_can_keep_is_refused_and_says_so() {
+    // At `u32::MAX` a unit is 65.536 ms: at most u32::MAX tokens per unit,
+    // which is within 0.1% of rates up to a thousandth above it.
+    let max_rate = u64::from(u32::MAX) * 1_000_000 / 65_536;
+    assert!(Quota::per_second_with_burst(max_rate, u32::MAX).is_ok());
+    assert!(Quota::per_second_with_burst(max_rate + max_rate / 2_000, u32::MAX).is_ok());
+    for rate in [max_rate + max_rate / 500, 100_000_000_000, u64::MAX] {
+        let err = Quota::per_second_with_burst(rate, u32::MAX).unwrap_err();
+        let QuotaError::BurstBelowRate { min_burst, .. } = err else {
+            panic!("{rate}: {err:?}");
+        };
+        assert!(min_burst > u64::from(u32::MAX), "{rate}: {min_burst}");
+        assert!(err.to_string().contains("no burst can keep"), "{err}");
+    }
+}
+
+#[test]
+fn large_rate_refills_round_down_within_a_thousandth_where_they_are_not_exact() {
+    for (rate, burst) in [
+        (999_999_937u64, 1_000u32),
+        (999_999_937, 65_535),
+        (3_333_333_333, 1 << 22),
+        (7_777_777_777, u32::MAX),
+        (12_345_678_901, 1 << 28),
+        (1, 1),
+        (3, 3),
+    ] {
+        let q = Quota::per_second_with_burst(rate, burst).unwrap();
+        let (tokens, micros) = rate_of(&q);
+        let asked = u128::from(rate) * micros;
+        // amount / period against rate, cross-multiplied.
+        assert!(tokens <= asked, "too fast: {q:?}");
+        assert!(tokens * 1_000 >= asked * 999, "too slow: {rate}/s, {q:?}");
+        assert!(u64::from(q.amount()) <= u64::from(burst), "{q:?}");
+    }
+    // 999,999,937 per second in a bucket of 1,000: 999 a microsecond.
+    let q = Quota::per_second_with_burst(999_999_937, 1_000).unwrap();
+    assert_eq!((q.amount(), q.period()), (999, Duration::from_micros(1)));
+}
+
+#[test]
+fn rates_that_are_whole_tokens_per_millisecond_are_exact() {
+    for (rate, burst) in [
+        (1_000u64, 1_000u32),
+        (1_000_000, 64 * 1024),
+        (1_000_000_000, 1 << 20),
+        (5_000_000_000, 1 << 24),
+        (8_000, 1),
+    ] {
+        let q = Quota::per_second_with_burst(rate, burst);
+        let Ok(q) = q else {
+            // A burst of 1 holds one token: 8,000/s needs a refill of 8 a ms.
+            assert_eq!(burst, 1, "{rate}/{burst}: {q:?}");
+            continue;
+        };
+        let (tokens, micros) = rate_of(&q);
+        assert_eq!(tokens, u128::from(rate) * micros, "{rate}/{burst}: {q:?}");
+        assert!(
+            q.period() <= Duration::from_millis(1).max(q.time_unit()),
+            "{q:?}"
+        );
+    }
+}
+
+#[test]
+fn zero_rate_and_zero_burst_are_refused_for_large_rates_too() {
+    assert_eq!(
+        Quota::per_second_with_burst(0, 10),
+        Err(QuotaError::ZeroRate)
+    );
+    assert_eq!(
+        Quota::per_second_with_burst(10, 0),
+        Err(QuotaError::ZeroCapacity)
+    );
+    // A large burst at a low rate takes longer to fill than the word measures.
+    assert!(matches!(
+        Quota::per_second_with_burst(1, u32::MAX),
+        Err(QuotaError::FillTimeTooLong { .. })
+    ));
+}
+
+#[test]
+fn a_ten_gigabyte_a_second_bucket_refills_exactly_its_rate() {
+    use turnstile::{ManualClock, RateLimiter};
+    let clock = ManualClock::new();
+    let quota = Quota::per_second_with_burst(10_000_000_000, u32::MAX).unwrap();
+    let limiter = RateLimiter::with_clock(quota, clock.clone());
+    assert!(limiter.try_acquire_n(u32::MAX).unwrap().is_allowed());
+    assert_eq!(limiter.remaining(), 0);
+    // Six time units of 65.536 ms: 10^10 bytes a second for 393.216 ms.
+    let unit = quota.time_unit();
+    assert_eq!(unit, Duration::from_micros(65_536));
+    clock.advance(unit * 6);
+    let expected = 10_000_000_000u64 * 393_216 / 1_000_000;
+    assert_eq!(u64::from(limiter.remaining()), expected);
+    // The wait for a whole bucket from here is exact: the units that bring
+    // the rest.
+    let missing = u64::from(u32::MAX) - expected;
+    let units = missing.div_ceil(655_360_000);
+    let wait = limiter
+        .try_acquire_n(u32::MAX)
+        .unwrap()
+        .retry_after()
+        .expect("not full yet");
+    assert_eq!(wait.duration(), unit * u32::try_from(units).unwrap());
+}

@@ -177,49 +177,119 @@ impl From<AcquireError> for WaitError {
 }
 
 /// What to do after one try: done, or sleep this long and try again.
-enum Step {
+pub(crate) enum Step {
     Done(Duration),
     /// Sleep this long; `true` when the denial was a refusal at a keyed
     /// limiter's key bound (counted there already).
     Sleep(Duration, bool),
 }
 
-/// What a wait needs from a limiter: its clock, one try that is not counted,
-/// and counting the wait's outcome once. Direct and keyed waits share
-/// everything else.
-trait Waitable {
-    type Clock: Clock;
+/// What a wait needs from a limiter. Sealed: a public trait in a private
+/// module, so that the I/O adapters' `Throttle` can name it as a supertrait
+/// while no type outside the crate can implement it.
+// Reachable from outside only as the supertrait of `io::Throttle`: without
+// feature `io` nothing outside the crate can name it.
+#[cfg_attr(not(feature = "io"), allow(unreachable_pub))]
+pub(crate) mod sealed {
+    use crate::clock::Clock;
+    use crate::decision::KeyedDecision;
 
-    /// Whether [`try_once`](Waitable::try_once) reads the clock itself
-    /// (instead of deciding at the wait's reading).
-    const READS_OWN_CLOCK: bool;
+    /// What a wait needs from a limiter: its clock, one try that is not
+    /// counted, and counting the wait's outcome once. Direct and keyed waits
+    /// (and the I/O adapters) share everything else.
+    pub trait Waitable {
+        /// The limiter's clock.
+        type Clock: Clock;
 
-    fn wait_clock(&self) -> &Self::Clock;
+        /// Whether [`try_once`](Waitable::try_once) reads the clock itself
+        /// (instead of deciding at the wait's reading).
+        const READS_OWN_CLOCK: bool;
 
-    /// One decision for `n` permits. `now` is the wait's reading; a keyed
-    /// limiter reads its clock itself, after it has found the key's word.
-    fn try_once(&self, now: u64, n: u32) -> KeyedDecision;
+        /// The limiter's clock.
+        fn wait_clock(&self) -> &Self::Clock;
 
-    /// Count the outcome: admitted, or refused by the deadline.
-    fn count(&self, admitted: bool);
+        /// One decision for `n` permits. `now` is the wait's reading; a keyed
+        /// limiter reads its clock itself, after it has found the key's word.
+        fn try_once(&self, now: u64, n: u32) -> KeyedDecision;
 
-    /// The most permits one decision can admit now (a live quota may lower
-    /// it while a wait sleeps).
-    fn capacity(&self) -> u32;
+        /// Count the outcome: admitted, or refused by the deadline.
+        fn count(&self, admitted: bool);
+
+        /// The most permits one decision can admit now (a live quota may lower
+        /// it while a wait sleeps).
+        fn capacity(&self) -> u32;
+    }
+
+    /// A reference waits as what it refers to.
+    impl<T: Waitable + ?Sized> Waitable for &T {
+        type Clock = T::Clock;
+        const READS_OWN_CLOCK: bool = T::READS_OWN_CLOCK;
+
+        #[inline]
+        fn wait_clock(&self) -> &T::Clock {
+            (**self).wait_clock()
+        }
+
+        #[inline]
+        fn try_once(&self, now: u64, n: u32) -> KeyedDecision {
+            (**self).try_once(now, n)
+        }
+
+        #[inline]
+        fn count(&self, admitted: bool) {
+            (**self).count(admitted);
+        }
+
+        #[inline]
+        fn capacity(&self) -> u32 {
+            (**self).capacity()
+        }
+    }
+
+    /// A shared limiter waits as the limiter.
+    impl<T: Waitable + ?Sized> Waitable for std::sync::Arc<T> {
+        type Clock = T::Clock;
+        const READS_OWN_CLOCK: bool = T::READS_OWN_CLOCK;
+
+        #[inline]
+        fn wait_clock(&self) -> &T::Clock {
+            (**self).wait_clock()
+        }
+
+        #[inline]
+        fn try_once(&self, now: u64, n: u32) -> KeyedDecision {
+            (**self).try_once(now, n)
+        }
+
+        #[inline]
+        fn count(&self, admitted: bool) {
+            (**self).count(admitted);
+        }
+
+        #[inline]
+        fn capacity(&self) -> u32 {
+            (**self).capacity()
+        }
+    }
 }
+
+pub(crate) use sealed::Waitable;
 
 impl<A: Algorithm, C: Clock, M: Counter> Waitable for RateLimiter<A, C, M> {
     type Clock = C;
     const READS_OWN_CLOCK: bool = false;
 
+    #[inline]
     fn wait_clock(&self) -> &C {
         self.clock()
     }
 
+    #[inline]
     fn try_once(&self, now: u64, n: u32) -> KeyedDecision {
         self.cell().apply(self.algorithm(), now, n).into()
     }
 
+    #[inline]
     fn count(&self, admitted: bool) {
         RateLimiter::count(self, admitted);
     }
@@ -284,7 +354,7 @@ fn block<W: Waitable>(w: &W, n: u32, options: &WaitOptions) -> Result<Duration, 
 /// at the end of its range) would make the wait spin for ever: it gives up as
 /// past its deadline instead (at the key bound, with [`WaitError::KeyLimit`],
 /// which the bound has counted already).
-fn skip<W: Waitable>(
+pub(crate) fn skip<W: Waitable + ?Sized>(
     w: &W,
     d: Duration,
     key_limit: bool,
@@ -307,7 +377,7 @@ fn skip<W: Waitable>(
 /// The error of a wait that gives up needing `needed` more: at the key bound
 /// (`key_limit`, which counted its own refusal) or for the rate, counted once
 /// as a denial.
-fn give_up<W: Waitable>(
+fn give_up<W: Waitable + ?Sized>(
     w: &W,
     needed: RetryAfter,
     key_limit: bool,
@@ -353,7 +423,12 @@ async fn sleep_until_admitted<W: Waitable>(
 }
 
 /// One try: taken, or how long to sleep before the next; or the deadline.
-fn step<W: Waitable>(w: &W, n: u32, start: u64, options: &WaitOptions) -> Result<Step, WaitError> {
+pub(crate) fn step<W: Waitable + ?Sized>(
+    w: &W,
+    n: u32,
+    start: u64,
+    options: &WaitOptions,
+) -> Result<Step, WaitError> {
     let now = w.wait_clock().now();
     let decision = w.try_once(now, n);
     // A limiter that read the clock itself measured its retry-after from a

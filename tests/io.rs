@@ -1,0 +1,531 @@
+//! Feature `io`: streams, sinks, readers and writers at a rate. Each wait
+//! wakes its task once, when the permits are due (counted by a waker that
+//! counts), a dropped wait spends nothing, large items and buffers are split
+//! into decisions of at most the capacity, and many adapters on one limiter
+//! share its rate.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use futures_core::Stream;
+use futures_sink::Sink;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use turnstile::io::{KeyThrottle, ShapedRead, ShapedWrite, SinkExt, StreamExt};
+use turnstile::{Clock, KeyedLimiter, ManualClock, Quota, RateLimiter};
+
+/// A waker that counts its wake-ups and passes them on.
+struct Counting {
+    wakes: AtomicUsize,
+    inner: Waker,
+}
+
+impl Counting {
+    fn new(inner: Waker) -> Arc<Counting> {
+        Arc::new(Counting {
+            wakes: AtomicUsize::new(0),
+            inner,
+        })
+    }
+
+    fn wakes(&self) -> usize {
+        // Relaxed: a count read by the thread that polls, after the wake-ups
+        // it counts were delivered to it through the inner waker.
+        self.wakes.load(Ordering::Relaxed)
+    }
+}
+
+impl Wake for Counting {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Relaxed: a count, published to the poller as above.
+        self.wakes.fetch_add(1, Ordering::Relaxed);
+        self.inner.wake_by_ref();
+    }
+}
+
+/// Poll `f` to completion with a counting waker: its output, the number of
+/// polls and the number of wake-ups.
+async fn counted<T>(f: impl Future<Output = T>) -> (T, usize, usize) {
+    let mut f = std::pin::pin!(f);
+    let mut polls = 0;
+    let mut counter = None;
+    let out = std::future::poll_fn(|cx| {
+        let counter = counter.get_or_insert_with(|| Counting::new(cx.waker().clone()));
+        let waker = Waker::from(Arc::clone(counter));
+        polls += 1;
+        f.as_mut().poll(&mut Context::from_waker(&waker))
+    })
+    .await;
+    let wakes = counter.map_or(0, |c| c.wakes());
+    (out, polls, wakes)
+}
+
+/// A clock on tokio's time, which tests pause and advance: the limiter and
+/// the timer the adapters sleep on then agree.
+#[derive(Clone, Debug)]
+struct TokioClock(tokio::time::Instant);
+
+impl TokioClock {
+    fn new() -> TokioClock {
+        TokioClock(tokio::time::Instant::now())
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A stream of the items of an iterator.
+struct Iter<I>(I);
+
+impl<I: Iterator + Unpin> Stream for Iter<I> {
+    type Item = I::Item;
+    fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<I::Item>> {
+        Poll::Ready(self.0.next())
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+/// A sink that keeps what it is sent.
+#[derive(Default)]
+struct Collect<T>(Vec<T>);
+
+impl<T: Unpin> Sink<T> for Collect<T> {
+    type Error = std::convert::Infallible;
+    fn poll_ready(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+    fn start_send(mut self: Pin<&mut Self>, item: T) -> Result<(), Self::Error> {
+        self.0.push(item);
+        Ok(())
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_close(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A writer that takes at most `max` bytes per write, and counts them.
+struct Short {
+    max: usize,
+    written: usize,
+}
+
+impl AsyncWrite for Short {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let n = buf.len().min(self.max);
+        self.written += n;
+        Poll::Ready(Ok(n))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A reader of `left` bytes, at most `max` per read.
+struct Trickle {
+    max: usize,
+    left: usize,
+}
+
+impl AsyncRead for Trickle {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let n = buf.remaining().min(self.max).min(self.left);
+        buf.put_slice(&vec![1; n]);
+        self.left -= n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+fn next<S: Stream + Unpin>(s: &mut S) -> impl Future<Output = Option<S::Item>> + '_ {
+    std::future::poll_fn(move |cx| Pin::new(&mut *s).poll_next(cx))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_writer_wakes_once_per_wait_exactly_when_its_bytes_are_due() {
+    let clock = TokioClock::new();
+    // 1 MB/s: one byte a microsecond, bursts of 40,000.
+    let quota = Quota::per_second_with_burst(1_000_000, 40_000).unwrap();
+    let limiter = RateLimiter::with_clock(quota, clock.clone());
+    let mut out = ShapedWrite::new(tokio::io::sink(), &limiter).chunk(10_000);
+    let data = vec![0u8; 100_000];
+    let (written, polls, wakes) = counted(out.write_all(&data)).await;
+    written.unwrap();
+    // The burst at once, then six chunks, each a wait of 10 ms.
+    assert_eq!(wakes, 6, "one wake-up per wait");
+    assert_eq!(polls, 7, "no poll without a wake-up");
+    let elapsed = Duration::from_nanos(clock.now());
+    assert!(
+        elapsed >= Duration::from_millis(60) && elapsed <= Duration::from_millis(66),
+        "{elapsed:?}"
+    );
+    assert_eq!(out.credit(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_reader_wakes_once_per_wait_and_pays_for_what_it_read() {
+    let clock = TokioClock::new();
+    let quota = Quota::per_second_with_burst(1_000_000, 10_000).unwrap();
+    let limiter = RateLimiter::with_clock(quota, clock.clone());
+    // The inner reader gives at most 3,000 bytes a read.
+    let inner = Trickle {
+        max: 3_000,
+        left: 50_000,
+    };
+    let mut input = ShapedRead::new(inner, &limiter).chunk(10_000);
+    let mut all = Vec::new();
+    let (read, polls, wakes) = counted(input.read_to_end(&mut all)).await;
+    assert_eq!(read.unwrap(), 50_000);
+    assert!(wakes > 0, "40,000 bytes beyond the burst were waited for");
+    assert_eq!(polls, wakes + 1, "no poll without a wake-up");
+    // 40,000 bytes beyond the burst at 1 MB/s; each wait rounded up to
+    // tokio's millisecond.
+    let elapsed = Duration::from_nanos(clock.now());
+    let least = Duration::from_millis(40);
+    assert!(elapsed >= least, "{elapsed:?}");
+    assert!(
+        elapsed <= least + Duration::from_millis(wakes as u64),
+        "{elapsed:?}"
+    );
+    // Every byte read was paid for, once: the limiter spent exactly 50,000.
+    assert_eq!(input.owed(), 0);
+    let elapsed_us = clock.now() / 1_000;
+    assert_eq!(
+        u64::from(limiter.remaining()),
+        (10_000 + elapsed_us - 50_000).min(10_000),
+        "at {elapsed_us} µs"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_reader_holds_no_permits() {
+    let clock = TokioClock::new();
+    let limiter = RateLimiter::with_clock(
+        Quota::new(100, 1, Duration::from_millis(1)).unwrap(),
+        clock.clone(),
+    );
+    let (mut near, far) = tokio::io::duplex(1_024);
+    let mut input = ShapedRead::new(far, &limiter);
+    let mut buf = [0u8; 64];
+    // Nothing to read yet: the read waits on the inner reader, paying nothing.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(5), input.read(&mut buf))
+            .await
+            .is_err()
+    );
+    assert_eq!(limiter.remaining(), 100);
+    near.write_all(b"hello").await.unwrap();
+    assert_eq!(input.read(&mut buf).await.unwrap(), 5);
+    assert_eq!(limiter.remaining(), 95);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_write_spends_nothing_it_did_not_write() {
+    let clock = TokioClock::new();
+    // 1,000 bytes a second, bursts of 100.
+    let limiter = RateLimiter::with_clock(
+        Quota::new(400, 1, Duration::from_millis(1)).unwrap(),
+        clock.clone(),
+    );
+    let mut out = ShapedWrite::new(
+        Short {
+            max: usize::MAX,
+            written: 0,
+        },
+        &limiter,
+    )
+    .chunk(100);
+    // The burst goes at once, in four chunks; the next chunk waits 100 ms,
+    // and is dropped after 50.
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), out.write_all(&[0; 500])).await;
+    assert!(cancelled.is_err());
+    assert_eq!(out.get_ref().written, 400);
+    // 50 ms refilled 50 bytes, and the dropped wait took none of them.
+    assert_eq!(clock.now(), 50_000_000);
+    assert_eq!(limiter.remaining(), 50);
+    assert_eq!(out.credit(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn short_writes_keep_their_credit_for_the_next() {
+    let clock = TokioClock::new();
+    let limiter = RateLimiter::with_clock(
+        Quota::new(400, 1, Duration::from_millis(1)).unwrap(),
+        clock.clone(),
+    );
+    let mut out = ShapedWrite::new(
+        Short {
+            max: 30,
+            written: 0,
+        },
+        &limiter,
+    )
+    .chunk(100);
+    // One decision of 100 for a write the inner writer takes 30 of.
+    assert_eq!(out.write(&[0; 100]).await.unwrap(), 30);
+    assert_eq!((out.credit(), limiter.remaining()), (70, 300));
+    // The next 70 bytes are paid for already: no decision, no wait.
+    out.write_all(&[0; 70]).await.unwrap();
+    assert_eq!(
+        (out.credit(), limiter.remaining(), clock.now()),
+        (0, 300, 0)
+    );
+    assert_eq!(out.get_ref().written, 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn writers_sharing_a_limiter_share_its_rate() {
+    let clock = TokioClock::new();
+    let quota = Quota::per_second_with_burst(1_000_000, 10_000).unwrap();
+    let shared = Arc::new(RateLimiter::with_clock(quota, clock.clone()));
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let limiter = Arc::clone(&shared);
+            tokio::spawn(async move {
+                let mut out = ShapedWrite::new(tokio::io::sink(), limiter).chunk(1_000);
+                out.write_all(&[0; 25_000]).await.unwrap();
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // 100,000 bytes: 10,000 of burst, then 90,000 at 1 MB/s (90 ms), to the
+    // millisecond of tokio's timer.
+    let elapsed = Duration::from_nanos(clock.now());
+    assert!(
+        elapsed >= Duration::from_millis(90) && elapsed <= Duration::from_millis(91),
+        "{elapsed:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn connections_of_one_key_share_its_cap_and_other_keys_are_apart() {
+    let clock = TokioClock::new();
+    let quota = Quota::per_second_with_burst(1_000_000, 10_000).unwrap();
+    let per_host = Arc::new(
+        KeyedLimiter::<String>::builder(quota)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let writer = |host: &str| {
+        ShapedWrite::new(
+            tokio::io::sink(),
+            KeyThrottle::new(Arc::clone(&per_host), host.to_owned()),
+        )
+        .chunk(1_000)
+    };
+    let (mut a1, mut a2, mut b) = (writer("a"), writer("a"), writer("b"));
+    // Host b's burst is its own: at once.
+    b.write_all(&[0; 10_000]).await.unwrap();
+    assert_eq!(clock.now(), 0);
+    // Host a's two connections share one bucket: 30,000 bytes take 20 ms.
+    let (r1, r2) = tokio::join!(a1.write_all(&[0; 15_000]), a2.write_all(&[0; 15_000]));
+    r1.unwrap();
+    r2.unwrap();
+    let elapsed = Duration::from_nanos(clock.now());
+    assert!(
+        elapsed >= Duration::from_millis(20) && elapsed <= Duration::from_millis(21),
+        "{elapsed:?}"
+    );
+    assert_eq!(per_host.remaining("b"), 10_000, "b refilled meanwhile");
+}
+
+#[test]
+fn a_stream_yields_each_item_when_its_permits_are_due_waking_once_per_wait() {
+    let clock = ManualClock::new();
+    let limiter = RateLimiter::with_clock(
+        Quota::new(2, 1, Duration::from_millis(100)).unwrap(),
+        clock.clone(),
+    );
+    let mut stream = Iter(0..6).throttle(&limiter);
+    let counter = Counting::new(Waker::noop().clone());
+    let waker = Waker::from(Arc::clone(&counter));
+    let mut cx = Context::from_waker(&waker);
+    let mut seen = Vec::new();
+    let mut pendings = 0;
+    loop {
+        match Pin::new(&mut stream).poll_next(&mut cx) {
+            Poll::Ready(Some(i)) => seen.push((i, clock.elapsed())),
+            Poll::Ready(None) => break,
+            Poll::Pending => {
+                pendings += 1;
+                // A simulated sleep: the clock moved to the due time and the
+                // task was woken, once.
+                assert_eq!(counter.wakes(), pendings);
+            }
+        }
+    }
+    let ms = Duration::from_millis;
+    assert_eq!(
+        seen,
+        [
+            (0, ms(0)),
+            (1, ms(0)),
+            (2, ms(100)),
+            (3, ms(200)),
+            (4, ms(300)),
+            (5, ms(400))
+        ]
+    );
+    assert_eq!(pendings, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_weighted_stream_pays_costs_above_the_capacity_in_instalments() {
+    let clock = TokioClock::new();
+    // 1,000 a second, bursts of 100.
+    let limiter = RateLimiter::with_clock(
+        Quota::new(100, 1, Duration::from_millis(1)).unwrap(),
+        clock.clone(),
+    );
+    let frames = Iter([50u64, 0, 350, 10].into_iter());
+    let mut stream = frames.throttle_weighted(&limiter, |len: &u64| *len);
+    let mut at = Vec::new();
+    while let Some(len) = next(&mut stream).await {
+        at.push((len, clock.now() / 1_000_000));
+    }
+    // 50 from the burst; 0 free; 350 = the 50 left, then 300 more at 1 a ms;
+    // 10 more 10 ms after.
+    assert_eq!(at, [(50, 0), (0, 0), (350, 300), (10, 310)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_next_spends_nothing_and_the_item_waits_for_the_next_poll() {
+    let clock = TokioClock::new();
+    let limiter = RateLimiter::with_clock(
+        Quota::new(1, 1, Duration::from_millis(100)).unwrap(),
+        clock.clone(),
+    );
+    let mut stream = Iter(0..3).throttle(&limiter);
+    assert_eq!(next(&mut stream).await, Some(0));
+    // The second is due at 100 ms; give up at 30.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(30), next(&mut stream))
+            .await
+            .is_err()
+    );
+    assert_eq!(limiter.remaining(), 0);
+    // Held back, not lost, and nothing was taken for it: due at 100 ms.
+    assert_eq!(stream.size_hint().0, 2);
+    assert_eq!(next(&mut stream).await, Some(1));
+    assert_eq!(clock.now() / 1_000_000, 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sink_sends_each_item_when_its_permits_are_due() {
+    let clock = TokioClock::new();
+    let limiter = RateLimiter::with_clock(
+        Quota::new(2, 1, Duration::from_millis(10)).unwrap(),
+        clock.clone(),
+    );
+    let mut sink = Collect::default().throttle_sink(&limiter);
+    let mut sent_at = Vec::new();
+    for i in 0..5 {
+        let mut sink = Pin::new(&mut sink);
+        std::future::poll_fn(|cx| sink.as_mut().poll_ready(cx))
+            .await
+            .unwrap();
+        sink.as_mut().start_send(i).unwrap();
+        std::future::poll_fn(|cx| sink.as_mut().poll_flush(cx))
+            .await
+            .unwrap();
+        sent_at.push(clock.now() / 1_000_000);
+    }
+    assert_eq!(sent_at, [0, 0, 10, 20, 30]);
+    let (inner, held) = sink.into_inner();
+    assert_eq!(inner.0, [0, 1, 2, 3, 4]);
+    assert!(held.is_none());
+}
+
+#[test]
+fn a_weighted_sink_holds_an_item_until_its_cost_is_paid() {
+    let clock = ManualClock::new();
+    let limiter = RateLimiter::with_clock(
+        Quota::new(10, 1, Duration::from_millis(1)).unwrap(),
+        clock.clone(),
+    );
+    let mut sink = Collect::default().throttle_sink_weighted(&limiter, |s: &&str| s.len() as u64);
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut sink = Pin::new(&mut sink);
+    assert!(sink.as_mut().poll_ready(&mut cx).is_ready());
+    sink.as_mut().start_send("0123456789abcde").unwrap(); // 15: 10 now, 5 later
+    let mut polls = 1;
+    while sink.as_mut().poll_flush(&mut cx).is_pending() {
+        polls += 1;
+    }
+    assert_eq!(clock.elapsed(), Duration::from_millis(5));
+    assert_eq!(polls, 2, "one wait for the second instalment");
+    assert_eq!(sink.get_ref().0, ["0123456789abcde"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_large_buffer_is_split_so_no_decision_exceeds_the_bucket() {
+    let clock = TokioClock::new();
+    // A bucket of 1,000 and a default chunk of 64 KiB: a 10,000-byte write
+    // is split into decisions of at most a quarter of the bucket.
+    let limiter = RateLimiter::with_clock(
+        Quota::new(1_000, 1, Duration::from_micros(100)).unwrap(),
+        clock.clone(),
+    );
+    let mut out = ShapedWrite::new(
+        Short {
+            max: usize::MAX,
+            written: 0,
+        },
+        &limiter,
+    );
+    let mut sizes = Vec::new();
+    let mut left = 10_000;
+    while left > 0 {
+        let n = out.write(&vec![0; left]).await.unwrap();
+        assert!(n <= 250, "{n}");
+        sizes.push(n);
+        left -= n;
+    }
+    assert_eq!(sizes, [250; 40]);
+    // 9,000 at one a tenth of a millisecond.
+    assert_eq!(clock.now() / 1_000_000, 900);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_fails_a_write_at_once_taking_nothing() {
+    use turnstile::WaitOptions;
+    let clock = TokioClock::new();
+    let limiter = RateLimiter::with_clock(
+        Quota::new(100, 1, Duration::from_millis(1)).unwrap(),
+        clock.clone(),
+    );
+    let mut out = ShapedWrite::new(tokio::io::sink(), &limiter)
+        .chunk(100)
+        .with_options(WaitOptions::new().deadline(Duration::from_millis(10)));
+    out.write_all(&[0; 100]).await.unwrap();
+    let err = out.write_all(&[0; 100]).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+    assert_eq!(clock.now(), 0, "it did not sleep");
+    assert_eq!(out.credit(), 0);
+}
