@@ -266,10 +266,14 @@ fn a_redis_outage_logs_once_when_it_begins_and_once_when_it_ends(events: &Events
 
     drop(server); // killed, by its process id
     let failed_at = Instant::now();
+    // Each decided by the failure policy: the local share, which starts
+    // empty in each degraded period (the failover rule), so it answers
+    // without admitting much; what matters here is the one line.
     for _ in 0..50 {
-        assert!(guarded.try_acquire(&mut con, "k").unwrap().is_allowed());
+        let _ = guarded.try_acquire(&mut con, "k").unwrap();
         let _ = leased.try_acquire(&mut con, "other");
     }
+    assert!(guarded.stats().fallbacks >= 50, "{:?}", guarded.stats());
     assert!(guarded.is_degraded() && leased.is_degraded());
     assert_eq!(
         events.warned(),
@@ -278,7 +282,7 @@ fn a_redis_outage_logs_once_when_it_begins_and_once_when_it_ends(events: &Events
     );
     // After the backoff the probes fail too: the same period, no new line.
     thread::sleep((backoff + 50 * MS).saturating_sub(failed_at.elapsed()));
-    assert!(guarded.try_acquire(&mut con, "k").unwrap().is_allowed());
+    let _ = guarded.try_acquire(&mut con, "k").unwrap();
     let _ = leased.try_acquire(&mut con, "other");
     assert!(guarded.ping(&mut con).is_err());
     assert!(leased.ping(&mut con).is_err());
