@@ -40,10 +40,11 @@
 //!
 //! # Leased mode
 //!
-//! [`LeasedLimiter`] shares a token bucket's limit through the same key and
-//! state, but takes its tokens in batches (leases) and spends them in process,
-//! with no call per decision; it states its bounds on over-admission, stranded
-//! tokens and Redis calls, and its failure policy.
+//! [`LeasedLimiter`] shares any algorithm's limit through the same key and
+//! state, but takes its permits in batches (leases) and spends them in
+//! process, with no call per decision; it states its bounds on
+//! over-admission (for the windows, their own: a window's lease ends with
+//! it), stranded tokens and Redis calls, and its failure policy.
 //!
 //! # Time
 //!
