@@ -376,6 +376,41 @@ fn gcra_exact_and_leased_share_one_limit_and_give_back() {
     assert_eq!(again, back);
 }
 
+/// A GCRA give-back never gives the meter more room than its burst: a lease
+/// given back after time has drained the meter finds a fresh key (its TAT
+/// not after now) and leaves it so, and exact mode then admits the burst and
+/// what was emitted meanwhile, no more.
+#[test]
+fn a_gcra_give_back_after_the_meter_drained_adds_nothing() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    // A burst of 10, one emission every 10 ms.
+    let gcra = Gcra::new(Quota::new(10, 1, 10 * MS).unwrap());
+    let global = RedisLimiter::new("gcra-drained", gcra).unwrap();
+    let leased = LeasedBuilder::new(global.clone(), 8)
+        .unwrap()
+        .build()
+        .unwrap();
+    for _ in 0..4 {
+        assert!(leased.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    let held = u64::from(leased.held("k"));
+    assert!(held > 0, "a lease is held");
+    // 150 ms: 15 emissions, more than the burst: the meter is empty.
+    thread::sleep(150 * MS);
+    assert_eq!(leased.give_back_all(&mut con), held);
+    let start = Instant::now();
+    let mut admitted = 0u64;
+    for _ in 0..40 {
+        admitted += u64::from(global.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    let emitted = (start.elapsed().as_micros() as u64).div_ceil(10_000);
+    assert!(
+        (10..=10 + emitted).contains(&admitted),
+        "{admitted} admitted, burst 10, {emitted} emitted"
+    );
+}
+
 /// A window's give-back returns the unspent permits to the window the lease
 /// was counted in, and only while the key still counts that window: with a
 /// long window, exact and leased together admit exactly the limit, and what
