@@ -20,9 +20,12 @@ use redis::ConnectionLike;
 use redis_server::{Paused, Server, spawn_on};
 use turnstile::redis::{
     BlockingConnection, Deadlines, LeasedBuilder, LeasedLimiter, MAX_LEASE, OnFailure,
-    RedisConfigError, RedisLimiter,
+    RedisAlgorithm, RedisConfigError, RedisLimiter,
 };
-use turnstile::{Clock, KeyedConfigError, KeyedLimiter, Quota, RealClock, TokenBucket};
+use turnstile::{
+    Clock, FixedWindow, Gcra, KeyedConfigError, KeyedLimiter, Quota, RealClock, SlidingWindow,
+    TokenBucket,
+};
 
 /// A Redis token bucket named `name`: `capacity`, `amount` every `period`.
 fn bucket(name: &str, capacity: u32, amount: u32, period: Duration) -> RedisLimiter {
@@ -73,16 +76,39 @@ struct Run {
     admitted: u64,
     decisions: u64,
     redis_calls: u64,
+    start_micros: u64,
     elapsed_micros: u64,
+    /// Each admission's request and answer times on Redis' clock (µs),
+    /// each within `error_micros`: it was decided between them.
+    admissions: Vec<(u64, u64)>,
+    error_micros: u64,
 }
 
 /// `replicas` threads, each with a connection and a limiter of its own, ask
-/// for one permit of key "k" for `run`: replica 0 as fast as it can, replica
+/// for one permit of key "k" for 600 ms: replica 0 as fast as it can, replica
 /// `i` pausing `i * 100 µs` between requests (uneven load). `leased`: leases
 /// of at most that many tokens, each replica's clock skewed by `i` seconds;
 /// `None`: exact mode. The time is Redis' own, read before and after.
 fn replicas(server: &Server, name: &str, quota: Quota, replicas: u32, leased: Option<u32>) -> Run {
-    let global = RedisLimiter::new(name, TokenBucket::new(quota)).unwrap();
+    replicas_of(
+        server,
+        name,
+        TokenBucket::new(quota).into(),
+        replicas,
+        leased,
+    )
+}
+
+/// [`replicas`] on a limit of any algorithm; `start_micros` in the run is
+/// Redis' time when it began.
+fn replicas_of(
+    server: &Server,
+    name: &str,
+    algorithm: RedisAlgorithm,
+    replicas: u32,
+    leased: Option<u32>,
+) -> Run {
+    let global = RedisLimiter::new(name, algorithm).unwrap();
     let barrier = Arc::new(Barrier::new(replicas as usize + 1));
     let run = Duration::from_millis(600);
     let threads: Vec<_> = (0..replicas)
@@ -105,13 +131,18 @@ fn replicas(server: &Server, name: &str, quota: Quota, replicas: u32, leased: Op
                 barrier.wait();
                 let until = Instant::now() + run;
                 let (mut admitted, mut decisions) = (0u64, 0u64);
+                let mut times = Vec::new();
                 while Instant::now() < until {
+                    let asked = Instant::now();
                     let decision = match &limiter {
                         Some(l) => l.try_acquire(&mut con, "k").unwrap(),
                         None => global.try_acquire(&mut con, "k").expect("a decision"),
                     };
                     decisions += 1;
                     admitted += u64::from(decision.is_allowed());
+                    if decision.is_allowed() {
+                        times.push((asked, Instant::now()));
+                    }
                     if !pause.is_zero() {
                         thread::sleep(pause);
                     }
@@ -119,21 +150,37 @@ fn replicas(server: &Server, name: &str, quota: Quota, replicas: u32, leased: Op
                 let calls = limiter
                     .as_ref()
                     .map_or(decisions, |l| l.stats().redis_calls());
-                (admitted, decisions, calls)
+                (admitted, decisions, calls, times)
             })
         })
         .collect();
     let mut clock = server.connection();
+    // Connected and warm, so that the reading below is one round trip.
+    redis_time(&mut clock);
+    let before = Instant::now();
     let start = redis_time(&mut clock);
+    let after = Instant::now();
     barrier.wait();
     let mut total = Run {
         admitted: 0,
         decisions: 0,
         redis_calls: 0,
+        start_micros: start,
         elapsed_micros: 0,
+        admissions: Vec::new(),
+        error_micros: after.duration_since(before).as_micros() as u64 / 2 + 1,
     };
+    // Redis read `start` between `before` and `after`: an instant maps to
+    // Redis' clock within half that span.
+    let middle = before + after.duration_since(before) / 2;
     for t in threads {
-        let (admitted, decisions, calls) = t.join().expect("no panic");
+        let (admitted, decisions, calls, times) = t.join().expect("no panic");
+        let redis = |at: Instant| start + at.duration_since(middle).as_micros() as u64;
+        total.admissions.extend(
+            times
+                .into_iter()
+                .map(|(asked, answered)| (redis(asked), redis(answered))),
+        );
         total.admitted += admitted;
         total.decisions += decisions;
         total.redis_calls += calls;
@@ -174,6 +221,337 @@ fn replicas_stay_within_the_stated_bounds() {
             // It admitted the refills, not just the burst.
             assert!(run.admitted > 50 + refill / 2, "{name}: {}", run.admitted);
         }
+    }
+}
+
+/// GCRA leases: a lease of `k` moves the TAT as `k` admissions would, so the
+/// meter gives out at most `B + t/T` permits in any time `t` plus what is
+/// given back, and the replicas admit at most `B + t/T + N·(L + ⌊L/2⌋)`,
+/// the token bucket's leased bound with `r(t) = t/T`. 2, 4 and 8 replicas
+/// under uneven load, clocks skewed by seconds; exact mode beside it.
+#[test]
+fn gcra_replicas_stay_within_the_leased_bound() {
+    let Some(server) = server() else { return };
+    // A burst of 50, one emission a millisecond.
+    let gcra = Gcra::new(Quota::new(50, 1, MS).unwrap());
+    let lease = 16;
+    for n in [2u32, 4, 8] {
+        for mode in [None, Some(lease)] {
+            let name = format!("gcra{n}-{}", mode.is_some());
+            let run = replicas_of(&server, &name, gcra.into(), n, mode);
+            // t/T over the run, rounded up.
+            let emitted = run.elapsed_micros.div_ceil(1_000);
+            let bound = 50 + emitted + mode.map_or(0, |l| u64::from(n * (l + l / 2)));
+            eprintln!(
+                "GCRA, {n} replicas, {}: {} decisions, {} admitted in {} us, bound {bound}, \
+                 {} Redis calls",
+                if mode.is_some() { "leased" } else { "exact" },
+                run.decisions,
+                run.admitted,
+                run.elapsed_micros,
+                run.redis_calls
+            );
+            assert!(run.admitted <= bound, "{name}: {} > {bound}", run.admitted);
+            // It admitted the emissions, not just the burst (a quarter of
+            // them: a loaded machine runs few decisions in exact mode).
+            assert!(run.admitted > 50 + emitted / 4, "{name}: {}", run.admitted);
+            if mode.is_some() {
+                // Leases amortize: far fewer calls than decisions.
+                assert!(
+                    run.redis_calls * 4 < run.decisions,
+                    "{name}: {} calls for {} decisions",
+                    run.redis_calls,
+                    run.decisions
+                );
+            }
+        }
+    }
+}
+
+/// The windows' leases end with the window they were counted in, so every
+/// permit is spent in the window that counted it: the replicas admit at most
+/// `limit` per window they ran in, leased as exact, with no lease term (a
+/// lease spent past its window would add up to `N·(L + ⌊L/2⌋)` per window:
+/// 192 here, beside 50). Windows of 100 ms over a 600 ms run, 2, 4 and 8
+/// replicas, clocks skewed by seconds.
+#[test]
+fn window_replicas_stay_within_the_windows_own_bound() {
+    let Some(server) = server() else { return };
+    let w = 100 * MS;
+    let w_micros = 100_000;
+    let lease = 16;
+    let algorithms: [(&str, RedisAlgorithm); 2] = [
+        ("fixed", FixedWindow::new(50, w).unwrap().into()),
+        ("sliding", SlidingWindow::new(50, w).unwrap().into()),
+    ];
+    for (kind, algorithm) in algorithms {
+        for n in [2u32, 4, 8] {
+            for mode in [None, Some(lease)] {
+                let name = format!("{kind}{n}-{}", mode.is_some());
+                let run = replicas_of(&server, &name, algorithm, n, mode);
+                let first = run.start_micros / w_micros;
+                let last = (run.start_micros + run.elapsed_micros) / w_micros;
+                let windows = last - first + 1;
+                let bound = 50 * windows;
+                eprintln!(
+                    "{kind} window, {n} replicas, {}: {} decisions, {} admitted in {windows} \
+                     windows, bound {bound}, {} Redis calls",
+                    if mode.is_some() { "leased" } else { "exact" },
+                    run.decisions,
+                    run.admitted,
+                    run.redis_calls
+                );
+                assert!(run.admitted <= bound, "{name}: {} > {bound}", run.admitted);
+                // Window by window: the admissions surely decided inside
+                // each (asked and answered in it, more than the time error
+                // from its ends) are at most the limit. A lease spent past
+                // its window would put its permits in the next window,
+                // beside that window's own limit.
+                let err = run.error_micros;
+                let mut per_window = std::collections::BTreeMap::new();
+                for &(asked, answered) in &run.admissions {
+                    let window = asked.saturating_sub(err) / w_micros;
+                    if window == (answered + err) / w_micros {
+                        *per_window.entry(window).or_insert(0u32) += 1;
+                    }
+                }
+                let most = per_window.values().copied().max().unwrap_or(0);
+                assert!(
+                    most <= 50,
+                    "{name}: {most} admitted in one window (time error {err} us): \
+                     {per_window:?}"
+                );
+                // It admitted in most windows, not just the first.
+                assert!(
+                    run.admitted > 50 * (windows - 2) / 2,
+                    "{name}: {}",
+                    run.admitted
+                );
+                if mode.is_some() {
+                    assert!(
+                        run.redis_calls * 2 < run.decisions,
+                        "{name}: {} calls for {} decisions",
+                        run.redis_calls,
+                        run.decisions
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A GCRA lease moves the TAT by what it took and a give-back moves it back
+/// by what was not spent: with no emission over the test, exact and leased
+/// processes together admit exactly the burst, and what was given back is
+/// there again for exact mode.
+#[test]
+fn gcra_exact_and_leased_share_one_limit_and_give_back() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    // A burst of 100, one emission an hour.
+    let gcra = Gcra::new(Quota::new(100, 1, Duration::from_secs(3_600)).unwrap());
+    let global = RedisLimiter::new("gcra-share", gcra).unwrap();
+    let leased = LeasedBuilder::new(global.clone(), 8)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut admitted = 0;
+    for i in 0..300 {
+        let decision = if i % 3 == 0 {
+            global.try_acquire(&mut con, "k").unwrap()
+        } else {
+            leased.try_acquire(&mut con, "k").unwrap()
+        };
+        admitted += u64::from(decision.is_allowed());
+    }
+    let held = u64::from(leased.held("k"));
+    let back = leased.give_back_all(&mut con);
+    assert_eq!(back, held);
+    assert_eq!(admitted + back, 100, "admitted {admitted}, back {back}");
+    // What was given back conforms again, and no more.
+    let mut again = 0;
+    for _ in 0..back + 5 {
+        again += u64::from(global.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    assert_eq!(again, back);
+}
+
+/// A GCRA give-back never gives the meter more room than its burst: a lease
+/// given back after time has drained the meter finds a fresh key (its TAT
+/// not after now) and leaves it so, and exact mode then admits the burst and
+/// what was emitted meanwhile, no more.
+#[test]
+fn a_gcra_give_back_after_the_meter_drained_adds_nothing() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    // A burst of 10, one emission every 10 ms.
+    let gcra = Gcra::new(Quota::new(10, 1, 10 * MS).unwrap());
+    let global = RedisLimiter::new("gcra-drained", gcra).unwrap();
+    let leased = LeasedBuilder::new(global.clone(), 8)
+        .unwrap()
+        .build()
+        .unwrap();
+    for _ in 0..4 {
+        assert!(leased.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    let held = u64::from(leased.held("k"));
+    assert!(held > 0, "a lease is held");
+    // 150 ms: 15 emissions, more than the burst: the meter is empty.
+    thread::sleep(150 * MS);
+    assert_eq!(leased.give_back_all(&mut con), held);
+    let start = Instant::now();
+    let mut admitted = 0u64;
+    for _ in 0..40 {
+        admitted += u64::from(global.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    let emitted = (start.elapsed().as_micros() as u64).div_ceil(10_000);
+    assert!(
+        (10..=10 + emitted).contains(&admitted),
+        "{admitted} admitted, burst 10, {emitted} emitted"
+    );
+}
+
+/// A window's give-back returns the unspent permits to the window the lease
+/// was counted in, and only while the key still counts that window: with a
+/// long window, exact and leased together admit exactly the limit, and what
+/// was given back is there again; after the window has passed, a give-back
+/// returns nothing (the permits count nowhere any more).
+#[test]
+fn window_leases_give_back_to_their_own_window_only() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let algorithms: [(&str, RedisAlgorithm); 2] = [
+        (
+            "fixed",
+            FixedWindow::new(100, Duration::from_secs(3_600))
+                .unwrap()
+                .into(),
+        ),
+        (
+            "sliding",
+            SlidingWindow::new(100, Duration::from_secs(3_600))
+                .unwrap()
+                .into(),
+        ),
+    ];
+    for (kind, algorithm) in algorithms {
+        // Away from a window's end (the windows start at the Unix epoch).
+        let into_hour = redis_time(&mut con) % 3_600_000_000;
+        if into_hour > 3_590_000_000 {
+            thread::sleep(Duration::from_micros(3_600_000_000 - into_hour + 1_000));
+        }
+        let global = RedisLimiter::new(&format!("{kind}-share"), algorithm).unwrap();
+        let leased = LeasedBuilder::new(global.clone(), 8)
+            .unwrap()
+            .build()
+            .unwrap();
+        let mut admitted = 0;
+        for i in 0..300 {
+            let decision = if i % 3 == 0 {
+                global.try_acquire(&mut con, "k").unwrap()
+            } else {
+                leased.try_acquire(&mut con, "k").unwrap()
+            };
+            admitted += u64::from(decision.is_allowed());
+        }
+        let held = u64::from(leased.held("k"));
+        let back = leased.give_back_all(&mut con);
+        assert_eq!(back, held, "{kind}");
+        assert_eq!(
+            admitted + back,
+            100,
+            "{kind}: admitted {admitted}, back {back}"
+        );
+        let mut again = 0;
+        for _ in 0..back + 5 {
+            again += u64::from(global.try_acquire(&mut con, "k").unwrap().is_allowed());
+        }
+        assert_eq!(again, back, "{kind}");
+    }
+    // Windows of 50 ms: a lease taken in one window and given back in a
+    // later one finds the key counting that later window, and returns
+    // nothing to it.
+    for (kind, algorithm) in [
+        (
+            "fixed",
+            RedisAlgorithm::from(FixedWindow::new(10, 50 * MS).unwrap()),
+        ),
+        ("sliding", SlidingWindow::new(10, 50 * MS).unwrap().into()),
+    ] {
+        let global = RedisLimiter::new(&format!("{kind}-late"), algorithm).unwrap();
+        let leased = LeasedBuilder::new(global.clone(), 8)
+            .unwrap()
+            .lifetime(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        // The first request of a key takes a lease of one; spend to grow it.
+        for _ in 0..4 {
+            assert!(leased.try_acquire(&mut con, "k").unwrap().is_allowed());
+        }
+        let held = leased.held("k");
+        // The lease ended with its window: nothing is held past it, and a
+        // give-back has nothing to return.
+        let now = redis_time(&mut con);
+        thread::sleep(Duration::from_micros(50_000 - now % 50_000 + 5_000));
+        assert_eq!(leased.held("k"), 0, "{kind}: {held} held past the window");
+        assert_eq!(leased.give_back_all(&mut con), 0, "{kind}");
+    }
+}
+
+/// Each algorithm leases with a local share for its failure policy
+/// (`OnFailure::local_share_of`): with no Redis to reach, the requests are
+/// answered by the share, which starts empty and admits what it refills, no
+/// more than its rate allows over the run.
+#[test]
+fn every_algorithm_fails_open_to_its_local_share() {
+    // Nothing listens on port 1: every call fails at once.
+    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let algorithms: [(&str, RedisAlgorithm); 4] = [
+        (
+            "token bucket",
+            TokenBucket::new(Quota::per_second(100).unwrap()).into(),
+        ),
+        ("gcra", Gcra::new(Quota::per_second(100).unwrap()).into()),
+        ("fixed", FixedWindow::new(100, 100 * MS).unwrap().into()),
+        (
+            "sliding",
+            SlidingWindow::new(100, Duration::from_secs(1))
+                .unwrap()
+                .into(),
+        ),
+    ];
+    for (kind, algorithm) in algorithms {
+        let mut con = Deadlines::default().blocking(client.clone());
+        let global = RedisLimiter::new("down", algorithm).unwrap();
+        let leased = LeasedBuilder::new(global, 10)
+            .unwrap()
+            .on_failure(
+                OnFailure::local_share_of(algorithm, 2).unwrap(),
+                Duration::from_secs(10),
+            )
+            .build()
+            .unwrap();
+        let start = Instant::now();
+        let mut admitted = 0u64;
+        while start.elapsed() < 300 * MS {
+            admitted += u64::from(leased.try_acquire(&mut con, "k").unwrap().is_allowed());
+            thread::sleep(Duration::from_micros(200));
+        }
+        let elapsed = start.elapsed();
+        let stats = leased.stats();
+        // The share of 2 processes, from empty: one every 20 ms (a fixed
+        // window's share: 50 at once every 200 ms).
+        let micros = elapsed.as_micros() as u64;
+        let most = match kind {
+            "fixed" => 50 * (micros / 200_000 + 1),
+            _ => micros.div_ceil(20_000),
+        };
+        eprintln!(
+            "{kind}: {admitted} admitted by the share in {elapsed:?}, at most {most}; {stats:?}"
+        );
+        assert!(stats.fallbacks > 0, "{kind}: {stats:?}");
+        assert!(admitted <= most, "{kind}: {admitted} > {most}");
+        assert!(admitted >= 1, "{kind}: the share admitted nothing");
     }
 }
 

@@ -52,9 +52,6 @@ pub enum RedisConfigError {
         /// The longest window for that limit.
         max_window: Duration,
     },
-    /// Leased mode was asked of an algorithm other than the token bucket: a
-    /// lease takes tokens out of a bucket, which only the token bucket has.
-    NotLeasable,
     /// Leased mode's map of keys could not be built (its `max_keys`).
     Keyed(crate::error::KeyedConfigError),
     /// Leased mode was asked for leases of at most 0 tokens; a lease holds
@@ -149,10 +146,6 @@ impl fmt::Display for RedisConfigError {
                 "an idle time of {idle:?} is longer than the lease lifetime of {lifetime:?}: \
                  every lease would expire before it is given back; set idle to at most \
                  the lifetime"
-            ),
-            RedisConfigError::NotLeasable => f.write_str(
-                "leased mode takes tokens out of a token bucket: build the limiter \
-                 with a TokenBucket, or use exact mode for this algorithm",
             ),
         }
     }

@@ -9,7 +9,7 @@ use ::redis::ConnectionLike;
 
 use super::failover::{DEFAULT_TIMEOUTS_TO_BACK_OFF, Debt, Ledger, Strikes};
 use super::health::{Counts, Health, Source};
-use super::{RedisLimitError, RedisLimiter, RedisReceipt};
+use super::{RedisAlgorithm, RedisLimitError, RedisLimiter, RedisReceipt};
 use crate::admission::{Receipt, Stage};
 use crate::algorithm::Algorithm;
 use crate::algorithm::token_bucket::TokenBucket;
@@ -76,6 +76,59 @@ impl OnFailure {
             quota.period().saturating_mul(processes),
         )?;
         Ok(OnFailure::Local(KeyedLimiter::new(share)))
+    }
+
+    /// Fail open to this process's share of `algorithm`'s limit when
+    /// `processes` share it: [`local_share`](Self::local_share) of a token
+    /// bucket that admits no more than the algorithm does over any interval,
+    /// so that leased and exact mode fail open with any algorithm.
+    ///
+    /// - a token bucket or GCRA: its own quota (GCRA with capacity `B` and
+    ///   emission interval `T` admits at most `B + t/T` in any time `t`, as
+    ///   the token bucket of the same quota does);
+    /// - a fixed window of `limit` per `w`: `limit` tokens refilled whole
+    ///   every `w`, at most `limit · (1 + ⌊t/w⌋)` in any time `t`, within
+    ///   the window's own `limit` per window and `2 · limit` across a
+    ///   boundary;
+    /// - a sliding window of `limit` per `w`: `limit` tokens, one every
+    ///   `⌈w / limit⌉` ns, at most `limit · (1 + t/w)` in any time `t`: the
+    ///   sliding window's own bound for `t ≤ w`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::redis::OnFailure;
+    /// use turnstile::{FixedWindow, SlidingWindow};
+    ///
+    /// let fixed = FixedWindow::new(100, Duration::from_secs(1))?;
+    /// let share = OnFailure::local_share_of(fixed, 4)?;
+    /// # let _ = share;
+    /// let sliding = SlidingWindow::new(100, Duration::from_secs(1))?;
+    /// let share = OnFailure::local_share_of(sliding, 4)?;
+    /// # let _ = share;
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`local_share`](Self::local_share).
+    pub fn local_share_of(
+        algorithm: impl Into<RedisAlgorithm>,
+        processes: u32,
+    ) -> Result<OnFailure, QuotaError> {
+        let quota = match algorithm.into() {
+            RedisAlgorithm::TokenBucket(bucket) => bucket.quota(),
+            RedisAlgorithm::Gcra(gcra) => gcra.quota(),
+            RedisAlgorithm::FixedWindow(fixed) => {
+                Quota::new(fixed.limit(), fixed.limit(), fixed.window())?
+            }
+            RedisAlgorithm::SlidingWindow(sliding) => {
+                let limit = sliding.limit();
+                let nanos = sliding.window().as_nanos().div_ceil(u128::from(limit));
+                let period = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+                Quota::new(limit, 1, period)?
+            }
+        };
+        Self::local_share(quota, processes)
     }
 }
 

@@ -40,10 +40,11 @@
 //!
 //! # Leased mode
 //!
-//! [`LeasedLimiter`] shares a token bucket's limit through the same key and
-//! state, but takes its tokens in batches (leases) and spends them in process,
-//! with no call per decision; it states its bounds on over-admission, stranded
-//! tokens and Redis calls, and its failure policy.
+//! [`LeasedLimiter`] shares any algorithm's limit through the same key and
+//! state, but takes its permits in batches (leases) and spends them in
+//! process, with no call per decision; it states its bounds on
+//! over-admission (for the windows, their own: a window's lease ends with
+//! it), stranded tokens and Redis calls, and its failure policy.
 //!
 //! # Time
 //!
@@ -194,9 +195,16 @@ macro_rules! script {
 }
 
 static TOKEN_BUCKET: LazyLock<Script> = script!("token_bucket_level.lua", "token_bucket.lua");
-/// Leased mode's two scripts, on the token bucket's state.
+/// Leased mode's two scripts for each algorithm, on its own state: a lease
+/// and a give-back.
 static LEASE: LazyLock<Script> = script!("token_bucket_level.lua", "lease.lua");
 static GIVE_BACK: LazyLock<Script> = script!("token_bucket_level.lua", "give_back.lua");
+static GCRA_LEASE: LazyLock<Script> = script!("gcra_lease.lua");
+static GCRA_GIVE_BACK: LazyLock<Script> = script!("gcra_give_back.lua");
+static FIXED_WINDOW_LEASE: LazyLock<Script> = script!("fixed_window_lease.lua");
+static FIXED_WINDOW_GIVE_BACK: LazyLock<Script> = script!("fixed_window_give_back.lua");
+static SLIDING_WINDOW_LEASE: LazyLock<Script> = script!("sliding_window_lease.lua");
+static SLIDING_WINDOW_GIVE_BACK: LazyLock<Script> = script!("sliding_window_give_back.lua");
 static FIXED_WINDOW: LazyLock<Script> = script!("fixed_window.lua");
 static SLIDING_WINDOW: LazyLock<Script> = script!("sliding_window.lua");
 static GCRA: LazyLock<Script> = script!("gcra.lua");
@@ -301,6 +309,18 @@ impl RedisAlgorithm {
             RedisAlgorithm::FixedWindow(a) => a.capacity(),
             RedisAlgorithm::SlidingWindow(a) => a.capacity(),
             RedisAlgorithm::Gcra(a) => a.capacity(),
+        }
+    }
+
+    /// Leased mode's lease and give-back scripts for this algorithm (they
+    /// take the decision's parameters, then the lease size, or the lease's
+    /// window for a give-back).
+    fn lease_scripts(&self) -> (&'static Script, &'static Script) {
+        match self {
+            RedisAlgorithm::TokenBucket(_) => (&LEASE, &GIVE_BACK),
+            RedisAlgorithm::Gcra(_) => (&GCRA_LEASE, &GCRA_GIVE_BACK),
+            RedisAlgorithm::FixedWindow(_) => (&FIXED_WINDOW_LEASE, &FIXED_WINDOW_GIVE_BACK),
+            RedisAlgorithm::SlidingWindow(_) => (&SLIDING_WINDOW_LEASE, &SLIDING_WINDOW_GIVE_BACK),
         }
     }
 

@@ -2,7 +2,7 @@
 
 use core::fmt;
 use core::time::Duration;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
@@ -11,7 +11,6 @@ use super::local::{LeaseWord, Since};
 use super::stats::Counters;
 use super::wait::Signal;
 use super::{LeasedLimiter, MAX_LIFETIME, MIN_LIFETIME, saturating_nanos, word};
-use crate::algorithm::Algorithm;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
 use crate::keyed::KeyedBuilder;
@@ -19,7 +18,7 @@ use crate::redis::MAX_LEASE;
 use crate::redis::failover::{DEFAULT_TIMEOUTS_TO_BACK_OFF, Ledger, Strikes};
 use crate::redis::guarded::OnFailure;
 use crate::redis::health::Health;
-use crate::redis::{RedisAlgorithm, RedisConfigError, RedisLimiter};
+use crate::redis::{RedisConfigError, RedisLimiter};
 use crate::sync::AtomicU64;
 
 /// Builds a [`LeasedLimiter`]: the largest lease, the lease lifetime, the idle
@@ -31,7 +30,8 @@ use crate::sync::AtomicU64;
 /// matter; the largest lease is checked at once by [`LeasedBuilder::new`].
 pub struct LeasedBuilder<C = RealClock> {
     limiter: RedisLimiter,
-    bucket: TokenBucket,
+    /// The algorithm's capacity: the most permits one request can get.
+    capacity: u32,
     max_lease: u32,
     lifetime: Duration,
     /// `None`: the default, 250 ms or the lifetime if that is shorter.
@@ -86,14 +86,18 @@ impl LeasedLimiter {
 }
 
 impl LeasedBuilder {
-    /// Leases of at most `max_lease` tokens, from 1 to the bucket's capacity
-    /// and to [`MAX_LEASE`], from `limiter`'s token buckets. Defaults: a
-    /// lifetime of 1 s, give-back after 250 ms idle (or the lifetime, if one
-    /// shorter is set), fail closed with a backoff of 1 s.
+    /// Leases of at most `max_lease` permits, from 1 to the limit's capacity
+    /// and to [`MAX_LEASE`], from `limiter`'s keys, whichever its algorithm:
+    /// a token bucket's tokens, GCRA's conforming cells, or a fixed or
+    /// sliding window's count (whose leases end with the window they were
+    /// counted in). Defaults: a lifetime of 1 s, give-back after 250 ms idle
+    /// (or the lifetime, if one shorter is set), fail closed with a backoff
+    /// of 1 s.
     ///
     /// ```
+    /// use std::time::Duration;
     /// use turnstile::redis::{LeasedBuilder, RedisConfigError, RedisLimiter};
-    /// use turnstile::{Quota, TokenBucket};
+    /// use turnstile::{FixedWindow, Gcra, Quota, TokenBucket};
     ///
     /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(100)?))?;
     /// assert!(LeasedBuilder::new(global.clone(), 100).is_ok());
@@ -101,34 +105,35 @@ impl LeasedBuilder {
     ///     LeasedBuilder::new(global, 101).err(),
     ///     Some(RedisConfigError::LeaseTooLarge { max_lease: 101, capacity: 100, max: 100 })
     /// );
+    /// let gcra = RedisLimiter::new("gcra", Gcra::new(Quota::per_second(100)?))?;
+    /// assert!(LeasedBuilder::new(gcra, 20).is_ok());
+    /// let window = RedisLimiter::new("win", FixedWindow::new(100, Duration::from_secs(1))?)?;
+    /// assert!(LeasedBuilder::new(window, 20).is_ok());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// [`RedisConfigError::NotLeasable`] when `limiter` is not a token bucket,
     /// [`RedisConfigError::ZeroLease`] for a `max_lease` of 0, and
-    /// [`RedisConfigError::LeaseTooLarge`] for one above the bucket's capacity
+    /// [`RedisConfigError::LeaseTooLarge`] for one above the limit's capacity
     /// or [`MAX_LEASE`].
     pub fn new(limiter: RedisLimiter, max_lease: u32) -> Result<Self, RedisConfigError> {
-        let RedisAlgorithm::TokenBucket(bucket) = *limiter.algorithm() else {
-            return Err(RedisConfigError::NotLeasable);
-        };
+        let capacity = limiter.capacity();
         if max_lease == 0 {
             return Err(RedisConfigError::ZeroLease);
         }
-        let max = MAX_LEASE.min(bucket.capacity());
+        let max = MAX_LEASE.min(capacity);
         if max_lease > max {
             return Err(RedisConfigError::LeaseTooLarge {
                 max_lease,
-                capacity: bucket.capacity(),
+                capacity,
                 max,
             });
         }
         Ok(LeasedBuilder {
             max_lease,
             limiter,
-            bucket,
+            capacity,
             lifetime: Duration::from_secs(1),
             idle: None,
             on_failure: OnFailure::Deny,
@@ -238,7 +243,7 @@ impl<C: Clock> LeasedBuilder<C> {
     pub fn clock<C2: Clock>(self, clock: C2) -> LeasedBuilder<C2> {
         LeasedBuilder {
             limiter: self.limiter,
-            bucket: self.bucket,
+            capacity: self.capacity,
             max_lease: self.max_lease,
             lifetime: self.lifetime,
             idle: self.idle,
@@ -299,7 +304,7 @@ impl<C: Clock> LeasedBuilder<C> {
             None => DEFAULT_IDLE.min(self.lifetime),
         };
         let algorithm = LeaseWord {
-            capacity: self.bucket.capacity(),
+            capacity: self.capacity,
             lifetime: self.lifetime,
         };
         // Leases count time from now, not from the clock's epoch (the TSC's is
@@ -317,13 +322,13 @@ impl<C: Clock> LeasedBuilder<C> {
         let lifetime_units = word::units_down(saturating_nanos(self.lifetime)).max(1);
         Ok(LeasedLimiter {
             limiter: self.limiter,
-            capacity: self.bucket.capacity(),
+            capacity: self.capacity,
             max_lease: self.max_lease,
             lifetime_units,
             idle,
             local,
             holders: Mutex::new(Holders {
-                keys: HashSet::new(),
+                keys: HashMap::new(),
                 prune_at: MIN_PRUNE,
             }),
             refresher: OnceLock::new(),

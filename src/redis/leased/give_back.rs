@@ -3,7 +3,7 @@
 //! forgetting the keys whose leases are spent or expired.
 
 use core::time::Duration;
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use ::redis::{ConnectionLike, RedisResult, ScriptInvocation, Value};
 
@@ -11,7 +11,6 @@ use super::local::LeaseWord;
 use super::stats::Counters;
 use super::{LeasedLimiter, saturating_nanos, word};
 use crate::clock::Clock;
-use crate::redis::GIVE_BACK;
 
 impl<C: Clock> LeasedLimiter<C> {
     /// Give back the leases not topped up for the idle time (one script call
@@ -41,11 +40,11 @@ impl<C: Clock> LeasedLimiter<C> {
             if self.is_backing_off() {
                 break;
             }
-            let Some(tokens) = self.take_lease(&key, idle) else {
+            let Some((tokens, window)) = self.take_lease(&key, idle) else {
                 continue;
             };
             let result = self
-                .give_back_invocation(&key, tokens)
+                .give_back_invocation(&key, tokens, window)
                 .invoke_async(con)
                 .await;
             let failed = result.is_err();
@@ -65,10 +64,10 @@ impl<C: Clock> LeasedLimiter<C> {
             if self.is_backing_off() {
                 break;
             }
-            let Some(tokens) = self.take_lease(&key, idle) else {
+            let Some((tokens, window)) = self.take_lease(&key, idle) else {
                 continue;
             };
-            let result = self.give_back_invocation(&key, tokens).invoke(con);
+            let result = self.give_back_invocation(&key, tokens, window).invoke(con);
             let failed = result.is_err();
             total += self.settle_give_back(tokens, result);
             // A timeout need not start the backoff (a strike): the pass
@@ -89,7 +88,7 @@ impl<C: Clock> LeasedLimiter<C> {
         let now = self.local.clock().now();
         let mut holders = self.holders.lock().unwrap_or_else(|e| e.into_inner());
         let mut keys = Vec::new();
-        holders.keys.retain(|key| {
+        holders.keys.retain(|key, _| {
             let mut state = Lease::Spent;
             self.local.transform_linked(key.as_slice(), |w| {
                 state = self.lease_state(w, now, idle);
@@ -104,8 +103,9 @@ impl<C: Clock> LeasedLimiter<C> {
     }
 
     /// Empty `key`'s lease word if its lease is still idle, and forget the
-    /// key; the tokens it held.
-    fn take_lease(&self, key: &[u8], idle: Option<Duration>) -> Option<u32> {
+    /// key; the tokens it held, and the window their lease was counted in
+    /// (0 but for the windows).
+    fn take_lease(&self, key: &[u8], idle: Option<Duration>) -> Option<(u32, u64)> {
         // Held across the word's emptying and the key's removal: a lease
         // granted in between (which inserts the key under this lock) must not
         // lose its key to this removal. (Taking the word needs no shard lock,
@@ -124,8 +124,9 @@ impl<C: Clock> LeasedLimiter<C> {
         if took == 0 {
             return None;
         }
-        holders.keys.remove(key);
-        Some(took)
+        // Noted before the word took the lease, under this lock.
+        let window = holders.keys.remove(key).unwrap_or(0);
+        Some((took, window))
     }
 
     /// Forget the keys whose leases are spent, expired or gone, and prune
@@ -133,7 +134,7 @@ impl<C: Clock> LeasedLimiter<C> {
     /// keys that hold tokens (so within twice `max_keys`), at a cost per
     /// insert that is constant on average, with or without give-back passes.
     pub(super) fn prune(&self, holders: &mut Holders, now: u64) {
-        holders.keys.retain(|key| {
+        holders.keys.retain(|key, _| {
             let mut keep = false;
             self.local.transform_linked(key.as_slice(), |w| {
                 // A fetch under way may be about to store a lease.
@@ -164,8 +165,13 @@ impl<C: Clock> LeasedLimiter<C> {
         Lease::Idle(word::units_down(now) >= granted.saturating_add(idle_units))
     }
 
-    fn give_back_invocation(&self, key: &[u8], tokens: u32) -> ScriptInvocation<'static> {
-        let mut invocation = GIVE_BACK.prepare_invoke();
+    fn give_back_invocation(
+        &self,
+        key: &[u8],
+        tokens: u32,
+        window: u64,
+    ) -> ScriptInvocation<'static> {
+        let mut invocation = self.limiter.algorithm().lease_scripts().1.prepare_invoke();
         invocation
             .key(self.limiter.redis_key(key))
             .arg("")
@@ -174,13 +180,22 @@ impl<C: Clock> LeasedLimiter<C> {
         for param in &self.limiter.params {
             invocation.arg(*param);
         }
+        // The windows' give-backs return the tokens to that window only.
+        invocation.arg(window);
         invocation
     }
 
     fn settle_give_back(&self, tokens: u32, result: RedisResult<Value>) -> u64 {
         match result {
-            Ok(_) => {
+            Ok(reply) => {
                 Counters::add(&self.counters.give_back_calls, 1);
+                // A window's give-back declines once its window has passed
+                // (`{0, …}`): the tokens count nowhere any more.
+                let declined = matches!(&reply, Value::Array(items)
+                    if matches!(items.first(), Some(Value::Int(0))));
+                if declined {
+                    return 0;
+                }
                 Counters::add(&self.counters.tokens_given_back, u64::from(tokens));
                 u64::from(tokens)
             }
@@ -193,9 +208,10 @@ impl<C: Clock> LeasedLimiter<C> {
     }
 }
 
-/// The keys that may hold a lease here, for give-back passes.
+/// The keys that may hold a lease here, for give-back passes, each with the
+/// window its last lease was counted in (0 but for the windows).
 pub(super) struct Holders {
-    pub(super) keys: HashSet<Vec<u8>>,
+    pub(super) keys: HashMap<Vec<u8>, u64>,
     /// The size at which an insert first forgets the keys holding nothing.
     pub(super) prune_at: usize,
 }
@@ -281,7 +297,7 @@ mod tests {
             drop(pause);
             let _ = pass.join().unwrap();
             let _ = miss.join().unwrap();
-            if limiter.held(&key) > 0 && !limiter.holders.lock().unwrap().keys.contains(&key) {
+            if limiter.held(&key) > 0 && !limiter.holders.lock().unwrap().keys.contains_key(&key) {
                 lost += 1;
             }
         }

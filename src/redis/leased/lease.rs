@@ -10,7 +10,7 @@ use super::{Fetch, LeasedLimiter, Purpose, RETRY_AT_ONCE, word};
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
 use crate::redis::MAX_LEASE;
-use crate::redis::{LEASE, RedisLimitError};
+use crate::redis::RedisLimitError;
 use crate::sync::Ordering;
 
 impl<C: Clock> LeasedLimiter<C> {
@@ -173,7 +173,7 @@ impl<C: Clock> LeasedLimiter<C> {
     }
 
     fn lease_invocation(&self, key: &[u8], need: u32, want: u32) -> ScriptInvocation<'static> {
-        let mut invocation = LEASE.prepare_invoke();
+        let mut invocation = self.limiter.algorithm().lease_scripts().0.prepare_invoke();
         invocation
             .key(self.limiter.redis_key(key))
             .arg("")
@@ -206,7 +206,7 @@ impl<C: Clock> LeasedLimiter<C> {
         let reply = result
             .map_err(RedisLimitError::from)
             .and_then(|v| parse_lease(&v));
-        let (granted, wait) = match reply {
+        let (granted, wait, window) = match reply {
             Ok(answer) => answer,
             Err(e) => {
                 self.fail(&e);
@@ -224,14 +224,29 @@ impl<C: Clock> LeasedLimiter<C> {
         Counters::add(&self.counters.tokens_leased, u64::from(granted));
         if granted > 0 {
             let mut holders = self.holders.lock().unwrap_or_else(|e| e.into_inner());
-            if !holders.keys.contains(key) {
-                if holders.keys.len() >= holders.prune_at {
-                    self.prune(&mut holders, now);
+            // The window a give-back returns the tokens to (0 but for the
+            // windows): noted before the word takes the lease, under the
+            // lock a give-back takes the word's tokens under.
+            let tag = window.map_or(0, |(_, index)| index);
+            match holders.keys.get_mut(key) {
+                Some(kept) => *kept = tag,
+                None => {
+                    if holders.keys.len() >= holders.prune_at {
+                        self.prune(&mut holders, now);
+                    }
+                    holders.keys.insert(key.to_vec(), tag);
                 }
-                holders.keys.insert(key.to_vec());
             }
         }
-        let expiry = now_units.saturating_add(self.lifetime_units);
+        let mut expiry = now_units.saturating_add(self.lifetime_units);
+        if let Some((valid_micros, _)) = window {
+            // A window's permits are spent in it only: the lease ends with
+            // the window, counted from before the call was sent (so no
+            // later than the window's end on Redis' clock, with clocks that
+            // run at one rate), rounded down to the word's unit.
+            let end = started.saturating_add(valid_micros.saturating_mul(1_000));
+            expiry = expiry.min(word::units_down(end));
+        }
         // A miss whose word is gone (not linked any more) is denied, to be
         // tried again at once.
         let mut decision = match purpose {
@@ -329,21 +344,34 @@ pub(super) enum Claim {
     Unlinked,
 }
 
-/// The lease script's reply `{granted, left, wait_us, wait_ns}` as the tokens
-/// granted and, when none, the wait in nanoseconds.
-fn parse_lease(reply: &Value) -> Result<(u32, u64), RedisLimitError> {
+/// What a lease script answered: the tokens granted, the wait in nanoseconds
+/// when none, and for a window's lease the microseconds left of the window
+/// and its number.
+type LeaseReply = (u32, u64, Option<(u64, u64)>);
+
+/// The lease script's reply `{granted, left, wait_us, wait_ns}`, or with a
+/// window's grant `{…, valid_us, window}`, as a [`LeaseReply`].
+fn parse_lease(reply: &Value) -> Result<LeaseReply, RedisLimitError> {
     let bad = || RedisLimitError::Reply {
         reply: format!("{reply:?}"),
     };
     let Value::Array(items) = reply else {
         return Err(bad());
     };
+    let (head, window) = match items.as_slice() {
+        [head @ .., Value::Int(valid), Value::Int(index)] if head.len() == 4 => {
+            let valid = u64::try_from(*valid).map_err(|_| bad())?;
+            let index = u64::try_from(*index).map_err(|_| bad())?;
+            (head, Some((valid, index)))
+        }
+        head => (head, None),
+    };
     let [
         Value::Int(granted),
         Value::Int(_left),
         Value::Int(us),
         Value::Int(ns),
-    ] = items.as_slice()
+    ] = head
     else {
         return Err(bad());
     };
@@ -352,7 +380,11 @@ fn parse_lease(reply: &Value) -> Result<(u32, u64), RedisLimitError> {
         return Err(bad());
     }
     let nanos = i128::from(*us) * 1_000 + i128::from(*ns);
-    Ok((granted, u64::try_from(nanos.max(0)).unwrap_or(u64::MAX)))
+    Ok((
+        granted,
+        u64::try_from(nanos.max(0)).unwrap_or(u64::MAX),
+        window,
+    ))
 }
 
 #[cfg(test)]
@@ -368,9 +400,19 @@ mod tests {
     #[test]
     fn lease_replies_parse_and_others_are_errors() {
         let array = |v: &[i64]| Value::Array(v.iter().map(|x| Value::Int(*x)).collect());
-        assert_eq!(parse_lease(&array(&[7, 3, 0, 0])).unwrap(), (7, 0));
-        assert_eq!(parse_lease(&array(&[0, 0, 5, -1])).unwrap(), (0, 4_999));
+        assert_eq!(parse_lease(&array(&[7, 3, 0, 0])).unwrap(), (7, 0, None));
+        assert_eq!(
+            parse_lease(&array(&[0, 0, 5, -1])).unwrap(),
+            (0, 4_999, None)
+        );
+        assert_eq!(
+            parse_lease(&array(&[7, 3, 0, 0, 250_000, 42])).unwrap(),
+            (7, 0, Some((250_000, 42)))
+        );
         for bad in [
+            array(&[7, 3, 0, 0, -1, 42]),
+            array(&[7, 3, 0, 0, 1, -42]),
+            array(&[7, 3, 0, 0, 1]),
             array(&[-1, 0, 0, 0]),
             array(&[1 << 40, 0, 0, 0]),
             array(&[0, 0, 0, 1_000]),

@@ -51,10 +51,12 @@ fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// A limit kept in a token bucket in Redis, spent here from leases (leased
-/// mode): a process takes tokens from a key's global bucket in Redis in
-/// batches (leases) and spends them from a word of its own, by
-/// compare-and-swap, at in-process speed.
+/// A limit kept in Redis, spent here from leases (leased mode): a process
+/// takes permits from a key's global limit in Redis in batches (leases) and
+/// spends them from a word of its own, by compare-and-swap, at in-process
+/// speed. Every algorithm leases (see [Algorithms](#algorithms)); what
+/// follows says "tokens" and "bucket" for the token bucket, and means the
+/// permits and the key's limit for each.
 ///
 /// # How a decision goes
 ///
@@ -112,6 +114,57 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// left; it never exceeds the configured largest lease `L`. No prefetch runs
 /// below a size of 4.
 ///
+/// # Algorithms
+///
+/// Each algorithm's lease script works on the key and state of its exact
+/// script, so exact and leased processes share one limit, and takes
+/// `min(want, room)` permits when at least `need` fit, as `k` admissions in
+/// a row at that reading would; its give-back returns what was not spent.
+///
+/// - **Token bucket** (`lease.lua`): the tokens leave the bucket; a
+///   give-back adds them back, up to the capacity.
+/// - **GCRA** (`gcra_lease.lua`): a lease of `k` moves the theoretical
+///   arrival time (TAT) from `max(TAT, now)` by `k·T` (`T` the emission
+///   interval) when the burst tolerance allows it, exactly as `k`
+///   admissions would; a give-back of `m` moves it back by `m·T`, but never
+///   before the reading (a TAT at or before now is a fresh key, deleted):
+///   the token bucket's "back up to the capacity" in GCRA's terms. It never
+///   returns more than the lease took, and it does not undo the leases
+///   other processes took after it (their `k·T` stay in the sum), so it
+///   never declines. GCRA with burst `B` admits at most `B + t/T` in any time
+///   `t`, so the bound below holds with `r(t) = t/T`.
+/// - **Fixed window** (`fixed_window_lease.lua`): a lease counts `k` permits
+///   in the current window and ends with that window: its expiry is the
+///   window's end, counted from before the call was sent and rounded down
+///   to the word's unit (4.19 ms), so no permit is spent outside the window
+///   that counted it. A give-back returns the unspent permits to that window
+///   only, while the key still counts it, and declines once it counts a
+///   later one. The bound is the fixed window's own: at most `limit`
+///   permits per window, with no lease term (leased permits are counted
+///   before they are spent, in their window), given clocks that run at one
+///   rate (a clock running `ε` slow stretches a lease by `ε` of its window).
+///   What it costs instead: permits held unspent when a window ends are lost
+///   to that window, up to `N·(L + ⌊L/2⌋)` per window.
+/// - **Sliding window** (`sliding_window_lease.lua`): a lease counts `k`
+///   permits in the current window when the estimate
+///   `current + k + previous·(w − e)/w` stays within the limit (exactly as
+///   `k` admissions would), and ends with the window, as the fixed window's.
+///   A permit spent later in the window still passes the check that counted
+///   it (the previous window's weight only falls through a window), and the
+///   counts hold at least the permits spent, so every admission satisfies
+///   the invariant the sliding window's bounds come from: at most `limit`
+///   in any whole window and `limit·(1 + s/w)` in any interval `s ≤ w`, with
+///   no lease term. A give-back returns unspent permits to the current count
+///   of the window that counted them, only while it is still the current
+///   one.
+///
+/// The failure policy's local share is a token bucket for every algorithm
+/// ([`OnFailure::local_share_of`] derives one that admits no more than the
+/// algorithm over any interval): the local share must start empty in a
+/// degraded period and have what it admitted charged to Redis later (the
+/// failover rule), which a bucket's level does and a window's count, reset
+/// at each boundary, would not.
+///
 /// # Fair shares of a dry key
 ///
 /// When the processes together ask for more than the bucket refills, each
@@ -128,8 +181,11 @@ fn saturating_nanos(d: Duration) -> u64 {
 ///
 /// # Bounds
 ///
+/// For the token bucket and GCRA (the windows keep their own bounds, with no
+/// lease term: see [Algorithms](#algorithms)):
 /// `N` processes share a key; leases have at most `L` tokens and lifetime
-/// `τ`; the bucket has capacity `B` and refills `r(T)` over a time `T`. A
+/// `τ`; the bucket has capacity `B` and refills `r(T)` over a time `T` (for
+/// GCRA, `B` its burst and `r(T) = T/t_e`, `t_e` the emission interval). A
 /// process holds at most `L + ⌊L/2⌋ − 1` tokens of a key: a fetch starts below
 /// the prefetch mark, at most `⌊size/2⌋`, and brings at most one lease, and a
 /// request that finds too few tokens asks only for what it lacks beyond that.
