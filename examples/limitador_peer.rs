@@ -338,7 +338,7 @@ fn run_contender(
     );
     println!(
         "  {} decisions/s in all; {commands} Redis calls for {decisions} decisions \
-         ({:.5} per decision; commands counted: {}){}\n",
+         ({:.5} per decision; by command, the scripts' own included: {}){}\n",
         (decisions as f64 / (elapsed as f64 / 1e6)).round(),
         commands as f64 / decisions.max(1) as f64,
         by_name.join(", "),
