@@ -59,6 +59,12 @@
 //!   clock, or `N` admitted token-bucket decisions on it, inside `measured`.
 //! - `paired-clocks`: each clock's reading and admitted decision, timed in
 //!   alternating blocks of 200,000 (51 blocks each), the median block of each.
+//! - `leased-hot keyed|held|held-refresher N`: `N` decisions on one key inside
+//!   `measured`: a Redis leased limiter while a lease of the largest size is
+//!   held (no Redis: a connection of the program's own answers the lease
+//!   calls made before measuring), without a refresher or with one started,
+//!   and an in-process keyed limiter on the same clock (`RealClock`), every
+//!   decision admitted. `N` at most 4,194,303 (half the largest lease).
 //! - `layer bare|turnstile-admitted|turnstile-denied|turnstile-fields-admitted|combined3-admitted|combined3-denied|combined3-nofields-admitted|stacked3-admitted|stacked3-denied|tower_governor-admitted|tower_governor-denied N`:
 //!   sends `N` requests through an axum router, bare or behind a rate-limiting
 //!   layer (callgrind: `--toggle-collect='*requests_measured*'`).
@@ -74,12 +80,14 @@ mod algorithms;
 mod clocks;
 mod direct;
 mod keyed;
+mod leased;
 mod router;
 
 use algorithms::{run_algorithm, run_paired_algorithms};
 use clocks::{run_clock, run_paired_clocks};
 use direct::{run_neighbours, run_paired};
 use keyed::{run_keyed_hot, run_keyed_million, run_keyed_new, run_paired_keyed};
+use leased::run_leased_hot;
 use router::run_layer;
 
 use std::hint::black_box;
@@ -109,6 +117,7 @@ usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cos
   keyed-1m turnstile|turnstile-tiered|governor|governor-ahash|floor N: 1,000,000 keys, then N shuffled checks inside `measured`
   keyed-new turnstile|governor|governor-ahash N: N checks of keys never seen before, from an empty limiter, inside `measured`
   keyed-hot turnstile|turnstile-tiered|turnstile-admitted|turnstile-admitted-coarse|floor-admitted-coarse N: N decisions on one key inside `measured` (tiered: two tiers, per-key quotas; admitted: every check admitted, as in the keyed_hot_key benchmark)
+  leased-hot keyed|held|held-refresher N: N decisions on one key inside `measured`: leased with a lease held (no Redis), without and with a refresher, and in-process keyed
   layer bare|turnstile-admitted|turnstile-denied|turnstile-fields-admitted|combined3-admitted|combined3-denied|combined3-nofields-admitted|stacked3-admitted|stacked3-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router
   clock read|decide tsc|real|monotonic|coarse N: N readings of a clock, or N admitted decisions on it, inside `measured`
   paired-clocks: each clock's reading and admitted decision, timed in alternating blocks";
@@ -145,6 +154,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         };
         return run_keyed_hot(who, n);
+    }
+    if let [mode, who, n] = args.as_slice()
+        && mode == "leased-hot"
+    {
+        let Ok(n) = n.parse::<u64>() else {
+            eprintln!("N must be a number, not {n:?}");
+            return ExitCode::FAILURE;
+        };
+        return run_leased_hot(who, n);
     }
     if let [mode, which, n] = args.as_slice()
         && mode == "layer"
