@@ -21,6 +21,7 @@ where
 {
     /// Decide for `key`, also returning the word an admission wrote and a
     /// clock reading no later than the decision's (what a refund needs).
+    #[inline]
     pub(crate) fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>, u64)
     where
         K: Borrow<Q>,

@@ -35,6 +35,18 @@ impl<C: Clock> LeasedLimiter<C> {
     /// the quarter is not, so the fast path reads nothing more.
     #[inline]
     pub(super) fn below_mark(&self, w: u64, remaining: u32, now: u64) -> bool {
+        // The lease size is at most `2^e` (`e` the word's size code): at
+        // or above half of that, the count is at or above half the size,
+        // where no mark is (the common case, decided by one shift of the
+        // word read already).
+        if u64::from(remaining) >= (1u64 << word::size_code(w)) >> 1 {
+            return false;
+        }
+        self.below_sized_mark(w, remaining, now)
+    }
+
+    /// [`below_mark`](Self::below_mark), from the lease size.
+    fn below_sized_mark(&self, w: u64, remaining: u32, now: u64) -> bool {
         let size = self.size(word::size_code(w));
         let quarter = size / 4;
         if remaining < quarter {
@@ -420,6 +432,46 @@ mod tests {
             Value::Nil,
         ] {
             assert!(parse_lease(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_mark_read_from_the_size_code_alone_is_the_sized_one() {
+        for max_lease in [1, 3, 4, 5, 1_000, 1 << 20, MAX_LEASE] {
+            let global = RedisLimiter::new(
+                "mark",
+                TokenBucket::new(
+                    crate::Quota::per_second(1_000)
+                        .and_then(|q| q.burst(MAX_LEASE))
+                        .unwrap(),
+                ),
+            )
+            .unwrap();
+            let limiter = LeasedBuilder::new(global, max_lease)
+                .unwrap()
+                .lifetime(Duration::from_secs(1))
+                .build()
+                .unwrap();
+            // A fetch latency, so that the adaptive part of the mark is read.
+            limiter.record_latency(1_000_000_000);
+            for code in 0..=limiter.max_code() + 1 {
+                let size = limiter.size(code);
+                let w = word::pack(0, code, word::units_down(500_000_000), 0);
+                let counts = [0, 1, size / 4, size / 2, size.saturating_sub(1), size];
+                for remaining in counts
+                    .into_iter()
+                    .chain(counts.map(|c| c.saturating_sub(1)))
+                {
+                    for now in [0, 400_000_000] {
+                        let w = word::with_tokens(w, remaining);
+                        assert_eq!(
+                            limiter.below_mark(w, remaining, now),
+                            limiter.below_sized_mark(w, remaining, now),
+                            "L {max_lease}, code {code}, {remaining} left at {now}"
+                        );
+                    }
+                }
+            }
         }
     }
 

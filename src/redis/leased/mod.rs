@@ -346,6 +346,17 @@ impl<C: Clock> Drop for ReleaseOnDrop<'_, C> {
     }
 }
 
+/// What a request the key's word did not decide on its own
+/// ([`LeasedLimiter::spend`]) has left to do.
+enum Spend {
+    /// `n` is 0 or above the largest lease: an error, or a request decided
+    /// in Redis (exact mode).
+    Unchecked,
+    /// The word's answer (an admission that took the lease below its mark,
+    /// or a denial), with the word written.
+    Taken(KeyedDecision, Option<u64>),
+}
+
 /// What a request does next.
 pub(crate) enum Step {
     /// Decided without Redis.
@@ -439,22 +450,39 @@ impl<C: Clock> LeasedLimiter<C> {
         n: u32,
     ) -> Result<Decision, AcquireError> {
         let key = key.as_ref();
-        match self.step(key, n)? {
-            Step::Done(decision) => Ok(decision),
+        match self.spend(key, n) {
+            Ok(decision) => Ok(decision),
+            Err(spend) => self.complete(con, key, n, spend),
+        }
+    }
+
+    /// The rest of a request the word alone did not decide: its step, and
+    /// the call that asks for, on `con`. Kept out of line, so that a
+    /// decision from the lease held carries none of its frame.
+    #[inline(never)]
+    fn complete(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: &[u8],
+        n: u32,
+        spend: Spend,
+    ) -> Result<Decision, AcquireError> {
+        Ok(match self.step_after(key, n, spend)? {
+            Step::Done(decision) => decision,
             Step::Lease(fetch) => {
                 let result = fetch.invocation.invoke(con);
-                Ok(self.finish_lease(key, n, &fetch, result))
+                self.finish_lease(key, n, &fetch, result)
             }
             Step::Exact(invocation, debt) => {
                 let debt = Debt::claimed(&self.ledger, key, debt);
                 let result = invocation.invoke(con);
-                Ok(self.finish_exact(key, n, debt, result))
+                self.finish_exact(key, n, debt, result)
             }
             Step::Wait => {
                 self.wait_for_fetch(key);
-                Ok(self.after_wait(key, n))
+                self.after_wait(key, n)
             }
-        }
+        })
     }
 
     /// [`try_acquire`](Self::try_acquire) on an asynchronous connection
@@ -493,7 +521,10 @@ impl<C: Clock> LeasedLimiter<C> {
         n: u32,
     ) -> Result<Decision, AcquireError> {
         let key = key.as_ref();
-        let step = self.step(key, n)?;
+        let step = match self.spend(key, n) {
+            Ok(decision) => return Ok(decision),
+            Err(spend) => self.step_after(key, n, spend)?,
+        };
         Ok(self.complete_async(con, key, n, step).await)
     }
 
@@ -536,33 +567,79 @@ impl<C: Clock> LeasedLimiter<C> {
 
     /// Decide what the request does: spend, fall back, or call Redis.
     pub(crate) fn step(&self, key: &[u8], n: u32) -> Result<Step, AcquireError> {
-        if n == 0 {
-            return Err(AcquireError::ZeroPermits);
+        match self.spend(key, n) {
+            Ok(decision) => Ok(Step::Done(decision)),
+            Err(spend) => self.step_after(key, n, spend),
         }
-        if n > self.capacity {
-            return Err(AcquireError::InsufficientCapacity {
-                requested: n,
-                capacity: self.capacity,
-            });
-        }
-        if n > self.max_lease {
-            return Ok(self.exact_or_fallback(key, n));
+    }
+
+    /// A request's first step, on the key's word alone: spend `n` from the
+    /// lease held here; when that leaves it at or above its prefetch mark,
+    /// the decision is made (`Ok`), and nothing else is read: no flag, no
+    /// backoff, no debt, no refresher, which matter only to a request that
+    /// fetches or calls. Otherwise what is left to do (`Err`), for
+    /// [`step_after`](Self::step_after).
+    #[inline(always)]
+    fn spend(&self, key: &[u8], n: u32) -> Result<Decision, Spend> {
+        // `n` is 0 or above the largest lease: checked, and decided in Redis,
+        // by `step_after`.
+        if n.wrapping_sub(1) >= self.max_lease {
+            return Err(Spend::Unchecked);
         }
         let (decision, written, now) = self.local.take(key, n);
+        if let KeyedDecision::Allowed { remaining } = decision
+            && written.is_none_or(|w| !self.below_mark(w, remaining, now))
+        {
+            return Ok(Decision::Allowed { remaining });
+        }
+        Err(Spend::Taken(decision, written))
+    }
+
+    /// The rest of [`step`](Self::step), after [`spend`](Self::spend).
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError`] for `n = 0` or above the capacity.
+    #[inline(never)]
+    fn step_after(&self, key: &[u8], n: u32, spend: Spend) -> Result<Step, AcquireError> {
+        let (decision, written) = match spend {
+            Spend::Unchecked if n == 0 => return Err(AcquireError::ZeroPermits),
+            Spend::Unchecked if n > self.capacity => {
+                return Err(AcquireError::InsufficientCapacity {
+                    requested: n,
+                    capacity: self.capacity,
+                });
+            }
+            Spend::Unchecked => return Ok(self.exact_or_fallback(key, n)),
+            Spend::Taken(decision, written) => (decision, written),
+        };
+        Ok(self.step_taken(key, n, decision, written))
+    }
+
+    /// A request's step after its word answered `decision` (and wrote
+    /// `written`), not from the lease held above its mark.
+    fn step_taken(
+        &self,
+        key: &[u8],
+        n: u32,
+        decision: KeyedDecision,
+        written: Option<u64>,
+    ) -> Step {
         match decision {
             KeyedDecision::Allowed { remaining } => {
                 let decision = Decision::Allowed { remaining };
+                // `spend` answered every admission but those that took the
+                // lease below its mark.
                 let Some(written) = written else {
-                    return Ok(Step::Done(decision));
+                    return Step::Done(decision);
                 };
-                if !self.below_mark(written, remaining, now)
-                    || written & (word::FETCHING | word::DRY) != 0
+                if written & (word::FETCHING | word::DRY) != 0
                     || self.is_backing_off()
                     || self.ledger.owes(key)
                 {
-                    return Ok(Step::Done(decision));
+                    return Step::Done(decision);
                 }
-                Ok(match self.claim(key, n, Purpose::Prefetch(decision)) {
+                match self.claim(key, n, Purpose::Prefetch(decision)) {
                     // Claimed first, then the turn: a probe after a backoff
                     // is only taken by a request that will call.
                     Claim::Fetch(_) if matches!(self.turn(), Turn::Skip { .. }) => {
@@ -586,7 +663,7 @@ impl<C: Clock> LeasedLimiter<C> {
                         },
                     },
                     _ => Step::Done(decision),
-                })
+                }
             }
             KeyedDecision::Denied { retry_after } if retry_after.as_nanos() > 0 => {
                 let kept = Step::Done(Decision::Denied { retry_after });
@@ -594,13 +671,13 @@ impl<C: Clock> LeasedLimiter<C> {
                 // (`probe`); never during a backoff, nor while the key's
                 // fetch is in flight.
                 if self.is_backing_off() || !probe::probes(self.max_lease) {
-                    return Ok(kept);
+                    return kept;
                 }
                 if self.ledger.owes(key) {
                     // A debt is paid by an exact call before leases resume.
-                    return Ok(self.exact(key, n));
+                    return self.exact(key, n);
                 }
-                Ok(match self.claim(key, n, Purpose::Miss) {
+                match self.claim(key, n, Purpose::Miss) {
                     Claim::Fetch(fetch) => {
                         if let Turn::Skip { .. } = self.turn() {
                             self.release_fetch(key);
@@ -612,10 +689,10 @@ impl<C: Clock> LeasedLimiter<C> {
                     }
                     Claim::Spent(decision) => Step::Done(decision),
                     Claim::Busy | Claim::Claimed | Claim::Unlinked => kept,
-                })
+                }
             }
             KeyedDecision::Denied { .. } | KeyedDecision::KeyLimit { .. } => {
-                Ok(match self.claim(key, n, Purpose::Miss) {
+                match self.claim(key, n, Purpose::Miss) {
                     Claim::Spent(decision) => Step::Done(decision),
                     // Another request (or the refresher) is fetching this
                     // key's lease: wait for it, with no call of this
@@ -633,7 +710,7 @@ impl<C: Clock> LeasedLimiter<C> {
                     // Not held here (the key bound is reached): as exact
                     // mode.
                     Claim::Claimed | Claim::Unlinked => self.exact_or_fallback(key, n),
-                })
+                }
             }
         }
     }
