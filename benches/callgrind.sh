@@ -71,7 +71,7 @@ echo "binary: $bin (copied); built in $(($(date +%s) - start)) s" >&2
 
 # --- Modes -------------------------------------------------------------------
 # N per mode as BENCHMARKS.md counts them: 1,000,000 for the direct, algorithm,
-# keyed-hot and clock modes, 200,000 for keyed-1m and keyed-new, 10,000
+# keyed-hot, leased-hot and clock modes, 200,000 for keyed-1m and keyed-new, 10,000
 # requests for layer (toggled on `requests_measured`).
 M=1000000
 modes=()
@@ -90,6 +90,9 @@ for path in allow deny; do
 done
 for who in turnstile turnstile-tiered turnstile-admitted turnstile-admitted-coarse floor-admitted-coarse; do
     modes+=("keyed-hot $who $M")
+done
+for who in keyed held held-refresher; do
+    modes+=("leased-hot $who $M")
 done
 for who in turnstile turnstile-tiered governor governor-ahash floor; do
     modes+=("keyed-1m $who 200000")

@@ -21,6 +21,8 @@
 //! | `turnstile_redis_refunds_total` | counter | `limiter`, `outcome` = `refunded`, `declined` (feature `redis`) |
 //! | `turnstile_redis_degraded` | gauge | `limiter`: 1 while Redis is failing, else 0 (feature `redis`) |
 //! | `turnstile_redis_degraded_periods_total` | counter | `limiter` (feature `redis`) |
+//! | `turnstile_redis_fetch_waits_total` | counter | `limiter`: leased requests that waited for their key's fetch in flight instead of a call (feature `redis`) |
+//! | `turnstile_redis_probes_total` | counter | `limiter`: leased requests a kept denial would have answered that asked Redis instead (feature `redis`) |
 //!
 //! Direct limiters and keyed limiters publish decisions; gates and layers
 //! publish the responses they sent, and the keys and evictions of their
@@ -111,6 +113,13 @@ fn redis_failures(limiter: &str, failures: u64, fallbacks: u64) {
 }
 
 #[cfg(feature = "redis")]
+fn redis_leased(limiter: &str, fetch_waits: u64, probes: u64) {
+    counter!("turnstile_redis_fetch_waits_total", "limiter" => limiter.to_owned())
+        .absolute(fetch_waits);
+    counter!("turnstile_redis_probes_total", "limiter" => limiter.to_owned()).absolute(probes);
+}
+
+#[cfg(feature = "redis")]
 fn redis_degraded(limiter: &str, degraded: bool, periods: u64) {
     let value = if degraded { 1.0 } else { 0.0 };
     gauge!("turnstile_redis_degraded", "limiter" => limiter.to_owned()).set(value);
@@ -178,6 +187,14 @@ pub fn describe() {
         metrics::describe_counter!(
             "turnstile_redis_degraded_periods_total",
             "Degraded periods of a Redis-backed limiter: each from a failed call until one succeeds."
+        );
+        metrics::describe_counter!(
+            "turnstile_redis_fetch_waits_total",
+            "Leased requests that found their key dry while its lease was fetched, and waited for that fetch instead of a call."
+        );
+        metrics::describe_counter!(
+            "turnstile_redis_probes_total",
+            "Leased requests a kept denial would have answered that asked Redis instead (one in every largest lease)."
         );
     }
 }
@@ -275,14 +292,17 @@ impl crate::redis::GuardedStats {
 impl crate::redis::LeasedStats {
     /// Write the counts as `turnstile_redis_calls_total{limiter,call}` (call
     /// `lease`, `give_back`, `exact`), `turnstile_redis_failures_total`,
-    /// `turnstile_redis_fallbacks_total` and
-    /// `turnstile_redis_degraded_periods_total`, and the gauge
-    /// `turnstile_redis_degraded{limiter}` (1 while degraded, else 0).
+    /// `turnstile_redis_fallbacks_total`,
+    /// `turnstile_redis_degraded_periods_total`,
+    /// `turnstile_redis_fetch_waits_total` and `turnstile_redis_probes_total`,
+    /// and the gauge `turnstile_redis_degraded{limiter}` (1 while degraded,
+    /// else 0).
     pub fn publish(&self, limiter: &str) {
         redis_calls(limiter, "lease", self.lease_calls);
         redis_calls(limiter, "give_back", self.give_back_calls);
         redis_calls(limiter, "exact", self.exact_calls);
         redis_failures(limiter, self.failures, self.fallbacks);
+        redis_leased(limiter, self.fetch_waits, self.probes);
         redis_degraded(limiter, self.degraded, self.degraded_periods);
     }
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use redis::ConnectionLike;
 use redis_server::{Paused, Server, spawn_on};
 use turnstile::redis::{
-    BlockingConnection, Deadlines, LeasedBuilder, LeasedLimiter, MAX_LEASE, OnFailure,
+    BlockingConnection, Deadlines, LeasedBuilder, LeasedLimiter, LeasedStats, MAX_LEASE, OnFailure,
     RedisAlgorithm, RedisConfigError, RedisLimiter,
 };
 use turnstile::{
@@ -761,6 +761,43 @@ fn a_lease_of_l_tokens_costs_one_call_per_l_decisions() {
             stats.exact_calls
         ),
         r#"turnstile_redis_failures_total{limiter="leased"} 0"#.to_owned(),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in:\n{text}"
+        );
+    }
+}
+
+/// Every count of `LeasedStats` is published under its own series, the
+/// waits for a fetch in flight and the probes of a dry key included: each
+/// field a different value, each found on its own line.
+#[test]
+fn every_leased_count_is_published_under_its_series() {
+    let mut stats = LeasedStats::default();
+    stats.lease_calls = 11;
+    stats.give_back_calls = 12;
+    stats.exact_calls = 13;
+    stats.failures = 14;
+    stats.fallbacks = 15;
+    stats.degraded = true;
+    stats.degraded_periods = 16;
+    stats.fetch_waits = 17;
+    stats.probes = 18;
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || stats.publish("leased_counts"));
+    let text = handle.render();
+    for line in [
+        r#"turnstile_redis_calls_total{limiter="leased_counts",call="lease"} 11"#,
+        r#"turnstile_redis_calls_total{limiter="leased_counts",call="give_back"} 12"#,
+        r#"turnstile_redis_calls_total{limiter="leased_counts",call="exact"} 13"#,
+        r#"turnstile_redis_failures_total{limiter="leased_counts"} 14"#,
+        r#"turnstile_redis_fallbacks_total{limiter="leased_counts"} 15"#,
+        r#"turnstile_redis_degraded{limiter="leased_counts"} 1"#,
+        r#"turnstile_redis_degraded_periods_total{limiter="leased_counts"} 16"#,
+        r#"turnstile_redis_fetch_waits_total{limiter="leased_counts"} 17"#,
+        r#"turnstile_redis_probes_total{limiter="leased_counts"} 18"#,
     ] {
         assert!(
             text.lines().any(|l| l == line),
