@@ -478,8 +478,8 @@ impl Loader<'_> {
         };
         if unlimited {
             for field in ["unit", "requests_per_unit", "algorithm", "burst"] {
-                if fields.contains_key(field) {
-                    return Err((node.line, format!("an unlimited limit takes no `{field}`")));
+                if let Some(given) = fields.get(field) {
+                    return Err((given.line, format!("an unlimited limit takes no `{field}`")));
                 }
             }
             return Ok(rule(0, None, None));
@@ -511,8 +511,19 @@ impl Loader<'_> {
             ),
             None => None,
         };
-        if burst == Some(0) {
-            return Err((node.line, "`burst` must be at least 1".to_string()));
+        if let Some(given) = fields.get("burst") {
+            if burst == Some(0) {
+                return Err((given.line, "`burst` must be at least 1".to_string()));
+            }
+            if matches!(
+                algorithm,
+                AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindow
+            ) {
+                return Err((
+                    given.line,
+                    "`burst` applies to `token_bucket` and `gcra`; a window's burst is its `requests_per_unit`".to_string(),
+                ));
+            }
         }
         if requests_per_unit == 0 {
             // envoyproxy/ratelimit's way to deny everything: no state needed.
