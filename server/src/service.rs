@@ -336,11 +336,14 @@ impl RateLimitService {
                     }
                 }
             };
-            if self.headers {
-                if let Some(policy) = rule.state.as_ref().and_then(|s| s.policy()) {
-                    policies.push(policy.policy_value());
-                    values.extend(policy.value(&outcome));
-                }
+            if let Some(policy) = rule
+                .state
+                .as_ref()
+                .and_then(|s| s.policy())
+                .filter(|_| self.headers)
+            {
+                policies.push(policy.policy_value());
+                values.extend(policy.value(&outcome));
             }
             response.statuses.push(status);
         }

@@ -1,6 +1,8 @@
 //! Configuration errors name the file and line and what is wrong; the
 //! binary exits non-zero with that message.
 
+#![allow(missing_docs)]
+
 use turnstile_server::backend::InProcess;
 use turnstile_server::config::{Config, ConfigError};
 

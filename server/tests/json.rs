@@ -1,6 +1,8 @@
 //! `POST /json`: envoyproxy/ratelimit's JSON request and response, 200 or
 //! 429; `GET /healthz`.
 
+#![allow(missing_docs)]
+
 mod common;
 
 use common::{Options, start};

@@ -2,6 +2,8 @@
 //! protobuf types: every configuration feature, the request's bounds, and
 //! the rate-limiter pattern's token-bucket trace on a manual clock.
 
+#![allow(missing_docs)]
+
 mod common;
 
 use std::fmt::Write as _;
