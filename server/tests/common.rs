@@ -1,7 +1,12 @@
 //! A service started in process on 127.0.0.1:0, and a client built from the
 //! same protobuf types.
 
-#![allow(dead_code, unreachable_pub, missing_docs, missing_debug_implementations)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    missing_docs,
+    missing_debug_implementations
+)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;
