@@ -399,14 +399,6 @@ impl WarmUp {
         }
     }
 
-    /// [`periods_for`](Self::periods_for) out of line: a denial's wait while
-    /// warming, kept off the path of the decisions on a warm bucket.
-    #[cold]
-    #[inline(never)]
-    fn periods_warming(&self, heat: u64, m: u64) -> u64 {
-        self.periods_for(heat, m)
-    }
-
     /// The fewest periods `j >= 1` after which a bucket warming from heat
     /// `heat` has refilled `m >= 1` batches: `⌊B(heat + j)⌋ - ⌊B(heat)⌋ >= m`.
     ///
@@ -418,7 +410,10 @@ impl WarmUp {
     /// later than `f` does, and one division gives an upper bound that is
     /// usually the answer or one past it. (The exact inverse would need a
     /// square root.)
-    #[inline]
+    ///
+    /// Out of line: a denial's wait while warming, kept off the registers of
+    /// the decisions on a warm bucket.
+    #[inline(never)]
     fn periods_for(&self, heat: u64, m: u64) -> u64 {
         if !self.narrow || heat >= self.periods {
             return self.periods_search(heat, m);
@@ -588,7 +583,8 @@ impl WarmUp {
             // Warm: one batch a period, as the token bucket.
             missing
         } else {
-            self.periods_warming(heat, missing)
+            // Warming: the ramp inverted, out of line.
+            self.periods_for(heat, missing)
         };
         let refill = periods.saturating_mul(self.period.get()).min(self.half);
         let now = self.layout.time_of(now_ns);
