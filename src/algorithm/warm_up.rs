@@ -410,12 +410,20 @@ impl WarmUp {
     /// later than `f` does, and one division gives an upper bound that is
     /// usually the answer or one past it. (The exact inverse would need a
     /// square root.)
-    ///
-    /// Out of line: a denial's wait while warming, kept off the registers of
-    /// the decisions on a warm bucket.
     #[inline(never)]
     fn periods_for(&self, heat: u64, m: u64) -> u64 {
-        if !self.narrow || heat >= self.periods {
+        if heat >= self.periods {
+            return self.periods_search(heat, m);
+        }
+        self.periods_warming(heat, m)
+    }
+
+    /// [`periods_for`](Self::periods_for) below the top (`heat < N`), as a
+    /// denial on a warming bucket needs it. Out of line, so that it keeps
+    /// the registers of the decisions on a warm bucket free.
+    #[inline(never)]
+    fn periods_warming(&self, heat: u64, m: u64) -> u64 {
+        if !self.narrow {
             return self.periods_search(heat, m);
         }
         // `f(heat) / den = ⌊B(heat)⌋ <= heat < 2^24` and `m < 2^33` (`n`
@@ -583,8 +591,8 @@ impl WarmUp {
             // Warm: one batch a period, as the token bucket.
             missing
         } else {
-            // Warming: the ramp inverted, out of line.
-            self.periods_for(heat, missing)
+            // Warming: the ramp inverted.
+            self.periods_warming(heat, missing)
         };
         let refill = periods.saturating_mul(self.period.get()).min(self.half);
         let now = self.layout.time_of(now_ns);
