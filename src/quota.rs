@@ -201,6 +201,26 @@ impl Quota {
         Quota::per_interval(rate, 3_600 * MICROS_PER_SECOND)
     }
 
+    /// `rate` tokens per day, with a burst of `rate`; refill chosen as
+    /// [`Quota::per_second`] does.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::Quota;
+    ///
+    /// // 86,400 a day: one token a second.
+    /// let quota = Quota::per_day(86_400)?;
+    /// assert_eq!((quota.capacity(), quota.amount(), quota.period()), (86_400, 1, Duration::from_secs(1)));
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::ZeroRate`] for 0.
+    pub fn per_day(rate: u32) -> Result<Quota, QuotaError> {
+        Quota::per_interval(rate, 86_400 * MICROS_PER_SECOND)
+    }
+
     /// One token every `period`, with a burst of 1 (pacing); widen the burst with
     /// [`Quota::burst`].
     ///

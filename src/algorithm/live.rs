@@ -126,7 +126,7 @@ const MICROSECOND_CEILING: u32 = 65_535;
 /// proves the word unchanged, and with it the slot. A denial, which writes
 /// nothing, is decided again on the slot's parameters read whole under its
 /// sequence number. No locked instruction. Callgrind counts 55 instructions
-/// per admission against the bucket's 54, and 131 per denial against 68; on
+/// per admission against the bucket's 54, and 129 per denial against 68; on
 /// the coarse clock an admission takes 0.995× a plain bucket's time and a
 /// denial 1.99× (about 3 ns more), medians of twelve criterion runs:
 /// BENCHMARKS.md, "Live reconfiguration".

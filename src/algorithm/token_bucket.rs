@@ -417,11 +417,15 @@ fn deny<P: Params>(
     n: u64,
 ) -> (Decision, Option<u64>) {
     let missing = n - available;
-    let periods = if p.amount().get() == 1 {
+    // Read once: a live bucket's view loads the field at each reading, and
+    // two loads could differ, so the compiler could not fold
+    // `(1 + amount - 1) / amount` to 1 for a request of one.
+    let amount = p.amount();
+    let periods = if amount.get() == 1 {
         missing
     } else {
         // `missing` and `amount` are below 2^32: no overflow.
-        (missing + p.amount().get() - 1) / p.amount()
+        (missing + amount.get() - 1) / amount
     };
     // With `n <= capacity` this is at most the fill time, at most half the
     // span; saturating keeps larger `n` from wrapping.

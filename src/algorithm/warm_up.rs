@@ -2,6 +2,7 @@
 //! to the stable rate, as a pure function on one word.
 
 use core::fmt;
+use core::num::NonZeroU64;
 use core::time::Duration;
 
 use crate::algorithm::Algorithm;
@@ -15,6 +16,9 @@ const COLD_SCALE: u64 = 1_000;
 /// The largest cold factor: a cold bucket refills at no less than a
 /// thousandth of the stable rate.
 const MAX_COLD_FACTOR: f64 = 1_000.0;
+/// The widest bracket [`WarmUp::periods_for`] bisects without first cutting
+/// it with a tangent: two steps at most.
+const TANGENT_SPAN: u64 = 3;
 /// The narrowest time field a warm-up word keeps: half its span is at least
 /// `2^39` time units (6.4 days at 1 µs).
 const MIN_TIME_BITS: u32 = 40;
@@ -147,20 +151,30 @@ pub struct WarmUp {
     heat_shift: u32,
     /// The heat field's bits, shifted down.
     heat_mask: u64,
+    /// The heat field's bits in place.
+    heat_bits: u64,
+    /// `N` in place in the heat field: a word whose heat bits compare at
+    /// least this high is warm, read without shifting.
+    warm_bits: u64,
     /// Whether `ramp_numerator(N)` and `⌊B(N)⌋·den` fit in 64 bits, so that
     /// the ramp is computed in machine words.
     narrow: bool,
     capacity: u64,
-    amount: u64,
+    amount: NonZeroU64,
     /// In time units, at least 1.
-    period: u64,
+    period: NonZeroU64,
     half: u64,
     /// `half - period`, as in the token bucket.
     refill_window: u64,
     /// `⌊B(N)⌋`.
     ramp: u64,
-    /// `2·c·N`, `c` in thousandths: the denominator of `B`.
-    den: u64,
+    /// `2·c·N`, `c` in thousandths: the denominator of `B` (1 when
+    /// `N = 0`, where no ramp is read).
+    den: NonZeroU64,
+    /// `c - s` (`s` = 1,000): the ramp numerator's `j²` coefficient.
+    quad: u64,
+    /// `2·s·N`: the ramp numerator's `j` coefficient.
+    lin: u64,
     /// `⌈c⌉`.
     cold_ceil: u64,
     /// Periods to fill an empty cold bucket.
@@ -290,18 +304,22 @@ impl WarmUp {
             layout,
             heat_shift: time_bits,
             heat_mask: (1 << bits(periods)) - 1,
+            heat_bits: ((1 << bits(periods)) - 1) << time_bits,
+            warm_bits: periods << time_bits,
             // `2·N²·(c + s) < 2^64` bounds both; `N < 2^24` and `c <= 2^20`
             // keep the product itself below 2^70.
             narrow: 2 * u128::from(periods) * u128::from(periods) * u128::from(cold + COLD_SCALE)
                 <= u128::from(u64::MAX),
             capacity: u64::from(quota.capacity()),
-            amount: u64::from(quota.amount()),
-            period: period.max(1),
+            amount: NonZeroU64::new(u64::from(quota.amount())).unwrap_or(NonZeroU64::MIN),
+            period: NonZeroU64::new(period).unwrap_or(NonZeroU64::MIN),
             half: layout.half_range(),
             refill_window: layout.half_range() - period.max(1),
             ramp: 0,
             // Below 2^1 * 2^20 * 2^24.
-            den: 2 * cold * periods,
+            den: NonZeroU64::new(2 * cold * periods).unwrap_or(NonZeroU64::MIN),
+            quad: cold - COLD_SCALE,
+            lin: 2 * COLD_SCALE * periods,
             cold_ceil: cold.div_ceil(COLD_SCALE),
             cold_fill: 0,
             refunds: time_bits >= REFUND_TIME_BITS,
@@ -310,8 +328,8 @@ impl WarmUp {
             return Ok(w);
         }
         w.ramp = w.ramp_batches(periods);
-        w.cold_fill = w.periods_for(0, w.capacity.div_ceil(w.amount));
-        let idle = (w.cold_fill + periods).saturating_mul(w.period);
+        w.cold_fill = w.periods_for(0, w.capacity.div_ceil(w.amount.get()));
+        let idle = (w.cold_fill + periods).saturating_mul(w.period.get());
         if idle > w.half {
             return Err(WarmUpError::ColdFillTooLong {
                 idle: Duration::from_micros(idle.saturating_mul(unit_micros)),
@@ -344,13 +362,19 @@ impl WarmUp {
     fn ramp_numerator(&self, j: u64) -> u128 {
         if self.narrow {
             // `j <= N`: within the bound the constructor checked.
-            return u128::from(
-                2 * COLD_SCALE * self.periods * j + (self.cold - COLD_SCALE) * j * j,
-            );
+            return u128::from(self.ramp_narrow(j));
         }
         let (n, j) = (u128::from(self.periods), u128::from(j));
         let s = u128::from(COLD_SCALE);
         2 * s * n * j + u128::from(self.cold - COLD_SCALE) * j * j
+    }
+
+    /// [`ramp_numerator`](Self::ramp_numerator) in machine words, for a
+    /// narrow ramp (`self.narrow`) and `j <= N`: `(c - s)·j² + 2·s·N·j`, at
+    /// most `ramp_numerator(N)`, which the constructor checked fits.
+    #[inline(always)]
+    const fn ramp_narrow(&self, j: u64) -> u64 {
+        (self.quad * j + self.lin) * j
     }
 
     /// `⌊B(j)⌋` for `j <= N` (`N >= 1`): at most `j`.
@@ -361,7 +385,7 @@ impl WarmUp {
         // does for every warm-up below 2^16 periods at a cold factor below 16.
         match u64::try_from(num) {
             Ok(num) => num / self.den,
-            Err(_) => (num / u128::from(self.den)) as u64,
+            Err(_) => (num / u128::from(self.den.get())) as u64,
         }
     }
 
@@ -375,18 +399,75 @@ impl WarmUp {
         }
     }
 
-    /// [`periods_for`](Self::periods_for) out of line: a denial's wait while
-    /// warming, kept off the path of the decisions on a warm bucket.
-    #[cold]
+    /// The fewest periods `j >= 1` after which a bucket warming from heat
+    /// `heat` has refilled `m >= 1` batches: `⌊B(heat + j)⌋ - ⌊B(heat)⌋ >= m`.
+    ///
+    /// On a narrow ramp below the top, in machine words: the answer is
+    /// bracketed by `[heat + m, heat + m·⌈c⌉]` (the rate is between `1/c`
+    /// and 1 batch a period), which a bisection narrows. A wide bracket is
+    /// first cut by a tangent: the ramp numerator `f(x) = (c - s)·x² +
+    /// 2·s·N·x` is convex, so its tangent at `heat + m` reaches the goal no
+    /// later than `f` does, and one division gives an upper bound that is
+    /// usually the answer or one past it. (The exact inverse would need a
+    /// square root.)
     #[inline(never)]
-    fn periods_warming(&self, heat: u64, m: u64) -> u64 {
-        self.periods_for(heat, m)
+    fn periods_for(&self, heat: u64, m: u64) -> u64 {
+        if heat >= self.periods {
+            return self.periods_search(heat, m);
+        }
+        self.periods_warming(heat, m)
     }
 
-    /// The fewest periods `j >= 1` after which a bucket warming from heat
-    /// `heat` has refilled `m` batches: `⌊B(heat + j)⌋ - ⌊B(heat)⌋ >= m`.
-    #[inline]
-    fn periods_for(&self, heat: u64, m: u64) -> u64 {
+    /// [`periods_for`](Self::periods_for) below the top (`heat < N`), as a
+    /// denial on a warming bucket needs it. Out of line, so that it keeps
+    /// the registers of the decisions on a warm bucket free.
+    #[inline(never)]
+    fn periods_warming(&self, heat: u64, m: u64) -> u64 {
+        if !self.narrow {
+            return self.periods_search(heat, m);
+        }
+        // `f(heat) / den = ⌊B(heat)⌋ <= heat < 2^24` and `m < 2^33` (`n`
+        // is a `u32`): no overflow.
+        let target = self.ramp_narrow(heat) / self.den + m;
+        if target > self.ramp {
+            // Past the ramp, one batch a period.
+            return self.periods + (target - self.ramp) - heat;
+        }
+        // `target <= ⌊B(N)⌋`: the goal is at most `f(N)`, and `⌊B⌋` rises by
+        // at most one a period, so the answer `x` is in `[heat + m, N]`.
+        let goal = target * self.den.get();
+        let lo = heat + m;
+        let at = self.ramp_narrow(lo);
+        if at >= goal {
+            return m;
+        }
+        // `m·(⌈c⌉ - 1) < 2^33 · 2^10`: no overflow.
+        let span = m * (self.cold_ceil - 1);
+        let mut hi = (lo + span).min(self.periods);
+        if span > TANGENT_SPAN {
+            // The tangent at `lo`, `f(lo) + f'(lo)·(x - lo)`, lies below `f`
+            // (convex), so where it reaches the goal `f` has: `f(x) >= goal`.
+            // `f'(lo) >= 2·s·N > 0`; both within `f(N)`'s bound.
+            let slope = 2 * self.quad * lo + self.lin;
+            hi = hi.min(lo + (goal - at).div_ceil(slope));
+        }
+        let mut lo = lo + 1;
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.ramp_narrow(mid) >= goal {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo - heat
+    }
+
+    /// [`periods_for`](Self::periods_for) by bisection over the whole
+    /// bracket, in `u128` where the ramp needs it: for a wide ramp, and past
+    /// the top. Out of line, so that the narrow path saves few registers.
+    #[inline(never)]
+    fn periods_search(&self, heat: u64, m: u64) -> u64 {
         let target = self.batches(heat).saturating_add(m);
         if heat < self.periods && target <= self.ramp {
             // Within the ramp: the smallest `x` in `(heat, N]` with
@@ -395,7 +476,7 @@ impl WarmUp {
             // one every `⌈c⌉` periods (the rate is at least `1/c`): `x` is
             // within `[heat + m, heat + m·⌈c⌉]`.
             // `target <= ⌊B(N)⌋`: the goal is at most `ramp_numerator(N)`.
-            let goal = u128::from(target) * u128::from(self.den);
+            let goal = u128::from(target) * u128::from(self.den.get());
             let (mut lo, mut hi) = (
                 heat + m,
                 self.periods
@@ -435,7 +516,7 @@ impl WarmUp {
         let tokens = self.layout.tokens(word);
         let last = self.layout.time(word);
         let elapsed = self.layout.wrap(now.wrapping_sub(last));
-        if tokens < self.capacity && elapsed.wrapping_sub(self.period) >= self.refill_window {
+        if tokens < self.capacity && elapsed.wrapping_sub(self.period.get()) >= self.refill_window {
             // Not a whole period yet, or a reading behind the stored time.
             // (First: the path of every admission within a period, which
             // reads no heat.)
@@ -460,7 +541,7 @@ impl WarmUp {
             };
         }
         let periods = elapsed / self.period;
-        let need = (self.capacity - tokens).div_ceil(self.amount);
+        let need = (self.capacity - tokens).div_ceil(self.amount.get());
         let batches = self.batches(heat + periods) - self.batches(heat);
         if batches >= need {
             // Full after `j` periods, at heat `heat + j` (at most N); it
@@ -474,35 +555,46 @@ impl WarmUp {
             };
         }
         Level::Refilled {
-            tokens: tokens + batches * self.amount,
+            tokens: tokens + batches * self.amount.get(),
             heat: (heat + periods).min(self.periods.max(heat)),
-            base: last.wrapping_add(periods * self.period),
+            base: last.wrapping_add(periods * self.period.get()),
         }
     }
 
-    /// A denial: `available < n` tokens at heat `heat`, refilled at `base`.
+    /// Whether the heat field of `word` is at the top (`N`): compared in
+    /// place, without shifting it down.
+    #[inline(always)]
+    const fn is_warm(&self, word: u64) -> bool {
+        word & self.heat_bits >= self.warm_bits
+    }
+
+    /// A denial: `available < n` tokens, refilled at `base`, at heat `heat`
+    /// (read only when `warm` is false).
     #[inline(always)]
     fn deny(
         &self,
         available: u64,
+        warm: bool,
         heat: u64,
         base: u64,
         now_ns: u64,
         n: u64,
     ) -> (Decision, Option<u64>) {
-        let missing = n.saturating_sub(available);
-        let missing = if self.amount == 1 {
+        // `available < n`, both below 2^32: no overflow, `missing >= 1`.
+        let missing = n - available;
+        let missing = if self.amount.get() == 1 {
             missing
         } else {
-            missing.div_ceil(self.amount)
+            (missing + self.amount.get() - 1) / self.amount
         };
-        let periods = if heat >= self.periods {
+        let periods = if warm {
             // Warm: one batch a period, as the token bucket.
             missing
         } else {
+            // Warming: the ramp inverted.
             self.periods_warming(heat, missing)
         };
-        let refill = periods.saturating_mul(self.period).min(self.half);
+        let refill = periods.saturating_mul(self.period.get()).min(self.half);
         let now = self.layout.time_of(now_ns);
         let ahead = self
             .layout
@@ -554,16 +646,15 @@ impl Algorithm for WarmUp {
 
     #[inline(always)]
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
-        if self.periods == 0 {
-            return self.bucket.decide(word, now, n);
-        }
+        // No dispatch to the token bucket for `N = 0`: with no heat bits
+        // every word is warm and the steps below are the token bucket's.
         let t = self.layout.time_of(now);
         let n = u64::from(n);
         // `remaining <= capacity <= u32::MAX` in both arms.
         match self.level(word, t) {
             Level::AsStored { tokens, last } => {
                 if tokens < n {
-                    return self.deny(tokens, self.heat(word), last, now, n);
+                    return self.deny(tokens, self.is_warm(word), self.heat(word), last, now, n);
                 }
                 let remaining = (tokens - n) as u32;
                 (
@@ -573,7 +664,7 @@ impl Algorithm for WarmUp {
             }
             Level::Refilled { tokens, heat, base } => {
                 if tokens < n {
-                    return self.deny(tokens, heat, base, now, n);
+                    return self.deny(tokens, heat >= self.periods, heat, base, now, n);
                 }
                 let remaining = (tokens - n) as u32;
                 (
@@ -634,7 +725,7 @@ impl Algorithm for WarmUp {
         }
         // Filling from empty is slowest cold; a full bucket is at most N
         // degrees warm. Within half the span by the constructor.
-        let units = (self.cold_fill + self.periods) * self.period;
+        let units = (self.cold_fill + self.periods) * self.period.get();
         Duration::from_micros(units << self.layout.unit_shift)
     }
 
@@ -644,7 +735,7 @@ impl Algorithm for WarmUp {
         }
         // An emptied bucket has its capacity again after the cold fill at
         // most (a warmer one fills sooner).
-        let units = self.cold_fill * self.period;
+        let units = self.cold_fill * self.period.get();
         Some((
             self.bucket.capacity(),
             Duration::from_micros(units << self.layout.unit_shift),
@@ -707,6 +798,26 @@ mod tests {
                         let j = w.periods_for(heat, m);
                         assert!(w.batches(heat + j) - w.batches(heat) >= m);
                         assert!(w.batches(heat + j - 1) - w.batches(heat) < m);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_tangent_step_finds_what_the_bisection_finds() {
+        for cold in [1.0, 1.001, 1.5, 2.0, 3.0, 7.25, 64.0, 999.999, 1_000.0] {
+            for n in [1, 2, 3, 4, 7, 12, 100, 1_001] {
+                let w = warm(5, 1, 10, n, cold);
+                assert!(w.narrow);
+                let heats = (0..=n.min(40)).chain([n / 2, n.saturating_sub(1), n]);
+                for heat in heats {
+                    for m in (1..=30).chain([n / 3 + 1, n, 2 * n + 5]) {
+                        assert_eq!(
+                            w.periods_for(heat, m),
+                            w.periods_search(heat, m),
+                            "cold {cold}, N {n}, heat {heat}, m {m}"
+                        );
                     }
                 }
             }

@@ -1,0 +1,389 @@
+//! Where a limit's state lives: the [`Backend`] trait, and the in-process
+//! backend, one turnstile [`KeyedLimiter`] per configured limit.
+//!
+//! A backend turns each limit of the configuration ([`LimitSpec`]) into a
+//! [`LimitState`] when the configuration is loaded; a request then asks that
+//! state for a decision on one key (the descriptor's values). Backends that
+//! share a limit across replicas (turnstile's Redis modes) fit behind the
+//! same two traits.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use turnstile::{
+    Algorithm, Clock, FixedWindow, Gcra, KeyedBuilder, KeyedDecision, KeyedLimiter, Quota,
+    QuotaError, RateLimitPolicy, SlidingWindow, TokenBucket,
+};
+
+use crate::clock::ServiceClock;
+
+/// A limit's unit of time, as in envoyproxy/ratelimit's configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// One minute.
+    Minute,
+    /// One hour.
+    Hour,
+    /// One day.
+    Day,
+}
+
+impl Unit {
+    /// The unit's length.
+    pub const fn duration(self) -> Duration {
+        Duration::from_secs(match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+        })
+    }
+
+    /// Parse a unit as envoyproxy/ratelimit does (any case).
+    pub fn parse(text: &str) -> Option<Unit> {
+        match text.to_ascii_lowercase().as_str() {
+            "second" => Some(Unit::Second),
+            "minute" => Some(Unit::Minute),
+            "hour" => Some(Unit::Hour),
+            "day" => Some(Unit::Day),
+            _ => None,
+        }
+    }
+}
+
+/// The algorithm that enforces a limit (the configuration's `algorithm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum AlgorithmKind {
+    /// `requests_per_unit` per unit, counted in windows on the unit's
+    /// boundaries: envoyproxy/ratelimit's own behaviour, so the default.
+    #[default]
+    FixedWindow,
+    /// Two windows weighed together: at most about `requests_per_unit` in any
+    /// interval of one unit.
+    SlidingWindow,
+    /// A bucket of `burst` tokens (default `requests_per_unit`) refilled at
+    /// `requests_per_unit` per unit.
+    TokenBucket,
+    /// The generic cell rate algorithm: the token bucket's limits, decided
+    /// from one theoretical arrival time.
+    Gcra,
+}
+
+impl AlgorithmKind {
+    /// Parse the configuration's name for it.
+    pub fn parse(text: &str) -> Option<AlgorithmKind> {
+        match text {
+            "fixed_window" => Some(AlgorithmKind::FixedWindow),
+            "sliding_window" => Some(AlgorithmKind::SlidingWindow),
+            "token_bucket" => Some(AlgorithmKind::TokenBucket),
+            "gcra" => Some(AlgorithmKind::Gcra),
+            _ => None,
+        }
+    }
+}
+
+/// One limit of the configuration, as a backend needs it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LimitSpec {
+    /// The limit's full key, `domain.key_value.key…`, unique in a
+    /// configuration.
+    pub full_key: String,
+    /// `requests_per_unit`: at least 1 (a limit of 0 denies everything and
+    /// needs no state).
+    pub requests_per_unit: u32,
+    /// `unit`.
+    pub unit: Unit,
+    /// `algorithm`.
+    pub algorithm: AlgorithmKind,
+    /// `burst`, for the token bucket and GCRA.
+    pub burst: Option<u32>,
+}
+
+/// What a limit answers for one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted (or, for a check of 0 hits, a request of 1 would be):
+    /// `remaining` permits are left, and after `reset` with no further
+    /// requests the key would be back at its full allowance.
+    Admitted {
+        /// Permits left.
+        remaining: u32,
+        /// The time until the key's allowance is whole again.
+        reset: Duration,
+    },
+    /// Over the limit: nothing was spent. `retry_after` is the wait until
+    /// the same request would be admitted, or `None` when it never can be
+    /// (more hits than the limit's capacity).
+    Denied {
+        /// The wait until the request would be admitted.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// A limit's state, shared by every request that matches it.
+pub trait LimitState: Send + Sync + fmt::Debug {
+    /// Spend `hits` permits for `key`, all or nothing; `hits = 0` spends
+    /// nothing and answers whether a request of one permit would be admitted.
+    fn decide(&self, key: &str, hits: u32) -> Verdict;
+
+    /// The `RateLimit-Policy` this limit can promise, if any.
+    fn policy(&self) -> Option<&RateLimitPolicy>;
+}
+
+/// Makes the state of each configured limit.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// The state for `spec`, or what is wrong with it (a message for the
+    /// configuration's error, which adds the file and line).
+    fn limit(&self, spec: &LimitSpec) -> Result<Arc<dyn LimitState>, String>;
+}
+
+/// The in-process backend: each limit a turnstile [`KeyedLimiter`] keyed by
+/// the descriptor's values, with a bound on the keys it holds.
+///
+/// The bound is the keyed limiter's: a key is dropped only once its state is
+/// as good as fresh (a full bucket, a window that has passed), so a flood of
+/// distinct values can never make the service forget a key that is over its
+/// limit. A new value that arrives while the limit holds `max_keys` keys none
+/// of which can be dropped is answered `OVER_LIMIT` (it is not tracked, so it
+/// is not admitted), with `duration_until_reset` the time after which idle
+/// keys can be dropped.
+#[derive(Clone, Debug)]
+pub struct InProcess {
+    clock: ServiceClock,
+    max_keys: usize,
+}
+
+/// The default bound on keys per limit.
+pub const DEFAULT_MAX_KEYS_PER_LIMIT: usize = 100_000;
+
+impl InProcess {
+    /// Limits on `clock`, each holding at most `max_keys` keys (at least 1).
+    pub fn new(clock: ServiceClock, max_keys: usize) -> InProcess {
+        InProcess {
+            clock,
+            max_keys: max_keys.max(1),
+        }
+    }
+}
+
+impl Default for InProcess {
+    fn default() -> InProcess {
+        InProcess::new(ServiceClock::real(), DEFAULT_MAX_KEYS_PER_LIMIT)
+    }
+}
+
+/// The quota of a token bucket or GCRA: `rate` per `unit`, burst `burst`.
+fn bucket_quota(rate: u32, unit: Unit, burst: Option<u32>) -> Result<Quota, QuotaError> {
+    let quota = match unit {
+        Unit::Second => Quota::per_second(rate)?,
+        Unit::Minute => Quota::per_minute(rate)?,
+        Unit::Hour => Quota::per_hour(rate)?,
+        Unit::Day => Quota::per_day(rate)?,
+    };
+    match burst {
+        Some(burst) if burst != quota.capacity() => quota.burst(burst),
+        _ => Ok(quota),
+    }
+}
+
+impl Backend for InProcess {
+    fn limit(&self, spec: &LimitSpec) -> Result<Arc<dyn LimitState>, String> {
+        let rate = spec.requests_per_unit;
+        let unit = spec.unit.duration();
+        let name = policy_name(&spec.full_key);
+        let quota_error = |error: QuotaError| error.to_string();
+        match spec.algorithm {
+            AlgorithmKind::TokenBucket => {
+                let quota = bucket_quota(rate, spec.unit, spec.burst).map_err(quota_error)?;
+                let reset = Reset::Bucket {
+                    amount: u64::from(quota.amount()),
+                    period: duration_nanos(quota.period()),
+                };
+                self.keyed(TokenBucket::new(quota), reset, &name)
+            }
+            AlgorithmKind::Gcra => {
+                let quota = bucket_quota(rate, spec.unit, spec.burst).map_err(quota_error)?;
+                let gcra = Gcra::new(quota);
+                let reset = Reset::Gcra {
+                    interval: duration_nanos(gcra.emission_interval()),
+                };
+                self.keyed(gcra, reset, &name)
+            }
+            AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindow if spec.burst.is_some() => {
+                Err("`burst` applies to `token_bucket` and `gcra`; a window's burst is its `requests_per_unit`".to_string())
+            }
+            AlgorithmKind::FixedWindow => {
+                let window = FixedWindow::new(rate, unit).map_err(quota_error)?;
+                let reset = Reset::Fixed {
+                    window: duration_nanos(unit),
+                };
+                self.keyed(window, reset, &name)
+            }
+            AlgorithmKind::SlidingWindow => {
+                let window = SlidingWindow::new(rate, unit).map_err(quota_error)?;
+                let reset = Reset::Sliding {
+                    window: duration_nanos(unit),
+                };
+                self.keyed(window, reset, &name)
+            }
+        }
+    }
+}
+
+impl InProcess {
+    fn keyed<A>(
+        &self,
+        algorithm: A,
+        reset: Reset,
+        name: &str,
+    ) -> Result<Arc<dyn LimitState>, String>
+    where
+        A: Algorithm + turnstile::AdvertisedQuota + Send + Sync + fmt::Debug + 'static,
+    {
+        let policy = RateLimitPolicy::from_algorithm(name, &algorithm).ok();
+        let limiter = KeyedBuilder::new(algorithm)
+            .clock(self.clock.clone())
+            .max_keys(self.max_keys)
+            .build()
+            .map_err(|error| error.to_string())?;
+        Ok(Arc::new(Keyed {
+            limiter,
+            reset,
+            policy,
+        }))
+    }
+}
+
+/// A `RateLimit-Policy` name from a limit's full key: the characters a
+/// policy name may hold, others as `_`, at most 64.
+fn policy_name(full_key: &str) -> String {
+    let name: String = full_key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    if name.is_empty() {
+        "limit".to_string()
+    } else {
+        name
+    }
+}
+
+fn duration_nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// How long a key takes to be whole again, per algorithm (an upper bound).
+#[derive(Clone, Copy, Debug)]
+enum Reset {
+    /// `amount` tokens every `period` ns: the missing tokens' periods.
+    Bucket { amount: u64, period: u64 },
+    /// One permit every `interval` ns: the missing permits' intervals.
+    Gcra { interval: u64 },
+    /// The end of the current window.
+    Fixed { window: u64 },
+    /// The end of the next window, when the current one's count has weighed
+    /// out too.
+    Sliding { window: u64 },
+}
+
+impl Reset {
+    fn until_whole(self, missing: u64, now: u64) -> Duration {
+        if missing == 0 {
+            return Duration::ZERO;
+        }
+        let nanos = match self {
+            Reset::Bucket { amount, period } => {
+                missing.div_ceil(amount.max(1)).saturating_mul(period)
+            }
+            Reset::Gcra { interval } => missing.saturating_mul(interval),
+            Reset::Fixed { window } => window - now % window.max(1),
+            Reset::Sliding { window } => (window - now % window.max(1)).saturating_add(window),
+        };
+        Duration::from_nanos(nanos)
+    }
+}
+
+/// A limit in process.
+struct Keyed<A: Algorithm> {
+    limiter: KeyedLimiter<String, A, ServiceClock>,
+    reset: Reset,
+    policy: Option<RateLimitPolicy>,
+}
+
+impl<A: Algorithm> fmt::Debug for Keyed<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keyed")
+            .field("keys", &self.limiter.len())
+            .field("reset", &self.reset)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A> LimitState for Keyed<A>
+where
+    A: Algorithm + Send + Sync,
+{
+    fn decide(&self, key: &str, hits: u32) -> Verdict {
+        let capacity = self.limiter.algorithm().capacity();
+        let whole = |remaining: u32| {
+            let now = self.limiter.clock().now();
+            self.reset
+                .until_whole(u64::from(capacity.saturating_sub(remaining)), now)
+        };
+        if hits == 0 {
+            let remaining = self.limiter.remaining(key);
+            return if remaining == 0 {
+                Verdict::Denied {
+                    retry_after: Some(self.next_permit()),
+                }
+            } else {
+                Verdict::Admitted {
+                    remaining,
+                    reset: whole(remaining),
+                }
+            };
+        }
+        match self.limiter.try_acquire_n(key, hits) {
+            Ok(KeyedDecision::Allowed { remaining }) => Verdict::Admitted {
+                remaining,
+                reset: whole(remaining),
+            },
+            Ok(KeyedDecision::Denied { retry_after } | KeyedDecision::KeyLimit { retry_after }) => {
+                Verdict::Denied {
+                    retry_after: Some(retry_after.duration()),
+                }
+            }
+            // More hits than the capacity: never admitted.
+            Err(_) => Verdict::Denied { retry_after: None },
+        }
+    }
+
+    fn policy(&self) -> Option<&RateLimitPolicy> {
+        self.policy.as_ref()
+    }
+}
+
+impl<A: Algorithm> Keyed<A> {
+    /// An upper bound on the wait for one permit of a key that has none:
+    /// one refill period, one emission interval, or the window's end.
+    fn next_permit(&self) -> Duration {
+        let now = self.limiter.clock().now();
+        match self.reset {
+            Reset::Bucket { period, .. } => Duration::from_nanos(period),
+            Reset::Gcra { interval } => Duration::from_nanos(interval),
+            Reset::Fixed { window } | Reset::Sliding { window } => {
+                Duration::from_nanos(window - now % window.max(1))
+            }
+        }
+    }
+}

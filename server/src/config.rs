@@ -1,0 +1,545 @@
+//! envoyproxy/ratelimit's YAML configuration, extended with `algorithm` and
+//! `burst`, loaded into a [`Config`]: the domains' descriptor trees, each
+//! limit with its state from a [`Backend`].
+//!
+//! ```yaml
+//! domain: messaging
+//! descriptors:
+//!   - key: message_type
+//!     value: marketing
+//!     descriptors:
+//!       - key: to_number          # no value: a limit per distinct number
+//!         rate_limit:
+//!           unit: day
+//!           requests_per_unit: 5
+//!   - key: to_number
+//!     rate_limit:
+//!       unit: second
+//!       requests_per_unit: 10
+//!       algorithm: token_bucket   # the extension: fixed_window (default),
+//!       burst: 20                 # sliding_window, token_bucket, gcra
+//! ```
+//!
+//! A configuration error names the file and line and what to change.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry as MapEntry;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::backend::{AlgorithmKind, Backend, LimitSpec, LimitState, Unit};
+use crate::yaml::{self, Kind, Node};
+
+/// Why a configuration could not be loaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A file or directory could not be read.
+    Io {
+        /// The path.
+        path: String,
+        /// The operating system's message.
+        message: String,
+    },
+    /// A file's content is wrong at `line`.
+    At {
+        /// The file.
+        file: String,
+        /// The line, from 1.
+        line: usize,
+        /// What is wrong, and what to change.
+        message: String,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Io { path, message } => write!(f, "{path}: {message}"),
+            ConfigError::At {
+                file,
+                line,
+                message,
+            } => write!(f, "{file}:{line}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A configured limit: what the descriptor's `rate_limit` says, and its
+/// state.
+#[derive(Debug)]
+pub struct Rule {
+    /// `domain.key_value.key…`, as envoyproxy/ratelimit names it in its stats.
+    pub full_key: String,
+    /// `rate_limit.name`, the name `replaces` refers to.
+    pub name: Option<String>,
+    /// `requests_per_unit` (0 with `unlimited`).
+    pub requests_per_unit: u32,
+    /// `unit` (`None` with `unlimited`).
+    pub unit: Option<Unit>,
+    /// `unlimited: true`: always OK, never counted.
+    pub unlimited: bool,
+    /// `shadow_mode: true`: decided and counted, but answered OK.
+    pub shadow_mode: bool,
+    /// Names of the limits this one replaces in a request where both match.
+    pub replaces: Vec<String>,
+    /// `detailed_metric`: metrics per value (accepted; metrics are not served yet).
+    pub detailed_metric: bool,
+    /// The limit's state; `None` for `unlimited` and for a limit of 0.
+    pub state: Option<Arc<dyn LimitState>>,
+}
+
+/// One level of a descriptor tree.
+#[derive(Debug, Default)]
+struct Level {
+    /// `key` → `value` → node.
+    exact: HashMap<String, HashMap<String, Tree>>,
+    /// `key` without a value.
+    any: HashMap<String, Tree>,
+    /// `key` with a value ending in `*`: (key, prefix, node), in order.
+    wildcards: Vec<(String, String, Tree)>,
+}
+
+#[derive(Debug, Default)]
+struct Tree {
+    rule: Option<Arc<Rule>>,
+    children: Level,
+}
+
+/// A loaded configuration: every domain's descriptors and their limits.
+#[derive(Debug, Default)]
+pub struct Config {
+    domains: HashMap<String, Level>,
+}
+
+/// The largest `requests_per_unit` a limit may have.
+const MAX_REQUESTS_PER_UNIT: u64 = u32::MAX as u64;
+
+impl Config {
+    /// Load every `*.yaml` and `*.yml` file of `dir` (not its subdirectories,
+    /// nor files whose name starts with a dot), in name order.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`]: a file that cannot be read, a syntax error, an unknown
+    /// key, a missing or invalid field, a duplicate domain or descriptor.
+    pub fn load_dir(dir: &Path, backend: &dyn Backend) -> Result<Config, ConfigError> {
+        let io = |path: &Path, error: std::io::Error| ConfigError::Io {
+            path: path.display().to_string(),
+            message: error.to_string(),
+        };
+        let mut paths = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+            let path = entry.map_err(|e| io(dir, e))?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+            if yaml && !name.starts_with('.') && path.is_file() {
+                paths.push(path);
+            }
+        }
+        paths.sort();
+        let mut files = Vec::with_capacity(paths.len());
+        for path in paths {
+            let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
+            files.push((path.display().to_string(), text));
+        }
+        Config::from_files(&files, backend)
+    }
+
+    /// Load `(file name, content)` pairs.
+    ///
+    /// # Errors
+    ///
+    /// As [`load_dir`](Config::load_dir), without the file system's.
+    pub fn from_files(
+        files: &[(String, String)],
+        backend: &dyn Backend,
+    ) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        let mut first_seen: HashMap<String, (String, usize)> = HashMap::new();
+        for (file, text) in files {
+            let at = |line: usize, message: String| ConfigError::At {
+                file: file.clone(),
+                line,
+                message,
+            };
+            let root = yaml::parse(text).map_err(|e| at(e.line, e.message))?;
+            let fields = mapping(&root, &["domain", "descriptors"]).map_err(|(l, m)| at(l, m))?;
+            let domain = match fields.get("domain") {
+                Some(node) => scalar(node, "domain").map_err(|(l, m)| at(l, m))?,
+                None => return Err(at(root.line, "the file needs a `domain`".to_string())),
+            };
+            if domain.is_empty() {
+                return Err(at(root.line, "`domain` must not be empty".to_string()));
+            }
+            if let Some((other, line)) = first_seen.get(&domain) {
+                return Err(at(
+                    root.line,
+                    format!(
+                        "duplicate domain '{domain}' (first in {other}:{line}): give each file its own domain"
+                    ),
+                ));
+            }
+            first_seen.insert(domain.clone(), (file.clone(), root.line));
+            let mut level = Level::default();
+            if let Some(descriptors) = fields.get("descriptors") {
+                let loader = Loader { backend };
+                loader
+                    .level(&mut level, descriptors, &domain)
+                    .map_err(|(l, m)| at(l, m))?;
+            }
+            config.domains.insert(domain, level);
+        }
+        Ok(config)
+    }
+
+    /// The domains configured.
+    pub fn domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+
+    /// The limit for a descriptor's entries `(key, value)` in `domain`, as
+    /// envoyproxy/ratelimit matches it: each entry walks one level of the
+    /// tree, trying `key` with its `value` first, then a `value` ending in
+    /// `*` that prefixes it, then `key` alone; a limit applies only to a
+    /// descriptor with exactly as many entries as the limit is deep.
+    pub fn lookup<'a, I>(&self, domain: &str, entries: I) -> Option<&Arc<Rule>>
+    where
+        I: IntoIterator<Item = (&'a str, &'a str)>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let mut level = self.domains.get(domain)?;
+        let entries = entries.into_iter();
+        let last = entries.len().checked_sub(1)?;
+        let mut found = None;
+        for (i, (key, value)) in entries.enumerate() {
+            let tree = level
+                .exact
+                .get(key)
+                .and_then(|values| values.get(value))
+                .or_else(|| {
+                    level
+                        .wildcards
+                        .iter()
+                        .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
+                        .map(|(_, _, tree)| tree)
+                })
+                .or_else(|| level.any.get(key))?;
+            if i == last {
+                found = tree.rule.as_ref();
+            }
+            level = &tree.children;
+        }
+        found
+    }
+}
+
+/// Keys a descriptor may have.
+const DESCRIPTOR_KEYS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "descriptors",
+    "shadow_mode",
+    "detailed_metric",
+];
+/// Keys a `rate_limit` may have.
+const RATE_LIMIT_KEYS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "algorithm",
+    "burst",
+];
+
+type Located<T> = Result<T, (usize, String)>;
+
+/// A mapping's fields by name, every key checked against `allowed`.
+fn mapping<'a>(node: &'a Node, allowed: &[&str]) -> Located<HashMap<&'a str, &'a Node>> {
+    let Kind::Map(entries) = &node.kind else {
+        return Err((
+            node.line,
+            format!("expected a mapping, found {}", node.kind.describe()),
+        ));
+    };
+    let mut fields = HashMap::new();
+    for (key, value) in entries {
+        let Kind::Scalar(name) = &key.kind else {
+            return Err((key.line, "a key must be a string".to_string()));
+        };
+        if !allowed.contains(&name.as_str()) {
+            return Err((
+                key.line,
+                format!(
+                    "unknown key '{name}': expected one of {}",
+                    allowed.join(", ")
+                ),
+            ));
+        }
+        if fields.insert(name.as_str(), value).is_some() {
+            return Err((key.line, format!("'{name}' is given twice")));
+        }
+    }
+    Ok(fields)
+}
+
+fn scalar(node: &Node, what: &str) -> Located<String> {
+    match &node.kind {
+        Kind::Scalar(text) => Ok(text.clone()),
+        Kind::Null => Ok(String::new()),
+        other => Err((
+            node.line,
+            format!("`{what}` must be a string, found {}", other.describe()),
+        )),
+    }
+}
+
+fn boolean(node: &Node, what: &str) -> Located<bool> {
+    match &node.kind {
+        Kind::Scalar(text) if text == "true" => Ok(true),
+        Kind::Scalar(text) if text == "false" => Ok(false),
+        _ => Err((node.line, format!("`{what}` must be true or false"))),
+    }
+}
+
+fn number(node: &Node, what: &str, max: u64) -> Located<u64> {
+    match &node.kind {
+        Kind::Scalar(text) => match text.parse::<u64>() {
+            Ok(n) if n <= max => Ok(n),
+            _ => Err((
+                node.line,
+                format!("`{what}` must be a whole number from 0 to {max}, found '{text}'"),
+            )),
+        },
+        other => Err((
+            node.line,
+            format!("`{what}` must be a number, found {}", other.describe()),
+        )),
+    }
+}
+
+struct Loader<'b> {
+    backend: &'b dyn Backend,
+}
+
+impl Loader<'_> {
+    fn level(&self, level: &mut Level, node: &Node, parent: &str) -> Located<()> {
+        let items = match &node.kind {
+            Kind::Seq(items) => items.as_slice(),
+            Kind::Null => &[],
+            other => {
+                return Err((
+                    node.line,
+                    format!("`descriptors` must be a list, found {}", other.describe()),
+                ));
+            }
+        };
+        for item in items {
+            let fields = mapping(item, DESCRIPTOR_KEYS)?;
+            let key = match fields.get("key") {
+                Some(node) => scalar(node, "key")?,
+                None => String::new(),
+            };
+            if key.is_empty() {
+                return Err((item.line, "descriptor has an empty `key`".to_string()));
+            }
+            let value = match fields.get("value") {
+                Some(node) => scalar(node, "value")?,
+                None => String::new(),
+            };
+            let path = if value.is_empty() {
+                format!("{parent}.{key}")
+            } else {
+                format!("{parent}.{key}_{value}")
+            };
+            let shadow_mode = match fields.get("shadow_mode") {
+                Some(node) => boolean(node, "shadow_mode")?,
+                None => false,
+            };
+            let detailed_metric = match fields.get("detailed_metric") {
+                Some(node) => boolean(node, "detailed_metric")?,
+                None => false,
+            };
+            let mut tree = Tree::default();
+            if let Some(node) = fields.get("rate_limit") {
+                tree.rule = Some(Arc::new(self.rule(
+                    node,
+                    &path,
+                    shadow_mode,
+                    detailed_metric,
+                )?));
+            }
+            if let Some(children) = fields.get("descriptors") {
+                self.level(&mut tree.children, children, &path)?;
+            }
+            let duplicate = || {
+                (
+                    item.line,
+                    format!("duplicate descriptor '{path}': merge the two entries"),
+                )
+            };
+            if value.is_empty() {
+                match level.any.entry(key) {
+                    MapEntry::Occupied(_) => return Err(duplicate()),
+                    MapEntry::Vacant(slot) => {
+                        slot.insert(tree);
+                    }
+                }
+            } else if let Some(prefix) = value.strip_suffix('*') {
+                if level
+                    .wildcards
+                    .iter()
+                    .any(|(k, p, _)| *k == key && p == prefix)
+                {
+                    return Err(duplicate());
+                }
+                level.wildcards.push((key, prefix.to_string(), tree));
+            } else {
+                match level.exact.entry(key).or_default().entry(value) {
+                    MapEntry::Occupied(_) => return Err(duplicate()),
+                    MapEntry::Vacant(slot) => {
+                        slot.insert(tree);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn rule(
+        &self,
+        node: &Node,
+        path: &str,
+        shadow_mode: bool,
+        detailed_metric: bool,
+    ) -> Located<Rule> {
+        let fields = mapping(node, RATE_LIMIT_KEYS)?;
+        let unlimited = match fields.get("unlimited") {
+            Some(node) => boolean(node, "unlimited")?,
+            None => false,
+        };
+        let name = match fields.get("name") {
+            Some(node) => Some(scalar(node, "name")?).filter(|n| !n.is_empty()),
+            None => None,
+        };
+        let mut replaces = Vec::new();
+        if let Some(list) = fields.get("replaces") {
+            let Kind::Seq(items) = &list.kind else {
+                return Err((
+                    list.line,
+                    "`replaces` must be a list of `- name: …`".to_string(),
+                ));
+            };
+            for item in items {
+                let entry = mapping(item, &["name"])?;
+                let replaced = match entry.get("name") {
+                    Some(node) => scalar(node, "name")?,
+                    None => String::new(),
+                };
+                if replaced.is_empty() {
+                    return Err((item.line, "a `replaces` entry needs a `name`".to_string()));
+                }
+                if name.as_deref() == Some(replaced.as_str()) {
+                    return Err((
+                        item.line,
+                        format!("a limit cannot replace itself ('{replaced}')"),
+                    ));
+                }
+                replaces.push(replaced);
+            }
+        }
+        let unit = match fields.get("unit") {
+            Some(node) => {
+                let text = scalar(node, "unit")?;
+                Some(Unit::parse(&text).ok_or_else(|| {
+                    (
+                        node.line,
+                        format!("invalid unit '{text}': use second, minute, hour or day"),
+                    )
+                })?)
+            }
+            None => None,
+        };
+        let rule = |requests_per_unit, unit, state| Rule {
+            full_key: path.to_string(),
+            name: name.clone(),
+            requests_per_unit,
+            unit,
+            unlimited,
+            shadow_mode,
+            replaces: replaces.clone(),
+            detailed_metric,
+            state,
+        };
+        if unlimited {
+            for field in ["unit", "requests_per_unit", "algorithm", "burst"] {
+                if let Some(given) = fields.get(field) {
+                    return Err((given.line, format!("an unlimited limit takes no `{field}`")));
+                }
+            }
+            return Ok(rule(0, None, None));
+        }
+        let Some(unit) = unit else {
+            return Err((
+                node.line,
+                "`rate_limit` needs a `unit` (second, minute, hour or day) or `unlimited: true`"
+                    .to_string(),
+            ));
+        };
+        let requests_per_unit = match fields.get("requests_per_unit") {
+            Some(node) => u32::try_from(number(node, "requests_per_unit", MAX_REQUESTS_PER_UNIT)?)
+                .unwrap_or(u32::MAX),
+            None => 0,
+        };
+        let algorithm = match fields.get("algorithm") {
+            Some(node) => {
+                let text = scalar(node, "algorithm")?;
+                AlgorithmKind::parse(&text).ok_or_else(|| {
+                    (node.line, format!("unknown algorithm '{text}': use fixed_window, sliding_window, token_bucket or gcra"))
+                })?
+            }
+            None => AlgorithmKind::default(),
+        };
+        let burst = match fields.get("burst") {
+            Some(node) => Some(
+                u32::try_from(number(node, "burst", MAX_REQUESTS_PER_UNIT)?).unwrap_or(u32::MAX),
+            ),
+            None => None,
+        };
+        if let Some(given) = fields.get("burst") {
+            if burst == Some(0) {
+                return Err((given.line, "`burst` must be at least 1".to_string()));
+            }
+            if matches!(
+                algorithm,
+                AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindow
+            ) {
+                return Err((
+                    given.line,
+                    "`burst` applies to `token_bucket` and `gcra`; a window's burst is its `requests_per_unit`".to_string(),
+                ));
+            }
+        }
+        if requests_per_unit == 0 {
+            // envoyproxy/ratelimit's way to deny everything: no state needed.
+            return Ok(rule(0, Some(unit), None));
+        }
+        let spec = LimitSpec {
+            full_key: path.to_string(),
+            requests_per_unit,
+            unit,
+            algorithm,
+            burst,
+        };
+        let state = self
+            .backend
+            .limit(&spec)
+            .map_err(|message| (node.line, message))?;
+        Ok(rule(requests_per_unit, Some(unit), Some(state)))
+    }
+}

@@ -1,0 +1,214 @@
+//! The HTTP endpoints: `POST /json` (envoyproxy/ratelimit's JSON form of the
+//! request and response: proto3's JSON mapping, 200 when every descriptor is
+//! within its limit, 429 when one is over) and `GET /healthz`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, rate_limit::Unit as PbUnit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use serde::{Deserialize, Serialize};
+
+use crate::service::RateLimitService;
+
+/// The router of the HTTP endpoints, with bodies of at most `max_body` bytes.
+pub fn router(service: Arc<RateLimitService>, max_body: usize) -> Router {
+    Router::new()
+        .route("/json", post(json))
+        .route("/healthz", get(|| async { "OK\n" }))
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .with_state(service)
+}
+
+/// A `uint64` in proto3's JSON mapping: a number or a decimal string.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Uint64 {
+    Number(u64),
+    Text(String),
+}
+
+impl Uint64 {
+    fn value(&self) -> Result<u64, String> {
+        match self {
+            Uint64::Number(n) => Ok(*n),
+            Uint64::Text(text) => text
+                .parse()
+                .map_err(|_| format!("not a whole number: {text:?}")),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct JsonRequest {
+    #[serde(default)]
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(default, alias = "hits_addend", rename = "hitsAddend")]
+    hits_addend: Option<Uint64>,
+}
+
+#[derive(Deserialize)]
+struct JsonDescriptor {
+    #[serde(default)]
+    entries: Vec<JsonEntry>,
+    #[serde(default, alias = "hits_addend", rename = "hitsAddend")]
+    hits_addend: Option<Uint64>,
+    #[serde(default, alias = "is_negative_hits", rename = "isNegativeHits")]
+    is_negative_hits: bool,
+}
+
+#[derive(Deserialize)]
+struct JsonEntry {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonResponse {
+    overall_code: &'static str,
+    statuses: Vec<JsonStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    response_headers_to_add: Vec<JsonHeader>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonStatus {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<JsonLimit>,
+    #[serde(skip_serializing_if = "is_zero")]
+    limit_remaining: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_until_reset: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonLimit {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    name: String,
+    requests_per_unit: u32,
+    unit: &'static str,
+}
+
+#[derive(Serialize)]
+struct JsonHeader {
+    key: String,
+    value: String,
+}
+
+fn code_name(code: i32) -> &'static str {
+    Code::try_from(code).unwrap_or(Code::Unknown).as_str_name()
+}
+
+fn to_request(json: JsonRequest) -> Result<RateLimitRequest, String> {
+    let hits_addend = match &json.hits_addend {
+        Some(n) => u32::try_from(n.value()?).map_err(|_| "hitsAddend is a uint32".to_string())?,
+        None => 0,
+    };
+    let mut descriptors = Vec::with_capacity(json.descriptors.len());
+    for d in json.descriptors {
+        let hits_addend = match &d.hits_addend {
+            Some(n) => Some(UInt64Value { value: n.value()? }),
+            None => None,
+        };
+        descriptors.push(RateLimitDescriptor {
+            entries: d
+                .entries
+                .into_iter()
+                .map(|e| Entry {
+                    key: e.key,
+                    value: e.value,
+                })
+                .collect(),
+            hits_addend,
+            is_negative_hits: d.is_negative_hits,
+            ..RateLimitDescriptor::default()
+        });
+    }
+    Ok(RateLimitRequest {
+        domain: json.domain,
+        descriptors,
+        hits_addend,
+    })
+}
+
+fn to_json(response: &RateLimitResponse) -> JsonResponse {
+    JsonResponse {
+        overall_code: code_name(response.overall_code),
+        statuses: response
+            .statuses
+            .iter()
+            .map(|s| JsonStatus {
+                code: code_name(s.code),
+                current_limit: s.current_limit.as_ref().map(|l| JsonLimit {
+                    name: l.name.clone(),
+                    requests_per_unit: l.requests_per_unit,
+                    unit: PbUnit::try_from(l.unit)
+                        .unwrap_or(PbUnit::Unknown)
+                        .as_str_name(),
+                }),
+                limit_remaining: s.limit_remaining,
+                // proto3's JSON form of a Duration: seconds with up to nine
+                // fractional digits and an `s`.
+                duration_until_reset: s.duration_until_reset.as_ref().map(|d| {
+                    if d.nanos == 0 {
+                        format!("{}s", d.seconds)
+                    } else {
+                        format!("{}.{:09}s", d.seconds, d.nanos)
+                    }
+                }),
+            })
+            .collect(),
+        response_headers_to_add: response
+            .response_headers_to_add
+            .iter()
+            .map(|h| JsonHeader {
+                key: h.key.clone(),
+                value: h.value.clone(),
+            })
+            .collect(),
+    }
+}
+
+async fn json(State(service): State<Arc<RateLimitService>>, body: Bytes) -> Response {
+    let request = match serde_json::from_slice::<JsonRequest>(&body) {
+        Ok(json) => to_request(json),
+        Err(error) => Err(error.to_string()),
+    };
+    let request = match request {
+        Ok(request) => request,
+        Err(message) => return (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response(),
+    };
+    match service.should_rate_limit(&request) {
+        Ok(response) => {
+            let status = if response.overall_code == Code::OverLimit as i32 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (status, axum::Json(to_json(&response))).into_response()
+        }
+        Err(error) => (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response(),
+    }
+}

@@ -1,0 +1,174 @@
+//! `turnstile-server --config DIR`: Envoy's rate limit service on turnstile.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use turnstile_server::backend::{DEFAULT_MAX_KEYS_PER_LIMIT, InProcess};
+use turnstile_server::clock::ServiceClock;
+use turnstile_server::config::Config;
+use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
+use turnstile_server::service::{Bounds, RateLimitService};
+
+const USAGE: &str = "\
+usage: turnstile-server --config DIR [options]
+
+  --config DIR            the *.yaml files of envoyproxy/ratelimit's format, one domain each
+  --grpc-addr ADDR        gRPC listener (default 127.0.0.1:8081)
+  --http-addr ADDR|off    HTTP listener for POST /json and GET /healthz (default 127.0.0.1:8080)
+  --max-keys N            distinct keys held per limit (default 100000)
+  --max-descriptors N     descriptors per request (default 64)
+  --max-entries N         entries per descriptor (default 16)
+  --max-length N          bytes per domain, key or value (default 1024)
+  --response-headers      add RateLimit-Policy, RateLimit and Retry-After to responses
+";
+
+struct Args {
+    config: PathBuf,
+    grpc: SocketAddr,
+    http: Option<SocketAddr>,
+    max_keys: usize,
+    bounds: Bounds,
+    headers: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut config = None;
+    let mut grpc: SocketAddr = ([127, 0, 0, 1], 8081).into();
+    let mut http = Some(SocketAddr::from(([127, 0, 0, 1], 8080)));
+    let mut max_keys = DEFAULT_MAX_KEYS_PER_LIMIT;
+    let mut bounds = Bounds::default();
+    let mut headers = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        if flag == "--response-headers" {
+            headers = true;
+            continue;
+        }
+        if flag == "-h" || flag == "--help" {
+            return Err(String::new());
+        }
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let count = |value: &str| {
+            value
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{flag} {value}: give a whole number from 1"))
+        };
+        let addr = |value: &str| {
+            value
+                .parse::<SocketAddr>()
+                .map_err(|e| format!("{flag} {value}: {e} (for example 127.0.0.1:8081)"))
+        };
+        match flag.as_str() {
+            "--config" => config = Some(PathBuf::from(value)),
+            "--grpc-addr" => grpc = addr(&value)?,
+            "--http-addr" if value == "off" => http = None,
+            "--http-addr" => http = Some(addr(&value)?),
+            "--max-keys" => max_keys = count(&value)?,
+            "--max-descriptors" => bounds.max_descriptors = count(&value)?,
+            "--max-entries" => bounds.max_entries = count(&value)?,
+            "--max-length" => bounds.max_length = count(&value)?,
+            _ => return Err(format!("unknown option {flag}")),
+        }
+    }
+    let config = config.ok_or("--config DIR is required")?;
+    Ok(Args {
+        config,
+        grpc,
+        http,
+        max_keys,
+        bounds,
+        headers,
+    })
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            if !message.is_empty() {
+                eprintln!("turnstile-server: {message}");
+            }
+            eprint!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let backend = InProcess::new(ServiceClock::real(), args.max_keys);
+    let config = match Config::load_dir(&args.config, &backend) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("turnstile-server: configuration error: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut domains: Vec<&str> = config.domains().collect();
+    domains.sort_unstable();
+    let domains = domains.join(", ");
+    let service = Arc::new(RateLimitService::new(config, args.bounds, args.headers));
+    let grpc = match tokio::net::TcpListener::bind(args.grpc).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("turnstile-server: gRPC listener on {}: {error}", args.grpc);
+            return ExitCode::FAILURE;
+        }
+    };
+    let http = match args.http {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => Some(listener),
+            Err(error) => {
+                eprintln!("turnstile-server: HTTP listener on {addr}: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let bound = |listener: &tokio::net::TcpListener| {
+        listener
+            .local_addr()
+            .map_or_else(|e| e.to_string(), |a| a.to_string())
+    };
+    eprintln!(
+        "turnstile-server: domains [{domains}]; gRPC on {}{}",
+        bound(&grpc),
+        http.as_ref()
+            .map_or(String::new(), |l| format!(", HTTP on {}", bound(l)))
+    );
+    match serve(service, grpc, http, DEFAULT_MAX_MESSAGE, shutdown_signal()).await {
+        Ok(()) => {
+            eprintln!("turnstile-server: stopped");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("turnstile-server: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

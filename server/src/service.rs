@@ -1,0 +1,407 @@
+//! The decision on one `RateLimitRequest`, whatever carried it (gRPC or the
+//! JSON endpoint): [`RateLimitService::should_rate_limit`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use turnstile::{Outcome, RetryAfter};
+
+use crate::backend::{Unit, Verdict};
+use crate::config::{Config, Rule};
+
+/// Bounds on what one request may carry; a request beyond them is refused
+/// with [`RequestError`] (gRPC `INVALID_ARGUMENT`, HTTP 400) before any
+/// limit is touched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// Descriptors per request (default 64).
+    pub max_descriptors: usize,
+    /// Entries per descriptor (default 16).
+    pub max_entries: usize,
+    /// Bytes in the domain, or in one entry's key or value (default 1,024).
+    pub max_length: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Bounds {
+        Bounds {
+            max_descriptors: 64,
+            max_entries: 16,
+            max_length: 1_024,
+        }
+    }
+}
+
+/// Why a request was refused without a decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// The domain is empty.
+    EmptyDomain,
+    /// The request has no descriptor.
+    NoDescriptors,
+    /// More descriptors than [`Bounds::max_descriptors`].
+    TooManyDescriptors {
+        /// Descriptors sent.
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A descriptor with more entries than [`Bounds::max_entries`].
+    TooManyEntries {
+        /// The descriptor's index.
+        descriptor: usize,
+        /// Entries sent.
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A domain, key or value longer than [`Bounds::max_length`].
+    TooLong {
+        /// `domain`, `key` or `value`.
+        what: &'static str,
+        /// Its length in bytes.
+        length: usize,
+        /// The bound.
+        max: usize,
+    },
+}
+
+impl fmt::Display for RequestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestError::EmptyDomain => write!(f, "rate limit domain must not be empty"),
+            RequestError::NoDescriptors => {
+                write!(f, "rate limit descriptor list must not be empty")
+            }
+            RequestError::TooManyDescriptors { count, max } => {
+                write!(f, "{count} descriptors in one request: send at most {max}")
+            }
+            RequestError::TooManyEntries {
+                descriptor,
+                count,
+                max,
+            } => write!(
+                f,
+                "descriptor {descriptor} has {count} entries: send at most {max}"
+            ),
+            RequestError::TooLong { what, length, max } => {
+                write!(f, "a {what} of {length} bytes: send at most {max}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+/// Counters of the service's decisions.
+#[derive(Debug, Default)]
+pub struct Stats {
+    requests: AtomicU64,
+    over_limit: AtomicU64,
+    shadow_denials: AtomicU64,
+}
+
+/// A copy of the counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Requests decided.
+    pub requests: u64,
+    /// Descriptors answered `OVER_LIMIT`.
+    pub over_limit: u64,
+    /// Descriptors over a limit in shadow mode, answered `OK`.
+    pub shadow_denials: u64,
+}
+
+impl Stats {
+    fn add(counter: &AtomicU64) {
+        // A counter read only for reporting: it orders nothing else.
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        // Reporting only: each counter is read on its own, no order needed.
+        StatsSnapshot {
+            requests: self.requests.load(Ordering::Relaxed),
+            over_limit: self.over_limit.load(Ordering::Relaxed),
+            shadow_denials: self.shadow_denials.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The rate-limit service: a configuration that can be swapped whole, and
+/// the decisions on it.
+#[derive(Debug)]
+pub struct RateLimitService {
+    config: ArcSwap<Config>,
+    bounds: Bounds,
+    headers: bool,
+    stats: Stats,
+}
+
+impl RateLimitService {
+    /// A service deciding on `config`, refusing requests beyond `bounds`;
+    /// with `headers`, each response carries the `RateLimit-Policy`,
+    /// `RateLimit` and (when over a limit) `Retry-After` header fields for
+    /// Envoy to add to its answer.
+    pub fn new(config: Config, bounds: Bounds, headers: bool) -> RateLimitService {
+        RateLimitService {
+            config: ArcSwap::from_pointee(config),
+            bounds,
+            headers,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Replace the configuration: requests already deciding finish on the
+    /// old one, every later one uses the new one.
+    pub fn set_config(&self, config: Config) {
+        self.config.store(Arc::new(config));
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    fn check_bounds(&self, request: &RateLimitRequest) -> Result<(), RequestError> {
+        let bounds = self.bounds;
+        if request.domain.is_empty() {
+            return Err(RequestError::EmptyDomain);
+        }
+        if request.domain.len() > bounds.max_length {
+            return Err(RequestError::TooLong {
+                what: "domain",
+                length: request.domain.len(),
+                max: bounds.max_length,
+            });
+        }
+        if request.descriptors.is_empty() {
+            return Err(RequestError::NoDescriptors);
+        }
+        if request.descriptors.len() > bounds.max_descriptors {
+            return Err(RequestError::TooManyDescriptors {
+                count: request.descriptors.len(),
+                max: bounds.max_descriptors,
+            });
+        }
+        for (i, descriptor) in request.descriptors.iter().enumerate() {
+            if descriptor.entries.len() > bounds.max_entries {
+                return Err(RequestError::TooManyEntries {
+                    descriptor: i,
+                    count: descriptor.entries.len(),
+                    max: bounds.max_entries,
+                });
+            }
+            for entry in &descriptor.entries {
+                for (what, text) in [("key", &entry.key), ("value", &entry.value)] {
+                    if text.len() > bounds.max_length {
+                        return Err(RequestError::TooLong {
+                            what,
+                            length: text.len(),
+                            max: bounds.max_length,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Decide `request`: one status per descriptor, `OVER_LIMIT` overall if
+    /// any descriptor is.
+    ///
+    /// Hits: the request's `hits_addend`, where 0 (unset) counts 1; a
+    /// descriptor's own `hits_addend`, when set, overrides it, and an explicit
+    /// 0 checks without spending (`OVER_LIMIT` when not even one permit is
+    /// left). `is_negative_hits` (a give-back) is answered as a check: nothing
+    /// is spent or returned.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError`] for an empty domain or descriptor list, or a request
+    /// beyond the [`Bounds`].
+    pub fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, RequestError> {
+        self.check_bounds(request)?;
+        Stats::add(&self.stats.requests);
+        let config = self.config.load();
+        let rules: Vec<Option<&Arc<Rule>>> = request
+            .descriptors
+            .iter()
+            .map(|d| {
+                let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+                config.lookup(&request.domain, entries)
+            })
+            .collect();
+        // `replaces`: a limit named by another matched limit is not applied.
+        let replaced: Vec<&str> = rules
+            .iter()
+            .flatten()
+            .flat_map(|rule| rule.replaces.iter().map(String::as_str))
+            .collect();
+        let default_hits = if request.hits_addend == 0 {
+            1
+        } else {
+            request.hits_addend
+        };
+        let mut response = RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            ..RateLimitResponse::default()
+        };
+        let mut policies = Vec::new();
+        let mut values = Vec::new();
+        let mut retry_after: Option<Duration> = None;
+        for (descriptor, rule) in request.descriptors.iter().zip(rules) {
+            let rule = rule.filter(|rule| {
+                !rule
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| replaced.contains(&name))
+            });
+            let Some(rule) = rule else {
+                response.statuses.push(DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..DescriptorStatus::default()
+                });
+                continue;
+            };
+            if rule.unlimited {
+                response.statuses.push(DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..DescriptorStatus::default()
+                });
+                continue;
+            }
+            let hits = if descriptor.is_negative_hits {
+                0
+            } else {
+                match &descriptor.hits_addend {
+                    Some(hits) => u32::try_from(hits.value).unwrap_or(u32::MAX),
+                    None => default_hits,
+                }
+            };
+            let verdict = match &rule.state {
+                Some(state) => state.decide(&counter_key(descriptor), hits),
+                // A limit of 0 per unit.
+                None => Verdict::Denied { retry_after: None },
+            };
+            let mut status = DescriptorStatus {
+                code: Code::Ok as i32,
+                current_limit: Some(RateLimit {
+                    name: rule.name.clone().unwrap_or_default(),
+                    requests_per_unit: rule.requests_per_unit,
+                    unit: pb_unit(rule.unit) as i32,
+                }),
+                ..DescriptorStatus::default()
+            };
+            let outcome = match verdict {
+                Verdict::Admitted { remaining, reset } => {
+                    status.limit_remaining = remaining;
+                    status.duration_until_reset = Some(pb_duration(reset));
+                    Outcome::Admitted { remaining }
+                }
+                Verdict::Denied { retry_after: wait } => {
+                    status.duration_until_reset = wait.map(pb_duration);
+                    if rule.shadow_mode {
+                        Stats::add(&self.stats.shadow_denials);
+                    } else {
+                        Stats::add(&self.stats.over_limit);
+                        status.code = Code::OverLimit as i32;
+                        response.overall_code = Code::OverLimit as i32;
+                        let wait = wait.unwrap_or(Duration::ZERO);
+                        retry_after = Some(retry_after.map_or(wait, |w| w.max(wait)));
+                    }
+                    let nanos = wait.map_or(0, |w| u64::try_from(w.as_nanos()).unwrap_or(u64::MAX));
+                    Outcome::TooManyRequests {
+                        retry_after: RetryAfter::from_nanos(nanos),
+                    }
+                }
+            };
+            if let Some(policy) = rule
+                .state
+                .as_ref()
+                .and_then(|s| s.policy())
+                .filter(|_| self.headers)
+            {
+                policies.push(policy.policy_value());
+                values.extend(policy.value(&outcome));
+            }
+            response.statuses.push(status);
+        }
+        if self.headers {
+            let header = |key: &str, value: String| HeaderValue {
+                key: key.to_string(),
+                value,
+                ..HeaderValue::default()
+            };
+            if !policies.is_empty() {
+                response
+                    .response_headers_to_add
+                    .push(header("RateLimit-Policy", policies.join(", ")));
+                response
+                    .response_headers_to_add
+                    .push(header("RateLimit", values.join(", ")));
+            }
+            if let Some(wait) = retry_after {
+                let secs =
+                    RetryAfter::from_nanos(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX))
+                        .header_secs();
+                response
+                    .response_headers_to_add
+                    .push(header("Retry-After", secs.to_string()));
+            }
+        }
+        Ok(response)
+    }
+}
+
+/// The key of a descriptor in its limit: every entry's value, each after its
+/// length, so that no two descriptors share a key by concatenation.
+fn counter_key(
+    descriptor: &envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor,
+) -> String {
+    let mut key = String::new();
+    for entry in &descriptor.entries {
+        key.push_str(&entry.value.len().to_string());
+        key.push(':');
+        key.push_str(&entry.value);
+    }
+    key
+}
+
+fn pb_unit(unit: Option<Unit>) -> PbUnit {
+    match unit {
+        None => PbUnit::Unknown,
+        Some(Unit::Second) => PbUnit::Second,
+        Some(Unit::Minute) => PbUnit::Minute,
+        Some(Unit::Hour) => PbUnit::Hour,
+        Some(Unit::Day) => PbUnit::Day,
+    }
+}
+
+fn pb_duration(duration: Duration) -> PbDuration {
+    PbDuration {
+        seconds: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
+        // Below 10^9: fits an i32.
+        nanos: i32::try_from(duration.subsec_nanos()).unwrap_or(0),
+    }
+}

@@ -1,0 +1,168 @@
+//! A service started in process on 127.0.0.1:0, and a client built from the
+//! same protobuf types.
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    missing_docs,
+    missing_debug_implementations
+)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+use turnstile::ManualClock;
+use turnstile_server::backend::InProcess;
+use turnstile_server::clock::ServiceClock;
+use turnstile_server::config::Config;
+use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
+use turnstile_server::service::{Bounds, RateLimitService};
+
+pub struct Running {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    pub client: RateLimitServiceClient<Channel>,
+    pub service: Arc<RateLimitService>,
+    pub clock: ManualClock,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+pub struct Options {
+    pub bounds: Bounds,
+    pub headers: bool,
+    pub max_keys: usize,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            bounds: Bounds::default(),
+            headers: false,
+            max_keys: 10_000,
+        }
+    }
+}
+
+/// Start a service on `yaml` (one file per entry), on a manual clock at 0.
+pub async fn start(files: &[(&str, &str)], options: Options) -> Running {
+    let clock = ManualClock::new();
+    let backend = InProcess::new(ServiceClock::manual(clock.clone()), options.max_keys);
+    let files: Vec<(String, String)> = files
+        .iter()
+        .map(|(name, text)| (name.to_string(), text.to_string()))
+        .collect();
+    let config = Config::from_files(&files, &backend).expect("a valid configuration");
+    let service = Arc::new(RateLimitService::new(
+        config,
+        options.bounds,
+        options.headers,
+    ));
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve(
+        Arc::clone(&service),
+        grpc,
+        Some(http),
+        DEFAULT_MAX_MESSAGE,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let client = RateLimitServiceClient::connect(format!("http://{grpc_addr}"))
+        .await
+        .expect("connect")
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    Running {
+        grpc: grpc_addr,
+        http: http_addr,
+        client,
+        service,
+        clock,
+        stop: Some(stop),
+        task: Some(task),
+    }
+}
+
+impl Running {
+    pub async fn ask(
+        &mut self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        self.client
+            .should_rate_limit(request)
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    pub async fn decide(&mut self, request: RateLimitRequest) -> RateLimitResponse {
+        self.ask(request).await.expect("an answer")
+    }
+
+    /// Stop the service; `serve` must return Ok.
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let result = self.task.take().unwrap().await.expect("the server task");
+        assert!(result.is_ok(), "{result:?}");
+    }
+}
+
+pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+pub fn with_hits(mut d: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
+    d.hits_addend = Some(UInt64Value { value: hits });
+    d
+}
+
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_string(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+pub fn ok(status: &DescriptorStatus) -> bool {
+    status.code == Code::Ok as i32
+}
+
+pub fn over(status: &DescriptorStatus) -> bool {
+    status.code == Code::OverLimit as i32
+}
+
+pub fn overall_ok(response: &RateLimitResponse) -> bool {
+    response.overall_code == Code::Ok as i32
+}
+
+pub fn reset_nanos(status: &DescriptorStatus) -> Option<u64> {
+    status
+        .duration_until_reset
+        .as_ref()
+        .map(|d| d.seconds as u64 * 1_000_000_000 + d.nanos as u64)
+}

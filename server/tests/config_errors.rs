@@ -1,0 +1,113 @@
+//! Configuration errors name the file and line and what is wrong; the
+//! binary exits non-zero with that message.
+
+#![allow(missing_docs)]
+
+use turnstile_server::backend::InProcess;
+use turnstile_server::config::{Config, ConfigError};
+
+fn load(files: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let files: Vec<(String, String)> = files
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect();
+    Config::from_files(&files, &InProcess::default())
+}
+
+fn error_of(yaml: &str) -> String {
+    load(&[("limits.yaml", yaml)]).expect_err(yaml).to_string()
+}
+
+#[test]
+fn each_error_names_its_file_and_line() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
+            "limits.yaml:5:",
+            "invalid unit 'fortnight'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    colour: blue\n",
+            "limits.yaml:4:",
+            "unknown key 'colour'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n  - key: b\n  - key: a\n",
+            "limits.yaml:5:",
+            "duplicate descriptor 'd.a'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      algorithm: leaky\n",
+            "limits.yaml:7:",
+            "unknown algorithm 'leaky'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      algorithm: fixed_window\n      burst: 9\n",
+            "limits.yaml:8:",
+            "`burst` applies to `token_bucket` and `gcra`",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unlimited: true\n      unit: second\n",
+            "limits.yaml:6:",
+            "an unlimited limit takes no `unit`",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - value: v\n",
+            "limits.yaml:3:",
+            "empty `key`",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: -3\n",
+            "limits.yaml:6:",
+            "whole number",
+        ),
+        ("descriptors: []\n", "limits.yaml:1:", "needs a `domain`"),
+        ("domain: d\ndescriptors: [\n", "limits.yaml:", "limits.yaml"),
+        (
+            "domain: d\ndescriptors:\n  - &a {key: x}\n  - *a\n",
+            "limits.yaml:3:",
+            "anchors and aliases",
+        ),
+    ];
+    for (yaml, at, what) in cases {
+        let message = error_of(yaml);
+        assert!(
+            message.starts_with(at),
+            "{message:?} should start with {at:?}"
+        );
+        assert!(message.contains(what), "{message:?} should say {what:?}");
+    }
+}
+
+#[test]
+fn a_domain_in_two_files_is_an_error() {
+    let a = "domain: same\ndescriptors: []\n";
+    let b = "\n\ndomain: same\n";
+    let message = load(&[("a.yaml", a), ("b.yaml", b)])
+        .unwrap_err()
+        .to_string();
+    assert!(message.starts_with("b.yaml:3:"), "{message}");
+    assert!(message.contains("first in a.yaml:1"), "{message}");
+}
+
+#[test]
+fn the_binary_exits_non_zero_with_the_message() {
+    let dir = std::env::temp_dir().join(format!("turnstile-rls-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("bad.yaml"),
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: week\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
+        .arg("--config")
+        .arg(&dir)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "off"])
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expected = format!("{}:5: invalid unit 'week'", dir.join("bad.yaml").display());
+    assert!(stderr.contains(&expected), "{stderr}");
+}

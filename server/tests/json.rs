@@ -1,0 +1,81 @@
+//! `POST /json`: envoyproxy/ratelimit's JSON request and response, 200 or
+//! 429; `GET /healthz`.
+
+#![allow(missing_docs)]
+
+mod common;
+
+use common::{Options, start};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test]
+async fn json_endpoint_as_envoyproxy_ratelimit() {
+    let yaml = "\
+domain: dummy
+descriptors:
+  - key: one_per_minute
+    rate_limit: { unit: minute, requests_per_unit: 1, name: one }
+  - key: two_per_minute
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+";
+    let rls = start(&[("d.yaml", yaml)], Options::default()).await;
+    let body = r#"{"domain":"dummy","descriptors":[
+        {"entries":[{"key":"one_per_minute","value":"something"}]},
+        {"entries":[{"key":"two_per_minute","value":"something"}]}]}"#;
+    let (status, first) = http(rls.http, "POST", "/json", body).await;
+    assert_eq!(status, 200, "{first}");
+    let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(first["overallCode"], "OK");
+    assert_eq!(first["statuses"][0]["currentLimit"]["unit"], "MINUTE");
+    assert_eq!(first["statuses"][0]["currentLimit"]["name"], "one");
+    assert_eq!(first["statuses"][1]["limitRemaining"], 1);
+    // The clock is at 0: the minute's window ends in 60 s.
+    assert_eq!(first["statuses"][1]["durationUntilReset"], "60s");
+    let (status, second) = http(rls.http, "POST", "/json", body).await;
+    assert_eq!(status, 429, "{second}");
+    let second: serde_json::Value = serde_json::from_str(&second).unwrap();
+    assert_eq!(second["overallCode"], "OVER_LIMIT");
+    assert_eq!(second["statuses"][0]["code"], "OVER_LIMIT");
+    assert_eq!(second["statuses"][1]["code"], "OK");
+    // proto3 JSON leaves a zero out.
+    assert!(second["statuses"][1].get("limitRemaining").is_none());
+    // The field names of the proto file are accepted too, and a uint64 as a string.
+    let check = r#"{"domain":"dummy","descriptors":[{"entries":[{"key":"two_per_minute","value":"x"}],"hits_addend":"0"}]}"#;
+    let (status, third) = http(rls.http, "POST", "/json", check).await;
+    assert_eq!(status, 200, "{third}");
+    let third: serde_json::Value = serde_json::from_str(&third).unwrap();
+    assert_eq!(third["statuses"][0]["limitRemaining"], 2);
+    // Malformed and out-of-bounds requests: 400 with the reason.
+    let (status, text) = http(rls.http, "POST", "/json", "{not json").await;
+    assert_eq!(status, 400, "{text}");
+    let (status, text) = http(
+        rls.http,
+        "POST",
+        "/json",
+        r#"{"domain":"","descriptors":[]}"#,
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(text.contains("domain must not be empty"), "{text}");
+    let (status, text) = http(rls.http, "GET", "/healthz", "").await;
+    assert_eq!((status, text.as_str()), (200, "OK\n"));
+    rls.stop().await;
+}

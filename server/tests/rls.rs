@@ -1,0 +1,728 @@
+//! The service over real gRPC on 127.0.0.1, with a client from the same
+//! protobuf types: every configuration feature, the request's bounds, and
+//! the rate-limiter pattern's token-bucket trace on a manual clock.
+
+#![allow(missing_docs)]
+
+mod common;
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use common::*;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tonic::Code as GrpcCode;
+use turnstile::{
+    Clock, Decision, FixedWindow, Gcra, Quota, RateLimiter, SlidingWindow, TokenBucket,
+};
+use turnstile_server::service::Bounds;
+
+const MESSAGING: &str = "\
+domain: messaging
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 2
+  - key: key
+    value: value
+    rate_limit:
+      requests_per_unit: 300
+      unit: second
+";
+
+#[tokio::test]
+async fn nested_descriptors_and_a_limit_per_value() {
+    let mut rls = start(&[("messaging.yaml", MESSAGING)], Options::default()).await;
+    let marketing = |n: &str| descriptor(&[("message_type", "marketing"), ("to_number", n)]);
+    for left in (0..5).rev() {
+        let r = rls
+            .decide(request("messaging", vec![marketing("206111")]))
+            .await;
+        assert!(overall_ok(&r));
+        assert_eq!(r.statuses[0].limit_remaining, left);
+        let limit = r.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!(limit.requests_per_unit, 5);
+    }
+    let r = rls
+        .decide(request("messaging", vec![marketing("206111")]))
+        .await;
+    assert!(over(&r.statuses[0]) && !overall_ok(&r));
+    // Another number has its own count.
+    let r = rls
+        .decide(request("messaging", vec![marketing("206222")]))
+        .await;
+    assert!(ok(&r.statuses[0]));
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    // Two descriptors in one request: each decided, overall OVER_LIMIT if one is.
+    let lone = descriptor(&[("to_number", "206333")]);
+    let r = rls
+        .decide(request(
+            "messaging",
+            vec![marketing("206111"), lone.clone()],
+        ))
+        .await;
+    assert!(over(&r.statuses[0]) && ok(&r.statuses[1]) && !overall_ok(&r));
+    assert_eq!(r.statuses[1].limit_remaining, 1);
+    // A request deeper than the configuration matches no limit.
+    let deep = descriptor(&[("key", "value"), ("subkey", "subvalue")]);
+    let r = rls.decide(request("messaging", vec![deep])).await;
+    assert!(ok(&r.statuses[0]) && r.statuses[0].current_limit.is_none());
+    rls.stop().await;
+}
+
+const EDGE: &str = "\
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+  - key: path
+    value: /api/*
+    rate_limit:
+      unit: second
+      requests_per_unit: 1
+  - key: internal
+    rate_limit:
+      unlimited: true
+";
+
+#[tokio::test]
+async fn key_and_value_before_key_alone_wildcards_and_unlimited() {
+    let mut rls = start(&[("edge.yaml", EDGE)], Options::default()).await;
+    let r = rls
+        .decide(request(
+            "edge",
+            vec![
+                descriptor(&[("remote_address", "50.0.0.1")]),
+                descriptor(&[("remote_address", "50.0.0.5")]),
+            ],
+        ))
+        .await;
+    assert!(ok(&r.statuses[0]) && r.statuses[0].limit_remaining == 9);
+    assert!(over(&r.statuses[1]));
+    assert_eq!(
+        r.statuses[1]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        0
+    );
+    // `/api/*` matches by prefix; both paths share the wildcard's limit node
+    // but each value is its own key.
+    for path in ["/api/a", "/api/b"] {
+        let r = rls
+            .decide(request("edge", vec![descriptor(&[("path", path)])]))
+            .await;
+        assert!(ok(&r.statuses[0]), "{path}");
+        let r = rls
+            .decide(request("edge", vec![descriptor(&[("path", path)])]))
+            .await;
+        assert!(over(&r.statuses[0]), "{path}");
+    }
+    let r = rls
+        .decide(request("edge", vec![descriptor(&[("path", "/web")])]))
+        .await;
+    assert!(ok(&r.statuses[0]) && r.statuses[0].current_limit.is_none());
+    for _ in 0..100 {
+        let r = rls
+            .decide(request("edge", vec![descriptor(&[("internal", "x")])]))
+            .await;
+        assert!(ok(&r.statuses[0]));
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+    }
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_domain_or_descriptor_is_ok() {
+    let mut rls = start(&[("edge.yaml", EDGE)], Options::default()).await;
+    for _ in 0..20 {
+        let r = rls
+            .decide(request(
+                "nowhere",
+                vec![descriptor(&[("remote_address", "1")])],
+            ))
+            .await;
+        assert!(overall_ok(&r) && r.statuses.len() == 1 && ok(&r.statuses[0]));
+        let r = rls
+            .decide(request("edge", vec![descriptor(&[("unknown", "1")])]))
+            .await;
+        assert!(overall_ok(&r) && r.statuses[0].current_limit.is_none());
+    }
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn shadow_mode_answers_ok_and_counts() {
+    let yaml = "\
+domain: shadow
+descriptors:
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        shadow_mode: true
+        rate_limit:
+          requests_per_unit: 2
+          unit: second
+      - key: user
+        value: user-b
+        rate_limit:
+          requests_per_unit: 2
+          unit: second
+";
+    let mut rls = start(&[("shadow.yaml", yaml)], Options::default()).await;
+    let user = |u: &str| {
+        request(
+            "shadow",
+            vec![descriptor(&[("service", "auth"), ("user", u)])],
+        )
+    };
+    let mut b_over = 0;
+    for _ in 0..5 {
+        let a = rls.decide(user("user-a")).await;
+        assert!(overall_ok(&a) && ok(&a.statuses[0]));
+        if !overall_ok(&rls.decide(user("user-b")).await) {
+            b_over += 1;
+        }
+    }
+    assert_eq!(b_over, 3);
+    let stats = rls.service.stats();
+    assert_eq!(stats.shadow_denials, 3);
+    assert_eq!(stats.over_limit, 3);
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn replaces_drops_the_named_limit() {
+    let yaml = "\
+domain: example7
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          name: specific_limit
+          requests_per_unit: 5
+          unit: second
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: second
+";
+    let mut rls = start(&[("r.yaml", yaml)], Options::default()).await;
+    let one = descriptor(&[("key_1", "value_1"), ("user", "bkthomps")]);
+    let two = descriptor(&[("key_2", "value_2"), ("user", "bkthomps")]);
+    // Both together: only the 10 per second applies.
+    for i in 0..10 {
+        let r = rls
+            .decide(request("example7", vec![one.clone(), two.clone()]))
+            .await;
+        assert!(overall_ok(&r), "request {i}");
+        assert!(r.statuses[0].current_limit.is_none());
+        assert_eq!(r.statuses[1].limit_remaining, 9 - i);
+    }
+    // The replaced limit is untouched: alone, it still has its 5.
+    for left in (0..5).rev() {
+        let r = rls.decide(request("example7", vec![one.clone()])).await;
+        assert_eq!(r.statuses[0].limit_remaining, left);
+        assert_eq!(
+            r.statuses[0].current_limit.as_ref().unwrap().name,
+            "specific_limit"
+        );
+    }
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn hits_addend_rules() {
+    let yaml = "\
+domain: hits
+descriptors:
+  - key: k
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+";
+    let mut rls = start(&[("h.yaml", yaml)], Options::default()).await;
+    let d = || descriptor(&[("k", "v")]);
+    // Request-level 0 (unset) spends 1.
+    let r = rls.decide(request("hits", vec![d()])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 9);
+    // Request-level 3 spends 3.
+    let mut req = request("hits", vec![d()]);
+    req.hits_addend = 3;
+    assert_eq!(rls.decide(req.clone()).await.statuses[0].limit_remaining, 6);
+    // A descriptor's explicit 0 checks without spending, over a request-level 3.
+    req.descriptors = vec![with_hits(d(), 0)];
+    for _ in 0..3 {
+        let r = rls.decide(req.clone()).await;
+        assert!(ok(&r.statuses[0]));
+        assert_eq!(r.statuses[0].limit_remaining, 6);
+    }
+    // A descriptor's 4 overrides the request's 3.
+    req.descriptors = vec![with_hits(d(), 4)];
+    assert_eq!(rls.decide(req.clone()).await.statuses[0].limit_remaining, 2);
+    // 4 more than the 2 left: denied, nothing spent.
+    assert!(over(&rls.decide(req.clone()).await.statuses[0]));
+    req.descriptors = vec![with_hits(d(), 2)];
+    assert_eq!(rls.decide(req.clone()).await.statuses[0].limit_remaining, 0);
+    // With nothing left, a check of 0 is OVER_LIMIT and still spends nothing.
+    req.descriptors = vec![with_hits(d(), 0)];
+    assert!(over(&rls.decide(req.clone()).await.statuses[0]));
+    // More hits than the limit can ever give: OVER_LIMIT.
+    req.descriptors = vec![with_hits(descriptor(&[("k", "fresh")]), 11)];
+    assert!(over(&rls.decide(req).await.statuses[0]));
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn each_unit_is_its_window() {
+    let mut yaml = String::from("domain: units\ndescriptors:\n");
+    for unit in ["second", "minute", "hour", "day"] {
+        write!(
+            yaml,
+            "  - key: {unit}\n    rate_limit:\n      unit: {unit}\n      requests_per_unit: 2\n"
+        )
+        .unwrap();
+    }
+    let mut rls = start(&[("u.yaml", &yaml)], Options::default()).await;
+    for (unit, secs) in [
+        ("second", 1),
+        ("minute", 60),
+        ("hour", 3_600),
+        ("day", 86_400),
+    ] {
+        let d = || request("units", vec![descriptor(&[(unit, "x")])]);
+        let start = rls.clock.now();
+        assert!(overall_ok(&rls.decide(d()).await));
+        let r = rls.decide(d()).await;
+        assert!(overall_ok(&r));
+        // The window began at the clock's whole unit: it ends within one unit.
+        let window = Duration::from_secs(secs).as_nanos() as u64;
+        let reset = reset_nanos(&r.statuses[0]).unwrap();
+        assert_eq!(reset, window - start % window, "{unit}");
+        let r = rls.decide(d()).await;
+        assert!(over(&r.statuses[0]), "{unit}");
+        assert_eq!(reset_nanos(&r.statuses[0]), Some(reset), "{unit}");
+        rls.clock.advance(Duration::from_nanos(reset - 1));
+        assert!(
+            !overall_ok(&rls.decide(d()).await),
+            "{unit}: a nanosecond early"
+        );
+        rls.clock.advance(Duration::from_nanos(1));
+        assert!(
+            overall_ok(&rls.decide(d()).await),
+            "{unit}: the next window"
+        );
+    }
+    rls.stop().await;
+}
+
+/// The service and the library's limiter of the same algorithm, on the same
+/// manual clock, agree on every decision of an irregular sequence.
+#[tokio::test]
+async fn each_algorithm_decides_as_the_library() {
+    let yaml = "\
+domain: algos
+descriptors:
+  - key: fixed_window
+    rate_limit: { unit: second, requests_per_unit: 4, algorithm: fixed_window }
+  - key: sliding_window
+    rate_limit: { unit: second, requests_per_unit: 4, algorithm: sliding_window }
+  - key: token_bucket
+    rate_limit: { unit: second, requests_per_unit: 4, algorithm: token_bucket, burst: 6 }
+  - key: gcra
+    rate_limit: { unit: second, requests_per_unit: 4, algorithm: gcra, burst: 6 }
+";
+    let mut rls = start(&[("a.yaml", yaml)], Options::default()).await;
+    let clock = rls.clock.clone();
+    let window = Duration::from_secs(1);
+    let quota = Quota::per_second(4).unwrap().burst(6).unwrap();
+    type Decide = Box<dyn Fn() -> Decision>;
+    let library: Vec<(&str, Decide)> = vec![
+        ("fixed_window", {
+            let l = RateLimiter::from_parts(FixedWindow::new(4, window).unwrap(), clock.clone());
+            Box::new(move || l.try_acquire())
+        }),
+        ("sliding_window", {
+            let l = RateLimiter::from_parts(SlidingWindow::new(4, window).unwrap(), clock.clone());
+            Box::new(move || l.try_acquire())
+        }),
+        ("token_bucket", {
+            let l = RateLimiter::from_parts(TokenBucket::new(quota), clock.clone());
+            Box::new(move || l.try_acquire())
+        }),
+        ("gcra", {
+            let l = RateLimiter::from_parts(Gcra::new(quota), clock.clone());
+            Box::new(move || l.try_acquire())
+        }),
+    ];
+    let mut denied = 0;
+    // Steps of 0 to 370 ms, a fixed pseudo-random walk.
+    let mut x: u64 = 12345;
+    for _ in 0..120 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        clock.advance(Duration::from_millis((x >> 33) % 371 / 3));
+        for (key, decide) in &library {
+            let r = rls
+                .decide(request("algos", vec![descriptor(&[(key, "k")])]))
+                .await;
+            let status = &r.statuses[0];
+            match decide() {
+                Decision::Allowed { remaining } => {
+                    assert!(ok(status), "{key}");
+                    assert_eq!(status.limit_remaining, remaining, "{key}");
+                }
+                Decision::Denied { retry_after } => {
+                    denied += 1;
+                    assert!(over(status), "{key}");
+                    assert_eq!(reset_nanos(status), Some(retry_after.as_nanos()), "{key}");
+                }
+            }
+        }
+    }
+    assert!(denied > 0, "the sequence must reach the limits");
+    rls.stop().await;
+}
+
+const PATTERN_TOKEN_BUCKET: &str = "\
+t=   0 ms allowed  tokens left 2
+t= 100 ms allowed  tokens left 1
+t= 200 ms allowed  tokens left 0
+t= 300 ms rejected Retry-After: 1 (next token in 700 ms)
+t= 500 ms rejected Retry-After: 1 (next token in 500 ms)
+t=1300 ms allowed  tokens left 0
+t=1400 ms rejected Retry-After: 1 (next token in 600 ms)
+t=3500 ms allowed  tokens left 1
+";
+
+#[tokio::test]
+async fn the_pattern_token_bucket_trace_through_the_service() {
+    // Capacity 3, one token every 1000 ms: 1 per second with a burst of 3.
+    let yaml = "\
+domain: pattern
+descriptors:
+  - key: client
+    rate_limit: { unit: second, requests_per_unit: 1, algorithm: token_bucket, burst: 3 }
+";
+    let mut rls = start(
+        &[("p.yaml", yaml)],
+        Options {
+            headers: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    let library = RateLimiter::with_clock(
+        Quota::new(3, 1, Duration::from_millis(1000)).unwrap(),
+        rls.clock.clone(),
+    );
+    let (mut service_trace, mut library_trace) = (String::new(), String::new());
+    for t in [0u64, 100, 200, 300, 500, 1300, 1400, 3500] {
+        rls.clock.set(Duration::from_millis(t));
+        let r = rls
+            .decide(request("pattern", vec![descriptor(&[("client", "alice")])]))
+            .await;
+        let status = &r.statuses[0];
+        if ok(status) {
+            writeln!(
+                service_trace,
+                "t={t:4} ms allowed  tokens left {}",
+                status.limit_remaining
+            )
+            .unwrap();
+        } else {
+            let nanos = reset_nanos(status).unwrap();
+            let retry_after = r
+                .response_headers_to_add
+                .iter()
+                .find(|h| h.key == "Retry-After")
+                .map(|h| h.value.clone())
+                .unwrap();
+            writeln!(
+                service_trace,
+                "t={t:4} ms rejected Retry-After: {retry_after} (next token in {} ms)",
+                nanos.div_ceil(1_000_000)
+            )
+            .unwrap();
+        }
+        match library.try_acquire() {
+            Decision::Allowed { remaining } => {
+                writeln!(library_trace, "t={t:4} ms allowed  tokens left {remaining}").unwrap()
+            }
+            Decision::Denied { retry_after } => writeln!(
+                library_trace,
+                "t={t:4} ms rejected Retry-After: {} (next token in {} ms)",
+                retry_after.header_secs(),
+                retry_after.millis_ceil()
+            )
+            .unwrap(),
+        }
+    }
+    assert_eq!(service_trace, library_trace);
+    assert_eq!(service_trace, PATTERN_TOKEN_BUCKET);
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn response_headers_carry_the_policy_and_retry_after() {
+    let yaml = "\
+domain: h
+descriptors:
+  - key: user
+    rate_limit: { unit: minute, requests_per_unit: 2, name: per_user }
+";
+    let mut rls = start(
+        &[("h.yaml", yaml)],
+        Options {
+            headers: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    rls.clock.set(Duration::from_millis(59_500));
+    let d = || request("h", vec![descriptor(&[("user", "u")])]);
+    let header = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
+                  k: &str| {
+        r.response_headers_to_add
+            .iter()
+            .find(|h| h.key == k)
+            .map(|h| h.value.clone())
+    };
+    let r = rls.decide(d()).await;
+    assert_eq!(
+        header(&r, "RateLimit-Policy").as_deref(),
+        Some("\"h.user\";q=2;w=60")
+    );
+    assert_eq!(header(&r, "RateLimit").as_deref(), Some("\"h.user\";r=1"));
+    assert_eq!(header(&r, "Retry-After"), None);
+    rls.decide(d()).await;
+    let r = rls.decide(d()).await;
+    // 500 ms to the window's end: rounded up to a whole second.
+    assert_eq!(header(&r, "Retry-After").as_deref(), Some("1"));
+    assert_eq!(
+        header(&r, "RateLimit").as_deref(),
+        Some("\"h.user\";r=0;t=1")
+    );
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn bounds_are_invalid_argument() {
+    let bounds = Bounds::default();
+    let mut rls = start(&[("edge.yaml", EDGE)], Options::default()).await;
+    let d = || descriptor(&[("remote_address", "1")]);
+    let cases: Vec<(&str, RateLimitRequest)> = vec![
+        ("10,000 descriptors", request("edge", vec![d(); 10_000])),
+        (
+            "a 1 MiB value",
+            request(
+                "edge",
+                vec![descriptor(&[("remote_address", &"x".repeat(1 << 20))])],
+            ),
+        ),
+        (
+            "a long key",
+            request(
+                "edge",
+                vec![descriptor(&[(&"k".repeat(bounds.max_length + 1), "v")])],
+            ),
+        ),
+        (
+            "a long domain",
+            request(&"d".repeat(bounds.max_length + 1), vec![d()]),
+        ),
+        (
+            "too many entries",
+            request(
+                "edge",
+                vec![descriptor(&vec![("k", "v"); bounds.max_entries + 1])],
+            ),
+        ),
+        ("no domain", request("", vec![d()])),
+        ("no descriptor", request("edge", vec![])),
+    ];
+    for (what, req) in cases {
+        let status = rls.ask(req).await.expect_err(what);
+        assert_eq!(
+            status.code(),
+            GrpcCode::InvalidArgument,
+            "{what}: {status:?}"
+        );
+    }
+    // At the bounds exactly: answered.
+    let most = request(
+        "edge",
+        vec![descriptor(&[("internal", "x")]); bounds.max_descriptors],
+    );
+    assert_eq!(
+        rls.decide(most).await.statuses.len(),
+        bounds.max_descriptors
+    );
+    rls.stop().await;
+}
+
+/// A protobuf string field with invalid UTF-8 is refused by prost's decoding,
+/// as a gRPC error; the service goes on answering.
+#[tokio::test]
+async fn invalid_utf8_is_refused_and_the_service_goes_on() {
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct RawRequest {
+        #[prost(bytes = "vec", tag = "1")]
+        domain: Vec<u8>,
+    }
+    let mut rls = start(&[("edge.yaml", EDGE)], Options::default()).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", rls.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    let codec: tonic_prost::ProstCodec<RawRequest, RawRequest> = tonic_prost::ProstCodec::default();
+    let raw = RawRequest {
+        domain: vec![0xff, 0xfe, b'x'],
+    };
+    let status = grpc
+        .unary(tonic::Request::new(raw), path, codec)
+        .await
+        .expect_err("invalid UTF-8 must be refused");
+    assert_ne!(status.code(), GrpcCode::Ok);
+    assert!(
+        status.message().contains("UTF-8")
+            || status.message().contains("utf-8")
+            || status.message().contains("decode"),
+        "{status:?}"
+    );
+    let r = rls
+        .decide(request(
+            "edge",
+            vec![descriptor(&[("remote_address", "1")])],
+        ))
+        .await;
+    assert!(overall_ok(&r));
+    rls.stop().await;
+}
+
+/// A flood of distinct values past the key bound: the bound holds (new values
+/// are refused, never admitted untracked), and a key over its limit is never
+/// forgotten; once the window has passed, idle keys make room again.
+#[tokio::test]
+async fn a_flood_of_values_is_bounded_and_forgets_no_key_over_its_limit() {
+    let yaml = "\
+domain: flood
+descriptors:
+  - key: ip
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+";
+    let max_keys = 100;
+    let mut rls = start(
+        &[("f.yaml", yaml)],
+        Options {
+            max_keys,
+            ..Options::default()
+        },
+    )
+    .await;
+    let ip = |v: &str| request("flood", vec![descriptor(&[("ip", v)])]);
+    assert!(overall_ok(&rls.decide(ip("hot")).await));
+    assert!(!overall_ok(&rls.decide(ip("hot")).await));
+    let mut admitted = 0;
+    for chunk in 0..20 {
+        // 50 values per request: 1,000 distinct values in all.
+        let descriptors = (0..50)
+            .map(|i| descriptor(&[("ip", &format!("10.0.{chunk}.{i}"))]))
+            .collect();
+        let r = rls.decide(request("flood", descriptors)).await;
+        admitted += r.statuses.iter().filter(|s| ok(s)).count();
+        let hot = rls.decide(ip("hot")).await;
+        assert!(
+            !overall_ok(&hot),
+            "the hot key was forgotten after chunk {chunk}"
+        );
+    }
+    // The hot key holds one place; no more than the rest were admitted.
+    assert_eq!(admitted, max_keys - 1);
+    // A minute later every key is as good as fresh: room again, and the hot
+    // key's new window admits it.
+    rls.clock.advance(Duration::from_secs(60));
+    assert!(overall_ok(&rls.decide(ip("new")).await));
+    assert!(overall_ok(&rls.decide(ip("hot")).await));
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn several_domains_from_a_directory() {
+    let dir = std::env::temp_dir().join(format!("turnstile-rls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("edge.yaml"), EDGE).unwrap();
+    std::fs::write(dir.join("messaging.yml"), MESSAGING).unwrap();
+    std::fs::write(dir.join(".hidden.yaml"), "not: [valid").unwrap();
+    std::fs::write(dir.join("notes.txt"), "ignored").unwrap();
+    let backend = turnstile_server::backend::InProcess::default();
+    let config = turnstile_server::config::Config::load_dir(&dir, &backend).unwrap();
+    let mut domains: Vec<&str> = config.domains().collect();
+    domains.sort_unstable();
+    assert_eq!(domains, ["edge", "messaging"]);
+    assert!(config.lookup("messaging", [("to_number", "1")]).is_some());
+    assert!(config.lookup("edge", [("remote_address", "1")]).is_some());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn the_health_service_and_graceful_shutdown() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let rls = start(&[("edge.yaml", EDGE)], Options::default()).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", rls.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let answer = health
+            .check(HealthCheckRequest {
+                service: service.to_string(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            answer.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "{service:?}"
+        );
+    }
+    drop(health);
+    rls.stop().await;
+}
