@@ -44,6 +44,7 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod reload;
 pub mod server;
 pub mod service;
 mod yaml;
