@@ -110,11 +110,23 @@ impl Reloader {
     ///
     /// [`ConfigError`]: the service keeps its configuration.
     pub fn poll(&self, service: &RateLimitService) -> Result<Reload, ConfigError> {
-        let files = read_dir(&self.dir)?;
-        let seen = self.last.lock().unwrap_or_else(PoisonError::into_inner).1;
-        if seen == Some(fingerprint(&files)) {
+        let read = read_dir(&self.dir);
+        let now = match &read {
+            Ok(files) => fingerprint(files),
+            // An unreadable directory is a version of its own: reported
+            // and counted once, not on every poll.
+            Err(error) => fingerprint(&[(String::new(), error.to_string())]),
+        };
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.1 == Some(now) {
             return Ok(Reload::Unchanged);
         }
+        if let Err(error) = read {
+            last.1 = Some(now);
+            service.metrics().reload_failed();
+            return Err(error);
+        }
+        drop(last);
         self.reload(service)?;
         Ok(Reload::Loaded)
     }

@@ -260,3 +260,36 @@ async fn a_token_bucket_lowered_keeps_at_most_the_new_capacity() {
     let _ = rls.stop.send(());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn an_unreadable_directory_keeps_the_configuration_and_counts_once() {
+    let dir = temp_dir("gone");
+    write(&dir, AFTER);
+    let mut rls = serve_dir(&dir, Duration::from_millis(20)).await;
+    assert_eq!(
+        one(&mut rls.client, "added").await.statuses[0].limit_remaining,
+        2
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    wait_reloads(&rls.service, 0, 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        rls.service.metrics().reloads(),
+        (0, 1),
+        "one error per version"
+    );
+    assert_eq!(
+        one(&mut rls.client, "added").await.statuses[0].limit_remaining,
+        1
+    );
+    // Back: loaded again, the limit's count kept.
+    std::fs::create_dir_all(&dir).unwrap();
+    write(&dir, AFTER);
+    wait_reloads(&rls.service, 1, 1).await;
+    assert_eq!(
+        one(&mut rls.client, "added").await.statuses[0].limit_remaining,
+        0
+    );
+    let _ = rls.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
+}
