@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use turnstile::{
-    Algorithm, Clock, FixedWindow, Gcra, KeyedBuilder, KeyedDecision, KeyedLimiter, Quota,
-    QuotaError, RateLimitPolicy, SlidingWindow, TokenBucket,
+    Algorithm, Clock, FixedWindow, Gcra, KeyedBuilder, KeyedDecision, KeyedLimiter,
+    LiveTokenBucket, Quota, QuotaError, RateLimitPolicy, SlidingWindow,
 };
 
 use crate::clock::ServiceClock;
@@ -131,6 +131,16 @@ pub trait LimitState: Send + Sync + fmt::Debug {
 
     /// The `RateLimit-Policy` this limit can promise, if any.
     fn policy(&self) -> Option<&RateLimitPolicy>;
+
+    /// The state for `spec`, a changed quota of this same limit (same
+    /// `full_key` and `algorithm`), keeping every key's state by the
+    /// algorithm's conversion rule; `None` when this state cannot change its
+    /// quota, and the limit then starts fresh. Used on a configuration
+    /// reload ([`reload`](crate::reload)).
+    fn requota(&self, spec: &LimitSpec) -> Option<Arc<dyn LimitState>> {
+        let _ = spec;
+        None
+    }
 }
 
 /// Makes the state of each configured limit.
@@ -198,11 +208,12 @@ impl Backend for InProcess {
         match spec.algorithm {
             AlgorithmKind::TokenBucket => {
                 let quota = bucket_quota(rate, spec.unit, spec.burst).map_err(quota_error)?;
-                let reset = Reset::Bucket {
-                    amount: u64::from(quota.amount()),
-                    period: duration_nanos(quota.period()),
-                };
-                self.keyed(TokenBucket::new(quota), reset, &name)
+                // The live form, so that a reload that changes the quota keeps
+                // every key's tokens (`requota`); an admission costs the same
+                // as the fixed-quota bucket's (see the README).
+                let bucket = LiveTokenBucket::new(quota).map_err(quota_error)?;
+                let keyed = self.keyed_state(bucket, bucket_reset(quota), &name)?;
+                Ok(Arc::new(Live(keyed)))
             }
             AlgorithmKind::Gcra => {
                 let quota = bucket_quota(rate, spec.unit, spec.burst).map_err(quota_error)?;
@@ -243,17 +254,64 @@ impl InProcess {
     where
         A: Algorithm + turnstile::AdvertisedQuota + Send + Sync + fmt::Debug + 'static,
     {
+        Ok(Arc::new(self.keyed_state(algorithm, reset, name)?))
+    }
+
+    fn keyed_state<A>(&self, algorithm: A, reset: Reset, name: &str) -> Result<Keyed<A>, String>
+    where
+        A: Algorithm + turnstile::AdvertisedQuota,
+    {
         let policy = RateLimitPolicy::from_algorithm(name, &algorithm).ok();
         let limiter = KeyedBuilder::new(algorithm)
             .clock(self.clock.clone())
             .max_keys(self.max_keys)
             .build()
             .map_err(|error| error.to_string())?;
-        Ok(Arc::new(Keyed {
-            limiter,
+        Ok(Keyed {
+            limiter: Arc::new(limiter),
             reset,
             policy,
-        }))
+        })
+    }
+}
+
+fn bucket_reset(quota: Quota) -> Reset {
+    Reset::Bucket {
+        amount: u64::from(quota.amount()),
+        period: duration_nanos(quota.period()),
+    }
+}
+
+/// A token-bucket limit whose quota a reload can change in place: the keyed
+/// limiter is shared between the old state and the new one, converted by
+/// [`KeyedLimiter::set_quota`] (never more tokens than the new capacity;
+/// tokens created only in a full bucket).
+#[derive(Debug)]
+struct Live(Keyed<LiveTokenBucket>);
+
+impl LimitState for Live {
+    fn decide(&self, key: &str, hits: u32) -> Verdict {
+        self.0.decide(key, hits)
+    }
+
+    fn policy(&self) -> Option<&RateLimitPolicy> {
+        self.0.policy()
+    }
+
+    fn requota(&self, spec: &LimitSpec) -> Option<Arc<dyn LimitState>> {
+        if spec.algorithm != AlgorithmKind::TokenBucket {
+            return None;
+        }
+        let quota = bucket_quota(spec.requests_per_unit, spec.unit, spec.burst).ok()?;
+        // Refused (above the bucket's ceiling, or a period the word cannot
+        // keep): nothing changed, and the limit starts fresh.
+        self.0.limiter.set_quota(quota).ok()?;
+        let policy = RateLimitPolicy::from_algorithm(&policy_name(&spec.full_key), &quota).ok();
+        Some(Arc::new(Live(Keyed {
+            limiter: Arc::clone(&self.0.limiter),
+            reset: bucket_reset(quota),
+            policy,
+        })))
     }
 }
 
@@ -315,7 +373,7 @@ impl Reset {
 
 /// A limit in process.
 struct Keyed<A: Algorithm> {
-    limiter: KeyedLimiter<String, A, ServiceClock>,
+    limiter: Arc<KeyedLimiter<String, A, ServiceClock>>,
     reset: Reset,
     policy: Option<RateLimitPolicy>,
 }

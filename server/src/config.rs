@@ -86,7 +86,8 @@ pub struct Rule {
     pub shadow_mode: bool,
     /// Names of the limits this one replaces in a request where both match.
     pub replaces: Vec<String>,
-    /// `detailed_metric`: metrics per value (accepted; metrics are not served yet).
+    /// `detailed_metric`: `/metrics` keeps series per descriptor value (a
+    /// bounded number: [`metrics`](crate::metrics)).
     pub detailed_metric: bool,
     /// The limit's state; `None` for `unlimited` and for a limit of 0.
     pub state: Option<Arc<dyn LimitState>>,

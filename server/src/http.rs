@@ -1,6 +1,7 @@
 //! The HTTP endpoints: `POST /json` (envoyproxy/ratelimit's JSON form of the
 //! request and response: proto3's JSON mapping, 200 when every descriptor is
-//! within its limit, 429 when one is over) and `GET /healthz`.
+//! within its limit, 429 when one is over), `GET /healthz`, and
+//! `GET /metrics` (Prometheus text: [`metrics`](crate::metrics)).
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ pub fn router(service: Arc<RateLimitService>, max_body: usize) -> Router {
     Router::new()
         .route("/json", post(json))
         .route("/healthz", get(|| async { "OK\n" }))
+        .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .with_state(service)
 }
@@ -189,6 +191,17 @@ fn to_json(response: &RateLimitResponse) -> JsonResponse {
             })
             .collect(),
     }
+}
+
+async fn metrics(State(service): State<Arc<RateLimitService>>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        service.metrics().render(),
+    )
+        .into_response()
 }
 
 async fn json(State(service): State<Arc<RateLimitService>>, body: Bytes) -> Response {

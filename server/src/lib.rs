@@ -43,6 +43,8 @@ pub mod clock;
 pub mod config;
 pub mod grpc;
 pub mod http;
+pub mod metrics;
+pub mod reload;
 pub mod server;
 pub mod service;
 mod yaml;

@@ -7,16 +7,17 @@ use std::sync::Arc;
 
 use turnstile_server::backend::{DEFAULT_MAX_KEYS_PER_LIMIT, InProcess};
 use turnstile_server::clock::ServiceClock;
-use turnstile_server::config::Config;
+use turnstile_server::reload::{DEFAULT_POLL, Reloader};
 use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
 use turnstile_server::service::{Bounds, RateLimitService};
 
 const USAGE: &str = "\
 usage: turnstile-server --config DIR [options]
 
-  --config DIR            the *.yaml files of envoyproxy/ratelimit's format, one domain each
+  --config DIR            the *.yaml files of envoyproxy/ratelimit's format, one domain each;
+                          reloaded when a file changes (polled each second) and on SIGHUP
   --grpc-addr ADDR        gRPC listener (default 127.0.0.1:8081)
-  --http-addr ADDR|off    HTTP listener for POST /json and GET /healthz (default 127.0.0.1:8080)
+  --http-addr ADDR|off    HTTP listener for POST /json, GET /healthz, /metrics (default 127.0.0.1:8080)
   --max-keys N            distinct keys held per limit (default 100000)
   --max-descriptors N     descriptors per request (default 64)
   --max-entries N         entries per descriptor (default 16)
@@ -122,7 +123,8 @@ async fn main() -> ExitCode {
         }
     };
     let backend = InProcess::new(ServiceClock::real(), args.max_keys);
-    let config = match Config::load_dir(&args.config, &backend) {
+    let reloader = Arc::new(Reloader::new(&args.config, Arc::new(backend)));
+    let config = match reloader.load() {
         Ok(config) => config,
         Err(error) => {
             eprintln!("turnstile-server: configuration error: {error}");
@@ -161,7 +163,15 @@ async fn main() -> ExitCode {
         http.as_ref()
             .map_or(String::new(), |l| format!(", HTTP on {}", bound(l)))
     );
-    match serve(service, grpc, http, DEFAULT_MAX_MESSAGE, shutdown_signal()).await {
+    let (stop_watch, watch_stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(
+        reloader.watch(Arc::clone(&service), DEFAULT_POLL, async move {
+            let _ = watch_stopped.await;
+        }),
+    );
+    let served = serve(service, grpc, http, DEFAULT_MAX_MESSAGE, shutdown_signal()).await;
+    let _ = stop_watch.send(());
+    match served {
         Ok(()) => {
             eprintln!("turnstile-server: stopped");
             ExitCode::SUCCESS

@@ -17,6 +17,7 @@ use turnstile::{Outcome, RetryAfter};
 
 use crate::backend::{Unit, Verdict};
 use crate::config::{Config, Rule};
+use crate::metrics::{Metrics, Outcome as Counted};
 
 /// Bounds on what one request may carry; a request beyond them is refused
 /// with [`RequestError`] (gRPC `INVALID_ARGUMENT`, HTTP 400) before any
@@ -147,6 +148,7 @@ pub struct RateLimitService {
     bounds: Bounds,
     headers: bool,
     stats: Stats,
+    metrics: Metrics,
 }
 
 impl RateLimitService {
@@ -160,6 +162,7 @@ impl RateLimitService {
             bounds,
             headers,
             stats: Stats::default(),
+            metrics: Metrics::default(),
         }
     }
 
@@ -177,6 +180,11 @@ impl RateLimitService {
     /// The counters.
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
+    }
+
+    /// The counters behind `/metrics`.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     fn check_bounds(&self, request: &RateLimitRequest) -> Result<(), RequestError> {
@@ -240,9 +248,17 @@ impl RateLimitService {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RequestError> {
-        self.check_bounds(request)?;
+        if let Err(error) = self.check_bounds(request) {
+            self.metrics.invalid();
+            return Err(error);
+        }
         Stats::add(&self.stats.requests);
+        self.metrics.request();
         let config = self.config.load();
+        let known_domain = config.domains().any(|d| d == request.domain);
+        if !known_domain {
+            self.metrics.unknown_domain();
+        }
         let rules: Vec<Option<&Arc<Rule>>> = request
             .descriptors
             .iter()
@@ -270,13 +286,27 @@ impl RateLimitService {
         let mut values = Vec::new();
         let mut retry_after: Option<Duration> = None;
         for (descriptor, rule) in request.descriptors.iter().zip(rules) {
+            let replaced_here = rule.is_some_and(|rule| {
+                rule.name
+                    .as_deref()
+                    .is_some_and(|name| replaced.contains(&name))
+            });
             let rule = rule.filter(|rule| {
                 !rule
                     .name
                     .as_deref()
                     .is_some_and(|name| replaced.contains(&name))
             });
+            let entries = || {
+                descriptor
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
+            };
             let Some(rule) = rule else {
+                if known_domain && !replaced_here {
+                    self.metrics.unknown_descriptor();
+                }
                 response.statuses.push(DescriptorStatus {
                     code: Code::Ok as i32,
                     ..DescriptorStatus::default()
@@ -284,6 +314,8 @@ impl RateLimitService {
                 continue;
             };
             if rule.unlimited {
+                self.metrics
+                    .decided(&request.domain, rule, entries(), Counted::Ok);
                 response.statuses.push(DescriptorStatus {
                     code: Code::Ok as i32,
                     limit_remaining: u32::MAX,
@@ -317,14 +349,24 @@ impl RateLimitService {
                 Verdict::Admitted { remaining, reset } => {
                     status.limit_remaining = remaining;
                     status.duration_until_reset = Some(pb_duration(reset));
+                    self.metrics
+                        .decided(&request.domain, rule, entries(), Counted::Ok);
                     Outcome::Admitted { remaining }
                 }
                 Verdict::Denied { retry_after: wait } => {
                     status.duration_until_reset = wait.map(pb_duration);
                     if rule.shadow_mode {
                         Stats::add(&self.stats.shadow_denials);
+                        self.metrics.decided(
+                            &request.domain,
+                            rule,
+                            entries(),
+                            Counted::ShadowOverLimit,
+                        );
                     } else {
                         Stats::add(&self.stats.over_limit);
+                        self.metrics
+                            .decided(&request.domain, rule, entries(), Counted::OverLimit);
                         status.code = Code::OverLimit as i32;
                         response.overall_code = Code::OverLimit as i32;
                         let wait = wait.unwrap_or(Duration::ZERO);

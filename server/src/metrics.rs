@@ -1,0 +1,349 @@
+//! The service's counters, served as Prometheus text (`GET /metrics`).
+//!
+//! | series | labels |
+//! |---|---|
+//! | `turnstile_rls_decisions_total` | `domain`, `descriptor` (the limit's full key, `domain.key_value.key`), `outcome`: `ok`, `over_limit`, `shadow_over_limit` (a would-be denial in shadow mode, answered OK) |
+//! | `turnstile_rls_detailed_decisions_total` | the same, with `descriptor` the request's own `domain.key_value.key_value`: only for limits with `detailed_metric: true`, at most [`DETAILED_PER_LIMIT`] values per limit |
+//! | `turnstile_rls_detailed_overflow_total` | `domain`, `descriptor`: decisions of a detailed limit past its bound of values, counted only in its aggregate series |
+//! | `turnstile_rls_unknown_domain_total`, `turnstile_rls_unknown_descriptor_total` | none: requests for a domain not configured, descriptors that match no limit |
+//! | `turnstile_rls_requests_total`, `turnstile_rls_invalid_requests_total` | none |
+//! | `turnstile_rls_config_reloads_total`, `turnstile_rls_config_reload_errors_total` | none |
+//!
+//! **Never an unbounded number of series**: no label takes a value from a
+//! request except the detailed series, which keep at most
+//! [`DETAILED_PER_LIMIT`] values per limit (the first seen) and count the
+//! rest in `turnstile_rls_detailed_overflow_total`; limits are bounded by
+//! the configuration, and at most [`MAX_LIMITS`] of them have series (more,
+//! across reloads, are counted under `descriptor="_other"`).
+//!
+//! Hand-written exposition over the service's own atomic counters, rather
+//! than the `metrics` crates: no global recorder (two services in one
+//! process, as the tests run them, keep their own counts), no exporter
+//! stack, and a decision's cost is one map look-up and one relaxed
+//! increment.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use crate::config::Rule;
+
+/// Values kept per `detailed_metric` limit.
+pub const DETAILED_PER_LIMIT: usize = 100;
+
+/// Limits with series of their own.
+pub const MAX_LIMITS: usize = 10_000;
+
+/// A decision's outcome, as counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Within the limit (or unlimited).
+    Ok,
+    /// Over the limit, answered `OVER_LIMIT`.
+    OverLimit,
+    /// Over a limit in shadow mode, answered `OK`.
+    ShadowOverLimit,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 3] = [Outcome::Ok, Outcome::OverLimit, Outcome::ShadowOverLimit];
+
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::OverLimit => "over_limit",
+            Outcome::ShadowOverLimit => "shadow_over_limit",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts([AtomicU64; 3]);
+
+impl Counts {
+    fn add(&self, outcome: Outcome) {
+        add(&self.0[outcome as usize]);
+    }
+
+    fn get(&self, outcome: Outcome) -> u64 {
+        // Reporting only: orders nothing.
+        self.0[outcome as usize].load(Ordering::Relaxed)
+    }
+}
+
+fn add(counter: &AtomicU64) {
+    // A counter read only for reporting: it orders nothing else.
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+#[derive(Debug, Default)]
+struct LimitCounts {
+    domain: String,
+    counts: Counts,
+    detailed: RwLock<HashMap<String, Arc<Counts>>>,
+    overflow: AtomicU64,
+}
+
+/// The counters behind `/metrics`.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    limits: RwLock<HashMap<String, Arc<LimitCounts>>>,
+    requests: AtomicU64,
+    invalid: AtomicU64,
+    unknown_domain: AtomicU64,
+    unknown_descriptor: AtomicU64,
+    reloads: AtomicU64,
+    reload_errors: AtomicU64,
+}
+
+impl Metrics {
+    /// A request was decided.
+    pub fn request(&self) {
+        add(&self.requests);
+    }
+
+    /// A request was refused as invalid.
+    pub fn invalid(&self) {
+        add(&self.invalid);
+    }
+
+    /// A request named a domain not configured.
+    pub fn unknown_domain(&self) {
+        add(&self.unknown_domain);
+    }
+
+    /// A descriptor matched no limit.
+    pub fn unknown_descriptor(&self) {
+        add(&self.unknown_descriptor);
+    }
+
+    /// A configuration reload succeeded.
+    pub fn reloaded(&self) {
+        add(&self.reloads);
+    }
+
+    /// A configuration reload failed (the old one stays in force).
+    pub fn reload_failed(&self) {
+        add(&self.reload_errors);
+    }
+
+    /// The configuration reloads so far: `(succeeded, failed)`.
+    pub fn reloads(&self) -> (u64, u64) {
+        // Reporting only: orders nothing.
+        (
+            self.reloads.load(Ordering::Relaxed),
+            self.reload_errors.load(Ordering::Relaxed),
+        )
+    }
+
+    /// `rule` decided `outcome` on a descriptor of `domain` whose entries
+    /// are `entries`.
+    pub fn decided<'a, I>(&self, domain: &str, rule: &Rule, entries: I, outcome: Outcome)
+    where
+        I: IntoIterator<Item = (&'a str, &'a str)>,
+    {
+        let limit = self.limit(domain, &rule.full_key);
+        limit.counts.add(outcome);
+        if rule.detailed_metric {
+            let mut name = domain.to_string();
+            for (key, value) in entries {
+                name.push('.');
+                name.push_str(key);
+                if !value.is_empty() {
+                    name.push('_');
+                    name.push_str(value);
+                }
+            }
+            let found = limit
+                .detailed
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&name)
+                .cloned();
+            let counts = found.or_else(|| {
+                let mut detailed = limit
+                    .detailed
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if detailed.len() < DETAILED_PER_LIMIT || detailed.contains_key(&name) {
+                    Some(Arc::clone(detailed.entry(name).or_default()))
+                } else {
+                    None
+                }
+            });
+            match counts {
+                Some(counts) => counts.add(outcome),
+                None => add(&limit.overflow),
+            }
+        }
+    }
+
+    fn limit(&self, domain: &str, full_key: &str) -> Arc<LimitCounts> {
+        let found = self
+            .limits
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(full_key)
+            .cloned();
+        if let Some(limit) = found {
+            return limit;
+        }
+        let mut limits = self.limits.write().unwrap_or_else(PoisonError::into_inner);
+        let key = if limits.len() < MAX_LIMITS || limits.contains_key(full_key) {
+            full_key
+        } else {
+            "_other"
+        };
+        let limit = limits.entry(key.to_string()).or_insert_with(|| {
+            Arc::new(LimitCounts {
+                domain: if key == "_other" {
+                    String::new()
+                } else {
+                    domain.to_string()
+                },
+                ..LimitCounts::default()
+            })
+        });
+        Arc::clone(limit)
+    }
+
+    /// The counters in Prometheus' text exposition format (0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let scalar = |out: &mut String, name: &str, help: &str, counter: &AtomicU64| {
+            // Reporting only: orders nothing.
+            let value = counter.load(Ordering::Relaxed);
+            let _ = write!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
+            );
+        };
+        scalar(
+            &mut out,
+            "turnstile_rls_requests_total",
+            "Requests decided.",
+            &self.requests,
+        );
+        scalar(
+            &mut out,
+            "turnstile_rls_invalid_requests_total",
+            "Requests refused as invalid (INVALID_ARGUMENT).",
+            &self.invalid,
+        );
+        scalar(
+            &mut out,
+            "turnstile_rls_unknown_domain_total",
+            "Requests for a domain that is not configured (answered OK).",
+            &self.unknown_domain,
+        );
+        scalar(
+            &mut out,
+            "turnstile_rls_unknown_descriptor_total",
+            "Descriptors that match no limit (answered OK).",
+            &self.unknown_descriptor,
+        );
+        scalar(
+            &mut out,
+            "turnstile_rls_config_reloads_total",
+            "Configuration reloads put in force.",
+            &self.reloads,
+        );
+        scalar(
+            &mut out,
+            "turnstile_rls_config_reload_errors_total",
+            "Configuration reloads refused (the previous configuration stayed in force).",
+            &self.reload_errors,
+        );
+        let limits = self.limits.read().unwrap_or_else(PoisonError::into_inner);
+        let mut names: Vec<&String> = limits.keys().collect();
+        names.sort_unstable();
+        out.push_str("# HELP turnstile_rls_decisions_total Descriptors decided, per limit and outcome.\n# TYPE turnstile_rls_decisions_total counter\n");
+        for name in &names {
+            let limit = &limits[*name];
+            for outcome in Outcome::ALL {
+                series(
+                    &mut out,
+                    "turnstile_rls_decisions_total",
+                    &limit.domain,
+                    name,
+                    Some(outcome),
+                    limit.counts.get(outcome),
+                );
+            }
+        }
+        out.push_str("# HELP turnstile_rls_detailed_decisions_total Descriptors decided, per value of a limit with detailed_metric.\n# TYPE turnstile_rls_detailed_decisions_total counter\n");
+        for name in &names {
+            let limit = &limits[*name];
+            let detailed = limit
+                .detailed
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            let mut values: Vec<(&String, &Arc<Counts>)> = detailed.iter().collect();
+            values.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (value, counts) in values {
+                for outcome in Outcome::ALL {
+                    series(
+                        &mut out,
+                        "turnstile_rls_detailed_decisions_total",
+                        &limit.domain,
+                        value,
+                        Some(outcome),
+                        counts.get(outcome),
+                    );
+                }
+            }
+        }
+        out.push_str("# HELP turnstile_rls_detailed_overflow_total Decisions of a detailed_metric limit past its bound of values.\n# TYPE turnstile_rls_detailed_overflow_total counter\n");
+        for name in &names {
+            let limit = &limits[*name];
+            // Reporting only: orders nothing.
+            let overflow = limit.overflow.load(Ordering::Relaxed);
+            if overflow > 0 {
+                series(
+                    &mut out,
+                    "turnstile_rls_detailed_overflow_total",
+                    &limit.domain,
+                    name,
+                    None,
+                    overflow,
+                );
+            }
+        }
+        out
+    }
+}
+
+fn series(
+    out: &mut String,
+    metric: &str,
+    domain: &str,
+    descriptor: &str,
+    outcome: Option<Outcome>,
+    value: u64,
+) {
+    let _ = write!(
+        out,
+        "{metric}{{domain=\"{}\",descriptor=\"{}\"",
+        escape(domain),
+        escape(descriptor)
+    );
+    if let Some(outcome) = outcome {
+        let _ = write!(out, ",outcome=\"{}\"", outcome.label());
+    }
+    let _ = writeln!(out, "}} {value}");
+}
+
+/// A label value as the text format needs it: `\`, `"` and newlines escaped.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}

@@ -1,0 +1,297 @@
+//! Hot reload: the configuration directory is read again when one of its
+//! files changes (polled, about once a second) or on `SIGHUP`
+//! ([`Reloader::watch`]), and swapped into the service whole.
+//!
+//! - **A broken configuration changes nothing**: the error (file, line, what
+//!   to change) goes to stderr, is counted
+//!   ([`Metrics`](crate::metrics::Metrics)), and the old configuration goes
+//!   on deciding. It is reported once per broken version of the directory,
+//!   not once per poll.
+//! - **An unchanged limit keeps its state**: a limit whose domain, descriptor
+//!   path, algorithm and quota (`requests_per_unit`, `unit`, `burst`) are the
+//!   same is served by the same [`LimitState`] object, every key's count with
+//!   it.
+//! - **A changed quota**: a `token_bucket` limit keeps every key's tokens,
+//!   converted by turnstile's live token bucket (never more than the new
+//!   capacity; tokens created only in a full bucket:
+//!   [`LiveTokenBucket`](turnstile::LiveTokenBucket)). Any other algorithm,
+//!   or a limit whose algorithm changed, starts fresh: every key at its full
+//!   allowance.
+//!
+//! Polling rather than file-system events: a configuration directory holds a
+//! few small files, reading them once a second costs next to nothing, and it
+//! sees every way a file can change (an editor's rename, a Kubernetes
+//! ConfigMap's symlink swap, a network file system) with no platform code.
+//! The poll compares the files' names and contents, not their times, so an
+//! edit within the file system's time resolution is not missed.
+
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::backend::{Backend, LimitSpec, LimitState};
+use crate::config::{Config, ConfigError};
+use crate::service::RateLimitService;
+
+/// How often [`Reloader::watch`] polls the directory by default.
+pub const DEFAULT_POLL: Duration = Duration::from_secs(1);
+
+/// The states handed out by the last configuration that loaded, by full key.
+type Issued = HashMap<String, (LimitSpec, Arc<dyn LimitState>)>;
+
+/// Loads a configuration directory, and loads it again when it changes,
+/// keeping the state of the limits that stay.
+#[derive(Debug)]
+pub struct Reloader {
+    dir: PathBuf,
+    backend: Arc<dyn Backend>,
+    /// The last load's states, and the fingerprint of the last version of
+    /// the directory tried (loaded or refused).
+    last: Mutex<(Issued, Option<u64>)>,
+}
+
+/// What [`Reloader::poll`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reload {
+    /// The files are as they were: nothing done.
+    Unchanged,
+    /// A new configuration is in force.
+    Loaded,
+}
+
+impl Reloader {
+    /// A reloader of `dir` (its `*.yaml` and `*.yml` files, as
+    /// [`Config::load_dir`] reads them), making limits with `backend`.
+    pub fn new(dir: impl Into<PathBuf>, backend: Arc<dyn Backend>) -> Reloader {
+        Reloader {
+            dir: dir.into(),
+            backend,
+            last: Mutex::new((HashMap::new(), None)),
+        }
+    }
+
+    /// Load the directory as it is now, reusing the state of every limit
+    /// the last load made that is unchanged (see the [module](self)).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`]; nothing is changed, and the same files will not be
+    /// tried again by [`poll`](Reloader::poll).
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let files = read_dir(&self.dir)?;
+        let fingerprint = fingerprint(&files);
+        // A poisoned lock: a load panicked; its data is a map of states, still whole.
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        last.1 = Some(fingerprint);
+        // First pass: validate, with side effects on nothing that serves.
+        let dry = Reusing::new(&*self.backend, &last.0, false);
+        let config = Config::from_files(&files, &dry)?;
+        let config = if dry.wants_requota() {
+            // Second pass, on the same text, which the first has accepted:
+            // change the quotas of the limits that can keep their state.
+            let commit = Reusing::new(&*self.backend, &last.0, true);
+            let config = Config::from_files(&files, &commit)?;
+            last.0 = commit.into_issued();
+            config
+        } else {
+            last.0 = dry.into_issued();
+            config
+        };
+        Ok(config)
+    }
+
+    /// Load the directory if its files changed since the last load tried,
+    /// and put the new configuration in force in `service`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`]: the service keeps its configuration.
+    pub fn poll(&self, service: &RateLimitService) -> Result<Reload, ConfigError> {
+        let read = read_dir(&self.dir);
+        let now = match &read {
+            Ok(files) => fingerprint(files),
+            // An unreadable directory is a version of its own: reported
+            // and counted once, not on every poll.
+            Err(error) => fingerprint(&[(String::new(), error.to_string())]),
+        };
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.1 == Some(now) {
+            return Ok(Reload::Unchanged);
+        }
+        if let Err(error) = read {
+            last.1 = Some(now);
+            service.metrics().reload_failed();
+            return Err(error);
+        }
+        drop(last);
+        self.reload(service)?;
+        Ok(Reload::Loaded)
+    }
+
+    /// Load the directory now and put it in force in `service`, counting the
+    /// reload or its error in the service's metrics.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`]: the service keeps its configuration.
+    pub fn reload(&self, service: &RateLimitService) -> Result<(), ConfigError> {
+        match self.load() {
+            Ok(config) => {
+                service.set_config(config);
+                service.metrics().reloaded();
+                Ok(())
+            }
+            Err(error) => {
+                service.metrics().reload_failed();
+                Err(error)
+            }
+        }
+    }
+
+    /// Poll every `every` and reload on `SIGHUP` (Unix), until `stop`
+    /// completes; each reload and each error is reported on stderr.
+    pub async fn watch<F>(self: Arc<Self>, service: Arc<RateLimitService>, every: Duration, stop: F)
+    where
+        F: std::future::Future<Output = ()>,
+    {
+        let report = |result: Result<Reload, ConfigError>| match result {
+            Ok(Reload::Loaded) => {
+                eprintln!(
+                    "turnstile-server: configuration reloaded from {}",
+                    self.dir.display()
+                );
+            }
+            Ok(Reload::Unchanged) => {}
+            Err(error) => eprintln!(
+                "turnstile-server: configuration not reloaded (the previous one stays in force): {error}"
+            ),
+        };
+        let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        #[cfg(unix)]
+        let mut hangup =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        tokio::pin!(stop);
+        loop {
+            #[cfg(unix)]
+            let hup = async {
+                match hangup.as_mut() {
+                    Some(signal) => signal.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let hup = std::future::pending::<Option<()>>();
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tick.tick() => {
+                    let (this, service) = (Arc::clone(&self), Arc::clone(&service));
+                    // File reads and limiter conversions: off the runtime's workers.
+                    let result = tokio::task::spawn_blocking(move || this.poll(&service)).await;
+                    if let Ok(result) = result {
+                        report(result);
+                    }
+                }
+                _ = hup => {
+                    let (this, service) = (Arc::clone(&self), Arc::clone(&service));
+                    let result = tokio::task::spawn_blocking(move || this.reload(&service)).await;
+                    if let Ok(result) = result {
+                        report(result.map(|()| Reload::Loaded));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The files [`Config::load_dir`] reads, in the same order, with its names.
+fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, ConfigError> {
+    let io = |path: &Path, error: std::io::Error| ConfigError::Io {
+        path: path.display().to_string(),
+        message: error.to_string(),
+    };
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+        let path = entry.map_err(|e| io(dir, e))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if yaml && !name.starts_with('.') && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    let mut files = Vec::with_capacity(paths.len());
+    for path in paths {
+        let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
+        files.push((path.display().to_string(), text));
+    }
+    Ok(files)
+}
+
+fn fingerprint(files: &[(String, String)]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    files.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A backend that hands out the previous load's state for an unchanged
+/// limit and, when `commit`, converts a token bucket whose quota changed.
+#[derive(Debug)]
+struct Reusing<'a> {
+    inner: &'a dyn Backend,
+    previous: &'a Issued,
+    commit: bool,
+    issued: Mutex<Issued>,
+    requota: Mutex<bool>,
+}
+
+impl<'a> Reusing<'a> {
+    fn new(inner: &'a dyn Backend, previous: &'a Issued, commit: bool) -> Reusing<'a> {
+        Reusing {
+            inner,
+            previous,
+            commit,
+            issued: Mutex::new(HashMap::new()),
+            requota: Mutex::new(false),
+        }
+    }
+
+    fn wants_requota(&self) -> bool {
+        *self.requota.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn into_issued(self) -> Issued {
+        self.issued
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Backend for Reusing<'_> {
+    fn limit(&self, spec: &LimitSpec) -> Result<Arc<dyn LimitState>, String> {
+        let state = match self.previous.get(&spec.full_key) {
+            Some((old, state)) if old == spec => Arc::clone(state),
+            Some((old, state)) if old.algorithm == spec.algorithm => {
+                *self.requota.lock().unwrap_or_else(PoisonError::into_inner) = true;
+                let kept = if self.commit {
+                    state.requota(spec)
+                } else {
+                    None
+                };
+                match kept {
+                    Some(state) => state,
+                    None => self.inner.limit(spec)?,
+                }
+            }
+            _ => self.inner.limit(spec)?,
+        };
+        self.issued
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(spec.full_key.clone(), (spec.clone(), Arc::clone(&state)));
+        Ok(state)
+    }
+}

@@ -1,0 +1,295 @@
+//! Hot reload over real gRPC: a file changed while a load of concurrent
+//! requests runs, a broken file, SIGHUP.
+
+#![allow(missing_docs)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{descriptor, ok, overall_ok, request};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+use turnstile::ManualClock;
+use turnstile_server::backend::InProcess;
+use turnstile_server::clock::ServiceClock;
+use turnstile_server::reload::Reloader;
+use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
+use turnstile_server::service::{Bounds, RateLimitService};
+
+const BEFORE: &str = "\
+domain: api
+descriptors:
+  - key: user
+    rate_limit: { unit: minute, requests_per_unit: 1000000, algorithm: token_bucket }
+  - key: kept
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+  - key: bucket
+    rate_limit: { unit: minute, requests_per_unit: 10, algorithm: token_bucket }
+  - key: window
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+";
+
+const AFTER: &str = "\
+domain: api
+descriptors:
+  - key: user
+    rate_limit: { unit: minute, requests_per_unit: 1000000, algorithm: token_bucket }
+  - key: kept
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+  - key: bucket
+    rate_limit: { unit: minute, requests_per_unit: 20, algorithm: token_bucket }
+  - key: window
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+  - key: added
+    rate_limit: { unit: minute, requests_per_unit: 3 }
+";
+
+const BROKEN: &str = "\
+domain: api
+descriptors:
+  - key: kept
+    rate_limit: { unit: minute, requests_per_unit: lots }
+";
+
+/// A fresh directory under the target's temporary directory.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("turnstile-reload-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Replace `dir/api.yaml` in one rename, as a deployment tool would.
+fn write(dir: &Path, text: &str) {
+    let staged = dir.join(".api.yaml.tmp");
+    std::fs::write(&staged, text).unwrap();
+    std::fs::rename(&staged, dir.join("api.yaml")).unwrap();
+}
+
+struct Served {
+    client: RateLimitServiceClient<Channel>,
+    service: Arc<RateLimitService>,
+    stop: oneshot::Sender<()>,
+    _clock: ManualClock,
+}
+
+async fn serve_dir(dir: &Path, poll: Duration) -> Served {
+    let clock = ManualClock::new();
+    let backend = InProcess::new(ServiceClock::manual(clock.clone()), 10_000);
+    let reloader = Arc::new(Reloader::new(dir, Arc::new(backend)));
+    let config = reloader.load().expect("a valid configuration");
+    let service = Arc::new(RateLimitService::new(config, Bounds::default(), false));
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (watch_stop, watch_stopped) = oneshot::channel::<()>();
+    tokio::spawn(reloader.watch(Arc::clone(&service), poll, async move {
+        let _ = watch_stopped.await;
+    }));
+    tokio::spawn(serve(
+        Arc::clone(&service),
+        grpc,
+        None,
+        DEFAULT_MAX_MESSAGE,
+        async move {
+            let _ = stopped.await;
+            let _ = watch_stop.send(());
+        },
+    ));
+    let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    Served {
+        client,
+        service,
+        stop,
+        _clock: clock,
+    }
+}
+
+async fn one(client: &mut RateLimitServiceClient<Channel>, key: &str) -> RateLimitResponse {
+    let r: RateLimitRequest = request("api", vec![descriptor(&[(key, "x")])]);
+    client.should_rate_limit(r).await.unwrap().into_inner()
+}
+
+/// Wait until the service has counted `succeeded` reloads and `failed`
+/// errors (at most 10 s).
+async fn wait_reloads(service: &RateLimitService, succeeded: u64, failed: u64) {
+    let start = Instant::now();
+    while service.metrics().reloads() != (succeeded, failed) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "reloads {:?}, waiting for ({succeeded}, {failed})",
+            service.metrics().reloads()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_changed_under_load_reloads_keeping_state() {
+    let dir = temp_dir("load");
+    write(&dir, BEFORE);
+    let mut rls = serve_dir(&dir, Duration::from_millis(50)).await;
+    for _ in 0..4 {
+        for key in ["kept", "bucket", "window"] {
+            assert!(overall_ok(&one(&mut rls.client, key).await));
+        }
+    }
+    assert_eq!(
+        one(&mut rls.client, "kept").await.statuses[0].limit_remaining,
+        5
+    );
+
+    // A load of concurrent requests across the reloads: none may fail.
+    let running = Arc::new(AtomicBool::new(true));
+    let answered = Arc::new(AtomicU64::new(0));
+    let mut load = Vec::new();
+    for task in 0..16 {
+        let (mut client, running, answered) = (
+            rls.client.clone(),
+            Arc::clone(&running),
+            Arc::clone(&answered),
+        );
+        load.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while running.load(Ordering::Relaxed) {
+                let value = format!("{task}-{}", i % 8);
+                let r = request("api", vec![descriptor(&[("user", &value)])]);
+                let response = client.should_rate_limit(r).await?.into_inner();
+                assert!(overall_ok(&response), "{response:?}");
+                answered.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            Ok::<(), tonic::Status>(())
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    write(&dir, AFTER);
+    wait_reloads(&rls.service, 1, 0).await;
+    // Unchanged: the same state, its count kept (5 left, now 4).
+    assert_eq!(
+        one(&mut rls.client, "kept").await.statuses[0].limit_remaining,
+        4
+    );
+    // A token bucket's quota raised: its 6 tokens kept (within the new 20).
+    let r = one(&mut rls.client, "bucket").await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        20
+    );
+    assert_eq!(r.statuses[0].limit_remaining, 5);
+    // A fixed window's quota changed: fresh, at the new 20.
+    let r = one(&mut rls.client, "window").await;
+    assert_eq!(r.statuses[0].limit_remaining, 19);
+    // A new limit applies at once.
+    for left in (0..3).rev() {
+        assert_eq!(
+            one(&mut rls.client, "added").await.statuses[0].limit_remaining,
+            left
+        );
+    }
+    assert!(!overall_ok(&one(&mut rls.client, "added").await));
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    write(&dir, BROKEN);
+    wait_reloads(&rls.service, 1, 1).await;
+    // Nothing changed: the old limits, and their counts, are in force.
+    assert_eq!(
+        one(&mut rls.client, "kept").await.statuses[0].limit_remaining,
+        3
+    );
+    assert!(!overall_ok(&one(&mut rls.client, "added").await));
+    let r = one(&mut rls.client, "bucket").await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        20
+    );
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    // Polls of the same broken files count it once.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rls.service.metrics().reloads(), (1, 1));
+
+    // Fixed again: reloaded, counts still kept.
+    write(&dir, AFTER);
+    wait_reloads(&rls.service, 2, 1).await;
+    assert_eq!(
+        one(&mut rls.client, "kept").await.statuses[0].limit_remaining,
+        2
+    );
+
+    running.store(false, Ordering::Relaxed);
+    for task in load {
+        task.await.unwrap().expect("no request of the load failed");
+    }
+    assert!(answered.load(Ordering::Relaxed) > 0);
+    let _ = rls.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_token_bucket_lowered_keeps_at_most_the_new_capacity() {
+    let dir = temp_dir("lower");
+    write(&dir, AFTER);
+    let mut rls = serve_dir(&dir, Duration::from_millis(20)).await;
+    // 20 → spend 2 (18 left); lowered to 10: min(18, 10) = 10.
+    for _ in 0..2 {
+        assert!(ok(&one(&mut rls.client, "bucket").await.statuses[0]));
+    }
+    write(&dir, BEFORE);
+    wait_reloads(&rls.service, 1, 0).await;
+    assert_eq!(
+        one(&mut rls.client, "bucket").await.statuses[0].limit_remaining,
+        9
+    );
+    let _ = rls.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn an_unreadable_directory_keeps_the_configuration_and_counts_once() {
+    let dir = temp_dir("gone");
+    write(&dir, AFTER);
+    let mut rls = serve_dir(&dir, Duration::from_millis(20)).await;
+    assert_eq!(
+        one(&mut rls.client, "added").await.statuses[0].limit_remaining,
+        2
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    wait_reloads(&rls.service, 0, 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        rls.service.metrics().reloads(),
+        (0, 1),
+        "one error per version"
+    );
+    assert_eq!(
+        one(&mut rls.client, "added").await.statuses[0].limit_remaining,
+        1
+    );
+    // Back: loaded again, the limit's count kept.
+    std::fs::create_dir_all(&dir).unwrap();
+    write(&dir, AFTER);
+    wait_reloads(&rls.service, 1, 1).await;
+    assert_eq!(
+        one(&mut rls.client, "added").await.statuses[0].limit_remaining,
+        0
+    );
+    let _ = rls.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
+}
