@@ -43,6 +43,7 @@ pub mod clock;
 pub mod config;
 pub mod grpc;
 pub mod http;
+pub mod redis_backend;
 pub mod server;
 pub mod service;
 mod yaml;

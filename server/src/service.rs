@@ -236,13 +236,14 @@ impl RateLimitService {
     ///
     /// [`RequestError`] for an empty domain or descriptor list, or a request
     /// beyond the [`Bounds`].
-    pub fn should_rate_limit(
+    pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RequestError> {
         self.check_bounds(request)?;
         Stats::add(&self.stats.requests);
-        let config = self.config.load();
+        // An `Arc` rather than a guard: a decision may await a backend's call.
+        let config = self.config.load_full();
         let rules: Vec<Option<&Arc<Rule>>> = request
             .descriptors
             .iter()
@@ -300,7 +301,7 @@ impl RateLimitService {
                 }
             };
             let verdict = match &rule.state {
-                Some(state) => state.decide(&counter_key(descriptor), hits),
+                Some(state) => state.decide(&counter_key(descriptor), hits).await,
                 // A limit of 0 per unit.
                 None => Verdict::Denied { retry_after: None },
             };
