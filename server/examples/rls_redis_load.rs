@@ -79,9 +79,15 @@ async fn drive(backend: &dyn Backend, streams: usize, run: Duration) -> Stats {
         .expect("bind");
     let addr = grpc.local_addr().expect("an address");
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(serve(service, grpc, None, DEFAULT_MAX_MESSAGE, async move {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(serve(
+        service,
+        grpc,
+        None,
+        DEFAULT_MAX_MESSAGE,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
     let mut clients = Vec::new();
     for _ in 0..streams.clamp(1, 4) {
         clients.push(

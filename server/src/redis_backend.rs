@@ -58,8 +58,7 @@ use turnstile::redis::{
     MAX_LEASE, OnFailure, RedisAlgorithm, RedisLimiter,
 };
 use turnstile::{
-    AcquireError, Clock, Decision, FixedWindow, Gcra, RateLimitPolicy, SlidingWindow,
-    TokenBucket,
+    AcquireError, Clock, Decision, FixedWindow, Gcra, RateLimitPolicy, SlidingWindow, TokenBucket,
 };
 
 use crate::backend::{
@@ -312,8 +311,7 @@ impl Backend for RedisBackend {
         let rate = spec.requests_per_unit;
         let unit = spec.unit.duration();
         let quota_error = |error: turnstile::QuotaError| error.to_string();
-        let (algorithm, reset, tag, policy): (RedisAlgorithm, Reset, &str, _) = match spec
-            .algorithm
+        let (algorithm, reset, tag, policy): (RedisAlgorithm, Reset, &str, _) = match spec.algorithm
         {
             AlgorithmKind::TokenBucket => {
                 let quota = bucket_quota(rate, spec.unit, spec.burst).map_err(quota_error)?;
@@ -359,11 +357,11 @@ impl Backend for RedisBackend {
         let capacity = limiter.capacity();
         let on_failure = self.on_failure(algorithm)?;
         let decider = match self.options.mode {
-            RedisMode::Exact => Decider::Exact(Guarded::new(
+            RedisMode::Exact => Decider::Exact(Box::new(Guarded::new(
                 limiter,
                 on_failure,
                 self.options.backoff,
-            )),
+            ))),
             RedisMode::Leased => {
                 let leased = LeasedBuilder::new(limiter, self.lease_for(capacity))
                     .map_err(|e| e.to_string())?
@@ -419,7 +417,8 @@ impl Drop for Refresher {
 }
 
 enum Decider {
-    Exact(Guarded),
+    // Boxed: a `Guarded` is some 400 bytes, a leased limit two pointers.
+    Exact(Box<Guarded>),
     Leased {
         leased: Arc<LeasedLimiter>,
         _refresher: Refresher,

@@ -49,9 +49,15 @@ impl Replica {
             .expect("bind");
         let addr = grpc.local_addr().expect("an address");
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(service, grpc, None, DEFAULT_MAX_MESSAGE, async move {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(serve(
+            service,
+            grpc,
+            None,
+            DEFAULT_MAX_MESSAGE,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         let client = RateLimitServiceClient::connect(format!("http://{addr}"))
             .await
             .expect("connect");
@@ -270,7 +276,11 @@ async fn redis_killed_mid_run_is_answered_by_the_policy_within_the_deadline() {
             "{mode:?}/{policy:?} after the kill: admitted {:?} of {:?}, slowest {:?}",
             during.admitted, during.asked, during.slowest
         );
-        assert_eq!(across.errors + during.errors, 0, "{mode:?}/{policy:?}: every request is answered");
+        assert_eq!(
+            across.errors + during.errors,
+            0,
+            "{mode:?}/{policy:?}: every request is answered"
+        );
         // A request makes at most one call (connect and response deadlines),
         // or waits for another's fetch at most one response deadline; the
         // margin is the gRPC round trip on a loaded machine.
@@ -296,7 +306,8 @@ async fn redis_killed_mid_run_is_answered_by_the_policy_within_the_deadline() {
                 // Each replica's share: B/2 tokens, r/2 per second, from empty
                 // at the start of the outage (the failover rule), so at most
                 // r/2 · T each beyond what leases held.
-                let share = 2 * (f64::from(rate) / 2.0 * during.elapsed.as_secs_f64()).ceil() as u64;
+                let share =
+                    2 * (f64::from(rate) / 2.0 * during.elapsed.as_secs_f64()).ceil() as u64;
                 assert!(
                     admitted <= held + u64::from(burst) + share,
                     "{mode:?}: fail open admitted {admitted}"
@@ -315,7 +326,11 @@ async fn redis_killed_mid_run_is_answered_by_the_policy_within_the_deadline() {
 
 #[tokio::test]
 async fn a_url_of_another_form_is_refused_with_what_to_give() {
-    for url in ["http://127.0.0.1:6379", "redis+sentinel://127.0.0.1:26379", "redis+cluster://"] {
+    for url in [
+        "http://127.0.0.1:6379",
+        "redis+sentinel://127.0.0.1:26379",
+        "redis+cluster://",
+    ] {
         let error = RedisBackend::connect(url, RedisOptions::default())
             .await
             .expect_err("refused");
