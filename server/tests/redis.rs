@@ -362,3 +362,52 @@ async fn each_limit_has_keys_of_its_own_under_the_prefix() {
     assert_eq!(keys, vec!["turnstile-rls:gcra:api.user:4:dave".to_string()]);
     replica.stop().await;
 }
+
+/// The fixed window keeps its own bound in leased mode, with no lease term:
+/// a lease counts its permits in the window that granted it and ends with
+/// that window, so the replicas together admit at most `limit` in each
+/// window the load touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_leased_replicas_keep_the_fixed_windows_bound() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let limit = 40;
+    let yaml = format!(
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n      \
+         requests_per_unit: {limit}\n      algorithm: fixed_window\n"
+    );
+    let options = options(
+        RedisMode::Leased,
+        FailurePolicy::Closed,
+        Duration::from_secs(2),
+    );
+    let replicas = two_replicas(&server, &yaml, options).await;
+    assert!(replicas[0].backend.lease_for(limit) > 1);
+    let unix_secs = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs()
+    };
+    // Windows sit on whole seconds of Redis' clock, this machine's clock.
+    let first = unix_secs();
+    let load = load(&replicas, "erin", 4, Duration::from_millis(1_500)).await;
+    let windows = unix_secs() - first + 1;
+    let admitted = load.admitted[0] + load.admitted[1];
+    let bound = u64::from(limit) * windows;
+    eprintln!(
+        "leased fixed_window: admitted {admitted} ({:?}) of {:?} over {windows} windows; bound {bound}",
+        load.admitted, load.asked
+    );
+    assert_eq!(load.errors, 0);
+    assert!(
+        admitted <= bound,
+        "admitted {admitted} > {limit} × {windows} windows"
+    );
+    assert!(admitted >= u64::from(limit), "admitted {admitted}");
+    assert!(load.asked[0] + load.asked[1] > bound);
+    for replica in replicas {
+        replica.stop().await;
+    }
+}
