@@ -8,7 +8,10 @@
 //! same two traits.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use turnstile::{
@@ -123,11 +126,48 @@ pub enum Verdict {
     },
 }
 
+/// A decision in progress: ready at once for a limit kept in process, a
+/// future for one that may await a call to another process (Redis). The
+/// service awaits it, so a backend that calls out never blocks the runtime's
+/// threads.
+pub enum Decide<'a> {
+    /// Decided already.
+    Ready(Verdict),
+    /// Decided when this completes.
+    Pending(Pin<Box<dyn Future<Output = Verdict> + Send + 'a>>),
+}
+
+impl fmt::Debug for Decide<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decide::Ready(verdict) => f.debug_tuple("Ready").field(verdict).finish(),
+            Decide::Pending(_) => f.write_str("Pending"),
+        }
+    }
+}
+
+impl From<Verdict> for Decide<'_> {
+    fn from(verdict: Verdict) -> Self {
+        Decide::Ready(verdict)
+    }
+}
+
+impl Future for Decide<'_> {
+    type Output = Verdict;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Verdict> {
+        match &mut *self {
+            Decide::Ready(verdict) => Poll::Ready(*verdict),
+            Decide::Pending(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
 /// A limit's state, shared by every request that matches it.
 pub trait LimitState: Send + Sync + fmt::Debug {
     /// Spend `hits` permits for `key`, all or nothing; `hits = 0` spends
     /// nothing and answers whether a request of one permit would be admitted.
-    fn decide(&self, key: &str, hits: u32) -> Verdict;
+    fn decide<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a>;
 
     /// The `RateLimit-Policy` this limit can promise, if any.
     fn policy(&self) -> Option<&RateLimitPolicy>;
@@ -186,7 +226,7 @@ impl Default for InProcess {
 }
 
 /// The quota of a token bucket or GCRA: `rate` per `unit`, burst `burst`.
-fn bucket_quota(rate: u32, unit: Unit, burst: Option<u32>) -> Result<Quota, QuotaError> {
+pub(crate) fn bucket_quota(rate: u32, unit: Unit, burst: Option<u32>) -> Result<Quota, QuotaError> {
     let quota = match unit {
         Unit::Second => Quota::per_second(rate)?,
         Unit::Minute => Quota::per_minute(rate)?,
@@ -317,7 +357,7 @@ impl LimitState for Live {
 
 /// A `RateLimit-Policy` name from a limit's full key: the characters a
 /// policy name may hold, others as `_`, at most 64.
-fn policy_name(full_key: &str) -> String {
+pub(crate) fn policy_name(full_key: &str) -> String {
     let name: String = full_key
         .chars()
         .map(|c| {
@@ -336,13 +376,13 @@ fn policy_name(full_key: &str) -> String {
     }
 }
 
-fn duration_nanos(duration: Duration) -> u64 {
+pub(crate) fn duration_nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// How long a key takes to be whole again, per algorithm (an upper bound).
 #[derive(Clone, Copy, Debug)]
-enum Reset {
+pub(crate) enum Reset {
     /// `amount` tokens every `period` ns: the missing tokens' periods.
     Bucket { amount: u64, period: u64 },
     /// One permit every `interval` ns: the missing permits' intervals.
@@ -355,7 +395,7 @@ enum Reset {
 }
 
 impl Reset {
-    fn until_whole(self, missing: u64, now: u64) -> Duration {
+    pub(crate) fn until_whole(self, missing: u64, now: u64) -> Duration {
         if missing == 0 {
             return Duration::ZERO;
         }
@@ -391,7 +431,17 @@ impl<A> LimitState for Keyed<A>
 where
     A: Algorithm + Send + Sync,
 {
-    fn decide(&self, key: &str, hits: u32) -> Verdict {
+    fn decide<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
+        self.decide_now(key, hits).into()
+    }
+
+    fn policy(&self) -> Option<&RateLimitPolicy> {
+        self.policy.as_ref()
+    }
+}
+
+impl<A: Algorithm> Keyed<A> {
+    fn decide_now(&self, key: &str, hits: u32) -> Verdict {
         let capacity = self.limiter.algorithm().capacity();
         let whole = |remaining: u32| {
             let now = self.limiter.clock().now();
@@ -426,12 +476,6 @@ where
         }
     }
 
-    fn policy(&self) -> Option<&RateLimitPolicy> {
-        self.policy.as_ref()
-    }
-}
-
-impl<A: Algorithm> Keyed<A> {
     /// An upper bound on the wait for one permit of a key that has none:
     /// one refill period, one emission interval, or the window's end.
     fn next_permit(&self) -> Duration {

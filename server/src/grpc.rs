@@ -18,7 +18,7 @@ impl Rls for GrpcService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        match self.0.should_rate_limit(request.get_ref()) {
+        match self.0.should_rate_limit(request.get_ref()).await {
             Ok(response) => Ok(Response::new(response)),
             Err(error) => Err(Status::invalid_argument(error.to_string())),
         }

@@ -213,7 +213,7 @@ async fn json(State(service): State<Arc<RateLimitService>>, body: Bytes) -> Resp
         Ok(request) => request,
         Err(message) => return (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response(),
     };
-    match service.should_rate_limit(&request) {
+    match service.should_rate_limit(&request).await {
         Ok(response) => {
             let status = if response.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS

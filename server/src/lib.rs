@@ -37,6 +37,16 @@
 //!   `X-RateLimit-Reset`), never before that is true.
 //!
 //! Windows sit on the calendar's boundaries (UTC): [`ServiceClock`](clock::ServiceClock).
+//!
+//! # Backends
+//!
+//! Limits live in this process ([`InProcess`](backend::InProcess), the
+//! default) or in Redis, shared by every replica
+//! ([`RedisBackend`](redis_backend::RedisBackend), exact or leased mode, with
+//! a failure policy and deadlines). With the Redis backends `remaining` is
+//! what the decision saw: the global limit's in exact mode, the lease held by
+//! this replica in leased mode; `duration_until_reset` of an admission is
+//! counted from it.
 
 pub mod backend;
 pub mod clock;
@@ -44,6 +54,7 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod redis_backend;
 pub mod reload;
 pub mod server;
 pub mod service;

@@ -5,8 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use turnstile_server::backend::{DEFAULT_MAX_KEYS_PER_LIMIT, InProcess};
+use std::time::Duration;
+
+use turnstile_server::backend::{Backend, DEFAULT_MAX_KEYS_PER_LIMIT, InProcess};
 use turnstile_server::clock::ServiceClock;
+use turnstile_server::redis_backend::{FailurePolicy, RedisBackend, RedisMode, RedisOptions};
 use turnstile_server::reload::{DEFAULT_POLL, Reloader};
 use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
 use turnstile_server::service::{Bounds, RateLimitService};
@@ -23,6 +26,15 @@ usage: turnstile-server --config DIR [options]
   --max-entries N         entries per descriptor (default 16)
   --max-length N          bytes per domain, key or value (default 1024)
   --response-headers      add RateLimit-Policy, RateLimit and Retry-After to responses
+
+  --redis URL             share the limits with other replicas in Redis: redis://HOST:PORT[/DB],
+                          redis+cluster://HOST:PORT,HOST:PORT... or
+                          redis+sentinel://HOST:PORT,.../PRIMARY_NAME (default: in process)
+  --redis-mode MODE       leased (default: leases spent in process) or exact (a script per decision)
+  --on-redis-failure P    open (default: this replica's share of each limit) or closed (deny)
+  --redis-deadline MS     deadline of each Redis reply, in milliseconds (default 5)
+  --replicas N            replicas sharing the limits: sizes the share and the leases (default 1)
+  --max-lease N           largest lease, in permits (default 64)
 ";
 
 struct Args {
@@ -32,6 +44,8 @@ struct Args {
     max_keys: usize,
     bounds: Bounds,
     headers: bool,
+    redis: Option<String>,
+    redis_options: RedisOptions,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -41,6 +55,8 @@ fn parse_args() -> Result<Args, String> {
     let mut max_keys = DEFAULT_MAX_KEYS_PER_LIMIT;
     let mut bounds = Bounds::default();
     let mut headers = false;
+    let mut redis = None;
+    let mut redis_options = RedisOptions::default();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--response-headers" {
@@ -72,6 +88,30 @@ fn parse_args() -> Result<Args, String> {
             "--max-descriptors" => bounds.max_descriptors = count(&value)?,
             "--max-entries" => bounds.max_entries = count(&value)?,
             "--max-length" => bounds.max_length = count(&value)?,
+            "--redis" => redis = Some(value),
+            "--redis-mode" => {
+                redis_options.mode = RedisMode::parse(&value)
+                    .ok_or_else(|| format!("{flag} {value}: give exact or leased"))?;
+            }
+            "--on-redis-failure" => {
+                redis_options.on_failure = FailurePolicy::parse(&value)
+                    .ok_or_else(|| format!("{flag} {value}: give open or closed"))?;
+            }
+            "--redis-deadline" => {
+                let millis = u64::try_from(count(&value)?).unwrap_or(u64::MAX);
+                redis_options.deadlines = redis_options
+                    .deadlines
+                    .response(Duration::from_millis(millis))
+                    .map_err(|e| format!("{flag} {value}: {e}"))?;
+            }
+            "--replicas" => {
+                redis_options.replicas = u32::try_from(count(&value)?)
+                    .map_err(|_| format!("{flag} {value}: give at most {}", u32::MAX))?;
+            }
+            "--max-lease" => {
+                redis_options.max_lease = u32::try_from(count(&value)?)
+                    .map_err(|_| format!("{flag} {value}: give at most {}", u32::MAX))?;
+            }
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -83,6 +123,11 @@ fn parse_args() -> Result<Args, String> {
         max_keys,
         bounds,
         headers,
+        redis,
+        redis_options: RedisOptions {
+            max_keys,
+            ..redis_options
+        },
     })
 }
 
@@ -122,8 +167,17 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let backend = InProcess::new(ServiceClock::real(), args.max_keys);
-    let reloader = Arc::new(Reloader::new(&args.config, Arc::new(backend)));
+    let backend: Arc<dyn Backend> = match &args.redis {
+        None => Arc::new(InProcess::new(ServiceClock::real(), args.max_keys)),
+        Some(url) => match RedisBackend::connect(url, args.redis_options.clone()).await {
+            Ok(backend) => Arc::new(backend),
+            Err(error) => {
+                eprintln!("turnstile-server: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let reloader = Arc::new(Reloader::new(&args.config, backend));
     let config = match reloader.load() {
         Ok(config) => config,
         Err(error) => {

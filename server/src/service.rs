@@ -244,7 +244,7 @@ impl RateLimitService {
     ///
     /// [`RequestError`] for an empty domain or descriptor list, or a request
     /// beyond the [`Bounds`].
-    pub fn should_rate_limit(
+    pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RequestError> {
@@ -254,7 +254,8 @@ impl RateLimitService {
         }
         Stats::add(&self.stats.requests);
         self.metrics.request();
-        let config = self.config.load();
+        // An `Arc` rather than a guard: a decision may await a backend's call.
+        let config = self.config.load_full();
         let known_domain = config.domains().any(|d| d == request.domain);
         if !known_domain {
             self.metrics.unknown_domain();
@@ -332,7 +333,7 @@ impl RateLimitService {
                 }
             };
             let verdict = match &rule.state {
-                Some(state) => state.decide(&counter_key(descriptor), hits),
+                Some(state) => state.decide(&counter_key(descriptor), hits).await,
                 // A limit of 0 per unit.
                 None => Verdict::Denied { retry_after: None },
             };

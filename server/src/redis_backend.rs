@@ -1,0 +1,502 @@
+//! Limits shared by every replica of the service, kept in Redis: the
+//! [`RedisBackend`], on turnstile's Redis modes.
+//!
+//! - **Leased** ([`RedisMode::Leased`], the default): each replica takes
+//!   permits from the limit in Redis in batches (leases) and spends them in
+//!   process, with no call per decision (turnstile's `LeasedLimiter`). A
+//!   decision costs what the in-process backend's does while a lease covers
+//!   it; a tokio task per limit fetches the next lease ahead of need and
+//!   gives idle leases back. The price is a stated over-admission: over any
+//!   interval of length `T`, all replicas together admit at most
+//!   `B + r(T) + N·(L + ⌊L/2⌋)` for the token bucket and GCRA (`B` the burst,
+//!   `r(T)` the refill over `T`, `N` the replicas, `L` the largest lease);
+//!   the windows keep their own bounds with no lease term.
+//! - **Exact** ([`RedisMode::Exact`]): every decision is one Lua script in
+//!   Redis (turnstile's `Guarded`): all replicas together admit at most what
+//!   one limiter would, `B + r(T)`, at the cost of one round trip per
+//!   descriptor.
+//!
+//! Both run every algorithm of the configuration on the key and state of
+//! turnstile's exact scripts.
+//!
+//! # Failures
+//!
+//! Every call has a deadline ([`Deadlines`]); a call that fails or runs past
+//! it starts a backoff, during which decisions are the failure policy's
+//! ([`FailurePolicy`]): `Closed` denies (a leased replica still spends the
+//! leases it holds), `Open` decides on this replica's share of the limit
+//! (the limit over the number of replicas, a token bucket per key that
+//! starts empty in each outage, its admissions charged to Redis when it
+//! answers again). A request is never answered with a gRPC error for a
+//! Redis failure.
+//!
+//! # Keys
+//!
+//! A limit's keys are `PREFIX:ALGORITHM:FULL_KEY:` followed by the
+//! descriptor's values (each after its length): the domain, the descriptor
+//! path and the value, so that limits never share a key, and a limit whose
+//! algorithm changes starts on keys of its own rather than reading another
+//! algorithm's state. No hash tag: each decision touches one key, so on a
+//! Redis Cluster one limit's keys spread over the nodes.
+//!
+//! # Not blocking the runtime
+//!
+//! Decisions use turnstile's asynchronous calls on a multiplexed connection
+//! (feature `tokio`): a request awaiting Redis holds no thread, and a leased
+//! decision covered by a lease completes on its first poll. A blocking
+//! connection in `spawn_blocking` would hold a thread per call in flight and
+//! add a thread hand-off to every decision, leased ones included.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::cluster::ClusterClientBuilder;
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use turnstile::redis::{
+    AnyAsyncConnection, AsyncRedisConnection, Deadlines, Guarded, LeasedBuilder, LeasedLimiter,
+    MAX_LEASE, OnFailure, RedisAlgorithm, RedisLimiter,
+};
+use turnstile::{
+    AcquireError, Clock, Decision, FixedWindow, Gcra, RateLimitPolicy, SlidingWindow, TokenBucket,
+};
+
+use crate::backend::{
+    AlgorithmKind, Backend, Decide, LimitSpec, LimitState, Reset, Verdict, bucket_quota,
+    duration_nanos, policy_name,
+};
+use crate::clock::ServiceClock;
+
+/// How replicas share a limit in Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RedisMode {
+    /// One script per decision: exact, one round trip each.
+    Exact,
+    /// Leases spent in process: no round trip while a lease covers a
+    /// decision, a stated over-admission.
+    #[default]
+    Leased,
+}
+
+impl RedisMode {
+    /// Parse `exact` or `leased`.
+    pub fn parse(text: &str) -> Option<RedisMode> {
+        match text {
+            "exact" => Some(RedisMode::Exact),
+            "leased" => Some(RedisMode::Leased),
+            _ => None,
+        }
+    }
+}
+
+/// What decides while Redis fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// Fail open to this replica's share of each limit.
+    #[default]
+    Open,
+    /// Fail closed: deny what the leases held here cannot serve.
+    Closed,
+}
+
+impl FailurePolicy {
+    /// Parse `open` or `closed`.
+    pub fn parse(text: &str) -> Option<FailurePolicy> {
+        match text {
+            "open" => Some(FailurePolicy::Open),
+            "closed" => Some(FailurePolicy::Closed),
+            _ => None,
+        }
+    }
+}
+
+/// The Redis backend's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Exact or leased.
+    pub mode: RedisMode,
+    /// What decides while Redis fails.
+    pub on_failure: FailurePolicy,
+    /// Deadlines of every call (default: connect 50 ms, response 5 ms).
+    pub deadlines: Deadlines,
+    /// How long no call is made after a failure (default 1 s).
+    pub backoff: Duration,
+    /// The replicas sharing the limits (default 1): a replica's share while
+    /// failing open is each limit over this many.
+    pub replicas: u32,
+    /// The largest lease, `L` (default 64): a limit's leases hold at most
+    /// this many permits, and at most a quarter of the limit's capacity
+    /// over the replicas (at least 1), so that what the replicas hold stays
+    /// a small part of the limit.
+    pub max_lease: u32,
+    /// How long a lease may be spent from (default 1 s).
+    pub lease_lifetime: Duration,
+    /// Distinct keys each limit holds leases for on this replica.
+    pub max_keys: usize,
+    /// The first part of every key (default `turnstile-rls`).
+    pub prefix: String,
+}
+
+impl Default for RedisOptions {
+    fn default() -> RedisOptions {
+        RedisOptions {
+            mode: RedisMode::default(),
+            on_failure: FailurePolicy::default(),
+            deadlines: Deadlines::default(),
+            backoff: Duration::from_secs(1),
+            replicas: 1,
+            max_lease: 64,
+            lease_lifetime: Duration::from_secs(1),
+            max_keys: crate::backend::DEFAULT_MAX_KEYS_PER_LIMIT,
+            prefix: "turnstile-rls".to_string(),
+        }
+    }
+}
+
+/// Why a Redis backend could not be made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RedisBackendError {
+    /// The URL is not one of the supported forms.
+    Url {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The cluster's nodes could not be reached to learn its slots.
+    Cluster {
+        /// The client's message.
+        message: String,
+    },
+}
+
+impl fmt::Display for RedisBackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisBackendError::Url { url, message } => write!(
+                f,
+                "--redis {url}: {message} (give redis://HOST:PORT[/DB], \
+                 redis+cluster://HOST:PORT[,HOST:PORT…] or \
+                 redis+sentinel://HOST:PORT[,HOST:PORT…]/PRIMARY_NAME)"
+            ),
+            RedisBackendError::Cluster { message } => {
+                write!(f, "Redis Cluster: {message} (check that its nodes answer)")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RedisBackendError {}
+
+/// Limits in Redis, shared by every replica that uses the same Redis and
+/// key prefix (see the [module](self)).
+#[derive(Clone)]
+pub struct RedisBackend {
+    con: AnyAsyncConnection,
+    options: RedisOptions,
+    clock: ServiceClock,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// A backend on `url`: `redis://HOST:PORT[/DB]` (one server),
+    /// `redis+cluster://HOST:PORT,HOST:PORT…` (a Redis Cluster, from any of
+    /// its nodes) or `redis+sentinel://HOST:PORT,…/NAME` (the primary named
+    /// `NAME` by those Sentinels, found again after a failover). A single
+    /// server or Sentinel connects on its first call, so a Redis that is
+    /// down at start is a failure like any other (the policy decides); a
+    /// cluster is asked for its slots here.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisBackendError`] for a URL of another form, or a cluster none of
+    /// whose nodes answer.
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, RedisBackendError> {
+        let deadlines = options.deadlines;
+        let bad = |message: String| RedisBackendError::Url {
+            url: url.to_string(),
+            message,
+        };
+        let con = if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            let nodes: Vec<String> = rest
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(|n| format!("redis://{}", n.trim_end_matches('/')))
+                .collect();
+            if nodes.is_empty() {
+                return Err(bad("no node named".to_string()));
+            }
+            deadlines
+                .async_cluster(ClusterClientBuilder::new(nodes))
+                .await
+                .map_err(|e| RedisBackendError::Cluster {
+                    message: e.to_string(),
+                })?
+                .into_any()
+        } else if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            let (hosts, name) = rest
+                .split_once('/')
+                .filter(|(_, name)| !name.is_empty())
+                .ok_or_else(|| bad("the primary's name is missing after the `/`".to_string()))?;
+            let sentinels: Vec<String> = hosts
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(|n| format!("redis://{n}"))
+                .collect();
+            if sentinels.is_empty() {
+                return Err(bad("no Sentinel named".to_string()));
+            }
+            let client = SentinelClient::build(
+                sentinels,
+                name.to_string(),
+                None,
+                SentinelServerType::Master,
+            )
+            .map_err(|e| bad(e.to_string()))?;
+            deadlines.reconnecting_sentinel(client).into_any()
+        } else if url.starts_with("redis://") {
+            let client = redis::Client::open(url).map_err(|e| bad(e.to_string()))?;
+            deadlines.reconnecting(client).into_any()
+        } else {
+            return Err(bad("an unknown scheme".to_string()));
+        };
+        Ok(RedisBackend::new(con, options))
+    }
+
+    /// A backend on a connection made already.
+    pub fn new(con: AnyAsyncConnection, options: RedisOptions) -> RedisBackend {
+        RedisBackend {
+            con,
+            options,
+            clock: ServiceClock::real(),
+        }
+    }
+
+    /// The settings.
+    pub fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    /// The largest lease of a limit of `capacity`: a quarter of it over the
+    /// replicas, within 1 and [`RedisOptions::max_lease`].
+    pub fn lease_for(&self, capacity: u32) -> u32 {
+        let replicas = self.options.replicas.max(1);
+        (capacity / replicas.saturating_mul(4))
+            .clamp(1, self.options.max_lease.max(1))
+            .min(capacity.max(1))
+            .min(MAX_LEASE)
+    }
+
+    fn on_failure(&self, algorithm: RedisAlgorithm) -> Result<OnFailure, String> {
+        match self.options.on_failure {
+            FailurePolicy::Closed => Ok(OnFailure::Deny),
+            FailurePolicy::Open => {
+                OnFailure::local_share_of(algorithm, self.options.replicas.max(1))
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+impl Backend for RedisBackend {
+    fn limit(&self, spec: &LimitSpec) -> Result<Arc<dyn LimitState>, String> {
+        let rate = spec.requests_per_unit;
+        let unit = spec.unit.duration();
+        let quota_error = |error: turnstile::QuotaError| error.to_string();
+        let (algorithm, reset, tag, policy): (RedisAlgorithm, Reset, &str, _) = match spec.algorithm
+        {
+            AlgorithmKind::TokenBucket => {
+                let quota = bucket_quota(rate, spec.unit, spec.burst).map_err(quota_error)?;
+                let bucket = TokenBucket::new(quota);
+                let reset = Reset::Bucket {
+                    amount: u64::from(quota.amount()),
+                    period: duration_nanos(quota.period()),
+                };
+                (bucket.into(), reset, "tb", policy_of(spec, &bucket))
+            }
+            AlgorithmKind::Gcra => {
+                let quota = bucket_quota(rate, spec.unit, spec.burst).map_err(quota_error)?;
+                let gcra = Gcra::new(quota);
+                let reset = Reset::Gcra {
+                    interval: duration_nanos(gcra.emission_interval()),
+                };
+                (gcra.into(), reset, "gcra", policy_of(spec, &gcra))
+            }
+            AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindow if spec.burst.is_some() => {
+                return Err("`burst` applies to `token_bucket` and `gcra`; a window's burst is its `requests_per_unit`".to_string());
+            }
+            AlgorithmKind::FixedWindow => {
+                let window = FixedWindow::new(rate, unit).map_err(quota_error)?;
+                let reset = Reset::Fixed {
+                    window: duration_nanos(unit),
+                };
+                (window.into(), reset, "fw", policy_of(spec, &window))
+            }
+            AlgorithmKind::SlidingWindow => {
+                let window = SlidingWindow::new(rate, unit).map_err(quota_error)?;
+                let reset = Reset::Sliding {
+                    window: duration_nanos(unit),
+                };
+                (window.into(), reset, "sw", policy_of(spec, &window))
+            }
+        };
+        let prefix = format!("{}:{tag}:{}:", self.options.prefix, spec.full_key);
+        // The name only feeds the default prefix, replaced here; braces are
+        // refused in it, and a full key may hold any character.
+        let limiter = RedisLimiter::new("rls", algorithm)
+            .map_err(|e| e.to_string())?
+            .with_prefix(prefix);
+        let capacity = limiter.capacity();
+        let on_failure = self.on_failure(algorithm)?;
+        let decider = match self.options.mode {
+            RedisMode::Exact => Decider::Exact(Box::new(Guarded::new(
+                limiter,
+                on_failure,
+                self.options.backoff,
+            ))),
+            RedisMode::Leased => {
+                let leased = LeasedBuilder::new(limiter, self.lease_for(capacity))
+                    .map_err(|e| e.to_string())?
+                    .lifetime(self.options.lease_lifetime)
+                    .on_failure(on_failure, self.options.backoff)
+                    // A request waits for another's fetch no longer than its
+                    // own call could take.
+                    .fetch_wait(self.options.deadlines.response_timeout())
+                    .max_keys(self.options.max_keys.max(1))
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                let leased = Arc::new(leased);
+                // Prefetches and give-backs off the request path, when there
+                // is a runtime to run them (there is in the service; a
+                // configuration checked outside one fetches on requests).
+                let refresher = tokio::runtime::Handle::try_current()
+                    .ok()
+                    .and_then(|_| leased.start_refresher_async(self.con.clone()));
+                Decider::Leased {
+                    leased,
+                    _refresher: Refresher(refresher),
+                }
+            }
+        };
+        Ok(Arc::new(Shared {
+            decider,
+            con: self.con.clone(),
+            capacity,
+            reset,
+            policy,
+            clock: self.clock.clone(),
+        }))
+    }
+}
+
+fn policy_of<A: turnstile::AdvertisedQuota>(
+    spec: &LimitSpec,
+    algorithm: &A,
+) -> Option<RateLimitPolicy> {
+    RateLimitPolicy::from_algorithm(&policy_name(&spec.full_key), algorithm).ok()
+}
+
+/// A leased limit's refresher task, stopped when the limit is dropped (a
+/// configuration replaced).
+struct Refresher(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for Refresher {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+enum Decider {
+    // Boxed: a `Guarded` is some 400 bytes, a leased limit two pointers.
+    Exact(Box<Guarded>),
+    Leased {
+        leased: Arc<LeasedLimiter>,
+        _refresher: Refresher,
+    },
+}
+
+/// A limit in Redis.
+struct Shared {
+    decider: Decider,
+    con: AnyAsyncConnection,
+    capacity: u32,
+    reset: Reset,
+    policy: Option<RateLimitPolicy>,
+    clock: ServiceClock,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mode = match &self.decider {
+            Decider::Exact(_) => "exact",
+            Decider::Leased { .. } => "leased",
+        };
+        f.debug_struct("Shared")
+            .field("mode", &mode)
+            .field("capacity", &self.capacity)
+            .field("reset", &self.reset)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    fn verdict(&self, decision: Result<Decision, AcquireError>) -> Verdict {
+        match decision {
+            Ok(Decision::Allowed { remaining }) => Verdict::Admitted {
+                remaining,
+                reset: self.reset.until_whole(
+                    u64::from(self.capacity.saturating_sub(remaining)),
+                    self.clock.now(),
+                ),
+            },
+            Ok(Decision::Denied { retry_after }) => Verdict::Denied {
+                retry_after: Some(retry_after.duration()),
+            },
+            // More hits than the capacity: never admitted.
+            Err(_) => Verdict::Denied { retry_after: None },
+        }
+    }
+}
+
+impl LimitState for Shared {
+    fn decide<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
+        if hits == 0 {
+            // A check without spending: the Redis modes have no read-only
+            // call, so it is answered from what this replica holds (a
+            // leased key's tokens here; nothing in exact mode), admitted.
+            let remaining = match &self.decider {
+                Decider::Leased { leased, .. } => leased.held(key),
+                Decider::Exact(_) => 0,
+            };
+            return Verdict::Admitted {
+                remaining,
+                reset: Duration::ZERO,
+            }
+            .into();
+        }
+        Decide::Pending(Box::pin(async move {
+            let mut con = self.con.clone();
+            let decision = match &self.decider {
+                Decider::Exact(guarded) => guarded.try_acquire_n_async(&mut con, key, hits).await,
+                Decider::Leased { leased, .. } => {
+                    leased.try_acquire_n_async(&mut con, key, hits).await
+                }
+            };
+            self.verdict(decision)
+        }))
+    }
+
+    fn policy(&self) -> Option<&RateLimitPolicy> {
+        self.policy.as_ref()
+    }
+}

@@ -1,0 +1,413 @@
+//! The Redis backends: two replicas of the service, each in process on an
+//! ephemeral port with a connection of its own, on one real `redis-server`
+//! that each test starts on a free port and kills when done.
+//!
+//! Without `redis-server` on PATH each test says so and passes, unless
+//! `TURNSTILE_REQUIRE_REDIS=1` is set, when it fails.
+
+mod common;
+#[allow(dead_code, unreachable_pub)]
+#[path = "../../tests/support/redis_server.rs"]
+mod redis_server;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+use turnstile::redis::Deadlines;
+use turnstile_server::config::Config;
+use turnstile_server::redis_backend::{FailurePolicy, RedisBackend, RedisMode, RedisOptions};
+use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
+use turnstile_server::service::{Bounds, RateLimitService};
+
+use common::{descriptor, ok, overall_ok, request};
+use redis_server::Server;
+
+const SUITE: &str = "redis (turnstile-server)";
+
+/// A replica: the service on 127.0.0.1:0 with its own Redis connection.
+struct Replica {
+    client: RateLimitServiceClient<Channel>,
+    backend: RedisBackend,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Replica {
+    async fn start(server: &Server, yaml: &str, options: RedisOptions) -> Replica {
+        let url = format!("redis://127.0.0.1:{}/", server.port());
+        let backend = RedisBackend::connect(&url, options)
+            .await
+            .expect("a single server's URL");
+        let files = vec![("limits.yaml".to_string(), yaml.to_string())];
+        let config = Config::from_files(&files, &backend).expect("a valid configuration");
+        let service = Arc::new(RateLimitService::new(config, Bounds::default(), false));
+        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = grpc.local_addr().expect("an address");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(
+            service,
+            grpc,
+            None,
+            DEFAULT_MAX_MESSAGE,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connect");
+        Replica {
+            client,
+            backend,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().expect("running").send(());
+        let result = self.task.take().expect("running").await.expect("the task");
+        assert!(result.is_ok(), "{result:?}");
+    }
+}
+
+fn options(mode: RedisMode, on_failure: FailurePolicy, deadline: Duration) -> RedisOptions {
+    RedisOptions {
+        mode,
+        on_failure,
+        deadlines: Deadlines::default()
+            .connect(deadline)
+            .expect("a valid deadline")
+            .response(deadline)
+            .expect("a valid deadline"),
+        replicas: 2,
+        max_keys: 1_000,
+        ..RedisOptions::default()
+    }
+}
+
+/// What a load on both replicas admitted, per replica, and how long it ran.
+struct Load {
+    admitted: [u64; 2],
+    asked: [u64; 2],
+    /// From before the first request was sent to after the last answer:
+    /// every decision falls within it.
+    elapsed: Duration,
+    /// The slowest answer.
+    slowest: Duration,
+    /// Answers that were gRPC errors.
+    errors: u64,
+}
+
+/// `tasks` concurrent streams per replica asking for `user`'s limit for
+/// `run`.
+async fn load(replicas: &[Replica; 2], user: &str, tasks: usize, run: Duration) -> Load {
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for (i, replica) in replicas.iter().enumerate() {
+        for _ in 0..tasks {
+            let mut client = replica.client.clone();
+            let user = user.to_string();
+            handles.push(tokio::spawn(async move {
+                let (mut admitted, mut asked, mut errors) = (0u64, 0u64, 0u64);
+                let mut slowest = Duration::ZERO;
+                while start.elapsed() < run {
+                    let sent = Instant::now();
+                    let answer = client
+                        .should_rate_limit(request("api", vec![descriptor(&[("user", &user)])]))
+                        .await;
+                    slowest = slowest.max(sent.elapsed());
+                    asked += 1;
+                    match answer {
+                        Ok(response) if overall_ok(response.get_ref()) => admitted += 1,
+                        Ok(_) => {}
+                        Err(_) => errors += 1,
+                    }
+                }
+                (i, admitted, asked, errors, slowest)
+            }));
+        }
+    }
+    let mut result = Load {
+        admitted: [0; 2],
+        asked: [0; 2],
+        elapsed: Duration::ZERO,
+        slowest: Duration::ZERO,
+        errors: 0,
+    };
+    for handle in handles {
+        let (i, admitted, asked, errors, slowest) = handle.await.expect("a load task");
+        result.admitted[i] += admitted;
+        result.asked[i] += asked;
+        result.errors += errors;
+        result.slowest = result.slowest.max(slowest);
+    }
+    result.elapsed = start.elapsed();
+    result
+}
+
+/// A token bucket of `rate` per second, burst `burst`, per user.
+fn bucket_yaml(algorithm: &str, rate: u32, burst: u32) -> String {
+    format!(
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n      \
+         requests_per_unit: {rate}\n      algorithm: {algorithm}\n      burst: {burst}\n"
+    )
+}
+
+/// The bound `B + r·T` in permits, for `T` the load's whole interval.
+fn exact_bound(burst: u32, rate: u32, elapsed: Duration) -> u64 {
+    u64::from(burst) + (f64::from(rate) * elapsed.as_secs_f64()).floor() as u64
+}
+
+async fn two_replicas(server: &Server, yaml: &str, options: RedisOptions) -> [Replica; 2] {
+    [
+        Replica::start(server, yaml, options.clone()).await,
+        Replica::start(server, yaml, options).await,
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_in_exact_mode_hold_one_limit() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let (rate, burst) = (20, 20);
+    let yaml = bucket_yaml("token_bucket", rate, burst);
+    let options = options(
+        RedisMode::Exact,
+        FailurePolicy::Closed,
+        Duration::from_secs(2),
+    );
+    let replicas = two_replicas(&server, &yaml, options).await;
+    let load = load(&replicas, "alice", 4, Duration::from_millis(1_500)).await;
+    let admitted = load.admitted[0] + load.admitted[1];
+    let bound = exact_bound(burst, rate, load.elapsed);
+    eprintln!(
+        "exact: admitted {admitted} ({:?}) of {:?} asked in {:?}; bound {bound}",
+        load.admitted, load.asked, load.elapsed
+    );
+    assert_eq!(load.errors, 0, "every request is answered");
+    assert!(admitted <= bound, "admitted {admitted} > B + r·T = {bound}");
+    // The limit is reached (the load asks far more than it admits) and both
+    // replicas admit from it: one limit, not one each.
+    assert!(admitted >= u64::from(burst), "admitted {admitted}");
+    assert!(load.asked[0] + load.asked[1] > bound);
+    assert!(load.admitted.iter().all(|a| *a > 0), "{:?}", load.admitted);
+    for replica in replicas {
+        replica.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_in_leased_mode_hold_one_limit_within_the_lease_bound() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    for algorithm in ["token_bucket", "gcra"] {
+        let (rate, burst) = (40, 40);
+        let yaml = bucket_yaml(algorithm, rate, burst);
+        let options = options(
+            RedisMode::Leased,
+            FailurePolicy::Closed,
+            Duration::from_secs(2),
+        );
+        let replicas = two_replicas(&server, &yaml, options).await;
+        let lease = replicas[0].backend.lease_for(burst);
+        assert!(lease > 1, "a lease of {lease}: the test would not lease");
+        let user = format!("bob-{algorithm}");
+        let load = load(&replicas, &user, 4, Duration::from_millis(1_500)).await;
+        let admitted = load.admitted[0] + load.admitted[1];
+        // B + r(T) + N·(L + ⌊L/2⌋), N = 2 replicas.
+        let bound = exact_bound(burst, rate, load.elapsed) + 2 * u64::from(lease + lease / 2);
+        eprintln!(
+            "leased {algorithm}: admitted {admitted} ({:?}) of {:?} asked in {:?}; lease {lease}, bound {bound}",
+            load.admitted, load.asked, load.elapsed
+        );
+        assert_eq!(load.errors, 0, "every request is answered");
+        assert!(
+            admitted <= bound,
+            "{algorithm}: admitted {admitted} > B + r(T) + N·(L + ⌊L/2⌋) = {bound}"
+        );
+        assert!(admitted >= u64::from(burst), "admitted {admitted}");
+        assert!(load.asked[0] + load.asked[1] > bound);
+        assert!(load.admitted.iter().all(|a| *a > 0), "{:?}", load.admitted);
+        for replica in replicas {
+            replica.stop().await;
+        }
+    }
+}
+
+/// Redis killed while both replicas serve: each request is answered by the
+/// policy (no gRPC error) within the deadlines, fail closed denying what no
+/// lease covers, fail open admitting no more than the replica's share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_mid_run_is_answered_by_the_policy_within_the_deadline() {
+    for (mode, policy) in [
+        (RedisMode::Exact, FailurePolicy::Closed),
+        (RedisMode::Exact, FailurePolicy::Open),
+        (RedisMode::Leased, FailurePolicy::Closed),
+        (RedisMode::Leased, FailurePolicy::Open),
+    ] {
+        let Some(server) = redis_server::server(SUITE) else {
+            return;
+        };
+        let (rate, burst) = (10, 40);
+        let yaml = bucket_yaml("token_bucket", rate, burst);
+        let deadline = Duration::from_millis(200);
+        let replicas = two_replicas(&server, &yaml, options(mode, policy, deadline)).await;
+        let before = load(&replicas, "carol", 2, Duration::from_millis(300)).await;
+        assert_eq!(before.errors, 0);
+        assert!(before.admitted.iter().sum::<u64>() > 0);
+        // Killed (SIGKILL) while both replicas are under load.
+        let killer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            drop(server);
+        });
+        let across = load(&replicas, "carol", 2, Duration::from_millis(600)).await;
+        killer.await.expect("the kill");
+        // After it: the policy alone.
+        let during = load(&replicas, "carol", 2, Duration::from_millis(800)).await;
+        eprintln!(
+            "{mode:?}/{policy:?} after the kill: admitted {:?} of {:?}, slowest {:?}",
+            during.admitted, during.asked, during.slowest
+        );
+        assert_eq!(
+            across.errors + during.errors,
+            0,
+            "{mode:?}/{policy:?}: every request is answered"
+        );
+        // A request makes at most one call (connect and response deadlines),
+        // or waits for another's fetch at most one response deadline; the
+        // margin is the gRPC round trip on a loaded machine.
+        let limit = 2 * deadline + Duration::from_millis(500);
+        assert!(
+            across.slowest.max(during.slowest) <= limit,
+            "{mode:?}/{policy:?}: an answer took {:?}, over {limit:?}",
+            across.slowest.max(during.slowest)
+        );
+        let admitted: u64 = during.admitted.iter().sum();
+        // A replica's leases: at most L + ⌊L/2⌋ each, spent after the kill.
+        let lease = replicas[0].backend.lease_for(burst);
+        let held = match mode {
+            RedisMode::Exact => 0,
+            RedisMode::Leased => 2 * u64::from(lease + lease / 2),
+        };
+        match policy {
+            FailurePolicy::Closed => assert!(
+                admitted <= held,
+                "{mode:?}: fail closed admitted {admitted} with Redis gone (leases held: {held})"
+            ),
+            FailurePolicy::Open => {
+                // Each replica's share: B/2 tokens, r/2 per second, from empty
+                // at the start of the outage (the failover rule), so at most
+                // r/2 · T each beyond what leases held.
+                let share =
+                    2 * (f64::from(rate) / 2.0 * during.elapsed.as_secs_f64()).ceil() as u64;
+                assert!(
+                    admitted <= held + u64::from(burst) + share,
+                    "{mode:?}: fail open admitted {admitted}"
+                );
+                assert!(
+                    during.asked.iter().sum::<u64>() > admitted,
+                    "{mode:?}: the share limits what is admitted"
+                );
+            }
+        }
+        for replica in replicas {
+            replica.stop().await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_url_of_another_form_is_refused_with_what_to_give() {
+    for url in [
+        "http://127.0.0.1:6379",
+        "redis+sentinel://127.0.0.1:26379",
+        "redis+cluster://",
+    ] {
+        let error = RedisBackend::connect(url, RedisOptions::default())
+            .await
+            .expect_err("refused");
+        assert!(error.to_string().contains("redis://HOST:PORT"), "{error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_limit_has_keys_of_its_own_under_the_prefix() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let yaml = bucket_yaml("gcra", 5, 5);
+    let options = options(
+        RedisMode::Exact,
+        FailurePolicy::Closed,
+        Duration::from_secs(2),
+    );
+    let mut replica = Replica::start(&server, &yaml, options).await;
+    let answer = replica
+        .client
+        .should_rate_limit(request("api", vec![descriptor(&[("user", "dave")])]))
+        .await
+        .expect("an answer")
+        .into_inner();
+    assert!(ok(&answer.statuses[0]));
+    let mut con = server.plain();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).expect("KEYS");
+    assert_eq!(keys, vec!["turnstile-rls:gcra:api.user:4:dave".to_string()]);
+    replica.stop().await;
+}
+
+/// The fixed window keeps its own bound in leased mode, with no lease term:
+/// a lease counts its permits in the window that granted it and ends with
+/// that window, so the replicas together admit at most `limit` in each
+/// window the load touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_leased_replicas_keep_the_fixed_windows_bound() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let limit = 40;
+    let yaml = format!(
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n      \
+         requests_per_unit: {limit}\n      algorithm: fixed_window\n"
+    );
+    let options = options(
+        RedisMode::Leased,
+        FailurePolicy::Closed,
+        Duration::from_secs(2),
+    );
+    let replicas = two_replicas(&server, &yaml, options).await;
+    assert!(replicas[0].backend.lease_for(limit) > 1);
+    let unix_secs = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs()
+    };
+    // Windows sit on whole seconds of Redis' clock, this machine's clock.
+    let first = unix_secs();
+    let load = load(&replicas, "erin", 4, Duration::from_millis(1_500)).await;
+    let windows = unix_secs() - first + 1;
+    let admitted = load.admitted[0] + load.admitted[1];
+    let bound = u64::from(limit) * windows;
+    eprintln!(
+        "leased fixed_window: admitted {admitted} ({:?}) of {:?} over {windows} windows; bound {bound}",
+        load.admitted, load.asked
+    );
+    assert_eq!(load.errors, 0);
+    assert!(
+        admitted <= bound,
+        "admitted {admitted} > {limit} × {windows} windows"
+    );
+    assert!(admitted >= u64::from(limit), "admitted {admitted}");
+    assert!(load.asked[0] + load.asked[1] > bound);
+    for replica in replicas {
+        replica.stop().await;
+    }
+}
