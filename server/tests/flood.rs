@@ -67,9 +67,14 @@ fn a_million_values_are_refused_past_the_bound_in_bounded_memory() {
     let config = Config::from_files(&[("f.yaml".to_string(), YAML.to_string())], &backend)
         .expect("a valid configuration");
     let service = RateLimitService::new(config, Bounds::default(), false);
+    // The in-process backend's decisions are ready at once: a current-thread
+    // runtime polls each to its end, with no thread beside this one.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
     let decide = |request: &RateLimitRequest| {
-        let response = service
-            .should_rate_limit(request)
+        let response = runtime
+            .block_on(service.should_rate_limit(request))
             .unwrap_or_else(|error| panic!("a decision, not an error: {error}"));
         assert_eq!(response.statuses.len(), request.descriptors.len());
         for status in &response.statuses {
