@@ -330,7 +330,7 @@ fn bucket_reset(quota: Quota) -> Reset {
 struct Live(Keyed<LiveTokenBucket>);
 
 impl LimitState for Live {
-    fn decide(&self, key: &str, hits: u32) -> Verdict {
+    fn decide<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
         self.0.decide(key, hits)
     }
 

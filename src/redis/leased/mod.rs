@@ -565,7 +565,10 @@ impl<C: Clock> LeasedLimiter<C> {
         }
     }
 
-    /// Decide what the request does: spend, fall back, or call Redis.
+    /// Decide what the request does: spend, fall back, or call Redis (for the
+    /// layer, which makes the call in a task of its own, and the unit tests;
+    /// the calls above spend first and go on with `step_after`).
+    #[cfg(any(test, all(feature = "tower", feature = "tokio")))]
     pub(crate) fn step(&self, key: &[u8], n: u32) -> Result<Step, AcquireError> {
         match self.spend(key, n) {
             Ok(decision) => Ok(Step::Done(decision)),
