@@ -118,9 +118,9 @@
 //!
 //! # Behind a tower layer
 //!
-//! With features `tower` and `tokio` too, [`RedisRateLimitLayer`] puts a
+//! With features `tower` and `tokio` too, `RedisRateLimitLayer` puts a
 //! [`Guarded`] or a [`LeasedLimiter`] in front of a service, with the HTTP
-//! answers of [`RateLimitLayer`](crate::http::tower::RateLimitLayer); a request
+//! answers of `http::tower::RateLimitLayer`; a request
 //! awaits only the round trip its decision needs (none while a lease covers
 //! it).
 //!

@@ -55,9 +55,9 @@ pub trait AsyncRedisConnection:
 }
 
 /// Any of the crate's asynchronous connections
-/// ([`AsyncRedisConnection`]): what a
-/// [`RedisRateLimitLayer`](super::RedisRateLimitLayer) keeps, whichever it
-/// was given (feature `tokio` too). Clones share the connection.
+/// ([`AsyncRedisConnection`]): what a `RedisRateLimitLayer` (features
+/// `tower` and `tokio`) keeps, whichever it was given. Clones share the
+/// connection.
 #[cfg(feature = "tokio")]
 #[derive(Clone, Debug)]
 pub struct AnyAsyncConnection {
