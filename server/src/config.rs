@@ -128,26 +128,7 @@ impl Config {
     /// [`ConfigError`]: a file that cannot be read, a syntax error, an unknown
     /// key, a missing or invalid field, a duplicate domain or descriptor.
     pub fn load_dir(dir: &Path, backend: &dyn Backend) -> Result<Config, ConfigError> {
-        let io = |path: &Path, error: std::io::Error| ConfigError::Io {
-            path: path.display().to_string(),
-            message: error.to_string(),
-        };
-        let mut paths = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
-            let path = entry.map_err(|e| io(dir, e))?.path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-            if yaml && !name.starts_with('.') && path.is_file() {
-                paths.push(path);
-            }
-        }
-        paths.sort();
-        let mut files = Vec::with_capacity(paths.len());
-        for path in paths {
-            let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
-            files.push((path.display().to_string(), text));
-        }
-        Config::from_files(&files, backend)
+        Config::from_files(&read_dir(dir)?, backend)
     }
 
     /// Load `(file name, content)` pairs.
@@ -543,4 +524,29 @@ impl Loader<'_> {
             .map_err(|message| (node.line, message))?;
         Ok(rule(requests_per_unit, Some(unit), Some(state)))
     }
+}
+
+/// The YAML files of `dir` (`.yaml`/`.yml`, not hidden), by name, with their
+/// text: what [`Config::load_dir`] and the reloader read.
+pub(crate) fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, ConfigError> {
+    let io = |path: &Path, error: std::io::Error| ConfigError::Io {
+        path: path.display().to_string(),
+        message: error.to_string(),
+    };
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+        let path = entry.map_err(|e| io(dir, e))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if yaml && !name.starts_with('.') && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    let mut files = Vec::with_capacity(paths.len());
+    for path in paths {
+        let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
+        files.push((path.display().to_string(), text));
+    }
+    Ok(files)
 }

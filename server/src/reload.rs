@@ -28,12 +28,12 @@
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::backend::{Backend, LimitSpec, LimitState};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, read_dir};
 use crate::service::RateLimitService;
 
 /// How often [`Reloader::watch`] polls the directory by default.
@@ -205,30 +205,6 @@ impl Reloader {
             }
         }
     }
-}
-
-/// The files [`Config::load_dir`] reads, in the same order, with its names.
-fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, ConfigError> {
-    let io = |path: &Path, error: std::io::Error| ConfigError::Io {
-        path: path.display().to_string(),
-        message: error.to_string(),
-    };
-    let mut paths = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
-        let path = entry.map_err(|e| io(dir, e))?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-        if yaml && !name.starts_with('.') && path.is_file() {
-            paths.push(path);
-        }
-    }
-    paths.sort();
-    let mut files = Vec::with_capacity(paths.len());
-    for path in paths {
-        let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
-        files.push((path.display().to_string(), text));
-    }
-    Ok(files)
 }
 
 fn fingerprint(files: &[(String, String)]) -> u64 {
