@@ -176,13 +176,7 @@ where
         before: &mut dyn Prefix,
     ) -> Verdict {
         let Some(key) = self.extractor.extract(head) else {
-            return Verdict::Missing {
-                denial: match self.extractor.misconfiguration(head) {
-                    Some(problem) => Denial::Misconfigured(problem),
-                    None => Denial::Refused(Outcome::Unauthorized),
-                },
-                challenge: self.extractor.challenge(),
-            };
+            return missing(&self.extractor, head);
         };
         let mut staged = Staged {
             entry: self,
@@ -275,21 +269,7 @@ where
             None => entry.limiter.stage_take(key, n),
         };
         let KeyedDecision::Allowed { remaining } = decision else {
-            // The longest wait of this limit and every later one that would
-            // refuse too; those are asked without taking anything.
-            let longest = rest
-                .iter()
-                .filter_map(|later| later.wait(head, n))
-                .chain(decision.retry_after())
-                .max();
-            let decision = match (decision, longest) {
-                (KeyedDecision::KeyLimit { .. }, Some(retry_after)) => {
-                    KeyedDecision::KeyLimit { retry_after }
-                }
-                (_, Some(retry_after)) => KeyedDecision::Denied { retry_after },
-                (other, None) => other,
-            };
-            return Verdict::Refused { by, decision };
+            return refused(by, decision, rest, head, n);
         };
         if cx.advertise && !cx.keep {
             cx.items.push(
@@ -304,22 +284,87 @@ where
         match (&verdict, receipt) {
             // Kept even when the admission wrote nothing (so took nothing):
             // its limit is still told after the response.
-            (Verdict::Admitted, receipt) if cx.keep => {
-                cx.tickets.push(Box::new(Held::<X, L> {
-                    name: entry.name.clone(),
-                    limiter: Arc::clone(&entry.limiter),
-                    key: key.to_owned(),
-                    receipt,
-                    n,
-                }));
-            }
+            (Verdict::Admitted, receipt) if cx.keep => keep(cx, entry, key, receipt, n),
             (Verdict::Admitted, _) => {}
-            (_, Some(receipt)) => {
-                // Declined or not, the answer is the same denial.
-                let _ = entry.limiter.stage_give_back(key, receipt);
-            }
+            (_, Some(receipt)) => give_back(entry, key, receipt),
             (_, None) => {}
         }
         verdict
+    }
+}
+
+/// A refusal by limit `by`, with the longest wait of its decision and of
+/// every later limit that would refuse too (those are asked without taking
+/// anything). Out of line and cold, as every path off an admission is here:
+/// the admitted walk stays a few cache lines of code per limit.
+#[cold]
+#[inline(never)]
+fn refused(
+    by: usize,
+    decision: KeyedDecision,
+    rest: &[Box<dyn Limit>],
+    head: &RequestHead<'_>,
+    n: u32,
+) -> Verdict {
+    let longest = rest
+        .iter()
+        .filter_map(|later| later.wait(head, n))
+        .chain(decision.retry_after())
+        .max();
+    let decision = match (decision, longest) {
+        (KeyedDecision::KeyLimit { .. }, Some(retry_after)) => {
+            KeyedDecision::KeyLimit { retry_after }
+        }
+        (_, Some(retry_after)) => KeyedDecision::Denied { retry_after },
+        (other, None) => other,
+    };
+    Verdict::Refused { by, decision }
+}
+
+/// Keep an admission's ticket, to settle it after the response (or give it
+/// back if a remote limit refuses). Kept even when the admission wrote
+/// nothing (so took nothing): its limit is still told after the response.
+#[inline(never)]
+fn keep<X, L>(
+    cx: &mut Decide,
+    entry: &Entry<X, L>,
+    key: &X::Lookup,
+    receipt: Option<Receipt>,
+    n: u32,
+) where
+    X: KeyExtractor,
+    L: GateLimiter<X::Lookup> + Send + Sync + 'static,
+{
+    cx.tickets.push(Box::new(Held::<X, L> {
+        name: entry.name.clone(),
+        limiter: Arc::clone(&entry.limiter),
+        key: key.to_owned(),
+        receipt,
+        n,
+    }));
+}
+
+/// Give an admission back after a later limit refused. Declined or not, the
+/// answer is the same denial.
+#[cold]
+#[inline(never)]
+fn give_back<X, L>(entry: &Entry<X, L>, key: &X::Lookup, receipt: Receipt)
+where
+    X: KeyExtractor,
+    L: GateLimiter<X::Lookup> + Send + Sync + 'static,
+{
+    let _ = entry.limiter.stage_give_back(key, receipt);
+}
+
+/// The verdict for a request without `extractor`'s key: nothing was taken.
+#[cold]
+#[inline(never)]
+fn missing<X: KeyExtractor>(extractor: &X, head: &RequestHead<'_>) -> Verdict {
+    Verdict::Missing {
+        denial: match extractor.misconfiguration(head) {
+            Some(problem) => Denial::Misconfigured(problem),
+            None => Denial::Refused(Outcome::Unauthorized),
+        },
+        challenge: extractor.challenge(),
     }
 }

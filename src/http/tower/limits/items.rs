@@ -104,10 +104,18 @@ impl Items {
     /// The two field values; `line` is the whole `RateLimit-Policy` value
     /// of `limits` limits each with its cached item, shared rather than
     /// copied when every item written was that.
+    #[inline]
     pub(super) fn fields(self, line: Option<&(usize, HeaderValue)>) -> Option<Fields> {
         if self.policy.is_empty() {
             return None;
         }
+        self.values(line)
+    }
+
+    /// [`fields`](Self::fields) for a list with items: out of line, so a
+    /// request with nothing to advertise runs only the check above.
+    #[inline(never)]
+    fn values(self, line: Option<&(usize, HeaderValue)>) -> Option<Fields> {
         let policy = match line {
             Some((limits, line)) if self.all_cached && self.count == *limits => Some(line.clone()),
             // Validated names and numbers make valid values.

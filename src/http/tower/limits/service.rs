@@ -54,23 +54,13 @@ where
         // Every key before any permit, so a request without one spends
         // nothing: the remote limits' here, the in-process limits' in the
         // walk, before its first take.
-        let remote_keys: Option<Vec<Vec<u8>>> =
-            shared.remote.iter().map(|r| r.key(&head)).collect();
+        let remote_keys: Option<Vec<Vec<u8>>> = if shared.remote.is_empty() {
+            Some(Vec::new())
+        } else {
+            shared.remote.iter().map(|r| r.key(&head)).collect()
+        };
         let Some(remote_keys) = remote_keys else {
-            // The first limit without a key answers, in-process ones first.
-            let missing = shared
-                .limits
-                .iter()
-                .find_map(|l| l.missing(&head).map(|d| (d, l.challenge())))
-                .or_else(|| {
-                    let mut remote = shared.remote.iter();
-                    remote.find_map(|r| r.missing(&head).map(|d| (d, r.challenge())))
-                });
-            return match missing {
-                Some((denial, challenge)) => self.missing(&request, denial, challenge),
-                // An extractor that found a key once and not again.
-                None => self.unauthorized(&request),
-            };
+            return self.remote_key_missing(&request, &head);
         };
         let remote = !remote_keys.is_empty();
         let mut decide = Decide {
@@ -93,25 +83,7 @@ where
             }
         };
         match verdict {
-            Verdict::Admitted if remote => {
-                // `poll_ready` readied `inner`: that one goes with the
-                // request, a clone stays for the next.
-                let clone = self.inner.clone();
-                let inner = core::mem::replace(&mut self.inner, clone);
-                let decided = remote_phase(Arc::clone(shared), remote_keys, shared.cost);
-                let layer = self.layer.clone();
-                LimitedFuture::deciding(
-                    decided,
-                    Waiting {
-                        inner,
-                        request,
-                        tickets: decide.tickets,
-                        finish: Box::new(move |outcome, request, tickets| {
-                            layer.finish_remote(outcome, request, tickets)
-                        }),
-                    },
-                )
-            }
+            Verdict::Admitted if remote => self.to_remote(request, remote_keys, decide.tickets),
             Verdict::Admitted => {
                 shared.counts.add(ADMITTED, thread_slot());
                 let (fields, settle) = if decide.keep {
@@ -127,28 +99,115 @@ where
                 };
                 LimitedFuture::admitted(self.inner.call(request), fields, settle)
             }
-            Verdict::Refused { by, decision } => {
-                shared.count_denial(by, decision);
-                // Every limit's state after this decision (the refunds made).
-                let mut items = Items::default();
-                shared.report(&head, true, &mut items);
-                let outcome = Outcome::from_decision(Some(decision));
-                let response = deny(
-                    &self.layer.respond,
-                    &Denial::Refused(outcome),
-                    shared.challenge.as_ref(),
-                    || HeaderValue::from_static("ApiKey"),
-                    items.fields(shared.policy_line.as_ref()),
-                );
-                LimitedFuture::denied(closing(&request, response))
-            }
+            Verdict::Refused { by, decision } => self.refused(&request, &head, by, decision),
             Verdict::Missing { denial, challenge } => self.missing(&request, denial, challenge),
         }
     }
 }
 
 impl<Svc, R> Limited<Svc, R> {
+    // The paths off an in-process admission are out of line (and the
+    // denials cold), so the admitted path of `call` stays a few cache lines
+    // of code: with several limits, the code a request runs through is what
+    // its time depends on beyond its instructions (BENCHMARKS.md, "Several
+    // limits on one request").
+
+    /// A 429 from in-process limit `by`, with every limit's state after it
+    /// (the refunds made).
+    #[cold]
+    #[inline(never)]
+    fn refused<ReqBody, B, E>(
+        &self,
+        request: &Request<ReqBody>,
+        head: &RequestHead<'_>,
+        by: usize,
+        decision: KeyedDecision,
+    ) -> LimitedFuture<Svc, ReqBody, B>
+    where
+        Svc: Service<Request<ReqBody>, Response = Response<B>, Error = E>,
+        R: DenialResponse<B>,
+    {
+        let shared = &self.layer.shared;
+        shared.count_denial(by, decision);
+        let mut items = Items::default();
+        shared.report(head, true, &mut items);
+        let outcome = Outcome::from_decision(Some(decision));
+        let response = deny(
+            &self.layer.respond,
+            &Denial::Refused(outcome),
+            shared.challenge.as_ref(),
+            || HeaderValue::from_static("ApiKey"),
+            items.fields(shared.policy_line.as_ref()),
+        );
+        LimitedFuture::denied(closing(request, response))
+    }
+
+    /// Every in-process limit admitted: on to the remote limits, with the
+    /// in-process admissions kept (`tickets`) to give back if one refuses.
+    #[inline(never)]
+    fn to_remote<ReqBody, B, E>(
+        &mut self,
+        request: Request<ReqBody>,
+        remote_keys: Vec<Vec<u8>>,
+        tickets: Vec<Box<dyn Ticket>>,
+    ) -> LimitedFuture<Svc, ReqBody, B>
+    where
+        Svc: Service<Request<ReqBody>, Response = Response<B>, Error = E> + Clone,
+        R: DenialResponse<B>,
+        ReqBody: 'static,
+    {
+        let shared = &self.layer.shared;
+        // `poll_ready` readied `inner`: that one goes with the request, a
+        // clone stays for the next.
+        let clone = self.inner.clone();
+        let inner = core::mem::replace(&mut self.inner, clone);
+        let decided = remote_phase(Arc::clone(shared), remote_keys, shared.cost);
+        let layer = self.layer.clone();
+        LimitedFuture::deciding(
+            decided,
+            Waiting {
+                inner,
+                request,
+                tickets,
+                finish: Box::new(move |outcome, request, tickets| {
+                    layer.finish_remote(outcome, request, tickets)
+                }),
+            },
+        )
+    }
+
+    /// A remote limit found no key: the first limit without one answers,
+    /// in-process ones first.
+    #[cold]
+    #[inline(never)]
+    fn remote_key_missing<ReqBody, B, E>(
+        &self,
+        request: &Request<ReqBody>,
+        head: &RequestHead<'_>,
+    ) -> LimitedFuture<Svc, ReqBody, B>
+    where
+        Svc: Service<Request<ReqBody>, Response = Response<B>, Error = E>,
+        R: DenialResponse<B>,
+    {
+        let shared = &self.layer.shared;
+        let missing = shared
+            .limits
+            .iter()
+            .find_map(|l| l.missing(head).map(|d| (d, l.challenge())))
+            .or_else(|| {
+                let mut remote = shared.remote.iter();
+                remote.find_map(|r| r.missing(head).map(|d| (d, r.challenge())))
+            });
+        match missing {
+            Some((denial, challenge)) => self.missing(request, denial, challenge),
+            // An extractor that found a key once and not again.
+            None => self.unauthorized(request),
+        }
+    }
+
     /// A 401 (or a misconfiguration's 500) for a limit that found no key.
+    #[cold]
+    #[inline(never)]
     fn missing<ReqBody, B, E>(
         &self,
         request: &Request<ReqBody>,
@@ -175,6 +234,8 @@ impl<Svc, R> Limited<Svc, R> {
     }
 
     /// A 401 for a key that an extractor found once and not again.
+    #[cold]
+    #[inline(never)]
     pub(super) fn unauthorized<ReqBody, B, E>(
         &self,
         request: &Request<ReqBody>,
