@@ -83,7 +83,7 @@ where
             }
         };
         match verdict {
-            Verdict::Admitted if remote => self.to_remote(request, remote_keys, decide.tickets),
+            Verdict::Admitted if remote => self.go_remote(request, remote_keys, decide.tickets),
             Verdict::Admitted => {
                 shared.counts.add(ADMITTED, thread_slot());
                 let (fields, settle) = if decide.keep {
@@ -145,7 +145,7 @@ impl<Svc, R> Limited<Svc, R> {
     /// Every in-process limit admitted: on to the remote limits, with the
     /// in-process admissions kept (`tickets`) to give back if one refuses.
     #[inline(never)]
-    fn to_remote<ReqBody, B, E>(
+    fn go_remote<ReqBody, B, E>(
         &mut self,
         request: Request<ReqBody>,
         remote_keys: Vec<Vec<u8>>,
