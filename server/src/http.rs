@@ -12,11 +12,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, rate_limit::Unit as PbUnit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +72,38 @@ struct JsonDescriptor {
     hits_addend: Option<Uint64>,
     #[serde(default, alias = "is_negative_hits", rename = "isNegativeHits")]
     is_negative_hits: bool,
+    #[serde(default)]
+    limit: Option<JsonOverride>,
+}
+
+/// A descriptor's `limit` override.
+#[derive(Deserialize)]
+struct JsonOverride {
+    #[serde(default, alias = "requests_per_unit", rename = "requestsPerUnit")]
+    requests_per_unit: u32,
+    #[serde(default)]
+    unit: Option<JsonUnit>,
+}
+
+/// An enum in proto3's JSON mapping: its name or its number.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum JsonUnit {
+    Number(i32),
+    Name(String),
+}
+
+impl JsonUnit {
+    fn value(&self) -> Result<i32, String> {
+        match self {
+            JsonUnit::Number(n) => Ok(*n),
+            JsonUnit::Name(name) => RateLimitUnit::from_str_name(name)
+                .map(|unit| unit as i32)
+                .ok_or_else(|| {
+                    format!("unknown unit {name:?}: SECOND, MINUTE, HOUR, DAY, MONTH or YEAR")
+                }),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -145,7 +180,16 @@ fn to_request(json: JsonRequest) -> Result<RateLimitRequest, String> {
                 .collect(),
             hits_addend,
             is_negative_hits: d.is_negative_hits,
-            ..RateLimitDescriptor::default()
+            limit: match d.limit {
+                Some(limit) => Some(RateLimitOverride {
+                    requests_per_unit: limit.requests_per_unit,
+                    unit: match &limit.unit {
+                        Some(unit) => unit.value()?,
+                        None => 0,
+                    },
+                }),
+                None => None,
+            },
         });
     }
     Ok(RateLimitRequest {

@@ -17,6 +17,12 @@
 //! (Envoy sends 0 on ordinary requests); a descriptor's own `hits_addend`
 //! overrides it, and set to 0 it checks without spending.
 //!
+//! A descriptor's `limit` override (with
+//! [`with_overrides`](service::RateLimitService::with_overrides), as the
+//! binary runs it) is decided as envoyproxy/ratelimit decides it: in a
+//! configured domain, against that quota in a fixed window instead of the
+//! configuration's limit.
+//!
 //! # `duration_until_reset`
 //!
 //! - **Over the limit**: the wait until the same request would be admitted,

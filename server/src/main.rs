@@ -12,7 +12,7 @@ use turnstile_server::clock::ServiceClock;
 use turnstile_server::redis_backend::{FailurePolicy, RedisBackend, RedisMode, RedisOptions};
 use turnstile_server::reload::{DEFAULT_POLL, Reloader};
 use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
-use turnstile_server::service::{Bounds, RateLimitService};
+use turnstile_server::service::{Bounds, DEFAULT_MAX_OVERRIDE_LIMITS, RateLimitService};
 
 const USAGE: &str = "\
 usage: turnstile-server --config DIR [options]
@@ -22,6 +22,8 @@ usage: turnstile-server --config DIR [options]
   --grpc-addr ADDR        gRPC listener (default 127.0.0.1:8081)
   --http-addr ADDR|off    HTTP listener for POST /json, GET /healthz, /metrics (default 127.0.0.1:8080)
   --max-keys N            distinct keys held per limit (default 100000)
+  --max-override-limits N distinct quotas that descriptors' limit overrides may ask for (default 16);
+                          a new one past them is answered OVER_LIMIT
   --max-descriptors N     descriptors per request (default 64)
   --max-entries N         entries per descriptor (default 16)
   --max-length N          bytes per domain, key or value (default 1024)
@@ -42,6 +44,7 @@ struct Args {
     grpc: SocketAddr,
     http: Option<SocketAddr>,
     max_keys: usize,
+    max_overrides: usize,
     bounds: Bounds,
     headers: bool,
     redis: Option<String>,
@@ -53,6 +56,7 @@ fn parse_args() -> Result<Args, String> {
     let mut grpc: SocketAddr = ([127, 0, 0, 1], 8081).into();
     let mut http = Some(SocketAddr::from(([127, 0, 0, 1], 8080)));
     let mut max_keys = DEFAULT_MAX_KEYS_PER_LIMIT;
+    let mut max_overrides = DEFAULT_MAX_OVERRIDE_LIMITS;
     let mut bounds = Bounds::default();
     let mut headers = false;
     let mut redis = None;
@@ -85,6 +89,7 @@ fn parse_args() -> Result<Args, String> {
             "--http-addr" if value == "off" => http = None,
             "--http-addr" => http = Some(addr(&value)?),
             "--max-keys" => max_keys = count(&value)?,
+            "--max-override-limits" => max_overrides = count(&value)?,
             "--max-descriptors" => bounds.max_descriptors = count(&value)?,
             "--max-entries" => bounds.max_entries = count(&value)?,
             "--max-length" => bounds.max_length = count(&value)?,
@@ -121,6 +126,7 @@ fn parse_args() -> Result<Args, String> {
         grpc,
         http,
         max_keys,
+        max_overrides,
         bounds,
         headers,
         redis,
@@ -177,7 +183,7 @@ async fn main() -> ExitCode {
             }
         },
     };
-    let reloader = Arc::new(Reloader::new(&args.config, backend));
+    let reloader = Arc::new(Reloader::new(&args.config, Arc::clone(&backend)));
     let config = match reloader.load() {
         Ok(config) => config,
         Err(error) => {
@@ -188,7 +194,10 @@ async fn main() -> ExitCode {
     let mut domains: Vec<&str> = config.domains().collect();
     domains.sort_unstable();
     let domains = domains.join(", ");
-    let service = Arc::new(RateLimitService::new(config, args.bounds, args.headers));
+    let service = Arc::new(
+        RateLimitService::new(config, args.bounds, args.headers)
+            .with_overrides(Arc::clone(&backend), args.max_overrides),
+    );
     let grpc = match tokio::net::TcpListener::bind(args.grpc).await {
         Ok(listener) => listener,
         Err(error) => {

@@ -8,6 +8,7 @@
 //! | `turnstile_rls_unknown_domain_total`, `turnstile_rls_unknown_descriptor_total` | none: requests for a domain not configured, descriptors that match no limit |
 //! | `turnstile_rls_requests_total`, `turnstile_rls_invalid_requests_total` | none |
 //! | `turnstile_rls_config_reloads_total`, `turnstile_rls_config_reload_errors_total` | none |
+//! | `turnstile_rls_override_refused_total` | none: descriptors whose `limit` override was a new quota past the bound of override limits, answered `OVER_LIMIT` |
 //!
 //! **Never an unbounded number of series**: no label takes a value from a
 //! request except the detailed series, which keep at most
@@ -95,6 +96,7 @@ pub struct Metrics {
     unknown_descriptor: AtomicU64,
     reloads: AtomicU64,
     reload_errors: AtomicU64,
+    override_refused: AtomicU64,
 }
 
 impl Metrics {
@@ -126,6 +128,18 @@ impl Metrics {
     /// A configuration reload failed (the old one stays in force).
     pub fn reload_failed(&self) {
         add(&self.reload_errors);
+    }
+
+    /// A descriptor's `limit` override asked for a new quota past the bound
+    /// of override limits (answered `OVER_LIMIT`).
+    pub fn override_refused(&self) {
+        add(&self.override_refused);
+    }
+
+    /// Descriptors refused so ([`override_refused`](Self::override_refused)).
+    pub fn overrides_refused(&self) -> u64 {
+        // Reporting only: orders nothing.
+        self.override_refused.load(Ordering::Relaxed)
     }
 
     /// The configuration reloads so far: `(succeeded, failed)`.
@@ -254,6 +268,12 @@ impl Metrics {
             "turnstile_rls_config_reload_errors_total",
             "Configuration reloads refused (the previous configuration stayed in force).",
             &self.reload_errors,
+        );
+        scalar(
+            &mut out,
+            "turnstile_rls_override_refused_total",
+            "Descriptors whose limit override was a new quota past the bound of override limits (answered OVER_LIMIT).",
+            &self.override_refused,
         );
         let limits = self.limits.read().unwrap_or_else(PoisonError::into_inner);
         let mut names: Vec<&String> = limits.keys().collect();

@@ -1,21 +1,25 @@
 //! The decision on one `RateLimitRequest`, whatever carried it (gRPC or the
 //! JSON endpoint): [`RateLimitService::should_rate_limit`].
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use turnstile::{Outcome, RetryAfter};
 
-use crate::backend::{Unit, Verdict};
+use crate::backend::{AlgorithmKind, Backend, LimitSpec, Unit, Verdict};
 use crate::config::{Config, Rule};
 use crate::metrics::{Metrics, Outcome as Counted};
 
@@ -75,6 +79,14 @@ pub enum RequestError {
         /// The bound.
         max: usize,
     },
+    /// A descriptor's `limit` override in a unit this service does not
+    /// keep (Envoy's `RateLimitUnit`: `MONTH`, `YEAR` or `UNKNOWN`).
+    UnsupportedOverrideUnit {
+        /// The descriptor's index.
+        descriptor: usize,
+        /// The unit sent, as Envoy's enum numbers it.
+        unit: i32,
+    },
 }
 
 impl fmt::Display for RequestError {
@@ -97,6 +109,15 @@ impl fmt::Display for RequestError {
             ),
             RequestError::TooLong { what, length, max } => {
                 write!(f, "a {what} of {length} bytes: send at most {max}")
+            }
+            RequestError::UnsupportedOverrideUnit { descriptor, unit } => {
+                let name = RateLimitUnit::try_from(*unit)
+                    .map_or_else(|_| unit.to_string(), |u| u.as_str_name().to_string());
+                write!(
+                    f,
+                    "descriptor {descriptor}'s limit override has unit {name}: \
+                     send SECOND, MINUTE, HOUR or DAY"
+                )
             }
         }
     }
@@ -149,6 +170,90 @@ pub struct RateLimitService {
     headers: bool,
     stats: Stats,
     metrics: Metrics,
+    overrides: Option<Overrides>,
+}
+
+/// The default bound on the distinct quotas that descriptors' `limit`
+/// overrides may ask for ([`RateLimitService::with_overrides`]).
+pub const DEFAULT_MAX_OVERRIDE_LIMITS: usize = 16;
+
+/// The limits that descriptors set themselves with a `limit` override: one
+/// per domain and quota, made by the backend the first time it is asked for
+/// and kept (across reloads: the configuration does not name them).
+struct Overrides {
+    backend: Arc<dyn Backend>,
+    max: usize,
+    rules: RwLock<HashMap<(String, u32, Unit), Arc<Rule>>>,
+}
+
+impl fmt::Debug for Overrides {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let held = self
+            .rules
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        f.debug_struct("Overrides")
+            .field("backend", &self.backend)
+            .field("max", &self.max)
+            .field("held", &held)
+            .finish()
+    }
+}
+
+impl Overrides {
+    /// The limit of `requests_per_unit` per `unit` in `domain`, made now if
+    /// it is new; `None` when it is new and `max` limits are held already,
+    /// or when the backend cannot make it.
+    fn rule(&self, domain: &str, requests_per_unit: u32, unit: Unit) -> Option<Arc<Rule>> {
+        let key = (domain.to_string(), requests_per_unit, unit);
+        if let Some(rule) = self
+            .rules
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+        {
+            return Some(Arc::clone(rule));
+        }
+        let mut rules = self.rules.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(rule) = rules.get(&key) {
+            return Some(Arc::clone(rule));
+        }
+        if rules.len() >= self.max {
+            return None;
+        }
+        let full_key = format!(
+            "{domain}.limit_override.{requests_per_unit}_per_{}",
+            unit_name(unit)
+        );
+        let state = if requests_per_unit == 0 {
+            // A limit of 0 denies everything and needs no state, as in the
+            // configuration.
+            None
+        } else {
+            let spec = LimitSpec {
+                full_key: full_key.clone(),
+                requests_per_unit,
+                unit,
+                algorithm: AlgorithmKind::FixedWindow,
+                burst: None,
+            };
+            Some(self.backend.limit(&spec).ok()?)
+        };
+        let rule = Arc::new(Rule {
+            full_key,
+            name: None,
+            requests_per_unit,
+            unit: Some(unit),
+            unlimited: false,
+            shadow_mode: false,
+            replaces: Vec::new(),
+            detailed_metric: false,
+            state,
+        });
+        rules.insert(key, Arc::clone(&rule));
+        Some(rule)
+    }
 }
 
 impl RateLimitService {
@@ -163,7 +268,34 @@ impl RateLimitService {
             headers,
             stats: Stats::default(),
             metrics: Metrics::default(),
+            overrides: None,
         }
+    }
+
+    /// Honour descriptors' `limit` overrides, as envoyproxy/ratelimit does:
+    /// in a configured domain, a descriptor that carries one is decided
+    /// against `requests_per_unit` per `unit` in a fixed window (its
+    /// algorithm), not the configuration's limit, with shadow mode, names
+    /// and `replaces` off. The descriptor's keys and values together are its
+    /// key in that limit, so descriptors that differ in any entry are
+    /// counted apart, and one limit per domain and quota is kept, made by
+    /// `backend` (in process or in Redis, as the configured limits) the
+    /// first time it is asked for. At most `max` such limits are kept: a
+    /// descriptor asking for a new quota past them is answered `OVER_LIMIT`
+    /// (never unbounded memory, never admitted untracked) and counted in
+    /// `turnstile_rls_override_refused_total`. A unit this service does not
+    /// keep (`MONTH`, `YEAR`, `UNKNOWN`) is refused with
+    /// [`RequestError::UnsupportedOverrideUnit`].
+    ///
+    /// Without this, an override is not read: the configuration decides.
+    #[must_use]
+    pub fn with_overrides(mut self, backend: Arc<dyn Backend>, max: usize) -> RateLimitService {
+        self.overrides = Some(Overrides {
+            backend,
+            max,
+            rules: RwLock::new(HashMap::new()),
+        });
+        self
     }
 
     /// Replace the configuration: requests already deciding finish on the
@@ -216,6 +348,15 @@ impl RateLimitService {
                     max: bounds.max_entries,
                 });
             }
+            if let Some(limit) = &descriptor.limit
+                && self.overrides.is_some()
+                && override_unit(limit).is_none()
+            {
+                return Err(RequestError::UnsupportedOverrideUnit {
+                    descriptor: i,
+                    unit: limit.unit,
+                });
+            }
             for entry in &descriptor.entries {
                 for (what, text) in [("key", &entry.key), ("value", &entry.value)] {
                     if text.len() > bounds.max_length {
@@ -260,12 +401,32 @@ impl RateLimitService {
         if !known_domain {
             self.metrics.unknown_domain();
         }
+        // A descriptor's `limit` override, in a configured domain, takes the
+        // place of the configuration's limit: `Some(None)` for one past the
+        // bound of override limits.
+        let overridden: Vec<Option<Option<Arc<Rule>>>> = match &self.overrides {
+            Some(overrides) if known_domain => request
+                .descriptors
+                .iter()
+                .map(|d| {
+                    let limit = d.limit.as_ref()?;
+                    // Checked with the bounds.
+                    let unit = override_unit(limit)?;
+                    Some(overrides.rule(&request.domain, limit.requests_per_unit, unit))
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let rules: Vec<Option<&Arc<Rule>>> = request
             .descriptors
             .iter()
-            .map(|d| {
-                let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
-                config.lookup(&request.domain, entries)
+            .enumerate()
+            .map(|(i, d)| match overridden.get(i) {
+                Some(Some(rule)) => rule.as_ref(),
+                _ => {
+                    let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+                    config.lookup(&request.domain, entries)
+                }
             })
             .collect();
         // `replaces`: a limit named by another matched limit is not applied.
@@ -286,7 +447,23 @@ impl RateLimitService {
         let mut policies = Vec::new();
         let mut values = Vec::new();
         let mut retry_after: Option<Duration> = None;
-        for (descriptor, rule) in request.descriptors.iter().zip(rules) {
+        for (i, (descriptor, rule)) in request.descriptors.iter().zip(rules).enumerate() {
+            if let (Some(Some(None)), Some(limit)) = (overridden.get(i), &descriptor.limit) {
+                // A new quota past the bound of override limits.
+                self.metrics.override_refused();
+                Stats::add(&self.stats.over_limit);
+                response.overall_code = Code::OverLimit as i32;
+                response.statuses.push(DescriptorStatus {
+                    code: Code::OverLimit as i32,
+                    current_limit: Some(RateLimit {
+                        name: String::new(),
+                        requests_per_unit: limit.requests_per_unit,
+                        unit: pb_unit(override_unit(limit)) as i32,
+                    }),
+                    ..DescriptorStatus::default()
+                });
+                continue;
+            }
             let replaced_here = rule.is_some_and(|rule| {
                 rule.name
                     .as_deref()
@@ -332,8 +509,13 @@ impl RateLimitService {
                     None => default_hits,
                 }
             };
+            let key = if matches!(overridden.get(i), Some(Some(Some(_)))) {
+                override_key(descriptor)
+            } else {
+                counter_key(descriptor)
+            };
             let verdict = match &rule.state {
-                Some(state) => state.decide(&counter_key(descriptor), hits).await,
+                Some(state) => state.decide(&key, hits).await,
                 // A limit of 0 per unit.
                 None => Verdict::Denied { retry_after: None },
             };
@@ -419,9 +601,7 @@ impl RateLimitService {
 
 /// The key of a descriptor in its limit: every entry's value, each after its
 /// length, so that no two descriptors share a key by concatenation.
-fn counter_key(
-    descriptor: &envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor,
-) -> String {
+fn counter_key(descriptor: &RateLimitDescriptor) -> String {
     let mut key = String::new();
     for entry in &descriptor.entries {
         key.push_str(&entry.value.len().to_string());
@@ -429,6 +609,40 @@ fn counter_key(
         key.push_str(&entry.value);
     }
     key
+}
+
+/// The key of a descriptor in an override limit, which descriptors of every
+/// shape share: every entry's key and value, each after its length.
+fn override_key(descriptor: &RateLimitDescriptor) -> String {
+    let mut key = String::new();
+    for entry in &descriptor.entries {
+        for text in [&entry.key, &entry.value] {
+            key.push_str(&text.len().to_string());
+            key.push(':');
+            key.push_str(text);
+        }
+    }
+    key
+}
+
+/// An override's unit, if this service keeps it.
+fn override_unit(limit: &RateLimitOverride) -> Option<Unit> {
+    match RateLimitUnit::try_from(limit.unit).ok()? {
+        RateLimitUnit::Second => Some(Unit::Second),
+        RateLimitUnit::Minute => Some(Unit::Minute),
+        RateLimitUnit::Hour => Some(Unit::Hour),
+        RateLimitUnit::Day => Some(Unit::Day),
+        RateLimitUnit::Unknown | RateLimitUnit::Month | RateLimitUnit::Year => None,
+    }
+}
+
+fn unit_name(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Second => "second",
+        Unit::Minute => "minute",
+        Unit::Hour => "hour",
+        Unit::Day => "day",
+    }
 }
 
 fn pb_unit(unit: Option<Unit>) -> PbUnit {

@@ -24,7 +24,7 @@ use turnstile_server::backend::InProcess;
 use turnstile_server::clock::ServiceClock;
 use turnstile_server::config::Config;
 use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
-use turnstile_server::service::{Bounds, RateLimitService};
+use turnstile_server::service::{Bounds, DEFAULT_MAX_OVERRIDE_LIMITS, RateLimitService};
 
 pub struct Running {
     pub grpc: SocketAddr,
@@ -40,6 +40,8 @@ pub struct Options {
     pub bounds: Bounds,
     pub headers: bool,
     pub max_keys: usize,
+    /// `with_overrides`' bound, as the binary sets it.
+    pub max_overrides: usize,
 }
 
 impl Default for Options {
@@ -48,6 +50,7 @@ impl Default for Options {
             bounds: Bounds::default(),
             headers: false,
             max_keys: 10_000,
+            max_overrides: DEFAULT_MAX_OVERRIDE_LIMITS,
         }
     }
 }
@@ -55,17 +58,19 @@ impl Default for Options {
 /// Start a service on `yaml` (one file per entry), on a manual clock at 0.
 pub async fn start(files: &[(&str, &str)], options: Options) -> Running {
     let clock = ManualClock::new();
-    let backend = InProcess::new(ServiceClock::manual(clock.clone()), options.max_keys);
+    let backend = Arc::new(InProcess::new(
+        ServiceClock::manual(clock.clone()),
+        options.max_keys,
+    ));
     let files: Vec<(String, String)> = files
         .iter()
         .map(|(name, text)| (name.to_string(), text.to_string()))
         .collect();
-    let config = Config::from_files(&files, &backend).expect("a valid configuration");
-    let service = Arc::new(RateLimitService::new(
-        config,
-        options.bounds,
-        options.headers,
-    ));
+    let config = Config::from_files(&files, &*backend).expect("a valid configuration");
+    let service = Arc::new(
+        RateLimitService::new(config, options.bounds, options.headers)
+            .with_overrides(backend, options.max_overrides),
+    );
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -16,7 +16,10 @@ mod redis_topology;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 use turnstile::redis::Deadlines;
@@ -45,7 +48,10 @@ impl Replica {
             .expect("a URL of a server, a cluster or a Sentinel");
         let files = vec![("limits.yaml".to_string(), yaml.to_string())];
         let config = Config::from_files(&files, &backend).expect("a valid configuration");
-        let service = Arc::new(RateLimitService::new(config, Bounds::default(), false));
+        let service = Arc::new(
+            RateLimitService::new(config, Bounds::default(), false)
+                .with_overrides(Arc::new(backend.clone()), 16),
+        );
         let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -109,19 +115,28 @@ struct Load {
 /// `tasks` concurrent streams per replica asking for `user`'s limit for
 /// `run`.
 async fn load(replicas: &[Replica; 2], user: &str, tasks: usize, run: Duration) -> Load {
+    load_with(replicas, tasks, run, move || descriptor(&[("user", user)])).await
+}
+
+/// `tasks` concurrent streams per replica asking for `make()`'s descriptor
+/// for `run`.
+async fn load_with<F>(replicas: &[Replica; 2], tasks: usize, run: Duration, make: F) -> Load
+where
+    F: Fn() -> RateLimitDescriptor,
+{
     let start = Instant::now();
     let mut handles = Vec::new();
     for (i, replica) in replicas.iter().enumerate() {
         for _ in 0..tasks {
             let mut client = replica.client.clone();
-            let user = user.to_string();
+            let asked_for = make();
             handles.push(tokio::spawn(async move {
                 let (mut admitted, mut asked, mut errors) = (0u64, 0u64, 0u64);
                 let mut slowest = Duration::ZERO;
                 while start.elapsed() < run {
                     let sent = Instant::now();
                     let answer = client
-                        .should_rate_limit(request("api", vec![descriptor(&[("user", &user)])]))
+                        .should_rate_limit(request("api", vec![asked_for.clone()]))
                         .await;
                     slowest = slowest.max(sent.elapsed());
                     asked += 1;
@@ -563,4 +578,54 @@ async fn two_replicas_through_sentinel_hold_one_limit_across_a_failover() {
         .query(&mut con)
         .expect("KEYS");
     assert!(!keys.is_empty(), "the new primary holds erin's state");
+}
+
+/// A descriptor's `limit` override on two replicas in exact mode: one limit
+/// in Redis, made by each replica's backend under the same key, so the two
+/// admit the override's quota once between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_override_is_one_limit_across_replicas() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let yaml = bucket_yaml("token_bucket", 1_000, 1_000);
+    let options = options(
+        RedisMode::Exact,
+        FailurePolicy::Closed,
+        Duration::from_secs(2),
+    );
+    let replicas = two_replicas(&url(&server), &yaml, options).await;
+    let hour = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs()
+            / 3_600
+    };
+    let before = hour();
+    let load = load_with(&replicas, 4, Duration::from_millis(1_000), || {
+        let mut d = descriptor(&[("tenant", "t1")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 10,
+            unit: RateLimitUnit::Hour as i32,
+        });
+        d
+    })
+    .await;
+    let after = hour();
+    let admitted = load.admitted[0] + load.admitted[1];
+    eprintln!(
+        "override across replicas: admitted {admitted} ({:?}) of {:?}",
+        load.admitted, load.asked
+    );
+    assert_eq!(load.errors, 0);
+    if before == after {
+        // One window of an hour: 10 between both replicas, not 10 each.
+        assert_eq!(admitted, 10);
+    } else {
+        assert!(admitted <= 20, "admitted {admitted} over two windows");
+    }
+    for replica in replicas {
+        replica.stop().await;
+    }
 }
