@@ -112,6 +112,33 @@ struct Load {
     errors: u64,
 }
 
+impl Load {
+    /// Print what the load admitted beside `bound`, and check that the
+    /// replicas held one limit: every request answered, at most `bound`
+    /// admitted and at least `least`, the limit reached (the load asked for
+    /// more than `bound`), and both replicas admitting from it (one limit,
+    /// not one each).
+    fn holds(&self, what: &str, bound: u64, least: u64) {
+        let admitted = self.admitted[0] + self.admitted[1];
+        eprintln!(
+            "{what}: admitted {admitted} ({:?}) of {:?} asked in {:?}; bound {bound}",
+            self.admitted, self.asked, self.elapsed
+        );
+        assert_eq!(self.errors, 0, "{what}: every request is answered");
+        assert!(admitted <= bound, "{what}: admitted {admitted} > {bound}");
+        assert!(admitted >= least, "{what}: admitted {admitted} < {least}");
+        assert!(
+            self.asked[0] + self.asked[1] > bound,
+            "{what}: the load did not reach the limit"
+        );
+        assert!(
+            self.admitted.iter().all(|a| *a > 0),
+            "{what}: {:?}",
+            self.admitted
+        );
+    }
+}
+
 /// `tasks` concurrent streams per replica asking for `user`'s limit for
 /// `run`.
 async fn load(replicas: &[Replica; 2], user: &str, tasks: usize, run: Duration) -> Load {
@@ -207,19 +234,9 @@ async fn two_replicas_in_exact_mode_hold_one_limit() {
     );
     let replicas = two_replicas(&url(&server), &yaml, options).await;
     let load = load(&replicas, "alice", 4, Duration::from_millis(1_500)).await;
-    let admitted = load.admitted[0] + load.admitted[1];
+    // B + r·T.
     let bound = exact_bound(burst, rate, load.elapsed);
-    eprintln!(
-        "exact: admitted {admitted} ({:?}) of {:?} asked in {:?}; bound {bound}",
-        load.admitted, load.asked, load.elapsed
-    );
-    assert_eq!(load.errors, 0, "every request is answered");
-    assert!(admitted <= bound, "admitted {admitted} > B + r·T = {bound}");
-    // The limit is reached (the load asks far more than it admits) and both
-    // replicas admit from it: one limit, not one each.
-    assert!(admitted >= u64::from(burst), "admitted {admitted}");
-    assert!(load.asked[0] + load.asked[1] > bound);
-    assert!(load.admitted.iter().all(|a| *a > 0), "{:?}", load.admitted);
+    load.holds("exact", bound, u64::from(burst));
     for replica in replicas {
         replica.stop().await;
     }
@@ -243,21 +260,13 @@ async fn two_replicas_in_leased_mode_hold_one_limit_within_the_lease_bound() {
         assert!(lease > 1, "a lease of {lease}: the test would not lease");
         let user = format!("bob-{algorithm}");
         let load = load(&replicas, &user, 4, Duration::from_millis(1_500)).await;
-        let admitted = load.admitted[0] + load.admitted[1];
         // B + r(T) + N·(L + ⌊L/2⌋), N = 2 replicas.
         let bound = exact_bound(burst, rate, load.elapsed) + 2 * u64::from(lease + lease / 2);
-        eprintln!(
-            "leased {algorithm}: admitted {admitted} ({:?}) of {:?} asked in {:?}; lease {lease}, bound {bound}",
-            load.admitted, load.asked, load.elapsed
+        load.holds(
+            &format!("leased {algorithm}, lease {lease}"),
+            bound,
+            u64::from(burst),
         );
-        assert_eq!(load.errors, 0, "every request is answered");
-        assert!(
-            admitted <= bound,
-            "{algorithm}: admitted {admitted} > B + r(T) + N·(L + ⌊L/2⌋) = {bound}"
-        );
-        assert!(admitted >= u64::from(burst), "admitted {admitted}");
-        assert!(load.asked[0] + load.asked[1] > bound);
-        assert!(load.admitted.iter().all(|a| *a > 0), "{:?}", load.admitted);
         for replica in replicas {
             replica.stop().await;
         }
@@ -462,7 +471,6 @@ async fn two_replicas_on_a_redis_cluster_hold_one_limit() {
         };
         let user = format!("carol-{mode:?}");
         let load = load(&replicas, &user, 4, Duration::from_millis(1_500)).await;
-        let admitted = load.admitted[0] + load.admitted[1];
         // B + r(T), and N·(L + ⌊L/2⌋) more in leased mode (N = 2 replicas).
         let bound = exact_bound(burst, rate, load.elapsed) + 2 * u64::from(lease + lease / 2);
         let scripts: u64 = cluster
@@ -470,19 +478,8 @@ async fn two_replicas_on_a_redis_cluster_hold_one_limit() {
             .iter()
             .map(|port| redis_topology::evalsha_calls(*port))
             .sum();
-        eprintln!(
-            "cluster, {mode:?}: admitted {admitted} ({:?}) of {:?} asked in {:?}; \
-             lease {lease}, bound {bound}; {scripts} scripts",
-            load.admitted, load.asked, load.elapsed
-        );
-        assert_eq!(load.errors, 0, "{mode:?}: every request is answered");
-        assert!(admitted <= bound, "{mode:?}: admitted {admitted} > {bound}");
-        assert!(
-            admitted >= u64::from(burst),
-            "{mode:?}: admitted {admitted}"
-        );
-        assert!(load.asked[0] + load.asked[1] > bound);
-        assert!(load.admitted.iter().all(|a| *a > 0), "{:?}", load.admitted);
+        let what = format!("cluster, {mode:?}, lease {lease}, {scripts} scripts");
+        load.holds(&what, bound, u64::from(burst));
         assert!(scripts > 0, "{mode:?}: no script ran on the cluster");
         for replica in replicas {
             replica.stop().await;
@@ -536,39 +533,23 @@ async fn two_replicas_through_sentinel_hold_one_limit_across_a_failover() {
     let load = load(&replicas, "dave", 4, Duration::from_secs(5)).await;
     let split = failover.await.expect("the failover");
     assert_eq!(sentinel.current_primary(), sentinel.replica());
-    let admitted = load.admitted[0] + load.admitted[1];
     // Sentinel replicates asynchronously and demotes the old primary some
     // time after promoting the replica: what the old one took meanwhile is
     // lost, so a failover adds at most B + r(split) to B + r(T) (as the
-    // crate's own test of a failover states).
-    // (Writes the old primary takes after the load cannot add admissions.)
+    // crate's own test of a failover states). (Writes the old primary takes
+    // after the load cannot add admissions.)
     let window = split.min(load.elapsed);
     let bound = exact_bound(burst, rate, load.elapsed) + exact_bound(burst, rate, window);
-    eprintln!(
-        "sentinel failover: admitted {admitted} ({:?}) of {:?} asked in {:?}; \
-         old primary demoted {split:?} after the failover began; bound {bound}",
-        load.admitted, load.asked, load.elapsed
+    load.holds(
+        &format!("sentinel failover, old primary demoted {split:?} after it began"),
+        bound,
+        u64::from(burst),
     );
-    assert_eq!(load.errors, 0, "every request is answered by the policy");
-    assert!(admitted <= bound, "admitted {admitted} > {bound}");
-    assert!(admitted >= u64::from(burst), "admitted {admitted}");
     // The old primary demoted, both replicas decide on the new one: a new
     // user's limit holds its exact bound there, and its state is there.
     let after = self::load(&replicas, "erin", 4, Duration::from_millis(1_500)).await;
-    let admitted = after.admitted[0] + after.admitted[1];
     let bound = exact_bound(burst, rate, after.elapsed);
-    eprintln!(
-        "after the failover: admitted {admitted} ({:?}) of {:?} asked in {:?}; bound {bound}",
-        after.admitted, after.asked, after.elapsed
-    );
-    assert_eq!(after.errors, 0, "every request is answered");
-    assert!(admitted <= bound, "admitted {admitted} > B + r·T = {bound}");
-    assert!(admitted >= u64::from(burst), "admitted {admitted}");
-    assert!(
-        after.admitted.iter().all(|a| *a > 0),
-        "{:?}",
-        after.admitted
-    );
+    after.holds("after the failover", bound, u64::from(burst));
     for replica in replicas {
         replica.stop().await;
     }
