@@ -194,6 +194,7 @@ pub use algorithm::gcra::Gcra;
 pub use algorithm::live::LiveTokenBucket;
 pub use algorithm::not_yet::NotYet;
 pub use algorithm::sliding_window::SlidingWindow;
+pub use algorithm::switch::{LiveFixedWindow, LiveGcra, LiveSlidingWindow, Reconfigure};
 pub use algorithm::token_bucket::TokenBucket;
 pub use algorithm::warm_up::{WarmUp, WarmUpError};
 #[cfg(feature = "std")]

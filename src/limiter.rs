@@ -3,6 +3,7 @@
 use crate::admission::{Admission, Receipt, Stage, admit};
 use crate::algorithm::Algorithm;
 use crate::algorithm::live::LiveTokenBucket;
+use crate::algorithm::switch::Reconfigure;
 use crate::algorithm::not_yet::NotYet;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::algorithm::within_refund_horizon;
@@ -177,12 +178,15 @@ impl RateLimiter<LiveTokenBucket> {
     }
 }
 
-impl<C: Clock, M: Counter> RateLimiter<LiveTokenBucket, C, M> {
-    /// Change the quota while the limiter serves, from any thread. The bucket
-    /// keeps what it holds up to the new capacity, and the new rate refills
-    /// from this moment ([`LiveTokenBucket`] states the rule); decisions
-    /// take no lock meanwhile, and each is decided wholly by the old quota or
-    /// wholly by the new.
+impl<A: Reconfigure, C: Clock, M: Counter> RateLimiter<A, C, M> {
+    /// Change the quota while the limiter serves, from any thread: every
+    /// live form ([`Reconfigure`]: [`LiveTokenBucket`],
+    /// [`LiveGcra`](crate::LiveGcra), [`LiveFixedWindow`](crate::LiveFixedWindow),
+    /// [`LiveSlidingWindow`](crate::LiveSlidingWindow)). The state is
+    /// converted by the form's stated rule (a bucket keeps what it holds up
+    /// to the new capacity, and the new rate refills from this moment);
+    /// decisions take no lock meanwhile, and each is decided wholly by the
+    /// old quota or wholly by the new.
     ///
     /// ```
     /// use turnstile::{Quota, RateLimiter};
@@ -197,18 +201,20 @@ impl<C: Clock, M: Counter> RateLimiter<LiveTokenBucket, C, M> {
     ///
     /// # Errors
     ///
-    /// As [`LiveTokenBucket::with_ceiling`]: the quota is refused, and nothing
-    /// changes, when it is above the bucket's ceiling or does not fit its
-    /// word.
-    pub fn set_quota(&self, quota: Quota) -> Result<(), QuotaError> {
-        let change = self.algorithm.begin(quota)?;
-        let now = self.clock.now();
-        self.cell.convert(|word| change.convert(word, now));
-        Ok(())
+    /// As the form's constructor ([`LiveTokenBucket::with_ceiling`],
+    /// [`LiveFixedWindow::with_ceiling`](crate::LiveFixedWindow::with_ceiling),
+    /// [`LiveSlidingWindow::with_ceiling`](crate::LiveSlidingWindow::with_ceiling)):
+    /// the quota is refused, and nothing changes, when it is above the
+    /// form's ceiling or does not fit its word.
+    pub fn set_quota(&self, quota: A::Quota) -> Result<(), QuotaError> {
+        self.algorithm.reconfigure(quota, &mut |convert| {
+            let now = self.clock.now();
+            self.cell.convert(|word| convert(word, now));
+        })
     }
 
     /// The quota in force.
-    pub fn quota(&self) -> Quota {
+    pub fn quota(&self) -> A::Quota {
         self.algorithm.quota()
     }
 }

@@ -319,6 +319,16 @@ impl Quota {
         self.period_micros
     }
 
+    /// A quota from the fields of one that was validated (a live form's
+    /// parameter slot keeps them as words), not validated again.
+    pub(crate) const fn from_raw_parts(capacity: u32, amount: u32, period_micros: u64) -> Quota {
+        Quota {
+            capacity,
+            amount,
+            period_micros,
+        }
+    }
+
     fn from_micros(capacity: u32, amount: u32, period_micros: u64) -> Result<Quota, QuotaError> {
         if capacity == 0 {
             return Err(QuotaError::ZeroCapacity);

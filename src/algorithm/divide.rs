@@ -35,6 +35,27 @@ impl Divisor {
         self.d.get()
     }
 
+    /// The divisor, its multiplier and its shift, as three words (a live
+    /// form's parameter slot keeps them so).
+    pub(crate) const fn to_raw(self) -> [u64; 3] {
+        [self.d.get(), self.magic, self.shift as u64]
+    }
+
+    /// A divisor from the words [`to_raw`](Self::to_raw) gave. Words that no
+    /// divisor gave make a divisor that divides wrongly, never one that
+    /// panics: a zero divisor is 1, and the shift is kept below 128.
+    pub(crate) const fn from_raw(raw: [u64; 3]) -> Divisor {
+        let d = match NonZeroU64::new(raw[0]) {
+            Some(d) => d,
+            None => NonZeroU64::MIN,
+        };
+        Divisor {
+            d,
+            magic: raw[1],
+            shift: (raw[2] & 127) as u32,
+        }
+    }
+
     /// `floor(x / d)`.
     #[inline(always)]
     pub(crate) const fn div(self, x: u64) -> u64 {

@@ -189,3 +189,71 @@ impl Algorithm for FixedWindow {
         Some((self.limit(), self.window()))
     }
 }
+
+impl FixedWindow {
+    /// The window a reading at `now` is counted in, as an absolute window
+    /// number of the clock (not wrapped), and the permits left in it: the
+    /// stored window when the reading is behind it.
+    fn standing(&self, word: u64, now: u64) -> (u64, u64) {
+        let absolute = self.windows.divide(now);
+        let (index, _) = self.windows.locate(now);
+        let (count, _, ahead) = self.state(word, index);
+        (
+            absolute.saturating_add(ahead),
+            self.limit.saturating_sub(count),
+        )
+    }
+}
+
+impl crate::algorithm::switch::Form for FixedWindow {
+    type Quota = FixedWindow;
+
+    fn build(quota: FixedWindow, ceiling: u32) -> Result<FixedWindow, QuotaError> {
+        if quota.limit() > ceiling {
+            return Err(QuotaError::AboveCeiling {
+                capacity: quota.limit(),
+                ceiling,
+            });
+        }
+        Ok(FixedWindow {
+            windows: Windows::within(quota.limit(), ceiling, quota.window(), 1, u64::BITS - 1)?,
+            limit: quota.limit,
+        })
+    }
+
+    fn quota(&self) -> FixedWindow {
+        // A limit and window that fit the live word fit a plain one, which
+        // has more bits for the window number.
+        FixedWindow::new(self.limit(), self.window()).unwrap_or(*self)
+    }
+
+    fn to_raw(&self) -> crate::algorithm::switch::Raw {
+        let [a, b, c, d, e] = self.windows.to_raw();
+        [a, b, c, d, e, self.limit, 0]
+    }
+
+    #[inline(always)]
+    fn from_raw(raw: &crate::algorithm::switch::Raw) -> FixedWindow {
+        FixedWindow {
+            windows: Windows::from_raw([raw[0], raw[1], raw[2], raw[3], raw[4]]),
+            limit: raw[5],
+        }
+    }
+
+    /// The permits left in the window counted at `now` are kept, at most the
+    /// new limit, in the new window containing that window's start (or
+    /// `now`, if later): the count becomes `new limit - kept`. A word with
+    /// nothing counted at `now` is a fresh one.
+    fn convert(&self, to: &FixedWindow, word: u64, now: u64) -> u64 {
+        let (window, left) = self.standing(word, now);
+        if left >= self.limit {
+            return to.fresh();
+        }
+        let kept = left.min(to.limit);
+        // The start of the counted window, or `now` if later (a reading in
+        // that window); saturating, as the clock's range ends.
+        let start = window.saturating_mul(self.windows.nanos()).max(now);
+        let (index, _) = to.windows.locate(start);
+        to.pack(to.limit - kept, index)
+    }
+}

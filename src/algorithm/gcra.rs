@@ -185,3 +185,74 @@ impl Algorithm for Gcra {
         Some((quota.capacity(), quota.fill_time().max(intervals)))
     }
 }
+
+/// The 63 bits of a live word below its generation bit
+/// ([`LiveGcra`](crate::LiveGcra)): the TAT.
+const TAT_MASK: u64 = u64::MAX >> 1;
+
+impl crate::algorithm::switch::Form for Gcra {
+    type Quota = Quota;
+
+    fn build(quota: Quota, _ceiling: u32) -> Result<Gcra, crate::error::QuotaError> {
+        // The TAT takes no more bits for a larger quota: any quota fits.
+        Ok(Gcra::new(quota))
+    }
+
+    fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    fn to_raw(&self) -> crate::algorithm::switch::Raw {
+        let [d, magic, shift] = self.interval.to_raw();
+        [
+            u64::from(self.quota.capacity()) | u64::from(self.quota.amount()) << 32,
+            self.quota.period_micros(),
+            d,
+            magic,
+            shift,
+            self.horizon,
+            0,
+        ]
+    }
+
+    #[inline(always)]
+    fn from_raw(raw: &crate::algorithm::switch::Raw) -> Gcra {
+        Gcra {
+            // Built from two u32s.
+            quota: Quota::from_raw_parts(raw[0] as u32, (raw[0] >> 32) as u32, raw[1]),
+            interval: Divisor::from_raw([raw[2], raw[3], raw[4]]),
+            horizon: raw[5],
+        }
+    }
+
+    #[inline(always)]
+    fn decide_low(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
+        match self.decide(word, now, n) {
+            // A TAT that needs the generation bit: past the end of the live
+            // word's range (292 years of readings), never admitted.
+            (Decision::Allowed { .. }, Some(next)) if next > TAT_MASK => (
+                Decision::Denied {
+                    retry_after: RetryAfter::from_nanos(u64::MAX),
+                },
+                None,
+            ),
+            decided => decided,
+        }
+    }
+
+    /// Permits kept, not debt: the meter's permits available at `now`
+    /// ([`remaining`](Algorithm::remaining)), at most the new capacity, with
+    /// the next one a whole new emission interval away; an idle meter (TAT
+    /// not after `now`) is a fresh one.
+    fn convert(&self, to: &Gcra, word: u64, now: u64) -> u64 {
+        if word <= now {
+            return to.fresh();
+        }
+        let available = u64::from(self.remaining(word, now).min(to.quota.capacity()));
+        // `available <= capacity`, so within the horizon.
+        let debt = to
+            .horizon
+            .saturating_sub(available.saturating_mul(to.interval.get()));
+        now.saturating_add(debt).min(TAT_MASK)
+    }
+}

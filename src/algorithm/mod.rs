@@ -10,6 +10,7 @@ pub(crate) mod gcra;
 pub(crate) mod live;
 pub(crate) mod not_yet;
 pub(crate) mod sliding_window;
+pub(crate) mod switch;
 pub(crate) mod token_bucket;
 pub(crate) mod warm_up;
 pub(crate) mod window;

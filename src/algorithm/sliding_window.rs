@@ -298,3 +298,64 @@ impl Algorithm for SlidingWindow {
         Some((self.limit(), self.window().saturating_mul(2)))
     }
 }
+
+impl crate::algorithm::switch::Form for SlidingWindow {
+    type Quota = SlidingWindow;
+
+    fn build(quota: SlidingWindow, ceiling: u32) -> Result<SlidingWindow, QuotaError> {
+        if quota.limit() > ceiling {
+            return Err(QuotaError::AboveCeiling {
+                capacity: quota.limit(),
+                ceiling,
+            });
+        }
+        let windows = Windows::within(quota.limit(), ceiling, quota.window(), 2, u64::BITS - 1)?;
+        Ok(SlidingWindow {
+            windows,
+            limit: quota.limit,
+            count_mask: u64::MAX >> (64 - windows.count_bits()),
+        })
+    }
+
+    fn quota(&self) -> SlidingWindow {
+        // A limit and window that fit the live word fit a plain one, which
+        // has more bits for the window number.
+        SlidingWindow::new(self.limit(), self.window()).unwrap_or(*self)
+    }
+
+    fn to_raw(&self) -> crate::algorithm::switch::Raw {
+        let [a, b, c, d, e] = self.windows.to_raw();
+        [a, b, c, d, e, self.limit, self.count_mask]
+    }
+
+    #[inline(always)]
+    fn from_raw(raw: &crate::algorithm::switch::Raw) -> SlidingWindow {
+        SlidingWindow {
+            windows: Windows::from_raw([raw[0], raw[1], raw[2], raw[3], raw[4]]),
+            limit: raw[5],
+            count_mask: raw[6],
+        }
+    }
+
+    /// The permits the estimate leaves at `now` are kept
+    /// ([`remaining`](Algorithm::remaining); for a reading behind the stored
+    /// window, at that window's start), at most the new limit, as the count
+    /// of the new window containing the counted window's start (or `now`, if
+    /// later), with nothing in the previous one: the count becomes
+    /// `new limit - kept`. A word whose estimate is 0 at `now` is a fresh one.
+    fn convert(&self, to: &SlidingWindow, word: u64, now: u64) -> u64 {
+        let s = self.state(word, now);
+        if s.previous | s.current == 0 {
+            return to.fresh();
+        }
+        let kept = u64::from(self.remaining(word, now)).min(to.limit);
+        let start = self
+            .windows
+            .divide(now)
+            .saturating_add(s.ahead)
+            .saturating_mul(self.windows.nanos())
+            .max(now);
+        let (index, _) = to.windows.locate(start);
+        to.pack(0, to.limit - kept, index)
+    }
+}

@@ -48,6 +48,20 @@ pub(crate) struct Windows {
 impl Windows {
     /// Validate `limit` and `window` for a word of `counts` count fields.
     pub(crate) fn new(limit: u32, window: Duration, counts: u32) -> Result<Windows, QuotaError> {
+        Windows::within(limit, limit, window, counts, u64::BITS)
+    }
+
+    /// Validate `limit` and `window` for `counts` count fields as wide as
+    /// `ceiling` needs (at least `limit`), in the low `bits` bits of a word:
+    /// a live form keeps one bit above them, and a layout that any limit up
+    /// to its ceiling can share.
+    pub(crate) fn within(
+        limit: u32,
+        ceiling: u32,
+        window: Duration,
+        counts: u32,
+        bits: u32,
+    ) -> Result<Windows, QuotaError> {
         if limit == 0 {
             return Err(QuotaError::ZeroLimit);
         }
@@ -61,9 +75,9 @@ impl Windows {
                 max: Duration::from_nanos(MAX_WINDOW_NANOS),
             });
         }
-        let count_bits = u32::BITS - limit.leading_zeros();
+        let count_bits = u32::BITS - limit.max(ceiling).leading_zeros();
         // At most 64 bits of counts: `counts <= 2`, `count_bits <= 32`.
-        let index_bits = u64::BITS.saturating_sub(counts * count_bits);
+        let index_bits = bits.min(u64::BITS).saturating_sub(counts * count_bits);
         // The shortest window whose numbers, wrapped at `2^index_bits`, still span
         // `MIN_SPAN_NANOS`.
         let min = MIN_SPAN_NANOS.div_ceil(1u128 << index_bits.min(127));
@@ -84,6 +98,33 @@ impl Windows {
             index_mask: u64::MAX >> (64 - index_bits),
             half: 1 << (index_bits - 1),
         })
+    }
+
+    /// The geometry as words, for a live form's parameter slot: the window's
+    /// divisor, the two field widths, the index mask and half.
+    pub(crate) const fn to_raw(&self) -> [u64; 5] {
+        let [d, magic, shift] = self.window.to_raw();
+        [
+            d,
+            magic,
+            shift | (self.count_bits as u64) << 8 | (self.index_bits as u64) << 16,
+            self.index_mask,
+            self.half,
+        ]
+    }
+
+    /// The geometry from the words [`to_raw`](Self::to_raw) gave (others make
+    /// a geometry that computes wrongly, never one that panics: widths are
+    /// kept below 64, so every shift by them is in range).
+    #[inline(always)]
+    pub(crate) const fn from_raw(raw: [u64; 5]) -> Windows {
+        Windows {
+            window: Divisor::from_raw([raw[0], raw[1], raw[2] & 0xff]),
+            count_bits: ((raw[2] >> 8) & 63) as u32,
+            index_bits: ((raw[2] >> 16) & 63) as u32,
+            index_mask: raw[3],
+            half: raw[4],
+        }
     }
 
     /// The window in nanoseconds.

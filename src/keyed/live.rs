@@ -4,6 +4,7 @@
 use super::KeyedLimiter;
 use super::builder::{KeyedBuilder, default_shards};
 use crate::algorithm::live::LiveTokenBucket;
+use crate::algorithm::switch::Reconfigure;
 use crate::clock::Clock;
 use crate::error::QuotaError;
 use crate::quota::Quota;
@@ -33,10 +34,13 @@ impl<K> KeyedLimiter<K, LiveTokenBucket> {
     }
 }
 
-impl<K, C: Clock, S> KeyedLimiter<K, LiveTokenBucket, C, S> {
-    /// Change every key's quota while the limiter serves (see
-    /// [`LiveTokenBucket`] for what a change does to a key's bucket). Keys
-    /// first seen from now on start in the new quota.
+impl<K, A: Reconfigure, C: Clock, S> KeyedLimiter<K, A, C, S> {
+    /// Change every key's quota while the limiter serves: every live form
+    /// ([`Reconfigure`]; see [`LiveTokenBucket`], [`LiveGcra`](crate::LiveGcra),
+    /// [`LiveFixedWindow`](crate::LiveFixedWindow) and
+    /// [`LiveSlidingWindow`](crate::LiveSlidingWindow) for what a change
+    /// does to a key's state). Keys first seen from now on start in the new
+    /// quota.
     ///
     /// The change converts each held key's word, one shard at a time under
     /// that shard's writer lock (the lock inserts and sweeps take; decisions
@@ -61,24 +65,26 @@ impl<K, C: Clock, S> KeyedLimiter<K, LiveTokenBucket, C, S> {
     ///
     /// # Errors
     ///
-    /// As [`LiveTokenBucket::with_ceiling`]: the quota is refused, and nothing
-    /// changes, when it is above the bucket's ceiling or does not fit its
-    /// word.
-    pub fn set_quota(&self, quota: Quota) -> Result<(), QuotaError> {
+    /// As the form's constructor ([`LiveTokenBucket::with_ceiling`],
+    /// [`LiveFixedWindow::with_ceiling`](crate::LiveFixedWindow::with_ceiling),
+    /// [`LiveSlidingWindow::with_ceiling`](crate::LiveSlidingWindow::with_ceiling)):
+    /// the quota is refused, and nothing changes, when it is above the
+    /// form's ceiling or does not fit its word.
+    pub fn set_quota(&self, quota: A::Quota) -> Result<(), QuotaError> {
         let inner = &*self.inner;
-        let change = inner.algorithm.begin(quota)?;
-        let busy = inner.collector.enter();
-        for shard in inner.shards.iter() {
-            let locked = shard.lock(&busy);
-            // Read under the lock, as a sweep does.
-            let now = inner.clock.now();
-            locked.for_each_held(|cell| cell.convert(|word| change.convert(word, now)));
-        }
-        Ok(())
+        inner.algorithm.reconfigure(quota, &mut |convert| {
+            let busy = inner.collector.enter();
+            for shard in inner.shards.iter() {
+                let locked = shard.lock(&busy);
+                // Read under the lock, as a sweep does.
+                let now = inner.clock.now();
+                locked.for_each_held(|cell| cell.convert(|word| convert(word, now)));
+            }
+        })
     }
 
     /// The quota in force.
-    pub fn quota(&self) -> Quota {
+    pub fn quota(&self) -> A::Quota {
         self.inner.algorithm.quota()
     }
 }

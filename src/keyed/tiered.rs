@@ -6,13 +6,12 @@ use core::fmt;
 use core::hash::{BuildHasher, Hash};
 
 use crate::algorithm::Algorithm;
-use crate::algorithm::live::LiveTokenBucket;
+use crate::algorithm::switch::Reconfigure;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
 use crate::decision::KeyedDecision;
 use crate::error::{AcquireError, QuotaError};
 use crate::keyed::{KeyedLimiter, KeyedStats};
-use crate::quota::Quota;
 
 /// Different quotas for different keys: a keyed limiter per tier, and a
 /// function that names a key's tier.
@@ -125,7 +124,7 @@ impl std::error::Error for TieredError {
     }
 }
 
-impl<K, F, C: Clock, S> Tiered<K, F, LiveTokenBucket, C, S> {
+impl<K, F, A: Reconfigure, C: Clock, S> Tiered<K, F, A, C, S> {
     /// Change tier `name`'s quota while traffic runs: every key of that tier
     /// moves to it ([`KeyedLimiter::set_quota`]), and the other tiers are
     /// untouched.
@@ -151,7 +150,7 @@ impl<K, F, C: Clock, S> Tiered<K, F, LiveTokenBucket, C, S> {
     /// [`TieredError::UnknownTier`] when no tier is named `name`, and
     /// [`TieredError::Quota`] when the tier cannot take `quota` (nothing
     /// changes then).
-    pub fn set_quota(&self, name: &str, quota: Quota) -> Result<(), TieredError> {
+    pub fn set_quota(&self, name: &str, quota: A::Quota) -> Result<(), TieredError> {
         let index = self
             .names
             .iter()
