@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use turnstile::{
     Algorithm, Clock, FixedWindow, Gcra, KeyedBuilder, KeyedDecision, KeyedLimiter,
-    LiveTokenBucket, Quota, QuotaError, RateLimitPolicy, SlidingWindow,
+    LiveFixedWindow, LiveGcra, LiveSlidingWindow, LiveTokenBucket, Quota, QuotaError,
+    RateLimitPolicy, Reconfigure, SlidingWindow,
 };
 
 use crate::clock::ServiceClock;
@@ -241,62 +242,109 @@ pub(crate) fn bucket_quota(rate: u32, unit: Unit, burst: Option<u32>) -> Result<
 
 impl Backend for InProcess {
     fn limit(&self, spec: &LimitSpec) -> Result<Arc<dyn LimitState>, String> {
-        let rate = spec.requests_per_unit;
-        let unit = spec.unit.duration();
         let name = policy_name(&spec.full_key);
-        let quota_error = |error: QuotaError| error.to_string();
+        if matches!(
+            spec.algorithm,
+            AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindow
+        ) && spec.burst.is_some()
+        {
+            return Err("`burst` applies to `token_bucket` and `gcra`; a window's burst is its `requests_per_unit`".to_string());
+        }
+        // Every algorithm in its live form, so that a reload that changes
+        // the quota keeps every key's state (`requota`).
         match spec.algorithm {
-            AlgorithmKind::TokenBucket => {
-                let quota = bucket_quota(rate, spec.unit, spec.burst).map_err(quota_error)?;
-                // The live form, so that a reload that changes the quota keeps
-                // every key's tokens (`requota`); an admission costs the same
-                // as the fixed-quota bucket's (see the README).
-                let bucket = LiveTokenBucket::new(quota).map_err(quota_error)?;
-                let keyed = self.keyed_state(bucket, bucket_reset(quota), &name)?;
-                Ok(Arc::new(Live(keyed)))
-            }
-            AlgorithmKind::Gcra => {
-                let quota = bucket_quota(rate, spec.unit, spec.burst).map_err(quota_error)?;
-                let gcra = Gcra::new(quota);
-                let reset = Reset::Gcra {
-                    interval: duration_nanos(gcra.emission_interval()),
-                };
-                self.keyed(gcra, reset, &name)
-            }
-            AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindow if spec.burst.is_some() => {
-                Err("`burst` applies to `token_bucket` and `gcra`; a window's burst is its `requests_per_unit`".to_string())
-            }
-            AlgorithmKind::FixedWindow => {
-                let window = FixedWindow::new(rate, unit).map_err(quota_error)?;
-                let reset = Reset::Fixed {
-                    window: duration_nanos(unit),
-                };
-                self.keyed(window, reset, &name)
-            }
-            AlgorithmKind::SlidingWindow => {
-                let window = SlidingWindow::new(rate, unit).map_err(quota_error)?;
-                let reset = Reset::Sliding {
-                    window: duration_nanos(unit),
-                };
-                self.keyed(window, reset, &name)
-            }
+            AlgorithmKind::TokenBucket => self.live::<LiveTokenBucket>(spec, &name),
+            AlgorithmKind::Gcra => self.live::<LiveGcra>(spec, &name),
+            AlgorithmKind::FixedWindow => self.live::<LiveFixedWindow>(spec, &name),
+            AlgorithmKind::SlidingWindow => self.live::<LiveSlidingWindow>(spec, &name),
+        }
+    }
+}
+
+/// A live form the in-process backend serves a limit with: how a limit's
+/// configuration gives its quota, and how long a key takes to be whole.
+trait LiveForm:
+    Reconfigure + turnstile::AdvertisedQuota + Send + Sync + fmt::Debug + Sized + 'static
+{
+    /// The algorithm it serves.
+    const KIND: AlgorithmKind;
+    /// The quota `spec` configures.
+    fn setting(spec: &LimitSpec) -> Result<Self::Quota, QuotaError>;
+    /// A limiter's algorithm for `setting`.
+    fn build(setting: Self::Quota) -> Result<Self, QuotaError>;
+    /// How long a key takes to be whole again.
+    fn reset(setting: &Self::Quota) -> Reset;
+}
+
+impl LiveForm for LiveTokenBucket {
+    const KIND: AlgorithmKind = AlgorithmKind::TokenBucket;
+    fn setting(spec: &LimitSpec) -> Result<Quota, QuotaError> {
+        bucket_quota(spec.requests_per_unit, spec.unit, spec.burst)
+    }
+    fn build(quota: Quota) -> Result<LiveTokenBucket, QuotaError> {
+        LiveTokenBucket::new(quota)
+    }
+    fn reset(quota: &Quota) -> Reset {
+        bucket_reset(*quota)
+    }
+}
+
+impl LiveForm for LiveGcra {
+    const KIND: AlgorithmKind = AlgorithmKind::Gcra;
+    fn setting(spec: &LimitSpec) -> Result<Quota, QuotaError> {
+        bucket_quota(spec.requests_per_unit, spec.unit, spec.burst)
+    }
+    fn build(quota: Quota) -> Result<LiveGcra, QuotaError> {
+        Ok(LiveGcra::new(quota))
+    }
+    fn reset(quota: &Quota) -> Reset {
+        Reset::Gcra {
+            interval: duration_nanos(Gcra::new(*quota).emission_interval()),
+        }
+    }
+}
+
+impl LiveForm for LiveFixedWindow {
+    const KIND: AlgorithmKind = AlgorithmKind::FixedWindow;
+    fn setting(spec: &LimitSpec) -> Result<FixedWindow, QuotaError> {
+        FixedWindow::new(spec.requests_per_unit, spec.unit.duration())
+    }
+    fn build(window: FixedWindow) -> Result<LiveFixedWindow, QuotaError> {
+        LiveFixedWindow::new(window)
+    }
+    fn reset(window: &FixedWindow) -> Reset {
+        Reset::Fixed {
+            window: duration_nanos(window.window()),
+        }
+    }
+}
+
+impl LiveForm for LiveSlidingWindow {
+    const KIND: AlgorithmKind = AlgorithmKind::SlidingWindow;
+    fn setting(spec: &LimitSpec) -> Result<SlidingWindow, QuotaError> {
+        SlidingWindow::new(spec.requests_per_unit, spec.unit.duration())
+    }
+    fn build(window: SlidingWindow) -> Result<LiveSlidingWindow, QuotaError> {
+        LiveSlidingWindow::new(window)
+    }
+    fn reset(window: &SlidingWindow) -> Reset {
+        Reset::Sliding {
+            window: duration_nanos(window.window()),
         }
     }
 }
 
 impl InProcess {
-    fn keyed<A>(
-        &self,
-        algorithm: A,
-        reset: Reset,
-        name: &str,
-    ) -> Result<Arc<dyn LimitState>, String>
-    where
-        A: Algorithm + turnstile::AdvertisedQuota + Send + Sync + fmt::Debug + 'static,
-    {
-        Ok(Arc::new(self.keyed_state(algorithm, reset, name)?))
+    fn live<A: LiveForm>(&self, spec: &LimitSpec, name: &str) -> Result<Arc<dyn LimitState>, String> {
+        let quota_error = |error: QuotaError| error.to_string();
+        let setting = A::setting(spec).map_err(quota_error)?;
+        let algorithm = A::build(setting).map_err(quota_error)?;
+        let keyed = self.keyed_state(algorithm, A::reset(&setting), name)?;
+        Ok(Arc::new(Live(keyed)))
     }
+}
 
+impl InProcess {
     fn keyed_state<A>(&self, algorithm: A, reset: Reset, name: &str) -> Result<Keyed<A>, String>
     where
         A: Algorithm + turnstile::AdvertisedQuota,
@@ -322,14 +370,15 @@ fn bucket_reset(quota: Quota) -> Reset {
     }
 }
 
-/// A token-bucket limit whose quota a reload can change in place: the keyed
-/// limiter is shared between the old state and the new one, converted by
-/// [`KeyedLimiter::set_quota`] (never more tokens than the new capacity;
-/// tokens created only in a full bucket).
+/// A limit whose quota a reload can change in place: the keyed limiter is
+/// shared between the old state and the new one, converted by
+/// [`KeyedLimiter::set_quota`] by the live form's rule (never more available
+/// than the new quota allows; permits created only where a key was full or
+/// idle).
 #[derive(Debug)]
-struct Live(Keyed<LiveTokenBucket>);
+struct Live<A: LiveForm>(Keyed<A>);
 
-impl LimitState for Live {
+impl<A: LiveForm> LimitState for Live<A> {
     fn decide<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
         self.0.decide(key, hits)
     }
@@ -339,17 +388,19 @@ impl LimitState for Live {
     }
 
     fn requota(&self, spec: &LimitSpec) -> Option<Arc<dyn LimitState>> {
-        if spec.algorithm != AlgorithmKind::TokenBucket {
+        if spec.algorithm != A::KIND {
             return None;
         }
-        let quota = bucket_quota(spec.requests_per_unit, spec.unit, spec.burst).ok()?;
-        // Refused (above the bucket's ceiling, or a period the word cannot
+        let setting = A::setting(spec).ok()?;
+        // Refused (above the form's ceiling, or a quota its word cannot
         // keep): nothing changed, and the limit starts fresh.
-        self.0.limiter.set_quota(quota).ok()?;
-        let policy = RateLimitPolicy::from_algorithm(&policy_name(&spec.full_key), &quota).ok();
+        self.0.limiter.set_quota(setting).ok()?;
+        let policy =
+            RateLimitPolicy::from_algorithm(&policy_name(&spec.full_key), self.0.limiter.algorithm())
+                .ok();
         Some(Arc::new(Live(Keyed {
             limiter: Arc::clone(&self.0.limiter),
-            reset: bucket_reset(quota),
+            reset: A::reset(&setting),
             policy,
         })))
     }

@@ -11,12 +11,20 @@
 //!   path, algorithm and quota (`requests_per_unit`, `unit`, `burst`) are the
 //!   same is served by the same [`LimitState`] object, every key's count with
 //!   it.
-//! - **A changed quota**: a `token_bucket` limit keeps every key's tokens,
-//!   converted by turnstile's live token bucket (never more than the new
-//!   capacity; tokens created only in a full bucket:
-//!   [`LiveTokenBucket`](turnstile::LiveTokenBucket)). Any other algorithm,
-//!   or a limit whose algorithm changed, starts fresh: every key at its full
-//!   allowance.
+//! - **A changed quota** (`requests_per_unit`, `unit`, `burst`) keeps every
+//!   key's state, whatever the algorithm, converted by turnstile's live form
+//!   of it: [`LiveTokenBucket`](turnstile::LiveTokenBucket),
+//!   [`LiveGcra`](turnstile::LiveGcra),
+//!   [`LiveFixedWindow`](turnstile::LiveFixedWindow),
+//!   [`LiveSlidingWindow`](turnstile::LiveSlidingWindow), each with its
+//!   stated rule: never more available than the new quota allows, permits
+//!   created only where a key was full or idle (so a key that had used up
+//!   its allowance before the reload is still refused after it, whether the
+//!   quota was lowered or raised, until its bucket refills or its window
+//!   passes under the new quota). A quota the live form cannot take (a
+//!   limit above 65,535, its ceiling) starts that limit fresh.
+//! - **A changed algorithm** starts the limit fresh: every key at its full
+//!   allowance (one algorithm's state says nothing about another's).
 //!
 //! Polling rather than file-system events: a configuration directory holds a
 //! few small files, reading them once a second costs next to nothing, and it
@@ -214,7 +222,7 @@ fn fingerprint(files: &[(String, String)]) -> u64 {
 }
 
 /// A backend that hands out the previous load's state for an unchanged
-/// limit and, when `commit`, converts a token bucket whose quota changed.
+/// limit and, when `commit`, converts a limit whose quota changed.
 #[derive(Debug)]
 struct Reusing<'a> {
     inner: &'a dyn Backend,

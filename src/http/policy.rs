@@ -238,7 +238,10 @@ advertised_by_algorithm!(
     Gcra,
     FixedWindow,
     SlidingWindow,
-    LiveTokenBucket
+    LiveTokenBucket,
+    crate::LiveGcra,
+    crate::LiveFixedWindow,
+    crate::LiveSlidingWindow
 );
 
 /// `n` in decimal.
