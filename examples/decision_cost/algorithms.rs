@@ -128,6 +128,24 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
         "fixed-window" => run(FixedWindow::new(limit, HOUR).expect("valid"), n),
         "sliding-window" => run(SlidingWindow::new(limit, 2 * HOUR).expect("valid"), n),
         "gcra" => run(Gcra::new(quota), n),
+        "live-gcra" => run(turnstile::LiveGcra::new(quota), n),
+        // The live windows laid out for their limit (the ceiling): the same
+        // counts as the fixed forms'. The live sliding window's word has one
+        // bit less for the window number, too few for two hours at this
+        // ceiling: three hours (the arithmetic is the same).
+        "live-fixed-window" => run(
+            turnstile::LiveFixedWindow::with_ceiling(FixedWindow::new(limit, HOUR).expect("valid"), limit)
+                .expect("valid"),
+            n,
+        ),
+        "live-sliding-window" => run(
+            turnstile::LiveSlidingWindow::with_ceiling(
+                SlidingWindow::new(limit, 3 * HOUR).expect("valid"),
+                limit,
+            )
+            .expect("valid"),
+            n,
+        ),
         // The token bucket's quota, with a burst that leaves the word room
         // for a heat field (21 token bits: up to 7 periods of warm-up).
         "warm-up" => {
@@ -174,7 +192,8 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
         other => {
             eprintln!(
                 "unknown algorithm {other:?}: token-bucket, live-token-bucket, fixed-window, \
-                 sliding-window, gcra, warm-up, warm-up-warm or governor"
+                 sliding-window, gcra, live-gcra, live-fixed-window, live-sliding-window, \
+                 warm-up, warm-up-warm or governor"
             );
             return ExitCode::FAILURE;
         }
