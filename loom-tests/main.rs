@@ -1052,3 +1052,94 @@ mod reclaim_models {
         });
     }
 }
+
+/// Two changes of a live form's quota race a decision (`LiveGcra`,
+/// `LiveFixedWindow`: the one mechanism of the live forms of GCRA and both
+/// windows). Whatever the interleaving, the decision and the state left
+/// behind are those of *some* order of the three operations run one after
+/// another on one thread, each change reading the clock before or after the
+/// decision's move of it: a decision never applies one quota's parameters to
+/// another quota's word (a decision that took the slot in force rather than
+/// the one its word names, or read a slot mid-write without its sequence
+/// number, gives an outcome no order gives).
+fn live_form_changes_racing_a_decision<A, F>(build: F, quotas: [A::Quota; 3], spent: u32, n: u32)
+where
+    A: turnstile::Reconfigure + Send + Sync + 'static,
+    F: Fn(A::Quota) -> A + Send + Sync + 'static,
+{
+    let ms = Duration::from_millis;
+    let build = std::sync::Arc::new(build);
+    loom::model(move || {
+        // Every order, computed sequentially: the decision before both
+        // changes, between them or after; each change reading 25 ms or 35 ms.
+        let mut allowed = Vec::new();
+        for position in 0..=2 {
+            for (c1, c2) in [(25, 25), (25, 35), (35, 35)] {
+                let clock = ManualClock::new();
+                let limiter = RateLimiter::from_parts(build(quotas[0]), clock.clone());
+                assert!(limiter.try_acquire_n(spent).unwrap().is_allowed());
+                let mut decision = None;
+                for (step, (quota, at)) in
+                    [(quotas[1], c1), (quotas[2], c2)].into_iter().enumerate()
+                {
+                    if step == position {
+                        clock.set(ms(35));
+                        decision = Some(limiter.try_acquire_n(n).unwrap());
+                    }
+                    clock.set(ms(at));
+                    limiter.set_quota(quota).unwrap();
+                }
+                clock.set(ms(35));
+                if position == 2 {
+                    decision = Some(limiter.try_acquire_n(n).unwrap());
+                }
+                allowed.push((decision.unwrap(), limiter.remaining()));
+            }
+        }
+        let clock = ManualClock::new();
+        let limiter = Arc::new(RateLimiter::from_parts(build(quotas[0]), clock.clone()));
+        assert!(limiter.try_acquire_n(spent).unwrap().is_allowed());
+        clock.advance(ms(25));
+        let changer = {
+            let limiter = limiter.clone();
+            thread::spawn(move || {
+                limiter.set_quota(quotas[1]).unwrap();
+                limiter.set_quota(quotas[2]).unwrap();
+            })
+        };
+        clock.advance(ms(10));
+        let decision = limiter.try_acquire_n(n).unwrap();
+        changer.join().unwrap();
+        let outcome = (decision, limiter.remaining());
+        assert!(
+            allowed.contains(&outcome),
+            "{outcome:?} is no order's outcome: {allowed:?}"
+        );
+    });
+}
+
+/// GCRA: an admission (its compare-and-swap checks the word) and a denial
+/// (which writes nothing: only the slot's sequence number checks the
+/// parameters it read).
+#[test]
+fn live_gcra_changes_racing_a_decision_decide_as_some_order() {
+    let ms = Duration::from_millis;
+    let quotas = [
+        Quota::new(4, 1, ms(20)).unwrap(),
+        Quota::new(4, 2, ms(10)).unwrap(),
+        Quota::new(8, 4, ms(10)).unwrap(),
+    ];
+    live_form_changes_racing_a_decision(turnstile::LiveGcra::new, quotas, 3, 1);
+    live_form_changes_racing_a_decision(turnstile::LiveGcra::new, quotas, 4, 3);
+}
+
+/// The fixed window, on a grid the changes move (20 ms, then 10 ms).
+#[test]
+fn live_fixed_window_changes_racing_a_decision_decide_as_some_order() {
+    let ms = Duration::from_millis;
+    let w = |limit, window| turnstile::FixedWindow::new(limit, ms(window)).unwrap();
+    let quotas = [w(4, 40), w(2, 20), w(8, 10)];
+    let build = |q| turnstile::LiveFixedWindow::new(q).unwrap();
+    live_form_changes_racing_a_decision(build, quotas, 3, 1);
+    live_form_changes_racing_a_decision(build, quotas, 4, 3);
+}

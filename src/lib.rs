@@ -32,8 +32,10 @@
 //!   ([`with_sweeper`](KeyedLimiter::with_sweeper)). Keys from untrusted
 //!   input can be forged in any number: bound them tightly.
 //! - **Different quotas per key**: [`Tiered`]. **A quota changed while
-//!   serving**: [`LiveTokenBucket`] ([`RateLimiter::live`],
-//!   [`KeyedLimiter::live`], then `set_quota`).
+//!   serving**: the live forms, [`LiveTokenBucket`] ([`RateLimiter::live`],
+//!   [`KeyedLimiter::live`]), [`LiveGcra`], [`LiveFixedWindow`] and
+//!   [`LiveSlidingWindow`], then `set_quota` ([`Reconfigure`]), each with
+//!   its stated rule for the state it keeps.
 //! - **HTTP**: [`Gate`] turns decisions into 200/401/429/503 with
 //!   `Retry-After` and `RateLimit` fields for any framework, in front of a
 //!   keyed limiter, tiers, or one [`RateLimiter`] for the whole service; with
@@ -78,14 +80,15 @@
 //! word is an `AtomicU64`). What it offers then:
 //!
 //! - every algorithm, each a pure function over one word: [`TokenBucket`],
-//!   [`Gcra`], [`FixedWindow`], [`SlidingWindow`], [`WarmUp`],
-//!   [`LiveTokenBucket`], and the [`Algorithm`] trait;
+//!   [`Gcra`], [`FixedWindow`], [`SlidingWindow`], [`WarmUp`], the live
+//!   forms ([`LiveTokenBucket`], [`LiveGcra`], [`LiveFixedWindow`],
+//!   [`LiveSlidingWindow`]), and the [`Algorithm`] trait;
 //! - [`RateLimiter`], built with [`with_clock`](RateLimiter::with_clock) or
 //!   [`from_parts`](RateLimiter::from_parts) on a clock of the application's
 //!   own: a type that implements [`Clock`], or a closure over a monotonic
 //!   tick source of any rate in a [`TickClock`]. Every decision is there
 //!   (`try_acquire`, `check`, `try_acquire_n`, `remaining`), refunds
-//!   ([`Admission`]), and `set_quota` on a [`LiveTokenBucket`];
+//!   ([`Admission`]), and `set_quota` on every live form;
 //! - [`Quota`], [`Decision`], [`RetryAfter`], [`NotYet`], and the errors
 //!   [`QuotaError`], [`AcquireError`], [`WarmUpError`] and [`RateLimited`]
 //!   (each a `core::error::Error`);

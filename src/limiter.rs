@@ -3,8 +3,8 @@
 use crate::admission::{Admission, Receipt, Stage, admit};
 use crate::algorithm::Algorithm;
 use crate::algorithm::live::LiveTokenBucket;
-use crate::algorithm::switch::Reconfigure;
 use crate::algorithm::not_yet::NotYet;
+use crate::algorithm::switch::Reconfigure;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::algorithm::within_refund_horizon;
 use crate::cell::Cell;

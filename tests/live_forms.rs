@@ -61,7 +61,10 @@ impl Model for GcraModel {
     type Quota = Quota;
     fn new(quota: Quota) -> GcraModel {
         GcraModel {
-            interval: quota.period().as_nanos().div_ceil(u128::from(quota.amount())),
+            interval: quota
+                .period()
+                .as_nanos()
+                .div_ceil(u128::from(quota.amount())),
             capacity: u128::from(quota.capacity()),
             tat: 0,
         }
@@ -561,7 +564,10 @@ fn concurrent_changes_on_a_frozen_clock_admit_at_most_one_burst() {
         for keyed in [false, true] {
             let clock = ManualClock::new();
             clock.set(Duration::from_secs(10));
-            let direct = Arc::new(RateLimiter::from_parts(A::build(quotas[small]), clock.clone()));
+            let direct = Arc::new(RateLimiter::from_parts(
+                A::build(quotas[small]),
+                clock.clone(),
+            ));
             let by_key = Arc::new(
                 KeyedBuilder::<u32, _>::new(A::build(quotas[small]))
                     .clock(clock.clone())
@@ -636,8 +642,8 @@ fn a_refused_change_leaves_the_limiter_as_it_was() {
     assert_eq!(limiter.remaining(), 6);
     assert_eq!(limiter.algorithm().changes(), 0);
     // A sliding window too short for the live word's window number.
-    let sliding = LiveSlidingWindow::new(SlidingWindow::new(10, Duration::from_secs(1)).unwrap())
-        .unwrap();
+    let sliding =
+        LiveSlidingWindow::new(SlidingWindow::new(10, Duration::from_secs(1)).unwrap()).unwrap();
     let limiter = RateLimiter::from_parts(sliding, clock);
     assert!(matches!(
         limiter.set_quota(SlidingWindow::new(10, Duration::from_millis(10)).unwrap()),

@@ -134,8 +134,11 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
         // bit less for the window number, too few for two hours at this
         // ceiling: three hours (the arithmetic is the same).
         "live-fixed-window" => run(
-            turnstile::LiveFixedWindow::with_ceiling(FixedWindow::new(limit, HOUR).expect("valid"), limit)
-                .expect("valid"),
+            turnstile::LiveFixedWindow::with_ceiling(
+                FixedWindow::new(limit, HOUR).expect("valid"),
+                limit,
+            )
+            .expect("valid"),
             n,
         ),
         "live-sliding-window" => run(

@@ -335,7 +335,11 @@ impl LiveForm for LiveSlidingWindow {
 }
 
 impl InProcess {
-    fn live<A: LiveForm>(&self, spec: &LimitSpec, name: &str) -> Result<Arc<dyn LimitState>, String> {
+    fn live<A: LiveForm>(
+        &self,
+        spec: &LimitSpec,
+        name: &str,
+    ) -> Result<Arc<dyn LimitState>, String> {
         let quota_error = |error: QuotaError| error.to_string();
         let setting = A::setting(spec).map_err(quota_error)?;
         let algorithm = A::build(setting).map_err(quota_error)?;
@@ -395,9 +399,11 @@ impl<A: LiveForm> LimitState for Live<A> {
         // Refused (above the form's ceiling, or a quota its word cannot
         // keep): nothing changed, and the limit starts fresh.
         self.0.limiter.set_quota(setting).ok()?;
-        let policy =
-            RateLimitPolicy::from_algorithm(&policy_name(&spec.full_key), self.0.limiter.algorithm())
-                .ok();
+        let policy = RateLimitPolicy::from_algorithm(
+            &policy_name(&spec.full_key),
+            self.0.limiter.algorithm(),
+        )
+        .ok();
         Some(Arc::new(Live(Keyed {
             limiter: Arc::clone(&self.0.limiter),
             reset: A::reset(&setting),

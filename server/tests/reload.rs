@@ -310,7 +310,9 @@ async fn every_algorithm_keeps_its_keys_through_a_changed_quota() {
             for _ in 0..4 {
                 assert!(overall_ok(&one_value(&mut rls.client, &key, "spent").await));
             }
-            assert!(!overall_ok(&one_value(&mut rls.client, &key, "spent").await));
+            assert!(!overall_ok(
+                &one_value(&mut rls.client, &key, "spent").await
+            ));
             let part = one_value(&mut rls.client, &key, "part").await;
             assert_eq!(part.statuses[0].limit_remaining, 3, "{key}");
         }
@@ -321,7 +323,10 @@ async fn every_algorithm_keeps_its_keys_through_a_changed_quota() {
         for (name, rate) in [("low", 2), ("high", 8)] {
             let key = format!("{algorithm}_{name}");
             let spent = one_value(&mut rls.client, &key, "spent").await;
-            assert!(!overall_ok(&spent), "{key}: an exhausted key admitted after the reload");
+            assert!(
+                !overall_ok(&spent),
+                "{key}: an exhausted key admitted after the reload"
+            );
             assert_eq!(
                 spent.statuses[0]
                     .current_limit

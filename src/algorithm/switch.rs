@@ -359,7 +359,7 @@ pub trait Reconfigure: Algorithm + sealed::Sealed {
     /// What a change is given: a [`Quota`] for the token bucket and GCRA, a
     /// [`FixedWindow`] or [`SlidingWindow`] (its limit and window) for the
     /// windows.
-    type Quota: Copy + PartialEq + fmt::Debug;
+    type Quota: Copy + PartialEq + fmt::Debug + Send + Sync + 'static;
 
     /// The quota in force.
     fn quota(&self) -> Self::Quota;
@@ -626,9 +626,10 @@ live_form!(
     /// // Lowered: what is left this window, up to the new limit.
     /// limiter.set_quota(FixedWindow::new(2, Duration::from_secs(1))?)?;
     /// assert_eq!(limiter.remaining(), 2);
+    /// assert!(limiter.try_acquire().is_allowed()); // 1 left
     /// // Raised: a window that is not full keeps what it has left...
     /// limiter.set_quota(FixedWindow::new(50, Duration::from_secs(1))?)?;
-    /// assert_eq!(limiter.remaining(), 2);
+    /// assert_eq!(limiter.remaining(), 1);
     /// // ...and the next window opens with the new limit.
     /// clock.advance(Duration::from_secs(1));
     /// assert_eq!(limiter.remaining(), 50);
@@ -643,7 +644,9 @@ live_form!(
     /// a reading behind it), into one of the new limit `L'` and window `W'`:
     ///
     /// - a word with nothing counted (`c = 0`: full) is a fresh one, exactly
-    ///   as a key first seen after the change;
+    ///   as a key first seen after the change (and so is a word that an
+    ///   earlier change left holding the whole of its new limit: it is full
+    ///   in that quota, as a token bucket clamped to its new capacity is);
     /// - any other keeps the permits it has left, `L - c`, up to the new
     ///   limit: it counts `L' - min(L - c, L')` in the new window (of the
     ///   new grid, windows at multiples of `W'` from the clock's epoch) that
