@@ -1069,9 +1069,16 @@ where
 {
     let ms = Duration::from_millis;
     let build = std::sync::Arc::new(build);
-    loom::model(move || {
-        // Every order, computed sequentially: the decision before both
-        // changes, between them or after; each change reading 25 ms or 35 ms.
+    // Every order, computed sequentially (one thread, one execution; loom's
+    // atomics need a model to run in, and the runs take more than its
+    // default bound on steps): the decision before both changes, between
+    // them or after; each change reading 25 ms or 35 ms.
+    let orders = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut sequential = loom::model::Builder::new();
+    sequential.max_branches = 1 << 20;
+    let (into, once) = (orders.clone(), build.clone());
+    sequential.check(move || {
+        let build = &once;
         let mut allowed = Vec::new();
         for position in 0..=2 {
             for (c1, c2) in [(25, 25), (25, 35), (35, 35)] {
@@ -1096,6 +1103,11 @@ where
                 allowed.push((decision.unwrap(), limiter.remaining()));
             }
         }
+        *into.lock().unwrap() = allowed;
+    });
+    let allowed = std::sync::Arc::new(orders.lock().unwrap().clone());
+    assert_eq!(allowed.len(), 9);
+    loom::model(move || {
         let clock = ManualClock::new();
         let limiter = Arc::new(RateLimiter::from_parts(build(quotas[0]), clock.clone()));
         assert!(limiter.try_acquire_n(spent).unwrap().is_allowed());
@@ -1138,8 +1150,23 @@ fn live_gcra_changes_racing_a_decision_decide_as_some_order() {
 fn live_fixed_window_changes_racing_a_decision_decide_as_some_order() {
     let ms = Duration::from_millis;
     let w = |limit, window| turnstile::FixedWindow::new(limit, ms(window)).unwrap();
-    let quotas = [w(4, 40), w(2, 20), w(8, 10)];
+    let quotas = [w(4, 40), w(3, 20), w(8, 10)];
     let build = |q| turnstile::LiveFixedWindow::new(q).unwrap();
+    live_form_changes_racing_a_decision(build, quotas, 3, 1);
+    live_form_changes_racing_a_decision(build, quotas, 4, 3);
+}
+
+/// The live token bucket through the same check: a denial decided on a slot
+/// two changes rewrote after its word was loaded.
+#[test]
+fn live_token_bucket_changes_racing_a_decision_decide_as_some_order() {
+    let ms = Duration::from_millis;
+    let quotas = [
+        Quota::new(4, 1, ms(20)).unwrap(),
+        Quota::new(4, 2, ms(10)).unwrap(),
+        Quota::new(8, 4, ms(10)).unwrap(),
+    ];
+    let build = |q| LiveTokenBucket::new(q).unwrap();
     live_form_changes_racing_a_decision(build, quotas, 3, 1);
     live_form_changes_racing_a_decision(build, quotas, 4, 3);
 }

@@ -58,6 +58,11 @@ impl Cell {
         let (decision, next) = algorithm.decide(current, now, n);
         let Some(next) = next else {
             // A denial changes nothing, so it writes nothing.
+            if A::RECHECK_DENIAL
+                && let Some(actual) = self.moved(current)
+            {
+                return self.apply_contended(algorithm, now, n, actual).0;
+            }
             return decision;
         };
         // Relaxed on success and failure: the word publishes nothing else; the
@@ -85,6 +90,11 @@ impl Cell {
         let (decision, next) = algorithm.decide(current, now, n);
         let Some(next) = next else {
             // A denial changes nothing, so it writes nothing.
+            if A::RECHECK_DENIAL
+                && let Some(actual) = self.moved(current)
+            {
+                return self.apply_contended(algorithm, now, n, actual);
+            }
             return (decision, None);
         };
         // Relaxed on success and failure: the word publishes nothing else; the
@@ -108,6 +118,12 @@ impl Cell {
         loop {
             let (decision, next) = algorithm.decide(current, now, n);
             let (Decision::Allowed { remaining }, Some(next)) = (decision, next) else {
+                if A::RECHECK_DENIAL
+                    && let Some(actual) = self.moved(current)
+                {
+                    current = actual;
+                    continue;
+                }
                 return match decision {
                     Decision::Allowed { remaining } => Ok(remaining),
                     Decision::Denied { .. } => Err(current),
@@ -201,6 +217,26 @@ impl Cell {
         }
     }
 
+    /// The word, if it is no longer `decided` (an algorithm whose denial
+    /// must be checked against the word: [`Algorithm::RECHECK_DENIAL`]).
+    ///
+    /// A live form reads the parameters its word names after loading the
+    /// word; a denial writes nothing, so no compare-and-swap proves the word
+    /// was still of those parameters' quota. If the parameter slot the
+    /// denial read had been rewritten by a change (the change after next),
+    /// the conversion of this word by the change before it happened before
+    /// that rewrite, whose sequence number the denial read with Acquire: so
+    /// this load, after it, sees that conversion or a later word, never
+    /// `decided` again (unless conversions brought back the very bits, a
+    /// word of the slot's generation, which the denial then rightly decided).
+    #[inline(always)]
+    fn moved(&self, decided: u64) -> Option<u64> {
+        // Relaxed: ordered after the slot's Acquire reads by program order
+        // and the happens-before they establish (see above).
+        let now = self.word.load(Ordering::Relaxed);
+        (now != decided).then_some(now)
+    }
+
     /// The retry loop, out of line: another thread changed the word between our
     /// load and our compare-and-swap.
     ///
@@ -219,6 +255,13 @@ impl Cell {
         loop {
             let (decision, next) = algorithm.decide(current, now, n);
             let Some(next) = next else {
+                if A::RECHECK_DENIAL
+                    && let Some(actual) = self.moved(current)
+                {
+                    current = actual;
+                    crate::sync::lost_race();
+                    continue;
+                }
                 return (decision, None);
             };
             // Relaxed: as in `apply`.

@@ -2,6 +2,7 @@
 
 use crate::admission::{Admission, Receipt, Stage, admit};
 use crate::algorithm::Algorithm;
+#[cfg(feature = "std")]
 use crate::algorithm::live::LiveTokenBucket;
 use crate::algorithm::not_yet::NotYet;
 use crate::algorithm::switch::Reconfigure;
@@ -180,7 +181,7 @@ impl RateLimiter<LiveTokenBucket> {
 
 impl<A: Reconfigure, C: Clock, M: Counter> RateLimiter<A, C, M> {
     /// Change the quota while the limiter serves, from any thread: every
-    /// live form ([`Reconfigure`]: [`LiveTokenBucket`],
+    /// live form ([`Reconfigure`]: [`LiveTokenBucket`](crate::LiveTokenBucket),
     /// [`LiveGcra`](crate::LiveGcra), [`LiveFixedWindow`](crate::LiveFixedWindow),
     /// [`LiveSlidingWindow`](crate::LiveSlidingWindow)). The state is
     /// converted by the form's stated rule (a bucket keeps what it holds up
@@ -201,7 +202,7 @@ impl<A: Reconfigure, C: Clock, M: Counter> RateLimiter<A, C, M> {
     ///
     /// # Errors
     ///
-    /// As the form's constructor ([`LiveTokenBucket::with_ceiling`],
+    /// As the form's constructor ([`LiveTokenBucket::with_ceiling`](crate::LiveTokenBucket::with_ceiling),
     /// [`LiveFixedWindow::with_ceiling`](crate::LiveFixedWindow::with_ceiling),
     /// [`LiveSlidingWindow::with_ceiling`](crate::LiveSlidingWindow::with_ceiling)):
     /// the quota is refused, and nothing changes, when it is above the

@@ -205,7 +205,7 @@ impl FixedWindow {
     }
 }
 
-impl crate::algorithm::switch::Form for FixedWindow {
+impl crate::algorithm::form::Form for FixedWindow {
     type Quota = FixedWindow;
 
     fn build(quota: FixedWindow, ceiling: u32) -> Result<FixedWindow, QuotaError> {
@@ -227,13 +227,13 @@ impl crate::algorithm::switch::Form for FixedWindow {
         FixedWindow::new(self.limit(), self.window()).unwrap_or(*self)
     }
 
-    fn to_raw(&self) -> crate::algorithm::switch::Raw {
+    fn to_raw(&self) -> crate::algorithm::form::Raw {
         let [a, b, c, d, e] = self.windows.to_raw();
         [a, b, c, d, e, self.limit, 0]
     }
 
     #[inline(always)]
-    fn from_raw(raw: &crate::algorithm::switch::Raw) -> FixedWindow {
+    fn from_raw(raw: &crate::algorithm::form::Raw) -> FixedWindow {
         FixedWindow {
             windows: Windows::from_raw([raw[0], raw[1], raw[2], raw[3], raw[4]]),
             limit: raw[5],

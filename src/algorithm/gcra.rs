@@ -190,7 +190,7 @@ impl Algorithm for Gcra {
 /// ([`LiveGcra`](crate::LiveGcra)): the TAT.
 const TAT_MASK: u64 = u64::MAX >> 1;
 
-impl crate::algorithm::switch::Form for Gcra {
+impl crate::algorithm::form::Form for Gcra {
     type Quota = Quota;
 
     fn build(quota: Quota, _ceiling: u32) -> Result<Gcra, crate::error::QuotaError> {
@@ -202,7 +202,7 @@ impl crate::algorithm::switch::Form for Gcra {
         self.quota
     }
 
-    fn to_raw(&self) -> crate::algorithm::switch::Raw {
+    fn to_raw(&self) -> crate::algorithm::form::Raw {
         let [d, magic, shift] = self.interval.to_raw();
         [
             u64::from(self.quota.capacity()) | u64::from(self.quota.amount()) << 32,
@@ -216,7 +216,7 @@ impl crate::algorithm::switch::Form for Gcra {
     }
 
     #[inline(always)]
-    fn from_raw(raw: &crate::algorithm::switch::Raw) -> Gcra {
+    fn from_raw(raw: &crate::algorithm::form::Raw) -> Gcra {
         Gcra {
             // Built from two u32s.
             quota: Quota::from_raw_parts(raw[0] as u32, (raw[0] >> 32) as u32, raw[1]),

@@ -6,6 +6,7 @@ use crate::decision::Decision;
 
 pub(crate) mod divide;
 pub(crate) mod fixed_window;
+pub(crate) mod form;
 pub(crate) mod gcra;
 pub(crate) mod live;
 pub(crate) mod not_yet;
@@ -129,4 +130,11 @@ pub trait Algorithm {
     /// parameters a word names can be rewritten meanwhile (a live bucket's).
     #[doc(hidden)]
     const DEFERRED_WAIT: bool = true;
+
+    /// Whether a denial must be checked against the word once more before it
+    /// stands: true for an algorithm that reads, after the word, parameters
+    /// a change can rewrite (the live forms of GCRA and the windows), where
+    /// only the word unchanged proves they were the word's.
+    #[doc(hidden)]
+    const RECHECK_DENIAL: bool = false;
 }

@@ -299,7 +299,7 @@ impl Algorithm for SlidingWindow {
     }
 }
 
-impl crate::algorithm::switch::Form for SlidingWindow {
+impl crate::algorithm::form::Form for SlidingWindow {
     type Quota = SlidingWindow;
 
     fn build(quota: SlidingWindow, ceiling: u32) -> Result<SlidingWindow, QuotaError> {
@@ -323,13 +323,13 @@ impl crate::algorithm::switch::Form for SlidingWindow {
         SlidingWindow::new(self.limit(), self.window()).unwrap_or(*self)
     }
 
-    fn to_raw(&self) -> crate::algorithm::switch::Raw {
+    fn to_raw(&self) -> crate::algorithm::form::Raw {
         let [a, b, c, d, e] = self.windows.to_raw();
         [a, b, c, d, e, self.limit, self.count_mask]
     }
 
     #[inline(always)]
-    fn from_raw(raw: &crate::algorithm::switch::Raw) -> SlidingWindow {
+    fn from_raw(raw: &crate::algorithm::form::Raw) -> SlidingWindow {
         SlidingWindow {
             windows: Windows::from_raw([raw[0], raw[1], raw[2], raw[3], raw[4]]),
             limit: raw[5],

@@ -9,6 +9,7 @@ use core::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::algorithm::fixed_window::FixedWindow;
+use crate::algorithm::form::{Form, GENERATION, Raw};
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::sliding_window::SlidingWindow;
 use crate::decision::Decision;
@@ -16,47 +17,10 @@ use crate::error::QuotaError;
 use crate::quota::Quota;
 use crate::sync::{AtomicU64, Ordering, WriterGuard, WriterLock, fence};
 
-/// One quota's parameters as words: what a parameter slot holds.
-pub(crate) type Raw = [u64; 7];
-
-/// The generation bit of a live word: the top bit. The algorithm's own word
-/// takes the 63 below it.
-const GENERATION: u64 = 1 << 63;
-
-/// What an algorithm gives [`Live`]: its parameters as a few words, a layout
-/// of its word in 63 bits that every quota up to a ceiling shares, and the
-/// rule that turns a word of one quota into a word of another.
-pub(crate) trait Form: Algorithm + Copy {
-    /// What a change is given.
-    type Quota: Copy + PartialEq + fmt::Debug;
-
-    /// The parameters of `quota`, laid out in the low 63 bits of a word so
-    /// that every quota up to `ceiling` shares the layout.
-    fn build(quota: Self::Quota, ceiling: u32) -> Result<Self, QuotaError>;
-
-    /// The quota these parameters enforce.
-    fn quota(&self) -> Self::Quota;
-
-    /// The parameters as words.
-    fn to_raw(&self) -> Raw;
-
-    /// The parameters from words [`to_raw`](Self::to_raw) gave. Never
-    /// panics, whatever the words (a slot is read whole under its sequence
-    /// number, so only words one quota gave reach this, but the arithmetic
-    /// must not depend on that to be panic-free).
-    fn from_raw(raw: &Raw) -> Self;
-
-    /// [`decide`](Algorithm::decide) on a word of 63 bits, whose next word
-    /// must fit 63 bits.
-    #[inline(always)]
-    fn decide_low(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
-        self.decide(word, now, n)
-    }
-
-    /// `word` (63 bits) of these parameters, at clock reading `now`, as a
-    /// word of `to`'s: the conversion rule, stated on each live form.
-    fn convert(&self, to: &Self, word: u64, now: u64) -> u64;
-}
+/// The rule of a change under way, as the limiters' walk over their words
+/// gets it: a word at a clock reading, as a word of the new quota, or `None`
+/// for a word already converted.
+pub(crate) type Rule<'a> = &'a dyn Fn(u64, u64) -> Option<u64>;
 
 /// One quota's parameters, read as a whole under a sequence number (a
 /// sequence lock); aligned to a cache line, which it fills.
@@ -308,6 +272,10 @@ impl<F: Form> Algorithm for Live<F> {
     // decided on before two changes still names: its wait must be worked out
     // at the denial.
     const DEFERRED_WAIT: bool = false;
+
+    // A denial writes nothing: the cell checks the word is still the one
+    // decided on, or the parameters read may be a later quota's.
+    const RECHECK_DENIAL: bool = true;
 }
 
 /// A change of quota under way: the writer's lock, and the rule that turns a
@@ -374,7 +342,7 @@ pub trait Reconfigure: Algorithm + sealed::Sealed {
     fn reconfigure(
         &self,
         quota: Self::Quota,
-        walk: &mut dyn FnMut(&dyn Fn(u64, u64) -> Option<u64>),
+        walk: &mut dyn FnMut(Rule<'_>),
     ) -> Result<(), QuotaError>;
 }
 
@@ -391,11 +359,7 @@ impl Reconfigure for crate::LiveTokenBucket {
         crate::LiveTokenBucket::changes(self)
     }
 
-    fn reconfigure(
-        &self,
-        quota: Quota,
-        walk: &mut dyn FnMut(&dyn Fn(u64, u64) -> Option<u64>),
-    ) -> Result<(), QuotaError> {
+    fn reconfigure(&self, quota: Quota, walk: &mut dyn FnMut(Rule<'_>)) -> Result<(), QuotaError> {
         let change = self.begin(quota)?;
         walk(&|word, now| change.convert(word, now));
         Ok(())
@@ -438,7 +402,7 @@ macro_rules! live_form {
             fn reconfigure(
                 &self,
                 quota: $quota,
-                walk: &mut dyn FnMut(&dyn Fn(u64, u64) -> Option<u64>),
+                walk: &mut dyn FnMut(Rule<'_>),
             ) -> Result<(), QuotaError> {
                 let change = self.0.begin(quota)?;
                 walk(&|word, now| change.convert(word, now));
@@ -484,6 +448,7 @@ macro_rules! live_form {
                 self.0.refund_unless_changed(epoch, refund)
             }
             const DEFERRED_WAIT: bool = false;
+            const RECHECK_DENIAL: bool = true;
         }
 
         impl fmt::Debug for $name {

@@ -102,7 +102,7 @@ impl Windows {
 
     /// The geometry as words, for a live form's parameter slot: the window's
     /// divisor, the two field widths, the index mask and half.
-    pub(crate) const fn to_raw(&self) -> [u64; 5] {
+    pub(crate) const fn to_raw(self) -> [u64; 5] {
         let [d, magic, shift] = self.window.to_raw();
         [
             d,
