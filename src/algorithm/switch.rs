@@ -532,9 +532,11 @@ live_form!(
     /// sequence number, then converts every word by compare-and-swap to the
     /// other bit. A decision reads the word, then, after an Acquire fence,
     /// the slot its bit names, whole, under the slot's sequence number
-    /// (again until stable), and decides on those parameters; its
-    /// compare-and-swap succeeds only on the word it read. Changes are
-    /// serialized by a lock that decisions never touch.
+    /// (again until stable), and decides on those parameters; an
+    /// admission's compare-and-swap succeeds only on the word it read, and a
+    /// denial, which writes nothing, stands only if a second load of the
+    /// word finds it unchanged (else it is decided again on the word found).
+    /// Changes are serialized by a lock that decisions never touch.
     ///
     /// Why the parameters are the word's: a slot is rewritten only by the
     /// change after next, which begins only once the next change has
@@ -542,7 +544,11 @@ live_form!(
     /// its word and then a stable slot whose parameters are a later
     /// generation's (the word converted away meanwhile) fails its
     /// compare-and-swap, unless the word has come back bit for bit in that
-    /// later generation, whose parameters it then rightly used. The one
+    /// later generation, whose parameters it then rightly used. A denial in
+    /// that case is caught by its second load: the conversion of the word
+    /// happened before the slot's rewrite, whose sequence number the
+    /// decision read with Acquire, so the second load sees the converted
+    /// word (or a later one). The one
     /// case left is a decision that read its slot stable before the change
     /// after next rewrote it, and whose compare-and-swap lands only after
     /// that change has converted its word back, bit for bit, to what it
@@ -554,8 +560,10 @@ live_form!(
     /// # Cost
     ///
     /// A decision reads the slot's seven words and its sequence number twice
-    /// besides the word: callgrind counts in BENCHMARKS.md, "Live quotas:
-    /// instructions per decision".
+    /// besides the word, and a denial the word again: 55 callgrind
+    /// instructions per admission against [`Gcra`]'s 40, and 45 per denial
+    /// against 25 (BENCHMARKS.md, "Live quotas: instructions per decision";
+    /// the windows' counts are there too).
     LiveGcra,
     Gcra,
     Quota
