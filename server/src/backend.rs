@@ -251,7 +251,11 @@ impl Backend for InProcess {
             return Err("`burst` applies to `token_bucket` and `gcra`; a window's burst is its `requests_per_unit`".to_string());
         }
         // Every algorithm in its live form, so that a reload that changes
-        // the quota keeps every key's state (`requota`).
+        // the quota keeps every key's state (`requota`). A live decision
+        // costs more callgrind instructions than the fixed form's (the token
+        // bucket's admission 55 against 54; GCRA's and the windows' 15 to 29
+        // more: BENCHMARKS.md, "Live quotas: instructions per decision"), a
+        // few nanoseconds against a gRPC round trip.
         match spec.algorithm {
             AlgorithmKind::TokenBucket => self.live::<LiveTokenBucket>(spec, &name),
             AlgorithmKind::Gcra => self.live::<LiveGcra>(spec, &name),
