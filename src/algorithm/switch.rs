@@ -370,17 +370,38 @@ impl Reconfigure for crate::LiveTokenBucket {
 const DEFAULT_CEILING: u32 = 65_535;
 
 macro_rules! live_form {
-    ($(#[$doc:meta])* $name:ident, $form:ty, $quota:ty) => {
+    ($(#[$doc:meta])* $name:ident, $form:ty, $quota:ty, $new:literal, $next:literal) => {
         $(#[$doc])*
         pub struct $name(Live<$form>);
 
         impl $name {
             /// How many times the quota has been changed.
+            ///
+            /// ```
+            /// # use std::time::Duration;
+            /// # use turnstile::*;
+            #[doc = concat!("let live = ", $new, ";")]
+            /// let limiter = RateLimiter::from_parts(live, ManualClock::new());
+            /// assert_eq!(limiter.algorithm().changes(), 0);
+            #[doc = concat!("limiter.set_quota(", $next, ")?;")]
+            /// assert_eq!(limiter.algorithm().changes(), 1);
+            /// # Ok::<(), Box<dyn std::error::Error>>(())
+            /// ```
             pub fn changes(&self) -> u64 {
                 self.0.changes()
             }
 
             /// The quota in force.
+            ///
+            /// ```
+            /// # use std::time::Duration;
+            /// # use turnstile::*;
+            #[doc = concat!("let live = ", $new, ";")]
+            /// let limiter = RateLimiter::from_parts(live, ManualClock::new());
+            #[doc = concat!("limiter.set_quota(", $next, ")?;")]
+            #[doc = concat!("assert_eq!(limiter.algorithm().quota(), ", $next, ");")]
+            /// # Ok::<(), Box<dyn std::error::Error>>(())
+            /// ```
             pub fn quota(&self) -> $quota {
                 self.0.current().quota()
             }
@@ -566,11 +587,24 @@ live_form!(
     /// the windows' counts are there too).
     LiveGcra,
     Gcra,
-    Quota
+    Quota,
+    "LiveGcra::new(Quota::per_second(10)?)",
+    "Quota::per_second(25)?"
 );
 
 impl LiveGcra {
     /// A live meter for `quota`, which can later be changed to any quota.
+    ///
+    /// ```
+    /// use turnstile::{KeyedBuilder, LiveGcra, Quota};
+    ///
+    /// let limiter = KeyedBuilder::<String, _>::new(LiveGcra::new(Quota::per_second(5)?)).build()?;
+    /// assert!(limiter.try_acquire_n("alice", 5)?.is_allowed());
+    /// limiter.set_quota(Quota::per_second(50)?)?;
+    /// assert_eq!(limiter.remaining("alice"), 0); // nothing created for alice
+    /// assert_eq!(limiter.remaining("bob"), 50); // a new key: the new quota
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(quota: Quota) -> LiveGcra {
         // The TAT takes no more bits for a larger quota: no ceiling.
         LiveGcra(Live::from_form(Gcra::new(quota), u32::MAX))
@@ -644,12 +678,26 @@ live_form!(
     /// case, are [`LiveGcra`]'s.
     LiveFixedWindow,
     FixedWindow,
-    FixedWindow
+    FixedWindow,
+    "LiveFixedWindow::new(FixedWindow::new(10, Duration::from_secs(1))?)?",
+    "FixedWindow::new(25, Duration::from_secs(60))?"
 );
 
 impl LiveFixedWindow {
     /// A live window for `window`'s limit and window length, which can later
     /// be changed to any limit up to 65,535 (or `window`'s own, if larger).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{FixedWindow, KeyedBuilder, LiveFixedWindow};
+    ///
+    /// let window = LiveFixedWindow::new(FixedWindow::new(100, Duration::from_secs(60))?)?;
+    /// assert_eq!(window.ceiling(), 65_535);
+    /// let limiter = KeyedBuilder::<String, _>::new(window).build()?;
+    /// limiter.set_quota(FixedWindow::new(1_000, Duration::from_secs(60))?)?;
+    /// assert_eq!(limiter.remaining("alice"), 1_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -751,12 +799,25 @@ live_form!(
     /// protocol, and its one case, are [`LiveGcra`]'s.
     LiveSlidingWindow,
     SlidingWindow,
-    SlidingWindow
+    SlidingWindow,
+    "LiveSlidingWindow::new(SlidingWindow::new(10, Duration::from_secs(1))?)?",
+    "SlidingWindow::new(25, Duration::from_secs(60))?"
 );
 
 impl LiveSlidingWindow {
     /// A live window for `window`'s limit and window length, which can later
     /// be changed to any limit up to 65,535 (or `window`'s own, if larger).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{KeyedBuilder, LiveSlidingWindow, SlidingWindow};
+    ///
+    /// let window = LiveSlidingWindow::new(SlidingWindow::new(100, Duration::from_secs(60))?)?;
+    /// let limiter = KeyedBuilder::<String, _>::new(window).build()?;
+    /// limiter.set_quota(SlidingWindow::new(10, Duration::from_secs(60))?)?;
+    /// assert_eq!(limiter.remaining("alice"), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     ///
