@@ -10,10 +10,13 @@
 
 mod model;
 
+#[path = "support/deciders.rs"]
+mod deciders;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use deciders::Deciders;
 use model::Model;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -223,26 +226,16 @@ fn concurrent_changes_admit_no_more_than_the_quotas_in_force_allow() {
                     .build()
                     .unwrap(),
             );
-            let admitted = Arc::new(AtomicU64::new(0));
-            let done = Arc::new(AtomicBool::new(false));
-            let deciders: Vec<_> = (0..3)
-                .map(|_| {
-                    let (direct, by_key) = (direct.clone(), by_key.clone());
-                    let (admitted, done) = (admitted.clone(), done.clone());
-                    std::thread::spawn(move || {
-                        while !done.load(Ordering::Relaxed) {
-                            let allowed = if keyed {
-                                by_key.try_acquire(&7).is_allowed()
-                            } else {
-                                direct.try_acquire().is_allowed()
-                            };
-                            if allowed {
-                                admitted.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    })
-                })
-                .collect();
+            let deciders = Deciders::start(3, {
+                let (direct, by_key) = (direct.clone(), by_key.clone());
+                move || {
+                    if keyed {
+                        by_key.try_acquire(&7).is_allowed()
+                    } else {
+                        direct.try_acquire().is_allowed()
+                    }
+                }
+            });
             // Stretches of 0 to 30 ms, alternating quotas; the bound adds each
             // stretch's whole periods.
             let mut bound = u64::from(slow.capacity());
@@ -262,11 +255,7 @@ fn concurrent_changes_admit_no_more_than_the_quotas_in_force_allow() {
                 }
             }
             std::thread::sleep(Duration::from_millis(5));
-            done.store(true, Ordering::Relaxed);
-            for decider in deciders {
-                decider.join().unwrap();
-            }
-            let admitted = admitted.load(Ordering::Relaxed);
+            let admitted = deciders.stop();
             assert!(
                 admitted <= bound,
                 "keyed {keyed}: {admitted} admitted, bound {bound}"

@@ -9,10 +9,13 @@
 //! - Under threads: deciders race a thread that changes the quota; the
 //!   permits admitted stay within what the quotas in force allow.
 
+#[path = "support/deciders.rs"]
+mod deciders;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use deciders::Deciders;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use turnstile::{
@@ -575,26 +578,16 @@ fn concurrent_changes_on_a_frozen_clock_admit_at_most_one_burst() {
                     .build()
                     .unwrap(),
             );
-            let admitted = Arc::new(AtomicU64::new(0));
-            let done = Arc::new(AtomicBool::new(false));
-            let deciders: Vec<_> = (0..3)
-                .map(|_| {
-                    let (direct, by_key) = (direct.clone(), by_key.clone());
-                    let (admitted, done) = (admitted.clone(), done.clone());
-                    std::thread::spawn(move || {
-                        while !done.load(Ordering::Relaxed) {
-                            let allowed = if keyed {
-                                by_key.try_acquire(&7).is_allowed()
-                            } else {
-                                direct.try_acquire().is_allowed()
-                            };
-                            if allowed {
-                                admitted.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    })
-                })
-                .collect();
+            let deciders = Deciders::start(3, {
+                let (direct, by_key) = (direct.clone(), by_key.clone());
+                move || {
+                    if keyed {
+                        by_key.try_acquire(&7).is_allowed()
+                    } else {
+                        direct.try_acquire().is_allowed()
+                    }
+                }
+            });
             for i in 0..300 {
                 std::thread::sleep(Duration::from_micros(30));
                 let quota = A::setting(quotas[if i % 2 == 0 { large } else { small }]);
@@ -604,11 +597,7 @@ fn concurrent_changes_on_a_frozen_clock_admit_at_most_one_burst() {
                     direct.set_quota(quota).unwrap();
                 }
             }
-            done.store(true, Ordering::Relaxed);
-            for decider in deciders {
-                decider.join().unwrap();
-            }
-            let admitted = admitted.load(Ordering::Relaxed);
+            let admitted = deciders.stop();
             assert!(admitted <= bound, "keyed {keyed}: {admitted} > {bound}");
             // The deciders ran: the first burst went out.
             assert!(admitted >= 1, "keyed {keyed}: nothing admitted");
