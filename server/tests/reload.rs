@@ -181,27 +181,11 @@ async fn a_file_changed_under_load_reloads_keeping_state() {
     );
     // A token bucket's quota raised: its 6 tokens kept (within the new 20).
     let r = one(&mut rls.client, "bucket").await;
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        20
-    );
-    assert_eq!(r.statuses[0].limit_remaining, 5);
+    assert_eq!(limit_and_left(&r), (20, 5));
     // A fixed window's quota raised: the 6 it had left kept (within the
     // new 20), not a fresh window.
     let r = one(&mut rls.client, "window").await;
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        20
-    );
-    assert_eq!(r.statuses[0].limit_remaining, 5);
+    assert_eq!(limit_and_left(&r), (20, 5));
     // A new limit applies at once.
     for left in (0..3).rev() {
         assert_eq!(
@@ -221,15 +205,7 @@ async fn a_file_changed_under_load_reloads_keeping_state() {
     );
     assert!(!overall_ok(&one(&mut rls.client, "added").await));
     let r = one(&mut rls.client, "bucket").await;
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        20
-    );
-    assert_eq!(r.statuses[0].limit_remaining, 4);
+    assert_eq!(limit_and_left(&r), (20, 4));
     // Polls of the same broken files count it once.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(rls.service.metrics().reloads(), (1, 1));
@@ -249,6 +225,13 @@ async fn a_file_changed_under_load_reloads_keeping_state() {
     assert!(answered.load(Ordering::Relaxed) > 0);
     let _ = rls.stop.send(());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The first status's `requests_per_unit` and `limit_remaining`.
+fn limit_and_left(r: &RateLimitResponse) -> (u32, u32) {
+    let status = &r.statuses[0];
+    let limit = status.current_limit.as_ref().expect("a limit applied");
+    (limit.requests_per_unit, status.limit_remaining)
 }
 
 #[tokio::test]
