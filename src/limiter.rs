@@ -490,6 +490,9 @@ mod tests {
     use super::*;
     use crate::algorithm::fixed_window::FixedWindow;
     use crate::algorithm::gcra::Gcra;
+    // Named here: the module imports it only with `std`, and the tests run
+    // without it too.
+    use crate::algorithm::live::LiveTokenBucket;
     use crate::algorithm::sliding_window::SlidingWindow;
     use crate::algorithm::warm_up::WarmUp;
     use crate::clock::TickClock;
