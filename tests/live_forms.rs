@@ -11,11 +11,14 @@
 
 #[path = "support/deciders.rs"]
 mod deciders;
+#[path = "support/live_ops.rs"]
+mod live_ops;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use deciders::Deciders;
+use live_ops::{KEYS, Op};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use turnstile::{
@@ -313,34 +316,8 @@ impl Form for LiveSlidingWindow {
     }
 }
 
-#[derive(Clone, Debug)]
-enum Op {
-    /// Ask key `key` for `1 + n % capacity` permits, or for `n` itself when
-    /// `raw` (to check the capacity in force refuses the rest).
-    Acquire { key: usize, n: u32, raw: bool },
-    /// Peek at a key.
-    Remaining { key: usize },
-    /// Move the clock forward.
-    Advance { micros: u64 },
-    /// Change to quota `i % quotas().len()`.
-    SetQuota { i: usize },
-    /// Sweep (keyed only).
-    Sweep,
-}
-
-const KEYS: usize = 3;
-
 fn ops() -> impl Strategy<Value = Vec<Op>> {
-    let op = prop_oneof![
-        8 => (0..KEYS, any::<u32>(), prop::bool::weighted(0.1))
-            .prop_map(|(key, n, raw)| Op::Acquire { key, n: if raw { n % 50 } else { n }, raw }),
-        2 => (0..KEYS).prop_map(|key| Op::Remaining { key }),
-        5 => prop_oneof![Just(0u64), Just(1), 0..8_000u64, 0..3_000_000u64]
-            .prop_map(|micros| Op::Advance { micros }),
-        2 => any::<usize>().prop_map(|i| Op::SetQuota { i }),
-        1 => Just(Op::Sweep),
-    ];
-    prop::collection::vec(op, 1..150)
+    live_ops::ops(true)
 }
 
 fn config() -> ProptestConfig {
