@@ -1,7 +1,7 @@
 -- The fixed window counter (turnstile's `FixedWindow`), state 'count:window':
 -- the count in the window with that number (windows of `w` us from 0).
 -- ARGV[4..5]: limit, window (us).
-local limit, w = tonumber(ARGV[4]), tonumber(ARGV[5])
+local limit, w = ARGV[4] + 0, ARGV[5] + 0
 local index, into = idiv(now, w)
 local count, stored = load_state(2)
 if not count then

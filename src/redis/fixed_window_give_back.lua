@@ -6,8 +6,8 @@
 --
 -- The reply is {1, 0, 0, 0} when the permits went back, {0, 0, 0, 0} when
 -- not.
-local w = tonumber(ARGV[5])
-local leased = tonumber(ARGV[6])
+local w = ARGV[5] + 0
+local leased = ARGV[6] + 0
 local count, window = load_state(2)
 if not count or window ~= leased or count < n then
     return {0, 0, 0, 0}

@@ -9,8 +9,8 @@
 --
 -- The reply is {granted, left, wait_us, wait_ns, valid_us, window}:
 -- valid_us the microseconds from this reading to the window's end.
-local limit, w = tonumber(ARGV[4]), tonumber(ARGV[5])
-local want = tonumber(ARGV[6])
+local limit, w = ARGV[4] + 0, ARGV[5] + 0
+local want = ARGV[6] + 0
 local index, into = idiv(now, w)
 local count, stored = load_state(2)
 if not count then

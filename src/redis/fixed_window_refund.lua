@@ -6,7 +6,7 @@
 -- this one not, the window's end (the expiry) unchanged. Once the key counts
 -- a later window (or has expired with its window), the permits no longer
 -- count and nothing is owed: the refund declines.
-local w = tonumber(ARGV[5])
+local w = ARGV[5] + 0
 local _, written = receipt(2)
 local count, window = load_state(2)
 if not count or window ~= written or count < n then

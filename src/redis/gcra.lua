@@ -3,7 +3,7 @@
 -- interval is kept to the nanosecond, as in process.
 -- ARGV[4..5]: the emission interval T and the horizon capacity * T, in ns,
 -- the horizon at most 2^50 ns.
-local interval, horizon = tonumber(ARGV[4]), tonumber(ARGV[5])
+local interval, horizon = ARGV[4] + 0, ARGV[5] + 0
 local tat, ns = load_state(2)
 if not tat then
     ns = 0

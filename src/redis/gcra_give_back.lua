@@ -10,7 +10,7 @@
 -- lease's did, and taking n * T off the sum leaves theirs in it.
 --
 -- The reply is {1, 0, 0, 0}.
-local interval = tonumber(ARGV[4])
+local interval = ARGV[4] + 0
 local tat, ns = load_state(2)
 if tat == nil or tat < now or (tat == now and ns == 0) then
     -- Nothing counted: nothing to give back to.

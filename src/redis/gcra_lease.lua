@@ -10,8 +10,8 @@
 -- and nothing otherwise, with gcra.lua's exact wait until n conform.
 --
 -- The reply is {granted, room left, wait_us, wait_ns}, as lease.lua's.
-local interval, horizon = tonumber(ARGV[4]), tonumber(ARGV[5])
-local want = tonumber(ARGV[6])
+local interval, horizon = ARGV[4] + 0, ARGV[5] + 0
+local want = ARGV[6] + 0
 local tat, ns = load_state(2)
 local d
 if tat == nil or tat < now or (tat == now and ns == 0) then

@@ -6,7 +6,7 @@
 -- cannot tell). Moving it back by n * T gives max(TAT, now) at the
 -- admission's reading, which decides as the TAT before it at that reading and
 -- every later one: GCRA reads max(TAT, now).
-local interval = tonumber(ARGV[4])
+local interval = ARGV[4] + 0
 local written_tat, written_ns = receipt(2)
 local stored_tat, stored_ns = load_state(2)
 if stored_tat ~= written_tat or stored_ns ~= written_ns then

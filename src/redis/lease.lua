@@ -5,7 +5,7 @@
 --
 -- The reply is {granted, left, wait_us, wait_ns}: {granted, left, 0, 0} when
 -- granted >= n, {0, level, us, ns} with the exact wait until n tokens exist.
-local want = tonumber(ARGV[9])
+local want = ARGV[9] + 0
 if level < n then
     local periods = idiv(n - level + amount - 1, amount)
     local ahead = base + periods * period - t

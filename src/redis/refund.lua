@@ -20,7 +20,7 @@ local function receipt(fields)
         error({err = 'turnstile: a refund receipt that is not this limiter\'s state'})
     end
     if fields == 2 then
-        return tonumber(a), tonumber(b)
+        return a + 0, b + 0
     end
-    return tonumber(a), tonumber(b), tonumber(c)
+    return a + 0, b + 0, c + 0
 end

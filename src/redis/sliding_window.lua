@@ -2,7 +2,7 @@
 -- 'current:previous:window': the counts of window `window` and of the one
 -- before it. The previous count weighs `(w - e) / w` at `e` into the window.
 -- ARGV[4..5]: limit, window (us); `limit * window < 2^53`.
-local limit, w = tonumber(ARGV[4]), tonumber(ARGV[5])
+local limit, w = ARGV[4] + 0, ARGV[5] + 0
 local index, into = idiv(now, w)
 local current, previous, stored = load_state(3)
 if not current then

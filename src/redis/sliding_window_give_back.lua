@@ -6,8 +6,8 @@
 --
 -- The reply is {1, 0, 0, 0} when the permits went back, {0, 0, 0, 0} when
 -- not.
-local w = tonumber(ARGV[5])
-local leased = tonumber(ARGV[6])
+local w = ARGV[5] + 0
+local leased = ARGV[6] + 0
 local current, previous, stored = load_state(3)
 if not current or stored ~= leased or current < n then
     return {0, 0, 0, 0}

@@ -13,8 +13,8 @@
 -- window.
 --
 -- The reply is {granted, left, wait_us, wait_ns, valid_us, window}.
-local limit, w = tonumber(ARGV[4]), tonumber(ARGV[5])
-local want = tonumber(ARGV[6])
+local limit, w = ARGV[4] + 0, ARGV[5] + 0
+local want = ARGV[6] + 0
 local index, into = idiv(now, w)
 local current, previous, stored = load_state(3)
 if not current then

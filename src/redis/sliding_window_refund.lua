@@ -8,7 +8,7 @@
 -- admissions still counted, and the window (so the expiry) is unchanged. From
 -- window k + 2 on they weigh nothing, and nothing is owed: the refund
 -- declines, as it does for a key that expired.
-local w = tonumber(ARGV[5])
+local w = ARGV[5] + 0
 local _, _, written = receipt(3)
 local current, previous, stored = load_state(3)
 if not current then

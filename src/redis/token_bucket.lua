@@ -9,6 +9,10 @@ if level < n then
 end
 local left = level - n
 -- Full again, and so fresh-equivalent, once the missing tokens are refilled.
-local full = base + idiv(capacity - left + amount - 1, amount) * period
+local missing = capacity - left
+if amount ~= 1 then
+    missing = idiv(missing + amount - 1, amount)
+end
+local full = base + missing * period
 store_state(full * unit - now, left, base)
 return {1, left, 0, 0}

@@ -2,9 +2,14 @@
 -- its lease and its give-back scripts. State 'tokens:time': the
 -- tokens at the last refill and its time, in whole time units.
 -- ARGV[4..8]: capacity, amount, period (units), fill time (units), unit (us).
-local capacity, amount = tonumber(ARGV[4]), tonumber(ARGV[5])
-local period, fill, unit = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local t = idiv(now, unit)
+local capacity, amount = ARGV[4] + 0, ARGV[5] + 0
+local period, fill, unit = ARGV[6] + 0, ARGV[7] + 0, ARGV[8] + 0
+-- The reading in whole units (a unit of 1 µs, that of every capacity up to
+-- 65,535, needs no division).
+local t = now
+if unit ~= 1 then
+    t = idiv(now, unit)
+end
 local tokens, last = load_state(2)
 if not tokens then
     tokens, last = capacity, 0

@@ -9,8 +9,8 @@
 -- `level:base` is the state as if it had never been asked. A bucket full
 -- again (the admission found it full, and restarted the grid at its own
 -- reading) is a fresh one: the key is deleted.
-local capacity, amount = tonumber(ARGV[4]), tonumber(ARGV[5])
-local period, unit = tonumber(ARGV[6]), tonumber(ARGV[8])
+local capacity, amount = ARGV[4] + 0, ARGV[5] + 0
+local period, unit = ARGV[6] + 0, ARGV[8] + 0
 local left, base = receipt(2)
 local tokens, last = load_state(2)
 if tokens ~= left or last ~= base then
