@@ -27,6 +27,11 @@
 //! inside one EVAL (R EVALs per case): the script's own work, without the
 //! round trip or the EVALSHA's dispatch, which every script pays alike.
 //!
+//! `--dump DIR` writes the scripts of `--body` (each as sent, with its
+//! arguments) to DIR and starts nothing: `benches/script_instructions.sh`
+//! counts Redis' instructions per call for each under callgrind, a figure
+//! that repeats on a shared machine where times do not.
+//!
 //! `--tsv` prints one line per case and round instead (case, Redis µs, CPU
 //! µs, wall µs, wall over `return 1`'s), for comparing builds: BENCHMARKS.md
 //! ("Exact mode on Redis: script time") ran the builds before and after a
@@ -83,6 +88,35 @@ local tokens, ts = capacity, now
 if v then
     local a, b = string.match(v, '(%d+):(%d+)')
     tokens, ts = tonumber(a), tonumber(b)
+    local periods = math.floor((now - ts) / period)
+    tokens = tokens + periods * amount
+    ts = ts + periods * period
+    if tokens >= capacity then
+        tokens, ts = capacity, now
+    end
+end
+if tokens < n then
+    return {0, 0, ts + math.ceil((n - tokens) / amount) * period - now, 0}
+end
+tokens = tokens - n
+local ms = math.ceil((capacity - tokens) / amount * period / 1000) + 1
+redis.call('SET', KEYS[1], string.format('%d:%d', tokens, ts), 'PX', ms)
+return {1, tokens, 0, 0}
+";
+
+/// The same bucket with its numbers made by arithmetic (`ARGV[1] + 0`), as
+/// the crate's scripts make them, rather than by `tonumber`, which in Lua 5.1
+/// converts twice behind a function call: the minimal script at its fastest.
+const MIN_TOKEN_BUCKET_ARITH: &str = r"
+local capacity, amount, period = ARGV[1] + 0, ARGV[2] + 0, ARGV[3] + 0
+local n = ARGV[4] + 0
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local v = redis.call('GET', KEYS[1])
+local tokens, ts = capacity, now
+if v then
+    local a, b = string.match(v, '(%d+):(%d+)')
+    tokens, ts = a + 0, b + 0
     local periods = math.floor((now - ts) / period)
     tokens = tokens + periods * amount
     ts = ts + periods * period
@@ -474,6 +508,69 @@ const SLIDING_WINDOW: &str = include_str!("../src/redis/sliding_window.lua");
 /// per case, each timed alone (`CONFIG RESETSTAT` before it), reported as
 /// the lowest and the median µs per iteration.
 fn body_mode(plain: &mut Connection, k: usize, reps: usize) {
+    println!(
+        "each script's body {k} times in one EVAL, {reps} EVALs: µs per iteration, lowest and median"
+    );
+    println!("| case | lowest | median |\n|---|---|---|");
+    for (name, script, argv, admits) in script_cases() {
+        let looped = format!(
+            "local function body()\n{script}\nend\nlocal r\nfor i = 1, {k} do\n    r = body()\nend\nreturn r[1]\n"
+        );
+        let _: () = redis::cmd("FLUSHALL").query(plain).expect("FLUSHALL");
+        let mut per_iteration = Vec::new();
+        // The first EVAL warms (and spends a denied case's key), uncounted.
+        for rep in 0..=reps {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query(plain)
+                .expect("CONFIG RESETSTAT");
+            let last: i64 = redis::cmd("EVAL")
+                .arg(&looped)
+                .arg(1)
+                .arg("bk")
+                .arg(&argv)
+                .query(plain)
+                .expect("the looped script runs");
+            assert_eq!(last == 1, admits, "{name}");
+            if rep > 0 {
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query(plain)
+                    .expect("INFO commandstats");
+                let usec: f64 = info
+                    .lines()
+                    .find(|l| l.starts_with("cmdstat_eval:"))
+                    .and_then(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("usec=")))
+                    .and_then(|v| v.parse().ok())
+                    .expect("EVAL counted");
+                per_iteration.push(usec / k as f64);
+            }
+        }
+        let (median, low, _) = median_spread(per_iteration);
+        println!("| {name} | {low:.2} | {median:.2} |");
+    }
+}
+
+/// `--dump DIR`: each case of `script_cases` as three files in DIR, for
+/// `benches/script_instructions.sh`, which counts Redis' instructions per
+/// call under callgrind: `NN.name` (the case's name), `NN.lua` (the script
+/// as sent) and `NN.args` (its ARGV, one per line; the crate's first
+/// argument is empty: the time from Redis' `TIME`).
+fn dump(dir: &str) {
+    std::fs::create_dir_all(dir).expect("the dump directory");
+    for (i, (name, script, argv, _)) in script_cases().into_iter().enumerate() {
+        let file = |ext: &str| format!("{dir}/{i:02}.{ext}");
+        std::fs::write(file("name"), format!("{name}\n")).expect("write the name");
+        std::fs::write(file("lua"), script).expect("write the script");
+        let args: String = argv.iter().map(|a| format!("{a}\n")).collect();
+        std::fs::write(file("args"), args).expect("write the arguments");
+    }
+}
+
+/// The scripts of `--body` and `--dump`: each algorithm's decision through
+/// the crate's script and its minimal script, admitted and denied: (name,
+/// script, ARGV, whether it admits).
+fn script_cases() -> Vec<(&'static str, String, Vec<String>, bool)> {
     let micros = |d: Duration| d.as_micros() as u64;
     let roomy = Quota::new(10_000, 1, Duration::from_micros(1)).expect("a valid quota");
     let tight = Quota::new(1, 1, HOUR).expect("a valid quota");
@@ -511,6 +608,12 @@ fn body_mode(plain: &mut Connection, k: usize, reps: usize) {
         (
             "minimal token bucket, admitted",
             MIN_TOKEN_BUCKET,
+            plain_args(vec![10_000, 1, 1, 1]),
+            true,
+        ),
+        (
+            "minimal token bucket, arithmetic, admitted",
+            MIN_TOKEN_BUCKET_ARITH,
             plain_args(vec![10_000, 1, 1, 1]),
             true,
         ),
@@ -563,6 +666,12 @@ fn body_mode(plain: &mut Connection, k: usize, reps: usize) {
             false,
         ),
         (
+            "minimal token bucket, arithmetic, denied",
+            MIN_TOKEN_BUCKET_ARITH,
+            plain_args(vec![1, 1, hour, 1]),
+            false,
+        ),
+        (
             "GCRA, denied",
             &gcra,
             crate_args(vec![hour * 1_000, hour * 1_000]),
@@ -599,53 +708,20 @@ fn body_mode(plain: &mut Connection, k: usize, reps: usize) {
             false,
         ),
     ];
-    println!(
-        "each script's body {k} times in one EVAL, {reps} EVALs: µs per iteration, lowest and median"
-    );
-    println!("| case | lowest | median |\n|---|---|---|");
-    for (name, script, argv, admits) in cases {
-        let looped = format!(
-            "local function body()\n{script}\nend\nlocal r\nfor i = 1, {k} do\n    r = body()\nend\nreturn r[1]\n"
-        );
-        let _: () = redis::cmd("FLUSHALL").query(plain).expect("FLUSHALL");
-        let mut per_iteration = Vec::new();
-        // The first EVAL warms (and spends a denied case's key), uncounted.
-        for rep in 0..=reps {
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query(plain)
-                .expect("CONFIG RESETSTAT");
-            let last: i64 = redis::cmd("EVAL")
-                .arg(&looped)
-                .arg(1)
-                .arg("bk")
-                .arg(&argv)
-                .query(plain)
-                .expect("the looped script runs");
-            assert_eq!(last == 1, admits, "{name}");
-            if rep > 0 {
-                let info: String = redis::cmd("INFO")
-                    .arg("commandstats")
-                    .query(plain)
-                    .expect("INFO commandstats");
-                let usec: f64 = info
-                    .lines()
-                    .find(|l| l.starts_with("cmdstat_eval:"))
-                    .and_then(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("usec=")))
-                    .and_then(|v| v.parse().ok())
-                    .expect("EVAL counted");
-                per_iteration.push(usec / k as f64);
-            }
-        }
-        let (median, low, _) = median_spread(per_iteration);
-        println!("| {name} | {low:.2} | {median:.2} |");
-    }
+    cases
+        .into_iter()
+        .map(|(name, script, argv, admits)| (name, script.to_owned(), argv, admits))
+        .collect()
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let calls = arg(&args, "--calls").unwrap_or(20_000);
     let rounds = arg(&args, "--rounds").unwrap_or(3).max(1);
+    if let Some(i) = args.iter().position(|a| a == "--dump") {
+        dump(args.get(i + 1).map_or("script_cases", String::as_str));
+        return;
+    }
     let Some(server) = redis_server::server("script_cost") else {
         return;
     };
