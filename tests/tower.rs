@@ -830,6 +830,9 @@ fn an_api_key_is_the_trimmed_value_spaces_inside_included() {
     assert_eq!(key(b"Bearer abc123"), Some("Bearer abc123".to_owned()));
     assert_eq!(key(b"\xffk1"), None);
     assert_eq!(key(b"   "), None);
+    // Tabs are whitespace around a key too (a header value holds no other).
+    assert_eq!(key(b"\tk1 \t"), Some("k1".to_owned()));
+    assert_eq!(key(b"\t \t"), None);
 }
 
 /// Tiers behind the layer: each key decided by its tier's quota, one gate's

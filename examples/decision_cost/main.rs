@@ -59,6 +59,11 @@
 //!   clock, or `N` admitted token-bucket decisions on it, inside `measured`.
 //! - `paired-clocks`: each clock's reading and admitted decision, timed in
 //!   alternating blocks of 200,000 (51 blocks each), the median block of each.
+//! - `paired-layer`: the layer cases in pairs (three limits in one `Limits`
+//!   layer against one limit, without and with the `RateLimit` fields; one
+//!   limit against tower_governor), every request admitted, timed in 101
+//!   alternating blocks of 2,000 requests each: each side's median time per
+//!   request and the median and quartiles of the per-block ratios.
 //! - `leased-hot keyed|held|held-refresher N`: `N` decisions on one key inside
 //!   `measured`: a Redis leased limiter while a lease of the largest size is
 //!   held (no Redis: a connection of the program's own answers the lease
@@ -88,7 +93,7 @@ use clocks::{run_clock, run_paired_clocks};
 use direct::{run_neighbours, run_paired};
 use keyed::{run_keyed_hot, run_keyed_million, run_keyed_new, run_paired_keyed};
 use leased::run_leased_hot;
-use router::run_layer;
+use router::{run_layer, run_paired_layer};
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -120,7 +125,8 @@ usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cos
   leased-hot keyed|held|held-refresher N: N decisions on one key inside `measured`: leased with a lease held (no Redis), without and with a refresher, and in-process keyed
   layer bare|turnstile-admitted|turnstile-denied|turnstile-fields-admitted|combined3-admitted|combined3-denied|combined3-nofields-admitted|stacked3-admitted|stacked3-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router
   clock read|decide tsc|real|monotonic|coarse N: N readings of a clock, or N admitted decisions on it, inside `measured`
-  paired-clocks: each clock's reading and admitted decision, timed in alternating blocks";
+  paired-clocks: each clock's reading and admitted decision, timed in alternating blocks
+  paired-layer: the layer cases in pairs (three limits against one, one against tower_governor), timed in alternating blocks";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -210,6 +216,10 @@ fn main() -> ExitCode {
         }
         Some("paired-algorithms") => {
             run_paired_algorithms();
+            return ExitCode::SUCCESS;
+        }
+        Some("paired-layer") => {
+            run_paired_layer();
             return ExitCode::SUCCESS;
         }
         _ => {}

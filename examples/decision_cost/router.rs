@@ -66,3 +66,79 @@ pub(crate) fn run_layer(which: &str, n: u64) -> ExitCode {
     }
     ExitCode::SUCCESS
 }
+
+/// Pairs of layer cases timed in alternating blocks of requests, so that both
+/// sides of each ratio meet the same moments of the machine: per pair, 101
+/// rounds of a block through each service (requests built before each
+/// block; each side first in every other round), then each side's median
+/// time per request and the median and quartiles of the per-round ratios.
+pub(crate) fn run_paired_layer() {
+    type Request = axum::http::Request<axum::body::Body>;
+    type Response = axum::response::Response;
+    const BLOCK: usize = 2_000;
+    const ROUNDS: usize = 101;
+    fn block<S: tower::Service<Request, Response = Response>>(service: &mut S) -> f64 {
+        let requests: Vec<_> = (0..BLOCK).map(|_| layer::request()).collect();
+        let start = std::time::Instant::now();
+        for r in requests {
+            let _ = black_box(layer::poll_ready_now(service.call(r)));
+        }
+        start.elapsed().as_nanos() as f64 / BLOCK as f64
+    }
+    fn quantile(v: &[f64], q: f64) -> f64 {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * q).round() as usize]
+    }
+    fn pair<A, B>(a_name: &str, mut a: A, b_name: &str, mut b: B)
+    where
+        A: tower::Service<Request, Response = Response>,
+        B: tower::Service<Request, Response = Response>,
+    {
+        for ok in [
+            layer::poll_ready_now(a.call(layer::request())).is_ok_and(|r| r.status().is_success()),
+            layer::poll_ready_now(b.call(layer::request())).is_ok_and(|r| r.status().is_success()),
+        ] {
+            assert!(ok, "every request of a pair is admitted");
+        }
+        let (mut ta, mut tb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            let (x, y) = if round % 2 == 0 {
+                let x = block(&mut a);
+                (x, block(&mut b))
+            } else {
+                let y = block(&mut b);
+                (block(&mut a), y)
+            };
+            ta.push(x);
+            tb.push(y);
+            ratios.push(x / y);
+        }
+        println!(
+            "{a_name:<24} {:7.1} ns  {b_name:<22} {:7.1} ns  ratio median {:.3} (quartiles {:.3}-{:.3})",
+            quantile(&ta, 0.5),
+            quantile(&tb, 0.5),
+            quantile(&ratios, 0.5),
+            quantile(&ratios, 0.25),
+            quantile(&ratios, 0.75),
+        );
+    }
+    pair(
+        "three limits, no fields",
+        layer::combined_service_advertising(true, false),
+        "one limit, no fields",
+        layer::turnstile_service(true),
+    );
+    pair(
+        "three limits, fields",
+        layer::combined_service(true),
+        "one limit, fields",
+        layer::turnstile_fields_service(),
+    );
+    pair(
+        "one limit, no fields",
+        layer::turnstile_service(true),
+        "tower_governor",
+        layer::governor_service(true),
+    );
+}

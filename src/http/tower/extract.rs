@@ -196,7 +196,10 @@ impl KeyExtractor for ApiKeyHeader {
     type Lookup = str;
 
     fn extract<'r>(&self, request: &RequestHead<'r>) -> Option<Cow<'r, str>> {
-        let value = request.headers.get(&self.name)?.to_str().ok()?.trim();
+        // `to_str` admits only visible ASCII and tabs, where ASCII
+        // whitespace is all the whitespace there is: `trim_ascii` trims what
+        // `trim` would, without `trim`'s walk over UTF-8 code points.
+        let value = request.headers.get(&self.name)?.to_str().ok()?.trim_ascii();
         if value.is_empty() || value.len() > self.max_len {
             return None;
         }
