@@ -24,6 +24,8 @@ use crate::tally::Tally;
 
 pub use crate::http::outcome::Outcome;
 pub use crate::http::policy::{AdvertisedQuota, PolicyError, RateLimitPolicy};
+#[cfg(feature = "tower")]
+use crate::http::tower::fields::{Fields, policy_fields, policy_fields_with};
 
 /// A limiter as an HTTP gate: no key is a 401, a key over its limit a 429
 /// with `Retry-After` in whole seconds rounded up, a new key past the key
@@ -94,6 +96,10 @@ pub struct Gate<L = KeyedLimiter<String>> {
     /// Set by `with_derived_policy`: the fields are derived at each answer
     /// from the key's own limit, under this name (with `.tier` for tiers).
     derived: Option<String>,
+    /// `policy`'s `RateLimit-Policy` item, written once: what every answer
+    /// advertising that policy sends.
+    #[cfg(feature = "tower")]
+    policy_item: Option<Box<[u8]>>,
     shadow: AtomicBool,
     counts: Tally<6>,
 }
@@ -105,6 +111,14 @@ const SHADOWED_KEY_LIMIT: usize = 2;
 const TOO_MANY: usize = 3;
 const UNAVAILABLE: usize = 4;
 const ADMITTED: usize = 5;
+
+/// `policy`'s `RateLimit-Policy` item.
+#[cfg(feature = "tower")]
+fn policy_item(policy: &RateLimitPolicy) -> Box<[u8]> {
+    let mut item = Vec::with_capacity(48);
+    policy.push_policy_item(&mut item);
+    item.into()
+}
 
 /// What a [`Gate`] answered ([`Gate::stats`]). Each counter is read in turn,
 /// not all at one instant.
@@ -659,6 +673,8 @@ impl<L> Gate<L> {
             limiter,
             policy: None,
             derived: None,
+            #[cfg(feature = "tower")]
+            policy_item: None,
             shadow: AtomicBool::new(false),
             counts: Tally::new(),
         }
@@ -713,6 +729,8 @@ impl<L> Gate<L> {
     /// ([`headers`](Self::headers)).
     pub fn with_policy(self, policy: RateLimitPolicy) -> Gate<L> {
         Gate {
+            #[cfg(feature = "tower")]
+            policy_item: Some(policy_item(&policy)),
             policy: Some(policy),
             derived: None,
             ..self
@@ -730,6 +748,8 @@ impl<L> Gate<L> {
     /// Keep the derived policy's name, with a snapshot for [`policy`](Self::policy).
     fn derive(self, name: &str, snapshot: Option<RateLimitPolicy>) -> Gate<L> {
         Gate {
+            #[cfg(feature = "tower")]
+            policy_item: snapshot.as_ref().map(policy_item),
             policy: snapshot,
             derived: Some(name.to_owned()),
             ..self
@@ -822,6 +842,32 @@ impl<L> Gate<L> {
         }
         .ok()
         .map(Cow::Owned)
+    }
+
+    /// The `RateLimit-Policy` and `RateLimit` values of `key`'s answer
+    /// `outcome`: those of [`advertised`](Self::advertised), with the policy
+    /// item written once when `key`'s policy is the gate's own (set by hand,
+    /// or derived from a limiter without tiers whose quota is still the one
+    /// it was derived from).
+    #[cfg(feature = "tower")]
+    #[inline]
+    pub(crate) fn fields<Q>(&self, key: &Q, outcome: &Outcome) -> Option<Fields>
+    where
+        L: GateLimiter<Q>,
+        Q: ?Sized,
+    {
+        if let (Some(policy), Some(item)) = (&self.policy, &self.policy_item) {
+            let own = self.derived.is_none()
+                || self.limiter.advertise_for(key).is_some_and(|advertised| {
+                    advertised.tier.is_none()
+                        && policy.advertises(advertised.quota, advertised.window)
+                });
+            if own {
+                return Some(policy_fields_with(policy, item, outcome));
+            }
+        }
+        self.advertised(key)
+            .map(|policy| policy_fields(&policy, outcome))
     }
 
     /// As [`headers`](Self::headers), with the policy advertised for `key`
@@ -920,5 +966,86 @@ impl<L: LimiterStats> Gate<L> {
             Some(key) => Outcome::from_decision(Some(self.limiter.acquire_n(key, n)?)),
         };
         Ok(self.answer(outcome))
+    }
+}
+
+#[cfg(all(test, feature = "tower"))]
+mod tests {
+    use super::*;
+    use crate::decision::RetryAfter;
+    use crate::quota::Quota;
+
+    /// `fields` against writing the advertised policy afresh, for `key`'s
+    /// own answer now, a 401 and a 429.
+    fn fields_are_the_advertised_ones<L: GateLimiter<str>>(gate: &Gate<L>, key: &str) {
+        let denied = Outcome::from_decision(Some(KeyedDecision::Denied {
+            retry_after: RetryAfter::from_nanos(1_500_000_000),
+        }));
+        for outcome in [gate.check(Some(key)), Outcome::Unauthorized, denied] {
+            let afresh = gate
+                .advertised(key)
+                .map(|policy| policy_fields(&policy, &outcome));
+            assert_eq!(gate.fields(key, &outcome), afresh, "{outcome:?}");
+        }
+    }
+
+    fn policy_value(fields: Option<Fields>) -> String {
+        let [policy, _] = fields.expect("a policy");
+        policy.expect("a value").to_str().expect("ASCII").to_owned()
+    }
+
+    #[test]
+    fn written_once_or_afresh_the_fields_are_the_same() {
+        let quota = Quota::per_second(10).unwrap();
+        let keyed = Gate::new(KeyedLimiter::<String>::new(quota))
+            .with_derived_policy("api")
+            .unwrap();
+        fields_are_the_advertised_ones(&keyed, "alice");
+        assert!(keyed.fields("alice", &Outcome::Unauthorized).is_some());
+
+        let by_hand = Gate::new(KeyedLimiter::<String>::new(quota))
+            .with_policy(RateLimitPolicy::new("hand", 5, Duration::from_secs(60)).unwrap());
+        fields_are_the_advertised_ones(&by_hand, "alice");
+        let outcome = Outcome::Admitted { remaining: 0 };
+        assert_eq!(
+            policy_value(by_hand.fields("bob", &outcome)),
+            "\"hand\";q=5;w=60"
+        );
+
+        let direct = Gate::new(RateLimiter::new(Quota::per_minute(100).unwrap()))
+            .with_derived_policy("all")
+            .unwrap();
+        fields_are_the_advertised_ones(&direct, "anyone");
+
+        let tiers = Tiered::new(
+            [
+                ("free", KeyedLimiter::<String>::new(quota)),
+                (
+                    "paid",
+                    KeyedLimiter::<String>::new(Quota::per_second(100).unwrap()),
+                ),
+            ],
+            |key: &str| usize::from(key.starts_with("paid_")),
+        )
+        .unwrap();
+        let tiered = Gate::tiered(tiers).with_derived_policy("api").unwrap();
+        fields_are_the_advertised_ones(&tiered, "free_1");
+        fields_are_the_advertised_ones(&tiered, "paid_1");
+    }
+
+    /// A live quota changed after the policy was derived: the item written
+    /// once is not the key's policy any more, and the new one is advertised.
+    #[test]
+    fn a_changed_live_quota_is_advertised_not_the_item_written_once() {
+        let limiter =
+            KeyedLimiter::<String, LiveTokenBucket>::live(Quota::per_second(10).unwrap()).unwrap();
+        let gate = Gate::new(limiter).with_derived_policy("api").unwrap();
+        let outcome = Outcome::Admitted { remaining: 3 };
+        assert_eq!(policy_value(gate.fields("k", &outcome)), "\"api\";q=10;w=1");
+        gate.limiter()
+            .set_quota(Quota::per_minute(5).unwrap())
+            .unwrap();
+        fields_are_the_advertised_ones(&gate, "k");
+        assert_eq!(policy_value(gate.fields("k", &outcome)), "\"api\";q=5;w=60");
     }
 }

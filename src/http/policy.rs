@@ -126,6 +126,19 @@ impl RateLimitPolicy {
         RateLimitPolicy::new(name, quota, window.max(Duration::from_secs(1)))
     }
 
+    /// Whether this policy is the one [`new`](Self::new) would make of its
+    /// own name with `quota` and `window` (a window under a second counted
+    /// as one, as a derived policy's is).
+    #[cfg(feature = "tower")]
+    #[inline]
+    pub(crate) fn advertises(&self, quota: u32, window: Duration) -> bool {
+        let window = window.max(Duration::from_secs(1));
+        let secs = window
+            .as_secs()
+            .saturating_add(u64::from(window.subsec_nanos() > 0));
+        (quota, secs) == (self.quota, self.window_secs)
+    }
+
     /// The `RateLimit-Policy` item, written to `out` by hand.
     #[cfg(feature = "tower")]
     pub(crate) fn push_policy_item(&self, out: &mut Vec<u8>) {
@@ -244,19 +257,33 @@ advertised_by_algorithm!(
     crate::LiveSlidingWindow
 );
 
-/// `n` in decimal.
+/// `n` in decimal, two digits a division.
 #[cfg(feature = "tower")]
 pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    /// `00` to `99`.
+    const PAIRS: &[u8; 200] = b"\
+        0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
     let mut digits = [0u8; 20];
     let mut at = digits.len();
-    loop {
+    while n >= 100 {
+        // `n % 100 < 100`: the pair is within the table.
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        at -= 2;
+        digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        at -= 2;
+        digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         at -= 1;
-        // `n % 10 < 10`: the cast keeps every bit.
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        // `n < 10`: the cast keeps every bit.
+        digits[at] = b'0' + n as u8;
     }
     out.extend_from_slice(&digits[at..]);
 }

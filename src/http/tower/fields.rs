@@ -45,6 +45,21 @@ pub(crate) fn policy_fields(policy: &RateLimitPolicy, outcome: &Outcome) -> Fiel
     [policy_value, HeaderValue::from_bytes(&item).ok()]
 }
 
+/// [`policy_fields`] with `policy`'s item already written (`item`).
+pub(crate) fn policy_fields_with(
+    policy: &RateLimitPolicy,
+    item: &[u8],
+    outcome: &Outcome,
+) -> Fields {
+    // Validated names and numbers make valid values.
+    let policy_value = HeaderValue::from_bytes(item).ok();
+    let mut value = Vec::with_capacity(48);
+    if !policy.push_value_item(&mut value, outcome) {
+        return [policy_value, None];
+    }
+    [policy_value, HeaderValue::from_bytes(&value).ok()]
+}
+
 /// The values as `RateLimitPolicy`'s strings, for comparison in tests.
 #[cfg(test)]
 fn formatted(policy: &RateLimitPolicy, outcome: &Outcome) -> Fields {
@@ -134,6 +149,34 @@ mod tests {
             n.clear();
             push_decimal(&mut n, x);
             assert_eq!(n, x.to_string().as_bytes());
+        }
+    }
+
+    /// Every number up to 100,000, each power of ten and its neighbours,
+    /// and a million more spread over the whole range, as `to_string`
+    /// writes them; appended after what is there.
+    #[test]
+    fn decimals_are_to_string_s() {
+        let mut xs: Vec<u64> = (0..=100_000).collect();
+        for k in 0..20 {
+            let p = 10u64.pow(k);
+            xs.extend([p - 1, p, p + 1]);
+        }
+        xs.push(u64::MAX);
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..1_000_000 {
+            // xorshift64, shifted right by 0 to 63 bits: every length of number.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            xs.push(state >> (state % 64));
+        }
+        let mut out = b"r=".to_vec();
+        for x in xs {
+            out.truncate(2);
+            push_decimal(&mut out, x);
+            assert_eq!(&out[2..], x.to_string().as_bytes(), "{x}");
+            assert_eq!(&out[..2], b"r=");
         }
     }
 }

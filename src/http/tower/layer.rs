@@ -12,7 +12,7 @@ use http::{Request, Response};
 
 use super::denial::{Denial, DenialResponse, DenyWith, PlainDenial, close_if_body_unread};
 use super::extract::{Global, KeyExtractor, RequestHead};
-use super::fields::{Fields, add_policy_fields, policy_fields};
+use super::fields::{Fields, add_policy_fields};
 use super::{Layer, Service};
 use crate::http::gate::{Gate, GateLimiter, GateStats, LimiterStats, Outcome};
 use crate::keyed::KeyedLimiter;
@@ -348,8 +348,7 @@ where
         // The policy of this key's own limit (its tier's), when one is set.
         let fields = key
             .as_deref()
-            .and_then(|key| layer.gate.advertised(key))
-            .map(|policy| policy_fields(&policy, &outcome));
+            .and_then(|key| layer.gate.fields(key, &outcome));
         drop(key);
         if outcome.is_admitted() {
             ResponseFuture::admitted(self.inner.call(request), fields)

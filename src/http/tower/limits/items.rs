@@ -30,16 +30,22 @@ pub(super) struct Cached {
     pub(super) quota: u32,
     pub(super) window: Duration,
     pub(super) item: Box<[u8]>,
+    /// The start of its `RateLimit` item, `"name";r=`.
+    pub(super) value: Box<[u8]>,
 }
 
 impl Cached {
     pub(super) fn new(name: &str, (quota, window): (u32, Duration)) -> Cached {
         let mut item = Vec::new();
         push_policy(&mut item, name, None, quota, window);
+        let mut value = Vec::new();
+        push_name(&mut value, name, None);
+        value.extend_from_slice(b";r=");
         Cached {
             quota,
             window,
             item: item.into(),
+            value: value.into(),
         }
     }
 }
@@ -64,8 +70,9 @@ impl Items {
         self.count += 1;
         let (policy, value) = (&mut self.policy, &mut self.value);
         if policy.is_empty() {
-            policy.reserve(96);
-            value.reserve(96);
+            // Allocated at once, not grown from nothing.
+            *policy = Vec::with_capacity(96);
+            *value = Vec::with_capacity(96);
         } else {
             policy.extend_from_slice(b", ");
             value.extend_from_slice(b", ");
@@ -76,6 +83,7 @@ impl Items {
                     && (cached.quota, cached.window) == (advertised.quota, advertised.window) =>
             {
                 policy.extend_from_slice(&cached.item);
+                value.extend_from_slice(&cached.value);
             }
             _ => {
                 self.all_cached = false;
@@ -86,16 +94,14 @@ impl Items {
                     advertised.quota,
                     advertised.window,
                 );
+                push_name(value, name, advertised.tier);
+                value.extend_from_slice(b";r=");
             }
         }
-        push_name(value, name, advertised.tier);
         match state {
-            State::Remaining(r) => {
-                value.extend_from_slice(b";r=");
-                push_decimal(value, (*r).into());
-            }
+            State::Remaining(r) => push_decimal(value, (*r).into()),
             State::Wait(wait) => {
-                value.extend_from_slice(b";r=0;t=");
+                value.extend_from_slice(b"0;t=");
                 push_decimal(value, wait.header_secs());
             }
         }
