@@ -25,7 +25,7 @@ use crate::tally::Tally;
 pub use crate::http::outcome::Outcome;
 pub use crate::http::policy::{AdvertisedQuota, PolicyError, RateLimitPolicy};
 #[cfg(feature = "tower")]
-use crate::http::tower::fields::{Fields, policy_fields, policy_fields_with};
+use crate::http::policy::{Fields, policy_fields, policy_fields_with};
 
 /// A limiter as an HTTP gate: no key is a 401, a key over its limit a 429
 /// with `Retry-After` in whole seconds rounded up, a new key past the key

@@ -257,6 +257,39 @@ advertised_by_algorithm!(
     crate::LiveSlidingWindow
 );
 
+/// One policy's `RateLimit-Policy` and `RateLimit` list items.
+#[cfg(feature = "tower")]
+pub(crate) type Fields = [Option<http::HeaderValue>; 2];
+
+/// The `RateLimit-Policy` and `RateLimit` field values for `outcome`.
+#[cfg(feature = "tower")]
+pub(crate) fn policy_fields(policy: &RateLimitPolicy, outcome: &Outcome) -> Fields {
+    let mut item = Vec::with_capacity(48);
+    policy.push_policy_item(&mut item);
+    let policy_value = http::HeaderValue::from_bytes(&item).ok();
+    item.clear();
+    if !policy.push_value_item(&mut item, outcome) {
+        return [policy_value, None];
+    }
+    [policy_value, http::HeaderValue::from_bytes(&item).ok()]
+}
+
+/// [`policy_fields`] with `policy`'s item already written (`item`).
+#[cfg(feature = "tower")]
+pub(crate) fn policy_fields_with(
+    policy: &RateLimitPolicy,
+    item: &[u8],
+    outcome: &Outcome,
+) -> Fields {
+    // Validated names and numbers make valid values.
+    let policy_value = http::HeaderValue::from_bytes(item).ok();
+    let mut value = Vec::with_capacity(48);
+    if !policy.push_value_item(&mut value, outcome) {
+        return [policy_value, None];
+    }
+    [policy_value, http::HeaderValue::from_bytes(&value).ok()]
+}
+
 /// `n` in decimal, two digits a division.
 #[cfg(feature = "tower")]
 pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {

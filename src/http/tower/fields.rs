@@ -7,9 +7,13 @@ use core::time::Duration;
 use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 
+#[cfg(test)]
 use crate::http::outcome::Outcome;
+#[cfg(test)]
 use crate::http::policy::RateLimitPolicy;
-pub(crate) use crate::http::policy::{push_decimal, push_name};
+#[cfg(any(test, all(feature = "redis", feature = "tokio")))]
+pub(crate) use crate::http::policy::policy_fields;
+pub(crate) use crate::http::policy::{Fields, push_decimal, push_name};
 
 /// `"name";q=Q;w=W`, the window in whole seconds rounded up (at least 1).
 pub(crate) fn push_policy(
@@ -28,36 +32,6 @@ pub(crate) fn push_policy(
     push_decimal(out, quota.into());
     out.extend_from_slice(b";w=");
     push_decimal(out, secs);
-}
-
-/// One policy's `RateLimit-Policy` and `RateLimit` list items.
-pub(crate) type Fields = [Option<HeaderValue>; 2];
-
-/// The `RateLimit-Policy` and `RateLimit` field values for `outcome`.
-pub(crate) fn policy_fields(policy: &RateLimitPolicy, outcome: &Outcome) -> Fields {
-    let mut item = Vec::with_capacity(48);
-    policy.push_policy_item(&mut item);
-    let policy_value = HeaderValue::from_bytes(&item).ok();
-    item.clear();
-    if !policy.push_value_item(&mut item, outcome) {
-        return [policy_value, None];
-    }
-    [policy_value, HeaderValue::from_bytes(&item).ok()]
-}
-
-/// [`policy_fields`] with `policy`'s item already written (`item`).
-pub(crate) fn policy_fields_with(
-    policy: &RateLimitPolicy,
-    item: &[u8],
-    outcome: &Outcome,
-) -> Fields {
-    // Validated names and numbers make valid values.
-    let policy_value = HeaderValue::from_bytes(item).ok();
-    let mut value = Vec::with_capacity(48);
-    if !policy.push_value_item(&mut value, outcome) {
-        return [policy_value, None];
-    }
-    [policy_value, HeaderValue::from_bytes(&value).ok()]
 }
 
 /// The values as `RateLimitPolicy`'s strings, for comparison in tests.

@@ -222,7 +222,7 @@ pub use tower_service::Service;
 
 mod denial;
 mod extract;
-pub(crate) mod fields;
+mod fields;
 mod forwarded;
 mod layer;
 mod limits;
