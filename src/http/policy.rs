@@ -90,9 +90,7 @@ impl RateLimitPolicy {
         Ok(RateLimitPolicy {
             name: name.to_string(),
             quota,
-            window_secs: window
-                .as_secs()
-                .saturating_add(u64::from(window.subsec_nanos() > 0)),
+            window_secs: window_secs(window),
         })
     }
 
@@ -132,11 +130,7 @@ impl RateLimitPolicy {
     #[cfg(feature = "tower")]
     #[inline]
     pub(crate) fn advertises(&self, quota: u32, window: Duration) -> bool {
-        let window = window.max(Duration::from_secs(1));
-        let secs = window
-            .as_secs()
-            .saturating_add(u64::from(window.subsec_nanos() > 0));
-        (quota, secs) == (self.quota, self.window_secs)
+        (quota, window_secs(window)) == (self.quota, self.window_secs)
     }
 
     /// The `RateLimit-Policy` item, written to `out` by hand.
@@ -257,6 +251,14 @@ advertised_by_algorithm!(
     crate::LiveSlidingWindow
 );
 
+/// `window` in the fields' whole seconds: rounded up, at least 1.
+pub(crate) fn window_secs(window: Duration) -> u64 {
+    let window = window.max(Duration::from_secs(1));
+    window
+        .as_secs()
+        .saturating_add(u64::from(window.subsec_nanos() > 0))
+}
+
 /// One policy's `RateLimit-Policy` and `RateLimit` list items.
 #[cfg(feature = "tower")]
 pub(crate) type Fields = [Option<http::HeaderValue>; 2];
@@ -264,14 +266,11 @@ pub(crate) type Fields = [Option<http::HeaderValue>; 2];
 /// The `RateLimit-Policy` and `RateLimit` field values for `outcome`.
 #[cfg(feature = "tower")]
 pub(crate) fn policy_fields(policy: &RateLimitPolicy, outcome: &Outcome) -> Fields {
-    let mut item = Vec::with_capacity(48);
-    policy.push_policy_item(&mut item);
-    let policy_value = http::HeaderValue::from_bytes(&item).ok();
-    item.clear();
-    if !policy.push_value_item(&mut item, outcome) {
-        return [policy_value, None];
-    }
-    [policy_value, http::HeaderValue::from_bytes(&item).ok()]
+    let mut buffer = Vec::with_capacity(48);
+    policy.push_policy_item(&mut buffer);
+    let policy_value = http::HeaderValue::from_bytes(&buffer).ok();
+    buffer.clear();
+    [policy_value, value_field(policy, outcome, buffer)]
 }
 
 /// [`policy_fields`] with `policy`'s item already written (`item`).
@@ -281,13 +280,24 @@ pub(crate) fn policy_fields_with(
     item: &[u8],
     outcome: &Outcome,
 ) -> Fields {
-    // Validated names and numbers make valid values.
-    let policy_value = http::HeaderValue::from_bytes(item).ok();
-    let mut value = Vec::with_capacity(48);
-    if !policy.push_value_item(&mut value, outcome) {
-        return [policy_value, None];
-    }
-    [policy_value, http::HeaderValue::from_bytes(&value).ok()]
+    [
+        http::HeaderValue::from_bytes(item).ok(),
+        value_field(policy, outcome, Vec::with_capacity(48)),
+    ]
+}
+
+/// The `RateLimit` value for `outcome`, written in `buffer` (empty); none
+/// for a 401. Validated names and numbers make valid values.
+#[cfg(feature = "tower")]
+fn value_field(
+    policy: &RateLimitPolicy,
+    outcome: &Outcome,
+    mut buffer: Vec<u8>,
+) -> Option<http::HeaderValue> {
+    policy
+        .push_value_item(&mut buffer, outcome)
+        .then(|| http::HeaderValue::from_bytes(&buffer).ok())
+        .flatten()
 }
 
 /// `n` in decimal, two digits a division.

@@ -13,6 +13,7 @@ use crate::http::outcome::Outcome;
 use crate::http::policy::RateLimitPolicy;
 #[cfg(any(test, all(feature = "redis", feature = "tokio")))]
 pub(crate) use crate::http::policy::policy_fields;
+use crate::http::policy::window_secs;
 pub(crate) use crate::http::policy::{Fields, push_decimal, push_name};
 
 /// `"name";q=Q;w=W`, the window in whole seconds rounded up (at least 1).
@@ -23,15 +24,11 @@ pub(crate) fn push_policy(
     quota: u32,
     window: Duration,
 ) {
-    let window = window.max(Duration::from_secs(1));
-    let secs = window
-        .as_secs()
-        .saturating_add(u64::from(window.subsec_nanos() > 0));
     push_name(out, name, tier);
     out.extend_from_slice(b";q=");
     push_decimal(out, quota.into());
     out.extend_from_slice(b";w=");
-    push_decimal(out, secs);
+    push_decimal(out, window_secs(window));
 }
 
 /// The values as `RateLimitPolicy`'s strings, for comparison in tests.
