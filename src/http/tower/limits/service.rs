@@ -366,8 +366,13 @@ pin_project_lite::pin_project! {
     where
         Svc: Service<Request<ReqBody>>,
     {
+        // The inner future alone in its variant, the fields and the
+        // settlement beside the enum: the inner service's future is then
+        // written where it stays, not copied through a temporary.
         #[pin]
         state: Phase<Svc, ReqBody, B>,
+        fields: Option<Fields>,
+        settle: Option<Settlement>,
     }
 }
 
@@ -384,8 +389,6 @@ pin_project_lite::pin_project! {
         Admitted {
             #[pin]
             future: Svc::Future,
-            fields: Option<Fields>,
-            settle: Option<Settlement>,
         },
         Denied {
             response: Option<Response<B>>,
@@ -397,17 +400,16 @@ impl<Svc, ReqBody, B> LimitedFuture<Svc, ReqBody, B>
 where
     Svc: Service<Request<ReqBody>>,
 {
+    #[inline(always)]
     pub(super) fn admitted(
         future: Svc::Future,
         fields: Option<Fields>,
         settle: Option<Settlement>,
     ) -> Self {
         LimitedFuture {
-            state: Phase::Admitted {
-                future,
-                fields,
-                settle,
-            },
+            state: Phase::Admitted { future },
+            fields,
+            settle,
         }
     }
 
@@ -416,6 +418,8 @@ where
             state: Phase::Denied {
                 response: Some(response),
             },
+            fields: None,
+            settle: None,
         }
     }
 
@@ -428,6 +432,8 @@ where
                 decided,
                 waiting: Some(waiting),
             },
+            fields: None,
+            settle: None,
         }
     }
 }
@@ -440,7 +446,8 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
-            let next = match self.as_mut().project().state.project() {
+            let this = self.as_mut().project();
+            let next = match this.state.project() {
                 PhaseProj::Deciding { decided, waiting } => {
                     let outcome = match decided.as_mut().poll(cx) {
                         Poll::Ready(outcome) => outcome,
@@ -458,27 +465,25 @@ where
                         return Poll::Pending;
                     };
                     match finish(outcome, &request, tickets) {
-                        Finish::Admit(fields, settle) => Phase::Admitted {
-                            future: inner.call(request),
-                            fields,
-                            settle,
-                        },
+                        Finish::Admit(fields, settle) => {
+                            *this.fields = fields;
+                            *this.settle = settle;
+                            Phase::Admitted {
+                                future: inner.call(request),
+                            }
+                        }
                         Finish::Deny(response) => Phase::Denied {
                             response: Some(closing(&request, response)),
                         },
                     }
                 }
-                PhaseProj::Admitted {
-                    future,
-                    fields,
-                    settle,
-                } => {
+                PhaseProj::Admitted { future } => {
                     return match future.poll(cx) {
                         Poll::Ready(Ok(response)) => {
                             let (mut parts, body) = response.into_parts();
-                            let fields = match settle.take() {
+                            let fields = match this.settle.take() {
                                 Some(settlement) => settlement.settle(&parts),
-                                None => fields.take(),
+                                None => this.fields.take(),
                             };
                             if let Some([Some(policy), Some(value)]) = fields {
                                 append_item(&mut parts.headers, RATELIMIT_POLICY, policy);
