@@ -272,7 +272,8 @@ where
             return refused(by, decision, rest, head, n);
         };
         if cx.advertise && !cx.keep {
-            cx.items.push(
+            cx.items.push_at(
+                by,
                 &entry.name,
                 entry.cached.as_ref(),
                 entry.limiter.advertise_for(key),

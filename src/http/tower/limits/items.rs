@@ -11,6 +11,12 @@ pub(super) struct Items {
     pub(super) count: usize,
     /// Whether every policy item was the limit's cached one.
     pub(super) all_cached: bool,
+    /// Whether leading cached policy items may be left unwritten, to be
+    /// read from the layer's [`PolicyLine`] (which then exists).
+    lazy: bool,
+    /// The leading policy items left unwritten: those of limits `0 ..
+    /// skipped`, each its cached item; `policy` holds the items after them.
+    skipped: usize,
 }
 
 impl Default for Items {
@@ -20,7 +26,40 @@ impl Default for Items {
             value: Vec::new(),
             count: 0,
             all_cached: true,
+            lazy: false,
+            skipped: 0,
         }
+    }
+}
+
+/// The whole `RateLimit-Policy` value of a layer whose every limit has a
+/// cached item (no tiers): each limit's item in order, and where each ends.
+pub(super) struct PolicyLine {
+    pub(super) value: HeaderValue,
+    /// `ends[i]`: the end of limit `i`'s item in `value`.
+    pub(super) ends: Box<[usize]>,
+}
+
+impl PolicyLine {
+    /// The line of `items`, one per limit; `None` for no limits, or a
+    /// value a header cannot carry (names are validated, so never).
+    pub(super) fn new(items: &[&[u8]]) -> Option<PolicyLine> {
+        if items.is_empty() {
+            return None;
+        }
+        let mut line = Vec::new();
+        let mut ends = Vec::with_capacity(items.len());
+        for item in items {
+            if !line.is_empty() {
+                line.extend_from_slice(b", ");
+            }
+            line.extend_from_slice(item);
+            ends.push(line.len());
+        }
+        Some(PolicyLine {
+            value: HeaderValue::from_bytes(&line).ok()?,
+            ends: ends.into(),
+        })
     }
 }
 
@@ -48,6 +87,14 @@ impl Cached {
             value: value.into(),
         }
     }
+
+    /// Whether it is the item of what `advertised` says: no tier, the same
+    /// quota and window.
+    #[inline]
+    fn is_for(&self, advertised: &Advertised<'_>) -> bool {
+        advertised.tier.is_none()
+            && (self.quota, self.window) == (advertised.quota, advertised.window)
+    }
 }
 
 /// One limit's state, for its `RateLimit` item.
@@ -57,6 +104,49 @@ pub(super) enum State {
 }
 
 impl Items {
+    /// Items for a walk over the limits in order ([`push_at`](Self::push_at)),
+    /// leaving the leading cached policy items to `line` when there is one.
+    pub(super) fn leaving_to(line: Option<&PolicyLine>) -> Items {
+        Items {
+            lazy: line.is_some(),
+            ..Items::default()
+        }
+    }
+
+    /// [`push`](Self::push) for limit `index`, pushed in order: while every
+    /// item before it was its limit's cached one and left to the line, its
+    /// own cached item is left there too (no bytes written or allocated for
+    /// it: the admitted path of a layer without tiers).
+    #[inline]
+    pub(super) fn push_at(
+        &mut self,
+        index: usize,
+        name: &str,
+        cached: Option<&Cached>,
+        advertised: Option<Advertised<'_>>,
+        state: &State,
+    ) {
+        if self.lazy
+            && index == self.skipped
+            && self.policy.is_empty()
+            && let (Some(cached), Some(advertised)) = (cached, &advertised)
+            && cached.is_for(advertised)
+        {
+            self.skipped += 1;
+            self.count += 1;
+            let value = &mut self.value;
+            if value.is_empty() {
+                *value = Vec::with_capacity(96);
+            } else {
+                value.extend_from_slice(b", ");
+            }
+            value.extend_from_slice(&cached.value);
+            push_state(value, state);
+            return;
+        }
+        self.push(name, cached, advertised, state);
+    }
+
     pub(super) fn push(
         &mut self,
         name: &str,
@@ -69,19 +159,22 @@ impl Items {
         };
         self.count += 1;
         let (policy, value) = (&mut self.policy, &mut self.value);
-        if policy.is_empty() {
-            // Allocated at once, not grown from nothing.
+        // Allocated at once, not grown from nothing. (The value has an item
+        // for every item pushed; the policy may be empty after some, left
+        // to the line by `push_at`.)
+        if value.is_empty() {
             *policy = Vec::with_capacity(96);
             *value = Vec::with_capacity(96);
         } else {
-            policy.extend_from_slice(b", ");
             value.extend_from_slice(b", ");
+            if policy.is_empty() {
+                *policy = Vec::with_capacity(96);
+            } else {
+                policy.extend_from_slice(b", ");
+            }
         }
         match cached {
-            Some(cached)
-                if advertised.tier.is_none()
-                    && (cached.quota, cached.window) == (advertised.quota, advertised.window) =>
-            {
+            Some(cached) if cached.is_for(&advertised) => {
                 policy.extend_from_slice(&cached.item);
                 value.extend_from_slice(&cached.value);
             }
@@ -98,21 +191,16 @@ impl Items {
                 value.extend_from_slice(b";r=");
             }
         }
-        match state {
-            State::Remaining(r) => push_decimal(value, (*r).into()),
-            State::Wait(wait) => {
-                value.extend_from_slice(b"0;t=");
-                push_decimal(value, wait.header_secs());
-            }
-        }
+        push_state(value, state);
     }
 
     /// The two field values; `line` is the whole `RateLimit-Policy` value
-    /// of `limits` limits each with its cached item, shared rather than
-    /// copied when every item written was that.
+    /// of the layer's limits, each with its cached item: shared rather than
+    /// copied when every item written was that, and the source of the
+    /// items left unwritten.
     #[inline]
-    pub(super) fn fields(self, line: Option<&(usize, HeaderValue)>) -> Option<Fields> {
-        if self.policy.is_empty() {
+    pub(super) fn fields(self, line: Option<&PolicyLine>) -> Option<Fields> {
+        if self.count == 0 {
             return None;
         }
         self.values(line)
@@ -121,12 +209,145 @@ impl Items {
     /// [`fields`](Self::fields) for a list with items: out of line, so a
     /// request with nothing to advertise runs only the check above.
     #[inline(never)]
-    fn values(self, line: Option<&(usize, HeaderValue)>) -> Option<Fields> {
+    fn values(self, line: Option<&PolicyLine>) -> Option<Fields> {
         let policy = match line {
-            Some((limits, line)) if self.all_cached && self.count == *limits => Some(line.clone()),
+            Some(line) if self.all_cached && self.count == line.ends.len() => {
+                Some(line.value.clone())
+            }
+            // Items left unwritten are the line's first `skipped`, and it
+            // exists whenever any were.
+            Some(line) if self.skipped > 0 => {
+                let mut bytes = line.value.as_bytes()[..line.ends[self.skipped - 1]].to_vec();
+                if !self.policy.is_empty() {
+                    bytes.extend_from_slice(b", ");
+                    bytes.extend_from_slice(&self.policy);
+                }
+                HeaderValue::from_bytes(&bytes).ok()
+            }
             // Validated names and numbers make valid values.
             _ => HeaderValue::from_bytes(&self.policy).ok(),
         };
         Some([policy, HeaderValue::from_bytes(&self.value).ok()])
+    }
+}
+
+/// A limit's state after its name in its `RateLimit` item: `r`, and `t` when
+/// it waits.
+fn push_state(value: &mut Vec<u8>, state: &State) {
+    match state {
+        State::Remaining(r) => push_decimal(value, (*r).into()),
+        State::Wait(wait) => {
+            value.extend_from_slice(b"0;t=");
+            push_decimal(value, wait.header_secs());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(fields: Option<Fields>, i: usize) -> Option<String> {
+        fields
+            .and_then(|f| f[i].clone())
+            .map(|v| v.to_str().unwrap().to_owned())
+    }
+
+    /// Every combination of what three limits advertise (nothing, their
+    /// cached item's policy, another quota, a tier) and of their states:
+    /// leaving the leading cached items to the line writes the same fields
+    /// as writing every item.
+    #[test]
+    fn items_left_to_the_line_make_the_same_fields_as_items_written() {
+        let windows = [
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            Duration::from_secs(3_600),
+        ];
+        let names = ["key", "ip", "all"];
+        let cached: Vec<Cached> = names
+            .iter()
+            .zip(windows)
+            .enumerate()
+            .map(|(i, (name, window))| Cached::new(name, (10 * (i as u32 + 1), window)))
+            .collect();
+        let items: Vec<&[u8]> = cached.iter().map(|c| &*c.item).collect();
+        let line = PolicyLine::new(&items).expect("a line");
+        assert_eq!(
+            line.value.to_str().unwrap(),
+            r#""key";q=10;w=1, "ip";q=20;w=60, "all";q=30;w=3600"#
+        );
+        // 0: nothing advertised; 1: the cached policy; 2: another quota; 3: a tier.
+        let advertised = |i: usize, how: u32| -> Option<Advertised<'static>> {
+            let (quota, window) = (cached[i].quota, cached[i].window);
+            match how {
+                0 => None,
+                1 => Some(Advertised {
+                    quota,
+                    window,
+                    tier: None,
+                }),
+                2 => Some(Advertised {
+                    quota: quota + 1,
+                    window,
+                    tier: None,
+                }),
+                _ => Some(Advertised {
+                    quota,
+                    window,
+                    tier: Some("paid"),
+                }),
+            }
+        };
+        let mut compared = 0;
+        for combo in 0..4u32.pow(3) {
+            let hows: Vec<u32> = (0..3).map(|i| combo / 4u32.pow(i) % 4).collect();
+            let states = |i: usize| match (combo + i as u32) % 3 {
+                0 => State::Remaining(0),
+                1 => State::Remaining(7 + i as u32),
+                _ => State::Wait(RetryAfter::from_nanos(1_500_000_000)),
+            };
+            let mut written = Items::default();
+            let mut left = Items::leaving_to(Some(&line));
+            for (i, how) in hows.iter().enumerate() {
+                written.push(names[i], Some(&cached[i]), advertised(i, *how), &states(i));
+                left.push_at(
+                    i,
+                    names[i],
+                    Some(&cached[i]),
+                    advertised(i, *how),
+                    &states(i),
+                );
+            }
+            let written = written.fields(Some(&line));
+            let left = left.fields(Some(&line));
+            assert_eq!(
+                field(left.clone(), 0),
+                field(written.clone(), 0),
+                "{hows:?}"
+            );
+            assert_eq!(field(left, 1), field(written.clone(), 1), "{hows:?}");
+            if written.is_some() {
+                compared += 1;
+            }
+        }
+        // All but the combination advertising nothing.
+        assert_eq!(compared, 63);
+    }
+
+    /// The line is what writing each cached item in order would give, and
+    /// each end is the end of its item.
+    #[test]
+    fn a_policy_line_ends_where_each_item_does() {
+        let cached = [
+            Cached::new("a", (5, Duration::from_secs(1))),
+            Cached::new("b", (6, Duration::from_secs(2))),
+        ];
+        let items: Vec<&[u8]> = cached.iter().map(|c| &*c.item).collect();
+        let line = PolicyLine::new(&items).expect("a line");
+        let bytes = line.value.as_bytes();
+        assert_eq!(&bytes[..line.ends[0]], &*cached[0].item);
+        assert_eq!(line.ends[1], bytes.len());
+        assert!(PolicyLine::new(&[]).is_none());
     }
 }

@@ -42,7 +42,7 @@ mod service;
 mod settle;
 
 use decide::{Entry, Limit};
-use items::{Cached, Items};
+use items::{Cached, Items, PolicyLine};
 // `Refund` is named by the Redis limits and the settling of their admissions.
 #[cfg_attr(not(all(feature = "redis", feature = "tokio")), allow(unused_imports))]
 pub(crate) use remote::{BoxFuture, Refund, Remote};
@@ -189,9 +189,10 @@ struct Shared {
     challenge: Option<HeaderValue>,
     /// Write the `RateLimit` fields.
     advertise: bool,
-    /// The whole `RateLimit-Policy` value when every limit advertises what it
-    /// did when added, and how many items it has.
-    policy_line: Option<(usize, HeaderValue)>,
+    /// The whole `RateLimit-Policy` value of the limits' cached items, when
+    /// every limit has one (none has tiers): used while each still
+    /// advertises what it did when added.
+    policy_line: Option<PolicyLine>,
     counts: Tally<COUNTERS>,
     /// Denials by each limit (the first that refused), in order: the
     /// in-process ones, then the remote ones.
@@ -550,11 +551,7 @@ impl LimitsBuilder {
             .map(|_| AtomicU64::new(0))
             .collect();
         let items: Option<Vec<&[u8]>> = self.limits.iter().map(|l| l.cached_item()).collect();
-        let policy_line = items.filter(|items| !items.is_empty()).and_then(|items| {
-            HeaderValue::from_bytes(&items.join(&b", "[..]))
-                .ok()
-                .map(|v| (items.len(), v))
-        });
+        let policy_line = items.and_then(|items| PolicyLine::new(&items));
         Ok(Limits {
             shared: Arc::new(Shared {
                 limits: self.limits,

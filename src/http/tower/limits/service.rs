@@ -68,7 +68,7 @@ where
             // A remote limit may still refuse: the in-process admissions
             // are kept, to give them back then.
             keep: remote || shared.settles(),
-            items: Items::default(),
+            items: Items::leaving_to(shared.policy_line.as_ref()),
             tickets: Vec::new(),
             depth: 0,
             now: None,
