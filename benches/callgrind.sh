@@ -106,7 +106,8 @@ for what in read decide; do
     done
 done
 for case in bare turnstile-admitted turnstile-denied turnstile-fields-admitted combined3-admitted combined3-denied \
-    combined3-nofields-admitted stacked3-admitted stacked3-denied tower_governor-admitted tower_governor-denied; do
+    combined3-nofields-admitted combined1-nofields-admitted stacked3-admitted stacked3-denied tower_governor-admitted \
+    tower_governor-denied; do
     modes+=("layer $case 10000")
 done
 

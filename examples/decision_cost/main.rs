@@ -70,7 +70,7 @@
 //!   calls made before measuring), without a refresher or with one started,
 //!   and an in-process keyed limiter on the same clock (`RealClock`), every
 //!   decision admitted. `N` at most 4,194,303 (half the largest lease).
-//! - `layer bare|turnstile-admitted|turnstile-denied|turnstile-fields-admitted|combined3-admitted|combined3-denied|combined3-nofields-admitted|stacked3-admitted|stacked3-denied|tower_governor-admitted|tower_governor-denied N`:
+//! - `layer bare|turnstile-admitted|turnstile-denied|turnstile-fields-admitted|combined3-admitted|combined3-denied|combined3-nofields-admitted|combined1-nofields-admitted|stacked3-admitted|stacked3-denied|tower_governor-admitted|tower_governor-denied N`:
 //!   sends `N` requests through an axum router, bare or behind a rate-limiting
 //!   layer (callgrind: `--toggle-collect='*requests_measured*'`).
 
@@ -123,7 +123,7 @@ usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cos
   keyed-new turnstile|governor|governor-ahash N: N checks of keys never seen before, from an empty limiter, inside `measured`
   keyed-hot turnstile|turnstile-tiered|turnstile-admitted|turnstile-admitted-coarse|floor-admitted-coarse N: N decisions on one key inside `measured` (tiered: two tiers, per-key quotas; admitted: every check admitted, as in the keyed_hot_key benchmark)
   leased-hot keyed|held|held-refresher N: N decisions on one key inside `measured`: leased with a lease held (no Redis), without and with a refresher, and in-process keyed
-  layer bare|turnstile-admitted|turnstile-denied|turnstile-fields-admitted|combined3-admitted|combined3-denied|combined3-nofields-admitted|stacked3-admitted|stacked3-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router
+  layer bare|turnstile-admitted|turnstile-denied|turnstile-fields-admitted|combined3-admitted|combined3-denied|combined3-nofields-admitted|combined1-nofields-admitted|stacked3-admitted|stacked3-denied|tower_governor-admitted|tower_governor-denied N: N requests through an axum router
   clock read|decide tsc|real|monotonic|coarse N: N readings of a clock, or N admitted decisions on it, inside `measured`
   paired-clocks: each clock's reading and admitted decision, timed in alternating blocks
   paired-layer: the layer cases in pairs (three limits against one, one against tower_governor), timed in alternating blocks";

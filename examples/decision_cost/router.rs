@@ -44,6 +44,11 @@ pub(crate) fn run_layer(which: &str, n: u64) -> ExitCode {
             let _ = layer::poll_ready_now(s.call(layer::request()));
             requests_measured(&mut s, requests);
         }
+        "combined1-nofields-admitted" => {
+            let mut s = layer::combined_one_service();
+            let _ = layer::poll_ready_now(s.call(layer::request()));
+            requests_measured(&mut s, requests);
+        }
         "stacked3-admitted" | "stacked3-denied" => {
             let mut s = layer::stacked_service(which == "stacked3-admitted");
             let _ = layer::poll_ready_now(s.call(layer::request()));
@@ -58,7 +63,7 @@ pub(crate) fn run_layer(which: &str, n: u64) -> ExitCode {
         other => {
             eprintln!(
                 "unknown layer case {other:?}: bare, turnstile-admitted, turnstile-denied, turnstile-fields-admitted, \
-                 combined3-admitted, combined3-denied, combined3-nofields-admitted, stacked3-admitted, stacked3-denied, \
+                 combined3-admitted, combined3-denied, combined3-nofields-admitted, combined1-nofields-admitted, stacked3-admitted, stacked3-denied, \
                  tower_governor-admitted or tower_governor-denied"
             );
             return ExitCode::FAILURE;

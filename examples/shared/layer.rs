@@ -177,6 +177,25 @@ pub fn combined_service_advertising(
         .layer(router())
 }
 
+/// One limit (per API key) in a combined layer, without the fields: the
+/// combined layer's own cost beside one `RateLimitLayer`'s.
+pub fn combined_one_service() -> impl tower::Service<
+    Request<Body>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+> + Clone {
+    let [key, _, _] = three_quotas(true);
+    Limits::builder()
+        .limit(
+            "key",
+            ApiKeyHeader::new(HeaderName::from_static("x-api-key")),
+            KeyedLimiter::<String>::new(key),
+        )
+        .and_then(|b| b.advertise(false).build())
+        .expect("a valid configuration")
+        .layer(router())
+}
+
 /// The same three limits as three stacked layers (the per-key one closest
 /// to the router, as a combined layer asks it first), each advertising its
 /// policy as the combined layer does (its items appended to the inner ones').
