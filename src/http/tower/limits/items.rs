@@ -134,12 +134,7 @@ impl Items {
         {
             self.skipped += 1;
             self.count += 1;
-            let value = &mut self.value;
-            if value.is_empty() {
-                *value = Vec::with_capacity(96);
-            } else {
-                value.extend_from_slice(b", ");
-            }
+            let value = next_item(&mut self.value);
             value.extend_from_slice(&cached.value);
             push_state(value, state);
             return;
@@ -159,19 +154,16 @@ impl Items {
         };
         self.count += 1;
         let (policy, value) = (&mut self.policy, &mut self.value);
-        // Allocated at once, not grown from nothing. (The value has an item
-        // for every item pushed; the policy may be empty after some, left
-        // to the line by `push_at`.)
+        // The value has an item for every item pushed; the policy may be
+        // empty after some, left to the line by `push_at`. (The first item
+        // is found by one test, of the value, rather than one per list: a
+        // denial writes every item through here.)
         if value.is_empty() {
             *policy = Vec::with_capacity(96);
             *value = Vec::with_capacity(96);
         } else {
             value.extend_from_slice(b", ");
-            if policy.is_empty() {
-                *policy = Vec::with_capacity(96);
-            } else {
-                policy.extend_from_slice(b", ");
-            }
+            next_item(policy);
         }
         match cached {
             Some(cached) if cached.is_for(&advertised) => {
@@ -229,6 +221,18 @@ impl Items {
         };
         Some([policy, HeaderValue::from_bytes(&self.value).ok()])
     }
+}
+
+/// `list` ready for its next item: allocated at once when empty (not grown
+/// from nothing), the separator written otherwise.
+#[inline]
+fn next_item(list: &mut Vec<u8>) -> &mut Vec<u8> {
+    if list.is_empty() {
+        *list = Vec::with_capacity(96);
+    } else {
+        list.extend_from_slice(b", ");
+    }
+    list
 }
 
 /// A limit's state after its name in its `RateLimit` item: `r`, and `t` when
