@@ -151,14 +151,26 @@ impl MarkedEventReceiver for Builder {
 }
 
 /// Parse `text`, one document; an empty file is `Null`.
+///
+/// The events are pulled one at a time, not through `Parser::load`: `load`
+/// recurses once per level of nesting, so a file nested a hundred thousand
+/// levels deep (`- - - … x`, a few hundred kilobytes) would overflow the
+/// stack and abort the process (a reload included) before the builder could
+/// refuse it at [`MAX_DEPTH`]. Pulled here, the parser's own state machine
+/// keeps its stack on the heap, and parsing stops at the first error.
 pub(crate) fn parse(text: &str) -> Result<Node, SyntaxError> {
     let mut builder = Builder::default();
     let mut parser = Parser::new_from_str(text);
-    if let Err(error) = parser.load(&mut builder, true) {
-        return Err(SyntaxError {
+    loop {
+        let (event, mark) = parser.next_token().map_err(|error| SyntaxError {
             line: error.marker().line(),
             message: error.info().to_string(),
-        });
+        })?;
+        let end = event == Event::StreamEnd;
+        builder.on_event(event, mark);
+        if end || builder.error.is_some() {
+            break;
+        }
     }
     if let Some(error) = builder.error {
         return Err(error);
