@@ -22,6 +22,7 @@
 //!
 //! A configuration error names the file and line and what to change.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as MapEntry;
 use std::fmt;
@@ -168,7 +169,10 @@ impl Config {
             first_seen.insert(domain.clone(), (file.clone(), root.line));
             let mut level = Level::default();
             if let Some(descriptors) = fields.get("descriptors") {
-                let loader = Loader { backend };
+                let loader = Loader {
+                    backend,
+                    names: RefCell::new(HashMap::new()),
+                };
                 loader
                     .level(&mut level, descriptors, &domain)
                     .map_err(|(l, m)| at(l, m))?;
@@ -307,6 +311,13 @@ fn number(node: &Node, what: &str, max: u64) -> Located<u64> {
 
 struct Loader<'b> {
     backend: &'b dyn Backend,
+    /// Each limit's name (`domain.key_value...`), with the line of its
+    /// descriptor. The name is a limit's identity beyond the file: its
+    /// Redis keys, its state kept across a reload, its metrics series. Two
+    /// different descriptors can spell one name (`key: a, value: b_c` and
+    /// `key: a_b, value: c`; `key: a.b` and `a` above `b`), and would then
+    /// share one state: refused instead.
+    names: RefCell<HashMap<String, usize>>,
 }
 
 impl Loader<'_> {
@@ -359,6 +370,7 @@ impl Loader<'_> {
             if let Some(children) = fields.get("descriptors") {
                 self.level(&mut tree.children, children, &path)?;
             }
+            let named = tree.rule.is_some();
             let duplicate = || {
                 (
                     item.line,
@@ -388,6 +400,14 @@ impl Loader<'_> {
                         slot.insert(tree);
                     }
                 }
+            }
+            if named && let Some(first) = self.names.borrow_mut().insert(path.clone(), item.line) {
+                return Err((
+                    item.line,
+                    format!(
+                        "the limit '{path}' has the name of the limit at line {first}: a limit's name keys its state (its Redis keys, its metrics series), so rename a key or value of one"
+                    ),
+                ));
             }
         }
         Ok(())

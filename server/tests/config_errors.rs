@@ -68,6 +68,18 @@ fn each_error_names_its_file_and_line() {
             "limits.yaml:3:",
             "anchors and aliases",
         ),
+        // Two descriptors that spell one limit name, `d.a_b_c`.
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    value: b_c\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: a_b\n    value: c\n    rate_limit: {unit: second, requests_per_unit: 9}\n",
+            "limits.yaml:6:",
+            "the limit 'd.a_b_c' has the name of the limit at line 3",
+        ),
+        // `a.b`, and `b` below `a`: both `d.a.b`.
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 1}\n  - key: a.b\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+            "limits.yaml:7:",
+            "the limit 'd.a.b' has the name of the limit at line 5",
+        ),
     ];
     for (yaml, at, what) in cases {
         let message = error_of(yaml);
@@ -110,4 +122,22 @@ fn the_binary_exits_non_zero_with_the_message() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let expected = format!("{}:5: invalid unit 'week'", dir.join("bad.yaml").display());
     assert!(stderr.contains(&expected), "{stderr}");
+}
+
+/// A file nested far deeper than the 64 levels allowed is refused with its
+/// line, not parsed by recursion until the stack overflows (which would abort
+/// the process, a running server reloading it included).
+#[test]
+fn a_file_nested_a_hundred_thousand_levels_deep_is_an_error_not_a_crash() {
+    // Run on a thread with a small stack, as a reload's blocking task has:
+    // nesting that recursed would overflow it long before 100,000 levels.
+    let deep = format!("domain: d\ndescriptors:\n{}x\n", "- ".repeat(100_000));
+    let message = std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(move || error_of(&deep))
+        .expect("a thread")
+        .join()
+        .expect("no stack overflow, no panic");
+    assert!(message.starts_with("limits.yaml:3:"), "{message}");
+    assert!(message.contains("nested too deeply"), "{message}");
 }
