@@ -19,6 +19,12 @@
 //! Both run every algorithm of the configuration on the key and state of
 //! turnstile's exact scripts.
 //!
+//! A check without spending (a descriptor's `hits_addend` set to 0, or
+//! `is_negative_hits`) calls no script: the scripts have no read-only form
+//! yet, so it is answered `OK` with what this replica holds as the remaining
+//! (a leased key's tokens here; 0 in exact mode), even where the limit in
+//! Redis is spent. The in-process backend answers it `OVER_LIMIT` then.
+//!
 //! # Failures
 //!
 //! Every call has a deadline ([`Deadlines`]); a call that fails or runs past

@@ -378,8 +378,11 @@ impl RateLimitService {
     /// Hits: the request's `hits_addend`, where 0 (unset) counts 1; a
     /// descriptor's own `hits_addend`, when set, overrides it, and an explicit
     /// 0 checks without spending (`OVER_LIMIT` when not even one permit is
-    /// left). `is_negative_hits` (a give-back) is answered as a check: nothing
-    /// is spent or returned.
+    /// left, with the in-process backend; the Redis backends have no
+    /// read-only call yet and answer a check `OK` with what this replica
+    /// holds as the remaining: see [`RedisBackend`](crate::redis_backend::RedisBackend)).
+    /// `is_negative_hits` (a give-back) is answered as a check: nothing is
+    /// spent or returned.
     ///
     /// # Errors
     ///
@@ -534,7 +537,7 @@ impl RateLimitService {
                     status.duration_until_reset = Some(pb_duration(reset));
                     self.metrics
                         .decided(&request.domain, rule, entries(), Counted::Ok);
-                    Outcome::Admitted { remaining }
+                    Some(Outcome::Admitted { remaining })
                 }
                 Verdict::Denied { retry_after: wait } => {
                     status.duration_until_reset = wait.map(pb_duration);
@@ -552,13 +555,20 @@ impl RateLimitService {
                             .decided(&request.domain, rule, entries(), Counted::OverLimit);
                         status.code = Code::OverLimit as i32;
                         response.overall_code = Code::OverLimit as i32;
-                        let wait = wait.unwrap_or(Duration::ZERO);
-                        retry_after = Some(retry_after.map_or(wait, |w| w.max(wait)));
+                        // No wait (more hits than the limit can ever hold, or
+                        // a limit of 0): no retry helps, so no `Retry-After`
+                        // of 0 inviting one at once. Another descriptor's
+                        // wait, if any, still gives the field.
+                        if let Some(wait) = wait {
+                            retry_after = Some(retry_after.map_or(wait, |w| w.max(wait)));
+                        }
                     }
-                    let nanos = wait.map_or(0, |w| u64::try_from(w.as_nanos()).unwrap_or(u64::MAX));
-                    Outcome::TooManyRequests {
-                        retry_after: RetryAfter::from_nanos(nanos),
-                    }
+                    // `None`: never admitted.
+                    wait.map(|wait| Outcome::TooManyRequests {
+                        retry_after: RetryAfter::from_nanos(
+                            u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX),
+                        ),
+                    })
                 }
             };
             if let Some(policy) = rule
@@ -568,6 +578,9 @@ impl RateLimitService {
                 .filter(|_| self.headers)
             {
                 policies.push(policy.policy_value());
+                // Never admitted: `r=0` and no `t`, as no time passes after
+                // which this request is admitted.
+                let outcome = outcome.unwrap_or(Outcome::Admitted { remaining: 0 });
                 values.extend(policy.value(&outcome));
             }
             response.statuses.push(status);

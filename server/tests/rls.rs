@@ -533,6 +533,73 @@ descriptors:
     rls.stop().await;
 }
 
+/// More hits than a limit can ever hold (or a limit of 0) are refused with
+/// no `Retry-After` and no `t`: a wait of 0 would invite an immediate retry
+/// that is refused again, forever. Beside a descriptor refused with a wait,
+/// the field is that one's.
+#[tokio::test]
+async fn a_request_never_admitted_is_told_no_time_to_retry() {
+    let yaml = "\
+domain: h
+descriptors:
+  - key: user
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+  - key: closed
+    rate_limit: { unit: minute, requests_per_unit: 0 }
+";
+    let mut rls = start(
+        &[("h.yaml", yaml)],
+        Options {
+            headers: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    let header = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
+                  k: &str| {
+        r.response_headers_to_add
+            .iter()
+            .find(|h| h.key == k)
+            .map(|h| h.value.clone())
+    };
+    let too_many = with_hits(descriptor(&[("user", "u")]), 3);
+    let r = rls.decide(request("h", vec![too_many.clone()])).await;
+    assert!(!overall_ok(&r));
+    assert!(over(&r.statuses[0]));
+    assert_eq!(reset_nanos(&r.statuses[0]), None);
+    assert_eq!(header(&r, "Retry-After"), None);
+    assert_eq!(header(&r, "RateLimit").as_deref(), Some("\"h.user\";r=0"));
+    // Nothing was spent: the two permits are still there.
+    let r = rls
+        .decide(request(
+            "h",
+            vec![with_hits(descriptor(&[("user", "u")]), 2)],
+        ))
+        .await;
+    assert!(overall_ok(&r));
+
+    let r = rls
+        .decide(request("h", vec![descriptor(&[("closed", "c")])]))
+        .await;
+    assert!(!overall_ok(&r));
+    assert_eq!(header(&r, "Retry-After"), None);
+
+    // Beside a descriptor refused with a wait (the spent user), the wait.
+    let r = rls
+        .decide(request(
+            "h",
+            vec![descriptor(&[("closed", "c")]), descriptor(&[("user", "u")])],
+        ))
+        .await;
+    assert!(!overall_ok(&r));
+    let secs: u64 = header(&r, "Retry-After")
+        .expect("the spent user's wait")
+        .parse()
+        .expect("whole seconds");
+    assert!((1..=60).contains(&secs), "{secs}");
+    rls.stop().await;
+}
+
 #[tokio::test]
 async fn bounds_are_invalid_argument() {
     let bounds = Bounds::default();
