@@ -1,26 +1,387 @@
 //! `envoy.service.ratelimit.v3.RateLimitService` over tonic.
+//!
+//! The server is written here rather than taken from the generated
+//! `RateLimitServiceServer` for one reason: the generated one decodes every
+//! request with prost's codec before any code of the service sees it, and
+//! decoding is where a hostile request costs memory. An empty descriptor is
+//! two bytes on the wire and a `RateLimitDescriptor` of tens of bytes in
+//! memory, so a request of the largest accepted size (4 MiB) made of two
+//! million of them would be decoded into over a hundred megabytes before
+//! [`Bounds`] refused it, once per request in flight. [`BoundedCodec`] counts descriptors and entries in the encoded
+//! bytes first ([`check_encoded`]) and refuses a request past its bounds
+//! with `INVALID_ARGUMENT` without decoding it; only then does prost decode.
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService as Rls;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
+use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 
-use crate::service::RateLimitService;
+use crate::service::{Bounds, RateLimitService, RequestError};
 
-/// The gRPC face of a [`RateLimitService`].
+/// The gRPC service's full name, as Envoy calls it.
+pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// The one method's path.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The gRPC face of a [`RateLimitService`]: a tonic service for
+/// `tonic::transport::Server::add_service`, refusing a request of more
+/// than `max_message` bytes, or past the service's [`Bounds`], before it is
+/// decoded.
 #[derive(Clone, Debug)]
-pub struct GrpcService(pub Arc<RateLimitService>);
+pub struct GrpcService {
+    service: Arc<RateLimitService>,
+    max_message: usize,
+}
 
-#[tonic::async_trait]
-impl Rls for GrpcService {
-    async fn should_rate_limit(
-        &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        match self.0.should_rate_limit(request.get_ref()).await {
-            Ok(response) => Ok(Response::new(response)),
-            Err(error) => Err(Status::invalid_argument(error.to_string())),
+impl GrpcService {
+    /// Serve `service`, with messages of at most `max_message` bytes.
+    pub fn new(service: Arc<RateLimitService>, max_message: usize) -> GrpcService {
+        GrpcService {
+            service,
+            max_message,
+        }
+    }
+}
+
+impl NamedService for GrpcService {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+/// The unary method `ShouldRateLimit`.
+struct ShouldRateLimit(Arc<RateLimitService>);
+
+impl UnaryService<RateLimitRequest> for ShouldRateLimit {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
+
+    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
+        let service = Arc::clone(&self.0);
+        Box::pin(async move {
+            match service.should_rate_limit(request.get_ref()).await {
+                Ok(response) => Ok(Response::new(response)),
+                Err(error) => Err(Status::invalid_argument(error.to_string())),
+            }
+        })
+    }
+}
+
+impl<B> Service<http::Request<B>> for GrpcService
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            // As tonic's generated servers answer an unknown method.
+            return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
+        }
+        let codec = BoundedCodec {
+            bounds: self.service.bounds(),
+        };
+        let method = ShouldRateLimit(Arc::clone(&self.service));
+        let max_message = self.max_message;
+        Box::pin(async move {
+            let mut grpc = Grpc::new(codec).apply_max_message_size_config(Some(max_message), None);
+            Ok(grpc.unary(method, request).await)
+        })
+    }
+}
+
+/// prost's codec, with the request's descriptors and entries counted in its
+/// encoded bytes before it is decoded.
+#[derive(Clone, Copy, Debug)]
+pub struct BoundedCodec {
+    bounds: Bounds,
+}
+
+impl Codec for BoundedCodec {
+    type Encode = RateLimitResponse;
+    type Decode = RateLimitRequest;
+    type Encoder = ResponseEncoder;
+    type Decoder = BoundedDecoder;
+
+    fn encoder(&mut self) -> ResponseEncoder {
+        ResponseEncoder
+    }
+
+    fn decoder(&mut self) -> BoundedDecoder {
+        BoundedDecoder {
+            bounds: self.bounds,
+        }
+    }
+}
+
+/// Encodes a response with prost.
+#[derive(Debug)]
+pub struct ResponseEncoder;
+
+impl Encoder for ResponseEncoder {
+    type Item = RateLimitResponse;
+    type Error = Status;
+
+    fn encode(&mut self, item: RateLimitResponse, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(dst)
+            .map_err(|error| Status::internal(error.to_string()))
+    }
+}
+
+/// Checks a request's encoded bytes against the bounds, then decodes it with
+/// prost.
+#[derive(Debug)]
+pub struct BoundedDecoder {
+    bounds: Bounds,
+}
+
+impl Decoder for BoundedDecoder {
+    type Item = RateLimitRequest;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<RateLimitRequest>, Status> {
+        use prost::bytes::Buf;
+        // The whole message, which tonic has buffered in one `BytesMut`:
+        // taken without a copy.
+        let bytes = src.copy_to_bytes(src.remaining());
+        check_encoded(&bytes, &self.bounds)
+            .map_err(|error| Status::invalid_argument(error.to_string()))?;
+        RateLimitRequest::decode(bytes)
+            .map(Some)
+            .map_err(|error| Status::internal(error.to_string()))
+    }
+}
+
+/// Count a `RateLimitRequest`'s descriptors, and each descriptor's entries,
+/// in its protobuf encoding, without decoding it: a request past `bounds`
+/// in either is refused as [`RateLimitService::should_rate_limit`] would
+/// refuse it decoded (the same [`RequestError`], counts included). Bytes
+/// that are not a valid encoding are left to the decoder to refuse: this
+/// only counts.
+///
+/// # Errors
+///
+/// [`RequestError::TooManyDescriptors`] or [`RequestError::TooManyEntries`].
+pub fn check_encoded(bytes: &[u8], bounds: &Bounds) -> Result<(), RequestError> {
+    // `RateLimitRequest.descriptors` is field 2; `RateLimitDescriptor.entries`
+    // field 1; both length-delimited.
+    let mut descriptors = 0;
+    let mut first_over = None;
+    for (field, value) in Fields(bytes) {
+        if field != (2, LEN) {
+            continue;
+        }
+        let entries = Fields(value).filter(|(f, _)| *f == (1, LEN)).count();
+        if entries > bounds.max_entries && first_over.is_none() {
+            first_over = Some((descriptors, entries));
+        }
+        descriptors += 1;
+    }
+    if descriptors > bounds.max_descriptors {
+        return Err(RequestError::TooManyDescriptors {
+            count: descriptors,
+            max: bounds.max_descriptors,
+        });
+    }
+    match first_over {
+        Some((descriptor, count)) => Err(RequestError::TooManyEntries {
+            descriptor,
+            count,
+            max: bounds.max_entries,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The wire type of a length-delimited field.
+const LEN: u8 = 2;
+
+/// The fields of one protobuf message: `((number, wire type), payload)`,
+/// the payload of a length-delimited field its bytes (other fields' payloads
+/// are skipped, given as empty). Stops at the first malformed byte.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = ((u64, u8), &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let key = varint(&mut self.0)?;
+        let wire = (key & 7) as u8;
+        let number = key >> 3;
+        let payload: &[u8] = match wire {
+            // VARINT
+            0 => {
+                varint(&mut self.0)?;
+                &[]
+            }
+            // I64, I32
+            1 | 5 => {
+                let size = if wire == 1 { 8 } else { 4 };
+                self.0 = self.0.get(size..)?;
+                &[]
+            }
+            LEN => {
+                let length = usize::try_from(varint(&mut self.0)?).ok()?;
+                let (payload, rest) = self.0.split_at_checked(length)?;
+                self.0 = rest;
+                payload
+            }
+            // Groups (3, 4) are not in these messages; anything else is
+            // malformed.
+            _ => return None,
+        };
+        Some(((number, wire), payload))
+    }
+}
+
+/// Read a base-128 varint off the front of `bytes`.
+fn varint(bytes: &mut &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    for i in 0..10 {
+        let (&byte, rest) = bytes.split_first()?;
+        *bytes = rest;
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+    use envoy_types::pb::google::protobuf::UInt64Value;
+
+    fn descriptor(entries: usize) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: (0..entries)
+                .map(|i| Entry {
+                    key: format!("k{i}"),
+                    value: format!("v{i}"),
+                })
+                .collect(),
+            limit: Some(RateLimitOverride {
+                requests_per_unit: 300,
+                unit: 2,
+            }),
+            hits_addend: Some(UInt64Value { value: 7 }),
+            is_negative_hits: false,
+        }
+    }
+
+    fn encoded(descriptors: Vec<RateLimitDescriptor>) -> Vec<u8> {
+        RateLimitRequest {
+            domain: "edge".to_string(),
+            descriptors,
+            hits_addend: 3,
+        }
+        .encode_to_vec()
+    }
+
+    /// The counts in the bytes are the decoded request's, so the check
+    /// answers as the check on the decoded request does.
+    #[test]
+    fn the_encoded_counts_are_the_decoded_ones() {
+        let bounds = Bounds::default();
+        for (descriptors, entries) in [(1, 1), (64, 16), (65, 1), (3, 17), (0, 0), (200, 40)] {
+            let mut list: Vec<_> = (0..descriptors).map(|_| descriptor(1)).collect();
+            if let Some(last) = list.last_mut() {
+                *last = descriptor(entries);
+            }
+            let bytes = encoded(list);
+            let expected = if descriptors > bounds.max_descriptors {
+                Err(RequestError::TooManyDescriptors {
+                    count: descriptors,
+                    max: bounds.max_descriptors,
+                })
+            } else if entries > bounds.max_entries {
+                Err(RequestError::TooManyEntries {
+                    descriptor: descriptors - 1,
+                    count: entries,
+                    max: bounds.max_entries,
+                })
+            } else {
+                Ok(())
+            };
+            assert_eq!(
+                check_encoded(&bytes, &bounds),
+                expected,
+                "{descriptors} x {entries}"
+            );
+        }
+    }
+
+    /// Two million empty descriptors (two bytes each) are counted, not
+    /// decoded.
+    #[test]
+    fn empty_descriptors_by_the_million_are_refused_from_their_bytes() {
+        let mut bytes = encoded(Vec::new());
+        for _ in 0..2_000_000 {
+            bytes.extend_from_slice(&[0x12, 0x00]);
+        }
+        assert_eq!(
+            check_encoded(&bytes, &Bounds::default()),
+            Err(RequestError::TooManyDescriptors {
+                count: 2_000_000,
+                max: 64
+            })
+        );
+        // And a descriptor of a million empty entries.
+        let mut inner = Vec::new();
+        for _ in 0..1_000_000 {
+            inner.extend_from_slice(&[0x0a, 0x00]);
+        }
+        let mut bytes = encoded(Vec::new());
+        bytes.push(0x12);
+        let mut length = inner.len() as u64;
+        while length >= 0x80 {
+            bytes.push((length as u8) | 0x80);
+            length >>= 7;
+        }
+        bytes.push(length as u8);
+        bytes.extend_from_slice(&inner);
+        assert_eq!(
+            check_encoded(&bytes, &Bounds::default()),
+            Err(RequestError::TooManyEntries {
+                descriptor: 0,
+                count: 1_000_000,
+                max: 16
+            })
+        );
+    }
+
+    /// Malformed bytes are not this check's to refuse: counting stops, and
+    /// the decoder reports them.
+    #[test]
+    fn malformed_bytes_are_left_to_the_decoder() {
+        let bounds = Bounds::default();
+        for bytes in [
+            &[0x12][..],
+            &[0x12, 0x05, 0x00],
+            &[0xff; 11],
+            &[0x0b],
+            &[
+                0x12, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+            ],
+        ] {
+            assert_eq!(check_encoded(bytes, &bounds), Ok(()), "{bytes:?}");
+            assert!(RateLimitRequest::decode(bytes).is_err(), "{bytes:?}");
         }
     }
 }

@@ -5,7 +5,6 @@ use std::future::Future;
 use std::io;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
@@ -16,6 +15,12 @@ use crate::service::RateLimitService;
 /// The largest gRPC message or HTTP body accepted (default 4 MiB, tonic's
 /// default): a request beyond it is refused before it is decoded in full.
 pub const DEFAULT_MAX_MESSAGE: usize = 4 << 20;
+
+/// Requests in flight on one gRPC connection (HTTP/2's
+/// `SETTINGS_MAX_CONCURRENT_STREAMS`; a client such as Envoy queues or opens
+/// another connection past it). tonic's default is none, so one connection
+/// could hold any number of requests of up to the message size at once.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
 
 /// Serve `service` on `grpc` (and `http`, if given) until `shutdown`
 /// completes; requests in flight are answered before this returns.
@@ -44,14 +49,12 @@ where
     };
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RateLimitServiceServer<GrpcService>>()
-        .await;
-    let rls = RateLimitServiceServer::new(GrpcService(Arc::clone(&service)))
-        .max_decoding_message_size(max_message);
+    health.set_serving::<GrpcService>().await;
+    let rls = GrpcService::new(Arc::clone(&service), max_message);
     let grpc_stop = stopped(stop_rx.clone());
     let grpc_task = tokio::spawn(async move {
         tonic::transport::Server::builder()
+            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
             .add_service(health_service)
             .add_service(rls)
             .serve_with_incoming_shutdown(TcpIncoming::from(grpc), grpc_stop)

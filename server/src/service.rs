@@ -272,6 +272,11 @@ impl RateLimitService {
         }
     }
 
+    /// The bounds requests are held to.
+    pub fn bounds(&self) -> Bounds {
+        self.bounds
+    }
+
     /// Honour descriptors' `limit` overrides, as envoyproxy/ratelimit does:
     /// in a configured domain, a descriptor that carries one is decided
     /// against `requests_per_unit` per `unit` in a fixed window (its

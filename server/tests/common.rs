@@ -8,8 +8,10 @@
     missing_debug_implementations
 )]
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -170,4 +172,34 @@ pub fn reset_nanos(status: &DescriptorStatus) -> Option<u64> {
         .duration_until_reset
         .as_ref()
         .map(|d| d.seconds as u64 * 1_000_000_000 + d.nanos as u64)
+}
+
+/// The system allocator, counting the bytes held and the most held at once,
+/// so that a test can bound what a request made the process hold (a test
+/// binary installs it with `#[global_allocator]`).
+pub struct Counting;
+
+pub static HELD: AtomicUsize = AtomicUsize::new(0);
+pub static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded to `System` unchanged; the counters are
+// only arithmetic on the sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as `System::alloc`, with the caller's layout.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            // Relaxed: statistics, read after the request has completed.
+            let held = HELD.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(held, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        // SAFETY: as `System::dealloc`, with the caller's pointer and layout.
+        unsafe { System.dealloc(p, layout) };
+        // Relaxed: statistics only.
+        HELD.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
 }

@@ -343,7 +343,12 @@ async fn an_unreadable_directory_keeps_the_configuration_and_counts_once() {
         one(&mut rls.client, "added").await.statuses[0].limit_remaining,
         2
     );
-    std::fs::remove_dir_all(&dir).unwrap();
+    // Gone at once (a rename is atomic): removed file by file, a poll
+    // between could see a directory whose file had just gone, another
+    // broken version, counted on its own.
+    let away = dir.with_extension("away");
+    std::fs::rename(&dir, &away).unwrap();
+    std::fs::remove_dir_all(&away).unwrap();
     wait_reloads(&rls.service, 0, 1).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
