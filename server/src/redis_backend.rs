@@ -39,8 +39,9 @@
 //! # Keys
 //!
 //! A limit's keys are `PREFIX:ALGORITHM:FULL_KEY:` followed by the
-//! descriptor's values (each after its length): the domain, the descriptor
-//! path and the value, so that limits never share a key, and a limit whose
+//! descriptor's values (each after its length; beyond 64 bytes, `#` and
+//! their SHA-1): the domain, the descriptor path and the value, so that
+//! limits never share a key, and a limit whose
 //! algorithm changes starts on keys of its own rather than reading another
 //! algorithm's state. No hash tag: each decision touches one key, so on a
 //! Redis Cluster one limit's keys spread over the nodes.

@@ -517,11 +517,11 @@ impl RateLimitService {
                     None => default_hits,
                 }
             };
-            let key = if matches!(overridden.get(i), Some(Some(Some(_)))) {
+            let key = compact(if matches!(overridden.get(i), Some(Some(Some(_)))) {
                 override_key(descriptor)
             } else {
                 counter_key(descriptor)
-            };
+            });
             let verdict = match &rule.state {
                 Some(state) => state.decide(&key, hits).await,
                 // A limit of 0 per unit.
@@ -641,6 +641,29 @@ fn override_key(descriptor: &RateLimitDescriptor) -> String {
         }
     }
     key
+}
+
+/// The longest key held as it is; a longer one is held as its hash.
+pub const MAX_KEY_HELD: usize = 64;
+
+/// `key` itself up to [`MAX_KEY_HELD`] bytes, and beyond it `#` and the
+/// SHA-1 of the key in hex (41 bytes). A key's entries are bounded only by
+/// [`Bounds`] (16 entries of up to 1 KiB each by default, with their keys in
+/// an override limit): held whole, a limit's `--max-keys` keys could take
+/// gigabytes. Hashed, every key costs at most 64 bytes of text, and two
+/// keys meet only by a SHA-1 collision, which no client can make with an
+/// input that other clients' keys are. The hash is the same in every
+/// replica (the Redis backends name their keys with it). A held key begins
+/// with a digit (its first value's length) or is empty, so no key held as it
+/// is reads as a hashed one.
+fn compact(key: String) -> String {
+    if key.len() <= MAX_KEY_HELD {
+        return key;
+    }
+    let mut hashed = String::with_capacity(41);
+    hashed.push('#');
+    hashed.push_str(&sha1_smol::Sha1::from(key.as_bytes()).digest().to_string());
+    hashed
 }
 
 /// An override's unit, if this service keeps it.
