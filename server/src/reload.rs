@@ -196,23 +196,35 @@ impl Reloader {
             tokio::select! {
                 _ = &mut stop => return,
                 _ = tick.tick() => {
-                    let (this, service) = (Arc::clone(&self), Arc::clone(&service));
+                    let (this, shared) = (Arc::clone(&self), Arc::clone(&service));
                     // File reads and limiter conversions: off the runtime's workers.
-                    let result = tokio::task::spawn_blocking(move || this.poll(&service)).await;
-                    if let Ok(result) = result {
-                        report(result);
+                    let result = tokio::task::spawn_blocking(move || this.poll(&shared)).await;
+                    match result {
+                        Ok(result) => report(result),
+                        Err(failed) => crashed(&service, &failed),
                     }
                 }
                 _ = hup => {
-                    let (this, service) = (Arc::clone(&self), Arc::clone(&service));
-                    let result = tokio::task::spawn_blocking(move || this.reload(&service)).await;
-                    if let Ok(result) = result {
-                        report(result.map(|()| Reload::Loaded));
+                    let (this, shared) = (Arc::clone(&self), Arc::clone(&service));
+                    let result = tokio::task::spawn_blocking(move || this.reload(&shared)).await;
+                    match result {
+                        Ok(result) => report(result.map(|()| Reload::Loaded)),
+                        Err(failed) => crashed(&service, &failed),
                     }
                 }
             }
         }
     }
+}
+
+/// A reload that panicked (a defect: no configuration should make one): the
+/// configuration in force stays, and the failure is reported and counted as
+/// a reload error rather than lost with its task.
+fn crashed(service: &RateLimitService, failed: &tokio::task::JoinError) {
+    service.metrics().reload_failed();
+    eprintln!(
+        "turnstile-server: configuration not reloaded (the previous one stays in force): the reload failed: {failed}"
+    );
 }
 
 fn fingerprint(files: &[(String, String)]) -> u64 {
