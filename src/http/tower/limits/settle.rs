@@ -330,13 +330,22 @@ pub(super) async fn settle_one(
 }
 
 /// Take up to `want` permits for `key` from a remote limit, which answers
-/// all or nothing: the largest batch it admits, halving from what is asked
-/// (at most one call per halving). The permits taken, and those not.
+/// all or nothing: batches from what is asked (at most the capacity), the
+/// batch halved after each refusal and kept after each admission, in at most
+/// [`remote_calls`] calls. The permits taken, and those not.
+///
+/// The bound on calls is what keeps this to what the limit holds now: a
+/// batch no larger than what the limit refills during one call is admitted
+/// call after call, and without a bound a drain (`want` = `u32::MAX`) would
+/// go on taking the refill for days.
 #[cfg(all(feature = "redis", feature = "tokio"))]
 pub(super) async fn remote_take_up_to(limit: &dyn Remote, key: &[u8], want: u32) -> (u32, u32) {
     let mut left = want;
     let mut ask = want.min(limit.capacity());
-    while left > 0 && ask > 0 {
+    for _ in 0..remote_calls(limit.capacity()) {
+        if left == 0 || ask == 0 {
+            break;
+        }
         let (decision, _) = limit.take(key.to_vec(), ask).await;
         if decision.is_allowed() {
             left -= ask;
@@ -346,6 +355,15 @@ pub(super) async fn remote_take_up_to(limit: &dyn Remote, key: &[u8], want: u32)
         }
     }
     (want - left, left)
+}
+
+/// The most calls [`remote_take_up_to`] makes on a limit of `capacity`: two
+/// per halving of the capacity down to one (one admitted, one refused), so
+/// that a limit holding any amount can be emptied by whole batches when
+/// nothing refills it meanwhile.
+#[cfg(all(feature = "redis", feature = "tokio"))]
+pub(super) fn remote_calls(capacity: u32) -> u32 {
+    2 * (u32::BITS - capacity.leading_zeros()) + 1
 }
 
 impl Settled {
@@ -364,5 +382,120 @@ impl Settled {
                 shared.counts.add_n(which, slot, n);
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "redis", feature = "tokio"))]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::super::remote::{BoxFuture, Refund, Remote};
+    use super::*;
+    use crate::decision::{Decision, RetryAfter};
+
+    /// A remote limit of `capacity` holding `holds` permits, which refills
+    /// `refill` permits before answering each call (a limit that refills
+    /// during every round trip), counting the calls.
+    struct Refilling {
+        capacity: u32,
+        holds: AtomicU32,
+        refill: u32,
+        calls: AtomicU32,
+    }
+
+    impl Remote for Refilling {
+        fn name(&self) -> &str {
+            "fleet"
+        }
+        fn capacity(&self) -> u32 {
+            self.capacity
+        }
+        fn missing(&self, _: &RequestHead<'_>) -> Option<Denial> {
+            None
+        }
+        fn challenge(&self) -> HeaderValue {
+            HeaderValue::from_static("x")
+        }
+        fn key(&self, _: &RequestHead<'_>) -> Option<Vec<u8>> {
+            Some(b"k".to_vec())
+        }
+        fn advertise(&self) -> Option<(u32, Duration)> {
+            None
+        }
+        fn take(&self, _: Vec<u8>, n: u32) -> BoxFuture<(Decision, Option<Refund>)> {
+            // Relaxed: one task calls, in order.
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let holds = (self.holds.load(Ordering::Relaxed) + self.refill).min(self.capacity);
+            let decision = if n <= holds {
+                self.holds.store(holds - n, Ordering::Relaxed);
+                Decision::Allowed {
+                    remaining: holds - n,
+                }
+            } else {
+                self.holds.store(holds, Ordering::Relaxed);
+                Decision::Denied {
+                    retry_after: RetryAfter::from_nanos(1),
+                }
+            };
+            Box::pin(async move { (decision, None) })
+        }
+    }
+
+    fn run<T>(future: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+            .block_on(future)
+    }
+
+    /// A drain on a limit that refills 9 permits during each call (a bucket
+    /// of 10,000 a second, a round trip of a millisecond) ends after a
+    /// bounded number of calls, where it went on taking the refill until it
+    /// had four billion permits.
+    #[test]
+    fn a_drain_of_a_limit_that_refills_every_call_ends() {
+        let limit = Refilling {
+            capacity: 10_000,
+            holds: AtomicU32::new(10_000),
+            refill: 9,
+            calls: AtomicU32::new(0),
+        };
+        let (taken, short) = run(remote_take_up_to(&limit, b"k", u32::MAX));
+        let calls = limit.calls.load(Ordering::Relaxed);
+        assert!(calls <= remote_calls(10_000), "{calls} calls");
+        assert_eq!(remote_calls(10_000), 29);
+        assert!(taken >= 10_000, "the bucket's whole content: {taken}");
+        assert_eq!(taken + short, u32::MAX);
+    }
+
+    /// With nothing refilled, a drain empties any content in whole batches
+    /// within the bound, and a cost takes what is held and no more.
+    #[test]
+    fn without_refills_a_drain_empties_the_limit() {
+        for (capacity, holds) in [
+            (1, 1),
+            (10, 9),
+            (10_000, 10_000),
+            (10_000, 6_789),
+            (u32::MAX, 12_345),
+        ] {
+            let limit = Refilling {
+                capacity,
+                holds: AtomicU32::new(holds),
+                refill: 0,
+                calls: AtomicU32::new(0),
+            };
+            let (taken, _) = run(remote_take_up_to(&limit, b"k", u32::MAX));
+            assert_eq!(taken, holds, "capacity {capacity}");
+            assert_eq!(limit.holds.load(Ordering::Relaxed), 0);
+            assert!(limit.calls.load(Ordering::Relaxed) <= remote_calls(capacity));
+        }
+        let limit = Refilling {
+            capacity: 100,
+            holds: AtomicU32::new(30),
+            refill: 0,
+            calls: AtomicU32::new(0),
+        };
+        assert_eq!(run(remote_take_up_to(&limit, b"k", 50)), (30, 20));
     }
 }
