@@ -867,3 +867,36 @@ fn window_minimums_are_as_documented() {
     assert_eq!(sliding(65_535, ms(65)), Some(us(65_536)));
     assert_eq!(sliding(65_535, us(65_536)), None);
 }
+
+/// A quota of one permit per 584.5 years (2^64 ns and some) is valid; its
+/// GCRA interval does not fit 64 bits of nanoseconds and saturates. It was
+/// cut to 64 bits: 290 ms, a meter admitting three a second.
+#[test]
+fn a_gcra_period_past_64_bits_of_nanoseconds_saturates_not_wraps() {
+    for period in [
+        Duration::from_secs(18_446_744_074),
+        Duration::from_micros(18_446_744_073_709_552),
+        Duration::from_secs(1 << 40),
+    ] {
+        let Ok(quota) = Quota::with_period(period) else {
+            continue;
+        };
+        let gcra = Gcra::new(quota);
+        assert_eq!(
+            gcra.emission_interval(),
+            Duration::from_nanos(u64::MAX),
+            "{period:?}"
+        );
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::from_parts(gcra, clock.clone());
+        let mut admitted = 0;
+        for _ in 0..1_000 {
+            clock.advance(Duration::from_millis(10));
+            admitted += u32::from(limiter.try_acquire().is_allowed());
+        }
+        assert!(
+            admitted <= 1,
+            "{admitted} admitted in 10 s at one per 584 years"
+        );
+    }
+}

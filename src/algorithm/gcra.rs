@@ -74,9 +74,18 @@ impl Gcra {
     pub const fn new(quota: Quota) -> Gcra {
         let period = quota.period().as_nanos();
         let amount = quota.amount() as u128;
-        // A valid quota has `amount >= 1` and a period of at least 1 µs, within
-        // `2^47` µs, so the interval is between 1 and 2^57 ns.
-        let interval = period.div_ceil(if amount == 0 { 1 } else { amount }) as u64;
+        // A valid quota has `amount >= 1` and a period of at least 1 µs; a
+        // small capacity allows a period of up to 2^62 µs (146,000 years for
+        // one permit), whose interval does not fit 64 bits of nanoseconds. It
+        // saturates (a meter that admits its burst and then nothing within the
+        // clock's range): cut to 64 bits instead, it wrapped to an interval of
+        // a few nanoseconds, millions of permits a second.
+        let interval = period.div_ceil(if amount == 0 { 1 } else { amount });
+        let interval = if interval > u64::MAX as u128 {
+            u64::MAX
+        } else {
+            interval as u64
+        };
         let interval = match NonZeroU64::new(interval) {
             Some(interval) => interval,
             None => NonZeroU64::MIN,
