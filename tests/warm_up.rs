@@ -589,6 +589,12 @@ fn bad_parameters_are_typed_errors() {
     let slow = Quota::new(100, 1, Duration::from_secs(1_000)).unwrap();
     let err = WarmUp::new(slow, Duration::from_secs(1_000 * 131_071), 3.0).unwrap_err();
     assert!(matches!(err, WarmUpError::ColdFillTooLong { .. }), "{err}");
+    // A period longer than the half span the heat bits leave (2^46 µs and a
+    // bit, with a capacity of 16 bits): refused, where a debug build
+    // overflowed a subtraction first.
+    let long = Quota::new(65_535, 65_535, Duration::from_micros((1 << 46) + 1)).unwrap();
+    let err = WarmUp::new(long, Duration::from_micros(1), 2.0).unwrap_err();
+    assert!(matches!(err, WarmUpError::ColdFillTooLong { .. }), "{err}");
 }
 
 #[test]

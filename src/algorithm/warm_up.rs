@@ -314,7 +314,11 @@ impl WarmUp {
             amount: NonZeroU64::new(u64::from(quota.amount())).unwrap_or(NonZeroU64::MIN),
             period: NonZeroU64::new(period).unwrap_or(NonZeroU64::MIN),
             half: layout.half_range(),
-            refill_window: layout.half_range() - period.max(1),
+            // Saturating: the heat bits can leave a half range shorter than
+            // the period, a warm-up refused below (`ColdFillTooLong`) before
+            // this is read; subtracted, it overflowed first (a panic in a
+            // debug build).
+            refill_window: layout.half_range().saturating_sub(period.max(1)),
             ramp: 0,
             // Below 2^1 * 2^20 * 2^24.
             den: NonZeroU64::new(2 * cold * periods).unwrap_or(NonZeroU64::MIN),
