@@ -523,6 +523,32 @@ async fn drain_when_empties_the_allowance() {
     );
 }
 
+/// A drain empties a tiered key's own allowance, whatever its tier's size:
+/// a paid key holding 99 after its request holds nothing after the upstream's
+/// 429 (each take was capped at the smallest tier's capacity, 10, four
+/// times, and left 59).
+#[tokio::test]
+async fn drain_when_empties_a_tiered_keys_own_allowance() {
+    let layer = Limits::builder()
+        .limit("api", api_key(), tiers())
+        .unwrap()
+        .drain_when(|parts| parts.status == StatusCode::TOO_MANY_REQUESTS)
+        .build()
+        .unwrap();
+    let mut service = layer.clone().layer(echo());
+    let mut upstream_429 = request(Some("paid_1"), "10.0.0.1:1");
+    upstream_429
+        .headers_mut()
+        .insert("x-answer", "429".parse().unwrap());
+    let r = send(&mut service, upstream_429).await;
+    assert_eq!(r.status(), 429, "the upstream's own answer");
+    // 99 held after the request (the tiers run on the real clock: a refill
+    // of a token every 10 ms may land while this runs, on a slow machine).
+    let r = param(&list(r.headers(), "ratelimit"), "api.paid", "r");
+    assert!(r <= Some(1), "{r:?}");
+    assert!(layer.stats().drained >= 90, "{:?}", layer.stats());
+}
+
 /// One limit of a random combined layer: a global or a keyed token bucket.
 #[derive(Clone, Debug)]
 struct Spec {

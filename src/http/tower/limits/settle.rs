@@ -162,7 +162,10 @@ where
         let State::Remaining(holds) = now_state(limiter, key, 1) else {
             break;
         };
-        let ask = left.min(holds).min(limiter.min_capacity());
+        // What the key holds is within its own capacity (a tier's, for
+        // tiers): no cap at the smallest tier's, which left a paid key
+        // holding 100 with 60 after a drain that took 4 × 10.
+        let ask = left.min(holds);
         if ask == 0 {
             break;
         }
