@@ -108,12 +108,20 @@ fn bad_policies_and_requests_are_typed_errors() {
         RateLimitPolicy::new("ok", 1, Duration::from_millis(999)),
         Err(PolicyError::Window(Duration::from_millis(999)))
     );
-    // The longest windows saturate at u64::MAX whole seconds.
-    for window in [Duration::MAX, Duration::new(u64::MAX, 1)] {
-        let policy = RateLimitPolicy::new("long", 1, window).unwrap();
+    // The longest window a structured field can carry: 15 digits. One
+    // second more (up to `Duration::MAX`) is refused: written, `w` was not
+    // a valid integer and a strict parser refused the whole field.
+    let longest = Duration::from_secs(RateLimitPolicy::MAX_WINDOW_SECS);
+    let policy = RateLimitPolicy::new("long", 1, longest).unwrap();
+    assert_eq!(policy.policy_value(), "\"long\";q=1;w=999999999999999");
+    for window in [
+        longest + Duration::from_nanos(1),
+        Duration::MAX,
+        Duration::new(u64::MAX, 1),
+    ] {
         assert_eq!(
-            policy.policy_value(),
-            format!("\"long\";q=1;w={}", u64::MAX)
+            RateLimitPolicy::new("long", 1, window),
+            Err(PolicyError::Window(window))
         );
     }
     let (gate, _) = gate(3, Duration::from_secs(1), 10);

@@ -51,7 +51,9 @@ pub enum PolicyError {
     /// The name must be 1 to 64 characters from `A-Z a-z 0-9 _ - .`, so that
     /// it is safe inside a quoted header string.
     Name(String),
-    /// The window must be at least one second (the fields count whole seconds).
+    /// The window must be at least one second (the fields count whole
+    /// seconds) and at most [`RateLimitPolicy::MAX_WINDOW_SECS`] (the largest integer of a
+    /// structured field has 15 digits).
     Window(Duration),
 }
 
@@ -62,9 +64,11 @@ impl fmt::Display for PolicyError {
                 f,
                 "policy name {name:?}: use 1 to 64 characters from A-Z, a-z, 0-9, '_', '-', '.'"
             ),
-            PolicyError::Window(window) => {
-                write!(f, "policy window {window:?}: it must be at least 1 second")
-            }
+            PolicyError::Window(window) => write!(
+                f,
+                "policy window {window:?}: it must be from 1 second to {} seconds",
+                RateLimitPolicy::MAX_WINDOW_SECS
+            ),
         }
     }
 }
@@ -72,19 +76,27 @@ impl fmt::Display for PolicyError {
 impl std::error::Error for PolicyError {}
 
 impl RateLimitPolicy {
+    /// The longest policy window, in seconds: the largest integer a
+    /// structured field can carry (15 digits, RFC 9651), some 31.7 million
+    /// years.
+    pub const MAX_WINDOW_SECS: u64 = 999_999_999_999_999;
+
     /// A policy called `name` of `quota` units per `window` (whole seconds,
     /// rounded up).
     ///
     /// # Errors
     ///
     /// [`PolicyError::Name`] for a name that could break the header's syntax,
-    /// [`PolicyError::Window`] for a window under one second.
+    /// [`PolicyError::Window`] for a window under one second or over
+    /// [`MAX_WINDOW_SECS`](Self::MAX_WINDOW_SECS) (written, it would not be a structured-field
+    /// integer, and a strict parser would refuse the whole field, other
+    /// layers' items with it).
     pub fn new(name: &str, quota: u32, window: Duration) -> Result<RateLimitPolicy, PolicyError> {
         let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
         if name.is_empty() || name.len() > 64 || !name.chars().all(valid) {
             return Err(PolicyError::Name(name.chars().take(80).collect()));
         }
-        if window < Duration::from_secs(1) {
+        if window < Duration::from_secs(1) || window_secs(window) > Self::MAX_WINDOW_SECS {
             return Err(PolicyError::Window(window));
         }
         Ok(RateLimitPolicy {
