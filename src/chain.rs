@@ -1,5 +1,8 @@
 //! Several limiters deciding as one: a request is admitted only if every stage
-//! admits it, and a denial anywhere leaves no permit taken anywhere.
+//! admits it, and a denial anywhere gives back the permits earlier stages
+//! took, by the exact-or-decline rule: never more than was taken, and a
+//! stage that cannot give them back exactly (rarely, under contention) keeps
+//! them spent (see "What is atomic and what is not" below).
 //!
 //! ```
 //! use std::time::Duration;
@@ -232,7 +235,8 @@ impl fmt::Debug for ChainAdmission<'_> {
 
 /// [`try_acquire`], keeping the receipts so that the admission can be given
 /// back later ([`ChainAdmission::refund`]). A denial is `Err`, with what
-/// [`try_acquire`] would have answered; nothing stays taken. Unlike
+/// [`try_acquire`] would have answered; the earlier stages' permits are given
+/// back as [`try_acquire`] gives them back. Unlike
 /// [`try_acquire`], it allocates (one receipt per stage).
 ///
 /// ```

@@ -125,7 +125,13 @@ type Validator = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 ///
 /// The key is the value with the spaces around it trimmed; inside, it may
 /// hold spaces and tabs besides visible ASCII, so that `Authorization:
-/// Bearer <token>` is keyed by the whole value. A missing header, a value
+/// Bearer <token>` is keyed by the whole value. The whole value, as sent:
+/// `Bearer T`, `bearer T` and `Bearer  T` are three keys, though an
+/// authenticator that compares the scheme without case (as RFC 9110 has it)
+/// accepts all three as one credential. Where clients could so multiply
+/// their allowance, key on the token the authentication validated (an
+/// extractor of your own, or a [`validate`](ApiKeyHeader::validate) that
+/// admits only the one spelling). A missing header, a value
 /// with any other byte, an empty one or one longer than the maximum (128
 /// bytes by default; raise it with [`max_len`](ApiKeyHeader::max_len) for
 /// longer credentials such as tokens) has no key: 401, with the challenge

@@ -4,7 +4,10 @@
 //! # The walk
 //!
 //! Every limit's key is found before any permit is taken, so a request
-//! without one spends nothing; and each key is extracted once. The walk
+//! without one spends nothing; and on the way to an admission each key is
+//! extracted once (a denial extracts the keys of the limits after the one
+//! that denied again, to ask them for their waits and items, and a request
+//! without a key the extractor again, for its 401). The walk
 //! goes down the limits in order ([`Limit::walk`]), each frame extracting
 //! its key and keeping it on its own stack frame, then handing the next
 //! frame a [`Prefix`]: the takes of every limit so far, in order. The last

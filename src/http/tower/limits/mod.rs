@@ -119,16 +119,22 @@ type CostOf = Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>;
 /// request refused in-process costs no call). A request is decided as
 /// follows:
 ///
-/// 1. **Keys first.** Every limit's key is extracted, once, before any
+/// 1. **Keys first.** Every limit's key is extracted before any
 ///    permit is taken: a request without one is answered 401 (or 500 for a server
 ///    misconfiguration, [`KeyExtractor::misconfiguration`]) and spends
 ///    nothing anywhere.
 /// 2. **All or nothing, in order.** Limits are asked in the order they were
 ///    added. When limit `i` denies, the permits limits `0..i` took go back,
 ///    by the chain's exact-or-decline rule (see [`chain`](crate::chain):
-///    never more than was taken; rarely, under contention, a token bucket or
-///    GCRA keeps them spent rather than risk giving back too much). Put the
-///    limit most likely to deny first (usually the per-key one).
+///    never more than was taken; a token bucket or GCRA whose word another
+///    decision changed in between keeps them spent rather than risk giving
+///    back too much). Between in-process limits that window is nanoseconds
+///    and a kept permit rare. Limits in Redis are asked after every
+///    in-process one, so there the window is a round trip: when a Redis
+///    limit refuses, a busy in-process word (a global limit, a hot key)
+///    has usually been changed meanwhile and keeps the permit; size such a
+///    limit knowing that requests the Redis limit refuses can spend it. Put
+///    the limit most likely to deny first (usually the per-key one).
 /// 3. **The longest wait.** A denial answers 429 (503 when a new key met a
 ///    full key bound) with the longest retry-after of the limit that denied
 ///    and of every later limit that would deny too: a client that waits that
