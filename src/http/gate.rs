@@ -758,7 +758,8 @@ impl<L> Gate<L> {
 
     /// `outcome` as an HTTP response with an empty body (feature `tower`,
     /// for the `http` crate's types): its status, and the fields of
-    /// [`headers`](Self::headers). For a handler that calls the gate itself
+    /// [`headers`](Self::headers) (with a derived policy, use
+    /// [`headers_for`](Self::headers_for) the key: see there). For a handler that calls the gate itself
     /// and answers a denial at once (an admitted request gets the handler's
     /// own response, with [`headers`](Self::headers) added if a policy is
     /// set).
@@ -796,6 +797,15 @@ impl<L> Gate<L> {
     /// seconds, rounded up) on 429 and 503, and the `RateLimit` fields when a
     /// policy is set. Empty (and not allocated) for an admitted request without
     /// a policy.
+    ///
+    /// The policy is [`policy`](Self::policy): the one set by hand, or the
+    /// snapshot taken when the policy was derived. A derived policy of tiers
+    /// has no snapshot (each key has its tier's: no fields here), and one of
+    /// a live limiter is the quota of the moment it was derived, which a
+    /// quota changed since makes stale (a `RateLimit` remaining above its
+    /// policy's quota). With a derived policy, send
+    /// [`headers_for`](Self::headers_for) the request's key instead, which
+    /// reads the key's limit now.
     pub fn headers(&self, outcome: &Outcome) -> Vec<(&'static str, String)> {
         let mut headers = Vec::new();
         if let Some(secs) = outcome.retry_after_secs() {
