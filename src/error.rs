@@ -67,6 +67,19 @@ pub enum QuotaError {
         /// above about 6.56 × 10^10 per second).
         min_burst: u64,
     },
+    /// A refill brings more tokens than the bucket holds (`amount >
+    /// capacity`, from [`Quota::new`](crate::Quota::new) or a
+    /// [`burst`](crate::Quota::burst) below the refill): the tokens past the
+    /// capacity would be dropped, so a token bucket would run at `capacity`
+    /// per period, below the rate asked for, while GCRA kept the rate.
+    AmountAboveCapacity {
+        /// The bucket's capacity.
+        capacity: u32,
+        /// The tokens each refill brings.
+        amount: u32,
+        /// The refill period.
+        period: Duration,
+    },
     /// A window algorithm's limit (or a concurrency limit) was 0.
     ZeroLimit,
     /// A fair queue (`Fair::new`, feature `tokio`) was given room for 0
@@ -179,6 +192,14 @@ impl fmt::Display for QuotaError {
                  refills in whole time units, and one unit's refill would overflow it; \
                  the smallest burst that keeps it is {min_burst} (a burst above 65535 \
                  counts time in coarser units and needs proportionally more)"
+            ),
+            QuotaError::AmountAboveCapacity {
+                capacity,
+                amount,
+                period,
+            } => write!(
+                f,
+                "a refill of {amount} tokens every {period:?} into a bucket of {capacity}:                  the tokens past the capacity would be dropped and the rate silently                  lowered; make the capacity at least {amount}, or for a rate per second                  with a small burst use Quota::per_second_with_burst, which picks a refill                  that fits"
             ),
             QuotaError::ZeroLimit => {
                 f.write_str("limit is 0; it must be between 1 and 4294967295 permits")

@@ -62,7 +62,8 @@ impl Quota {
     /// # Errors
     ///
     /// [`QuotaError::ZeroCapacity`], [`QuotaError::ZeroAmount`],
-    /// [`QuotaError::ZeroPeriod`], [`QuotaError::PeriodResolution`] for a period
+    /// [`QuotaError::ZeroPeriod`], [`QuotaError::AmountAboveCapacity`] for a
+    /// refill larger than the bucket, [`QuotaError::PeriodResolution`] for a period
     /// that is not a whole number of the capacity's time unit, and
     /// [`QuotaError::FillTimeTooLong`] when refilling from empty takes longer than
     /// the packed word can measure (see [`Quota::max_fill_time`]).
@@ -256,7 +257,11 @@ impl Quota {
     /// [`QuotaError::ZeroCapacity`]; [`QuotaError::BurstResolution`] when the
     /// new capacity is above 65,535 and its coarser time unit does not divide the
     /// period (the error names the capacity and the largest burst the period
-    /// allows); [`QuotaError::FillTimeTooLong`].
+    /// allows); [`QuotaError::AmountAboveCapacity`] for a burst below the
+    /// quota's refill amount (a high rate refills in batches:
+    /// `Quota::per_second(1_000_000)` brings 16 tokens every 16 µs, so a
+    /// burst of 10 would drop 6 of them each time; ask
+    /// [`Quota::per_second_with_burst`] instead); [`QuotaError::FillTimeTooLong`].
     pub fn burst(self, capacity: u32) -> Result<Quota, QuotaError> {
         let unit = Layout::for_capacity(capacity).unit_micros();
         if capacity != 0 && !self.period_micros.is_multiple_of(unit) {
@@ -338,6 +343,13 @@ impl Quota {
         }
         if period_micros == 0 {
             return Err(QuotaError::ZeroPeriod);
+        }
+        if amount > capacity {
+            return Err(QuotaError::AmountAboveCapacity {
+                capacity,
+                amount,
+                period: Duration::from_micros(period_micros),
+            });
         }
         let layout = Layout::for_capacity(capacity);
         let unit = layout.unit_micros();

@@ -540,10 +540,10 @@ fn every_algorithm_fails_open_to_its_local_share() {
         let elapsed = start.elapsed();
         let stats = leased.stats();
         // The share of 2 processes, from empty: one every 20 ms (a fixed
-        // window's share: 50 at once every 200 ms).
+        // window's share: 50 at once every 100 ms, half the window's limit).
         let micros = elapsed.as_micros() as u64;
         let most = match kind {
-            "fixed" => 50 * (micros / 200_000 + 1),
+            "fixed" => 50 * (micros / 100_000 + 1),
             _ => micros.div_ceil(20_000),
         };
         eprintln!(

@@ -454,3 +454,41 @@ fn a_ten_gigabyte_a_second_bucket_refills_exactly_its_rate() {
         .expect("not full yet");
     assert_eq!(wait.duration(), unit * u32::try_from(units).unwrap());
 }
+
+/// A refill larger than the bucket is refused: the token bucket would drop
+/// what it cannot hold and run below the rate asked for, while GCRA of the
+/// same quota kept it. A high rate refills in batches, so a small burst is
+/// asked with `per_second_with_burst`, which picks a refill that fits.
+#[test]
+fn a_refill_larger_than_the_bucket_is_refused() {
+    assert_eq!(
+        Quota::new(1, 10, Duration::from_secs(1)),
+        Err(QuotaError::AmountAboveCapacity {
+            capacity: 1,
+            amount: 10,
+            period: Duration::from_secs(1)
+        })
+    );
+    let fast = Quota::per_second(1_000_000).unwrap();
+    assert_eq!(
+        (fast.amount(), fast.period()),
+        (16, Duration::from_micros(16))
+    );
+    let err = fast.burst(10).unwrap_err();
+    assert!(matches!(
+        err,
+        QuotaError::AmountAboveCapacity {
+            capacity: 10,
+            amount: 16,
+            ..
+        }
+    ));
+    assert!(err.to_string().contains("per_second_with_burst"), "{err}");
+    let small = Quota::per_second_with_burst(1_000_000, 10).unwrap();
+    assert_eq!(
+        (small.capacity(), small.amount(), small.period()),
+        (10, 1, Duration::from_micros(1))
+    );
+    // A refill as large as the bucket is a fixed window's: accepted.
+    assert!(Quota::new(10, 10, Duration::from_secs(1)).is_ok());
+}

@@ -235,7 +235,15 @@ pub(crate) fn bucket_quota(rate: u32, unit: Unit, burst: Option<u32>) -> Result<
         Unit::Day => Quota::per_day(rate)?,
     };
     match burst {
-        Some(burst) if burst != quota.capacity() => quota.burst(burst),
+        Some(burst) if burst != quota.capacity() => match (quota.burst(burst), unit) {
+            // A high rate refills in batches larger than a small burst (a
+            // million a second: 16 tokens every 16 µs); per second, a refill
+            // that fits the burst keeps the rate.
+            (Err(QuotaError::AmountAboveCapacity { .. }), Unit::Second) => {
+                Quota::per_second_with_burst(u64::from(rate), burst)
+            }
+            (result, _) => result,
+        },
         _ => Ok(quota),
     }
 }

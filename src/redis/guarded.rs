@@ -47,7 +47,12 @@ impl OnFailure {
     /// it: a token bucket per key with `capacity / processes` tokens (at least
     /// one) refilled `processes` times slower, so that the processes together
     /// admit no more than `quota` would (but when the capacity is below the
-    /// number of processes: one token each).
+    /// number of processes: one token each). A refill that fits the share's
+    /// bucket comes whole, `processes` times less often; a larger one (a
+    /// fixed window's share: its whole limit each window) comes as often as
+    /// the quota's, `processes` times smaller (rounded down; when that is
+    /// less than one token, one token, as many periods apart as the share
+    /// allows).
     ///
     /// ```
     /// use std::time::Duration;
@@ -70,11 +75,23 @@ impl OnFailure {
             return Err(QuotaError::ZeroProcesses);
         }
         let capacity = (quota.capacity() / processes).max(1);
-        let share = Quota::new(
-            capacity,
-            quota.amount(),
-            quota.period().saturating_mul(processes),
-        )?;
+        let (amount, period) = if quota.amount() <= capacity {
+            (quota.amount(), quota.period().saturating_mul(processes))
+        } else if quota.amount() >= processes {
+            // A refill larger than the share's bucket (a fixed window's share:
+            // its whole limit each window) is split, not slowed: slowed, the
+            // bucket dropped what it could not hold and ran at a fraction of
+            // its share. `amount / processes` tokens (rounded down: never
+            // more than the share) each period, within the share's capacity
+            // (`amount <= quota's capacity`, so the quotient fits).
+            ((quota.amount() / processes).min(capacity), quota.period())
+        } else {
+            // Fewer tokens a refill than processes: one token, as many
+            // periods apart as it takes to stay within the share.
+            let periods = processes.div_ceil(quota.amount());
+            (1, quota.period().saturating_mul(periods))
+        };
+        let share = Quota::new(capacity, amount, period)?;
         Ok(OnFailure::Local(KeyedLimiter::new(share)))
     }
 
@@ -1046,6 +1063,44 @@ fn deny_for(wait: Duration) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fixed window's share: its limit split per window, not its window
+    /// lengthened. Lengthened (a refill of the whole limit into a bucket of
+    /// the share, `processes` times less often), the bucket dropped what it
+    /// could not hold: 100 per second over 4 processes ran at 6.25 per
+    /// second each, a quarter of the share.
+    #[test]
+    fn a_fixed_windows_share_is_its_limit_split_per_window() {
+        let fixed = crate::FixedWindow::new(100, Duration::from_secs(1)).unwrap();
+        let OnFailure::Local(local) = OnFailure::local_share_of(fixed, 4).unwrap() else {
+            panic!("a local share");
+        };
+        let share = local.algorithm().quota();
+        assert_eq!(
+            (share.capacity(), share.amount(), share.period()),
+            (25, 25, Duration::from_secs(1))
+        );
+        // 3 processes: 33 a second each (rounded down, never above the share).
+        let OnFailure::Local(local) = OnFailure::local_share_of(fixed, 3).unwrap() else {
+            panic!("a local share");
+        };
+        let share = local.algorithm().quota();
+        assert_eq!(
+            (share.amount(), share.period()),
+            (33, Duration::from_secs(1))
+        );
+        // A refill of 3 over 4 processes: one token every 2 periods (0.5 per
+        // period, within the share's 0.75).
+        let quota = Quota::new(3, 3, Duration::from_secs(1)).unwrap();
+        let OnFailure::Local(local) = OnFailure::local_share(quota, 4).unwrap() else {
+            panic!("a local share");
+        };
+        let share = local.algorithm().quota();
+        assert_eq!(
+            (share.capacity(), share.amount(), share.period()),
+            (1, 1, Duration::from_secs(2))
+        );
+    }
 
     #[test]
     fn a_local_share_divides_the_burst_and_the_rate() {

@@ -441,9 +441,7 @@ mod tests {
             let global = RedisLimiter::new(
                 "mark",
                 TokenBucket::new(
-                    crate::Quota::per_second(1_000_000_000)
-                        .and_then(|q| q.burst(MAX_LEASE))
-                        .unwrap(),
+                    crate::Quota::per_second_with_burst(1_000_000_000, MAX_LEASE).unwrap(),
                 ),
             )
             .unwrap();
