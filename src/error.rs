@@ -103,6 +103,15 @@ pub enum QuotaError {
         /// The shortest window this limit allows.
         min: Duration,
     },
+    /// A sliding window's limit (or a live window's ceiling) leaves no bits
+    /// for the window number beside its two counts: no window can be kept
+    /// for it, whatever its length. `max` is the largest limit that can.
+    LimitTooLarge {
+        /// The limit (or ceiling) asked for.
+        limit: u32,
+        /// The largest this algorithm keeps.
+        max: u32,
+    },
     /// The window is longer than any window a word can hold: `2^47` µs
     /// (4.46 years).
     WindowTooLong {
@@ -219,6 +228,10 @@ impl fmt::Display for QuotaError {
                 "a window of {window:?} is too short for a limit of {limit}: the packed \
                  word needs windows of at least {min:?} for that limit; lengthen the \
                  window or lower the limit"
+            ),
+            QuotaError::LimitTooLarge { limit, max } => write!(
+                f,
+                "a limit of {limit} leaves the packed word no room for a window of any                  length; this algorithm keeps limits of at most {max}"
             ),
             QuotaError::WindowTooLong { window, max } => write!(
                 f,

@@ -704,10 +704,21 @@ fn bad_limits_and_windows_are_typed_errors() {
     );
     assert!(err.to_string().contains("65.536ms"), "{err}");
     assert!(FixedWindow::new(u32::MAX, Duration::from_nanos(65_536_000)).is_ok());
-    assert!(matches!(
-        SlidingWindow::new(u32::MAX, second),
-        Err(QuotaError::WindowTooShort { .. })
-    ));
+    // A sliding window's two counts of 32 bits leave no window number: no
+    // window of any length, said so (it named a shortest window of 8.9
+    // years, longer than the longest).
+    for limit in [u32::MAX, 1 << 31] {
+        for window in [second, Duration::from_micros(1 << 47)] {
+            assert_eq!(
+                SlidingWindow::new(limit, window).map(|_| ()),
+                Err(QuotaError::LimitTooLarge {
+                    limit,
+                    max: (1 << 31) - 1
+                })
+            );
+        }
+    }
+    assert!(SlidingWindow::new((1 << 31) - 1, Duration::from_micros(1 << 47)).is_ok());
     assert!(SlidingWindow::new(1_000, Duration::from_micros(16)).is_ok());
     assert!(SlidingWindow::new(1_000, Duration::from_nanos(15_999)).is_err());
 }

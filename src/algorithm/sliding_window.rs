@@ -101,7 +101,9 @@ impl SlidingWindow {
     /// # Errors
     ///
     /// [`QuotaError::ZeroLimit`], [`QuotaError::ZeroWindow`],
-    /// [`QuotaError::WindowTooLong`] above `2^47` µs, and
+    /// [`QuotaError::WindowTooLong`] above `2^47` µs,
+    /// [`QuotaError::LimitTooLarge`] for a limit of `2^31` or more (its two
+    /// counts of 32 bits leave no bit for the window number), and
     /// [`QuotaError::WindowTooShort`] when the two counts leave too few bits for
     /// the window number: a window shorter than `2^(2w - 16)` µs for a limit
     /// of `w` bits (250 ns at 100, 1 µs at 255, 65.5 ms at 65,535; see the

@@ -78,10 +78,19 @@ impl Windows {
         let count_bits = u32::BITS - limit.max(ceiling).leading_zeros();
         // At most 64 bits of counts: `counts <= 2`, `count_bits <= 32`.
         let index_bits = bits.min(u64::BITS).saturating_sub(counts * count_bits);
+        if index_bits == 0 {
+            // No window number at all, whatever the window: not a window too
+            // short (which named a shortest window that was then too long).
+            let widest = bits.min(u64::BITS).saturating_sub(1) / counts.max(1);
+            return Err(QuotaError::LimitTooLarge {
+                limit: limit.max(ceiling),
+                max: u32::try_from((1u64 << widest.min(32)) - 1).unwrap_or(u32::MAX),
+            });
+        }
         // The shortest window whose numbers, wrapped at `2^index_bits`, still span
         // `MIN_SPAN_NANOS`.
         let min = MIN_SPAN_NANOS.div_ceil(1u128 << index_bits.min(127));
-        if index_bits == 0 || nanos < min {
+        if nanos < min {
             let min = u64::try_from(min).unwrap_or(u64::MAX);
             return Err(QuotaError::WindowTooShort {
                 limit,
