@@ -40,9 +40,7 @@ use turnstile::{KeyedLimiter, Quota, TokenBucket};
 
 /// A bucket that never runs dry here: a billion a second, a million at once.
 fn plenty() -> Quota {
-    Quota::per_second(1_000_000_000)
-        .and_then(|q| q.burst(1_000_000))
-        .expect("a valid quota")
+    Quota::per_second_with_burst(1_000_000_000, 1_000_000).expect("a valid quota")
 }
 
 fn connection(server: &redis_server::Server) -> BlockingConnection {

@@ -236,9 +236,7 @@ fn held_lease_cost(client: &redis::Client) {
     let _: redis::RedisResult<()> = redis::cmd("FLUSHALL").query(&mut con);
     // A limit that never runs dry here: leases of 1,000 from a bucket of a
     // billion a second.
-    let plenty = Quota::per_second(1_000_000_000)
-        .and_then(|q| q.burst(1_000_000))
-        .expect("a valid quota");
+    let plenty = Quota::per_second_with_burst(1_000_000_000, 1_000_000).expect("a valid quota");
     let global = RedisLimiter::new("cost", TokenBucket::new(plenty)).expect("exact");
     // With leases of L = 1,000 (prefetch calls included) and of the largest
     // size (a decision while a lease is held: a call per 4 million).

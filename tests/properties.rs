@@ -11,7 +11,8 @@ use proptest::test_runner::FileFailurePersistence;
 use turnstile::{ManualClock, Quota, RateLimiter, TokenBucket};
 
 /// A random valid quota: capacities from 1 to `u32::MAX` (so every token-field
-/// width and time unit), amounts from 1 to past the capacity, periods from one
+/// width and time unit), amounts from 1 to the capacity (a larger refill is
+/// refused: `QuotaError::AmountAboveCapacity`), periods from one
 /// time unit to the longest the word allows.
 fn quotas() -> impl Strategy<Value = Quota> {
     let capacity = prop_oneof![
@@ -31,9 +32,10 @@ fn quotas() -> impl Strategy<Value = Quota> {
         let amount = match kind {
             0 | 1 => 1,
             2 => 1 + a % 4,
-            _ => 1 + a % capacity.saturating_add(4),
+            _ => 1 + a % capacity,
         }
-        .max(min_amount);
+        .max(min_amount)
+        .min(capacity);
         let periods = u64::from(capacity.div_ceil(amount));
         let max_units = (max_fill_units / periods).max(1);
         // Mostly short periods (busy buckets), sometimes anything allowed.

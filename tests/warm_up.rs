@@ -170,7 +170,8 @@ fn configs() -> impl Strategy<Value = (Quota, u64, u64)> {
         ],
     )
         .prop_map(|(c, a, p, n, cold)| {
-            let quota = Quota::new(c, a, Duration::from_micros(p)).unwrap();
+            // A refill is at most the bucket (`AmountAboveCapacity`).
+            let quota = Quota::new(c, a.min(c), Duration::from_micros(p)).unwrap();
             (quota, n, cold)
         })
 }

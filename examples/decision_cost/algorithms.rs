@@ -153,7 +153,8 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
         // for a heat field (21 token bits: up to 7 periods of warm-up).
         "warm-up" => {
             let quota = if allow {
-                quota.burst((1 << 21) - 1).expect("a valid burst")
+                Quota::per_second_with_burst(u64::from(ALLOW_RATE), (1 << 21) - 1)
+                    .expect("a valid burst")
             } else {
                 quota
             };
@@ -165,7 +166,8 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
         // under sustained demand is warm once its warm-up period has passed.
         "warm-up-warm" => {
             let quota = if allow {
-                quota.burst((1 << 21) - 1).expect("a valid burst")
+                Quota::per_second_with_burst(u64::from(ALLOW_RATE), (1 << 21) - 1)
+                    .expect("a valid burst")
             } else {
                 quota
             };

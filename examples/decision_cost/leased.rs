@@ -26,9 +26,7 @@ use crate::measured;
 
 /// A bucket that never runs dry here, and holds the largest lease.
 fn plenty() -> Quota {
-    Quota::per_second(1_000_000_000)
-        .and_then(|q| q.burst(MAX_LEASE))
-        .expect("a valid quota")
+    Quota::per_second_with_burst(1_000_000_000, MAX_LEASE).expect("a valid quota")
 }
 
 /// A connection that answers each lease script call with every token it
