@@ -367,6 +367,18 @@ fn the_builder_refuses_what_could_never_work() {
         .unwrap()
         .limit("a", Global, RateLimiter::new(quota));
     assert!(matches!(twice, Err(LimitsError::DuplicateName(name)) if name == "a"));
+    // A name a tier makes (`api` with tier `free` advertises `api.free`),
+    // either way round: the field would carry two items of one name.
+    let after_tiers = Limits::builder()
+        .limit("api", api_key(), tiers())
+        .unwrap()
+        .limit("api.free", Global, RateLimiter::new(quota));
+    assert!(matches!(after_tiers, Err(LimitsError::DuplicateName(name)) if name == "api.free"));
+    let before_tiers = Limits::builder()
+        .limit("api.paid", Global, RateLimiter::new(quota))
+        .unwrap()
+        .limit("api", api_key(), tiers());
+    assert!(matches!(before_tiers, Err(LimitsError::DuplicateName(name)) if name == "api.paid"));
     let too_dear = Limits::builder()
         .limit("a", Global, RateLimiter::new(quota))
         .unwrap()

@@ -126,7 +126,7 @@ impl LimitsBuilder {
         X::Lookup: RedisKey,
         L: RedisLimit,
     {
-        self.check_name(name)?;
+        self.check_name(name, &[])?;
         self.remote.push(Arc::new(RedisEntry {
             name: name.to_owned(),
             extractor,

@@ -90,6 +90,9 @@ impl Then for Done {
 /// One limit of a [`Limits`] layer, its types erased.
 pub(super) trait Limit: Send + Sync {
     fn name(&self) -> &str;
+    /// The names its items can carry: its own, and for tiers `name.tier` for
+    /// each tier.
+    fn item_names(&self) -> Vec<String>;
     /// The policy item it advertises for every key, when it has no tiers.
     fn cached_item(&self) -> Option<&[u8]>;
     /// The most permits one request can get, whatever its key.
@@ -136,6 +139,14 @@ where
 {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn item_names(&self) -> Vec<String> {
+        let tiers = self.limiter.tier_names();
+        let mut names = Vec::with_capacity(1 + tiers.len());
+        names.push(self.name.clone());
+        names.extend(tiers.iter().map(|tier| format!("{}.{tier}", self.name)));
+        names
     }
 
     fn cached_item(&self) -> Option<&[u8]> {

@@ -55,7 +55,9 @@ pub enum LimitsError {
     /// A limit's name (or `name.tier`, for a limit with tiers) could not be a
     /// policy name in the `RateLimit` fields.
     Name(PolicyError),
-    /// Two limits share a name: their fields could not be told apart.
+    /// Two limits share a name, or one's name is an item name another's tiers
+    /// make (`api` with tier `free` makes `api.free`): their fields could not
+    /// be told apart.
     DuplicateName(String),
     /// [`cost`](LimitsBuilder::cost) of zero, or above the capacity of a
     /// limit (of its smallest tier): no request could ever be admitted.
@@ -74,7 +76,10 @@ impl fmt::Display for LimitsError {
         match self {
             LimitsError::Name(e) => e.fmt(f),
             LimitsError::DuplicateName(name) => {
-                write!(f, "two limits are named {name:?}: give each its own name")
+                write!(
+                    f,
+                    "two limits advertise items named {name:?}: give each its own name"
+                )
             }
             LimitsError::Cost {
                 cost: 0,
@@ -343,7 +348,8 @@ impl LimitsBuilder {
     ///
     /// [`LimitsError::Name`] for a name (or, with tiers, a `name.tier`) that
     /// could break the fields' syntax, [`LimitsError::DuplicateName`] for a
-    /// name already taken.
+    /// name already taken (by a limit, or by a `name.tier` of a limit's
+    /// tiers, either way round).
     pub fn limit<X, L>(self, name: &str, extractor: X, limiter: L) -> Result<Self, LimitsError>
     where
         X: KeyExtractor,
@@ -368,11 +374,7 @@ impl LimitsBuilder {
         X: KeyExtractor,
         L: GateLimiter<X::Lookup> + Send + Sync + 'static,
     {
-        RateLimitPolicy::new(name, 1, Duration::from_secs(1))?;
-        for tier in limiter.tier_names() {
-            RateLimitPolicy::new(&format!("{name}.{tier}"), 1, Duration::from_secs(1))?;
-        }
-        self.check_name(name)?;
+        self.check_name(name, &limiter.tier_names())?;
         let cached = limiter
             .advertise_untiered()
             .map(|advertised| Cached::new(name, advertised));
@@ -385,17 +387,28 @@ impl LimitsBuilder {
         Ok(self)
     }
 
-    /// Refuse a name that could not be a policy name, or one already taken.
-    pub(crate) fn check_name(&self, name: &str) -> Result<(), LimitsError> {
+    /// Refuse a name that could not be a policy name, or one already taken:
+    /// by a limit's name, or by an item name a limit's tiers make
+    /// (`api` with tiers `free` and `paid` takes `api.free` and `api.paid`),
+    /// so that no two items of one field share a name.
+    pub(crate) fn check_name(&self, name: &str, tiers: &[&str]) -> Result<(), LimitsError> {
         RateLimitPolicy::new(name, 1, Duration::from_secs(1))?;
-        let taken = self.limits.iter().map(|l| l.name());
-        if taken
-            .chain(self.remote.iter().map(|r| r.name()))
-            .any(|n| n == name)
-        {
-            return Err(LimitsError::DuplicateName(name.to_owned()));
+        let mut wanted = vec![name.to_owned()];
+        for tier in tiers {
+            let item = format!("{name}.{tier}");
+            RateLimitPolicy::new(&item, 1, Duration::from_secs(1))?;
+            wanted.push(item);
         }
-        Ok(())
+        let taken: Vec<String> = self
+            .limits
+            .iter()
+            .flat_map(|l| l.item_names())
+            .chain(self.remote.iter().map(|r| r.name().to_owned()))
+            .collect();
+        match wanted.into_iter().find(|w| taken.contains(w)) {
+            Some(clash) => Err(LimitsError::DuplicateName(clash)),
+            None => Ok(()),
+        }
     }
 
     /// Charge each request `cost` permits in every limit (1 by default):
