@@ -490,6 +490,18 @@ descriptors:
     rls.stop().await;
 }
 
+/// The value of the response header field `key` Envoy is asked to add.
+fn header(
+    response: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
+    key: &str,
+) -> Option<String> {
+    response
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == key)
+        .map(|h| h.value.clone())
+}
+
 #[tokio::test]
 async fn response_headers_carry_the_policy_and_retry_after() {
     let yaml = "\
@@ -508,13 +520,6 @@ descriptors:
     .await;
     rls.clock.set(Duration::from_millis(59_500));
     let d = || request("h", vec![descriptor(&[("user", "u")])]);
-    let header = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
-                  k: &str| {
-        r.response_headers_to_add
-            .iter()
-            .find(|h| h.key == k)
-            .map(|h| h.value.clone())
-    };
     let r = rls.decide(d()).await;
     assert_eq!(
         header(&r, "RateLimit-Policy").as_deref(),
@@ -555,13 +560,6 @@ descriptors:
         },
     )
     .await;
-    let header = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
-                  k: &str| {
-        r.response_headers_to_add
-            .iter()
-            .find(|h| h.key == k)
-            .map(|h| h.value.clone())
-    };
     let too_many = with_hits(descriptor(&[("user", "u")]), 3);
     let r = rls.decide(request("h", vec![too_many.clone()])).await;
     assert!(!overall_ok(&r));
