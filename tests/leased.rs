@@ -1157,6 +1157,58 @@ fn redis_killed_mid_run_fails_as_configured_and_recovers() {
     drop(server);
 }
 
+/// What a local share admitted while Redis was down is charged to Redis
+/// once it answers, on a limit the load never reaches: the key's next
+/// request after its leases runs an exact call, before leases resume. (The
+/// debt was paid only on the path of a dry bucket: on this limit it was
+/// owed for good.)
+#[test]
+fn a_local_debt_is_paid_before_leases_resume_on_a_limit_never_reached() {
+    let Some(server) = server() else { return };
+    let port = server.port();
+    // 100,000 a second: one replica at most 5,000 a second never drains it.
+    let quota = Quota::new(1_000, 100, MS).unwrap();
+    let global = RedisLimiter::new("debt", TokenBucket::new(quota)).unwrap();
+    let share = Quota::new(5, 1, 50 * MS).unwrap();
+    let open = LeasedBuilder::new(global, 16)
+        .unwrap()
+        .on_failure(OnFailure::local_share(share, 1).unwrap(), 200 * MS)
+        .build()
+        .unwrap();
+    let phase = std::sync::Mutex::new(Phase::default());
+    let deadlines = Deadlines::default()
+        .connect(50 * MS)
+        .unwrap()
+        .response(50 * MS)
+        .unwrap();
+    let client = server.client();
+    let set = |change: &dyn Fn(&mut Phase)| change(&mut phase.lock().unwrap());
+    let (seen, server) = thread::scope(|s| {
+        let replica = s.spawn(|| {
+            let mut con = deadlines.blocking(client.clone());
+            outage_replica(&open, &mut con, &phase)
+        });
+        thread::sleep(Duration::from_millis(300));
+        drop(server); // SIGKILL, then waited for
+        set(&|p| p.down = Some(Instant::now()));
+        thread::sleep(Duration::from_millis(600));
+        let server = spawn_on(port).expect("redis-server restarts on its port");
+        set(&|p| p.up = Some(Instant::now()));
+        thread::sleep(Duration::from_millis(1_000));
+        set(&|p| p.stop = true);
+        (replica.join().unwrap(), server)
+    });
+    let stats = open.stats();
+    eprintln!("{seen:?}\n{stats:?}");
+    assert!(
+        seen.admitted_by_the_policy >= 1,
+        "the share admitted: {seen:?}"
+    );
+    assert!(seen.back_after.is_some(), "leases again: {seen:?}");
+    assert_eq!(stats.owed, 0, "{stats:?}");
+    drop(server);
+}
+
 /// With a refresher thread, prefetches are made on its connection, and idle
 /// leases go back by themselves.
 /// Dropping a refresher's handle wakes its thread: it does not wait out the

@@ -695,6 +695,14 @@ impl<C: Clock> LeasedLimiter<C> {
                 }
             }
             KeyedDecision::Denied { .. } | KeyedDecision::KeyLimit { .. } => {
+                if self.ledger.owes(key) {
+                    // What the local share admitted is charged to Redis by an
+                    // exact call before the key takes a lease again (the
+                    // failover rule): leased first, the debt was paid only
+                    // where the bucket ran dry, and a key that never did
+                    // owed it for good.
+                    return self.exact_or_fallback(key, n);
+                }
                 match self.claim(key, n, Purpose::Miss) {
                     Claim::Spent(decision) => Step::Done(decision),
                     // Another request (or the refresher) is fetching this
