@@ -111,10 +111,12 @@
 //! they send no call twice: redis-rs's own cluster connection resends a call
 //! that timed out (up to 16 times by default), so it could take a script's
 //! tokens as often; the cluster connections here follow only redirections
-//! (`MOVED`, `ASK`). Every entry point that keeps a connection takes any of
-//! them through one sealed trait, [`RedisConnection`] (blocking) or
-//! [`AsyncRedisConnection`] (tokio); the per-call methods take any
-//! `ConnectionLike`.
+//! (`MOVED`, `ASK`). The blocking refresher and the tower layer, which keep
+//! a connection, take any of them through one sealed trait,
+//! [`RedisConnection`] (blocking) or [`AsyncRedisConnection`] (tokio); the
+//! per-call methods and the asynchronous refresher take any `ConnectionLike`
+//! (the refresher: one of these, or a single server's
+//! [`Deadlines::multiplexed`], never redis-rs's own cluster connection).
 //!
 //! # Behind a tower layer
 //!

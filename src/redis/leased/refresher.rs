@@ -232,6 +232,14 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
     /// prefetches and gives back idle leases every idle time (at least every
     /// 10 ms), until the returned handle is aborted. `None` when a refresher
     /// was started already. Must be called within a tokio runtime.
+    ///
+    /// Give it one of the crate's connections
+    /// ([`AsyncRedisConnection`](crate::redis::AsyncRedisConnection)) or a
+    /// single server's multiplexed one
+    /// ([`Deadlines::multiplexed`](crate::redis::Deadlines::multiplexed)),
+    /// none of which sends a call again; not redis-rs's own cluster
+    /// connection, which retries a timed-out command: a lease or a give-back
+    /// script run twice takes or returns its tokens twice.
     pub fn start_refresher_async<Con>(
         self: &Arc<Self>,
         mut con: Con,
