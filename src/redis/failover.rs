@@ -34,7 +34,7 @@ use std::hash::RandomState;
 
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
-use crate::decision::{Decision, RetryAfter};
+use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::keyed::KeyedLimiter;
 use crate::sync::{AtomicU64, Mutex, Ordering, lock};
 
@@ -203,7 +203,14 @@ impl Ledger {
                 if left == 0 {
                     break;
                 }
-                let _ = local.try_uncounted(key, left);
+                if let KeyedDecision::KeyLimit { .. } = local.try_uncounted(key, left) {
+                    // The local limiter has no room for the key: nothing was
+                    // emptied (an absent key reads as a full bucket). Not
+                    // marked emptied, so that a key let in later this
+                    // period is emptied first rather than admitting a
+                    // whole burst; and not admitted now.
+                    return false;
+                }
             }
             entry.drained = period;
         }
@@ -397,6 +404,33 @@ mod tests {
         strikes.cleared();
         assert!(!strikes.struck(true));
         assert!(Strikes::new(0).struck(true), "0 is taken as 1");
+    }
+
+    /// A key the local limiter has no room for is not marked emptied (an
+    /// absent key reads as a full bucket): once room frees up in the same
+    /// period it is emptied before its first local decision, instead of
+    /// admitting its whole burst.
+    #[test]
+    fn a_key_refused_room_is_emptied_once_it_has_some() {
+        let clock = crate::ManualClock::new();
+        let local: KeyedLimiter<Vec<u8>, crate::TokenBucket, crate::ManualClock> =
+            KeyedLimiter::builder(Quota::new(5, 1, Duration::from_secs(1)).unwrap())
+                .clock(clock.clone())
+                .max_keys(1)
+                .build()
+                .unwrap();
+        let ledger = Ledger::default();
+        assert!(ledger.prepare(&local, b"a", 1));
+        assert!(!ledger.prepare(&local, b"b", 1), "no room: not admitted");
+        // `a` refills and is swept: room for `b`, in the same period.
+        clock.advance(Duration::from_secs(60));
+        local.sweep();
+        assert!(ledger.prepare(&local, b"b", 1));
+        assert_eq!(
+            local.remaining(b"b".as_slice()),
+            0,
+            "emptied, not a full burst"
+        );
     }
 
     #[test]
