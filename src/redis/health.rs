@@ -88,9 +88,13 @@ impl fmt::Debug for Health {
 impl Health {
     /// `true` from a failed call until a call succeeds.
     pub(crate) fn is_degraded(&self) -> bool {
-        // Relaxed: a flag that publishes no other data (the period's details
-        // are behind the lock); a reader may see a transition a moment late.
-        self.degraded.load(Ordering::Relaxed)
+        // Acquire: pairs with the Release store in `failed`, so that a
+        // failure that finds the period open (and returns at once) reads,
+        // in `periods`, the count that period's opening incremented before
+        // it raised the flag; otherwise its fallback could take the period
+        // for the previous one and skip emptying a local bucket that has
+        // refilled since. A reader may still see a transition a moment late.
+        self.degraded.load(Ordering::Acquire)
     }
 
     /// Degraded periods begun so far.
@@ -116,10 +120,12 @@ impl Health {
         let now = Instant::now();
         period.since = Some(now);
         period.at_start = counts;
-        // Relaxed, both: the lock orders every write of the flag and the
-        // count; readers outside it take them as hints.
-        self.degraded.store(true, Ordering::Relaxed);
+        // The count first, then the flag. The count Relaxed: the lock orders
+        // every write of it, and the Release below publishes it. The flag
+        // Release: a thread that reads it set (Acquire, `is_degraded`) reads
+        // this period's count too.
         self.periods.fetch_add(1, Ordering::Relaxed);
+        self.degraded.store(true, Ordering::Release);
         #[cfg(feature = "tracing")]
         {
             let due = period
@@ -162,7 +168,8 @@ impl Health {
             // Ended by another success meanwhile.
             return;
         };
-        // Relaxed: as in `failed`.
+        // Relaxed: lowering the flag publishes nothing (the lock orders it
+        // with the period's opening and closing).
         self.degraded.store(false, Ordering::Relaxed);
         #[cfg(feature = "tracing")]
         {
