@@ -408,7 +408,10 @@ async fn redis_killed_the_layer_answers_by_its_policy_within_the_deadline_then_r
         .unwrap()
         .response(Duration::from_millis(200))
         .unwrap();
-    let backoff = Duration::from_millis(300);
+    // Long enough that the outage's requests below all fall within it on a
+    // loaded machine (at 300 ms, one run saw the backoff end before the
+    // check that no request calls Redis during it).
+    let backoff = Duration::from_secs(1);
     let quota = Quota::per_second(1_000).unwrap();
     let global = || RedisLimiter::new("outage", TokenBucket::new(quota)).unwrap();
     // Failing closed and failing open, exact mode; failing closed, leased.

@@ -15,7 +15,9 @@
 //!   to the next answered one) empties a key's local bucket before its first
 //!   local decision of the period, so a process admits locally only what its
 //!   share refills during the period, never a burst stored up while Redis was
-//!   answering.
+//!   answering. A fallback while Redis answers (a request that waited out
+//!   another's fetch past its deadline) empties the bucket too, once per
+//!   healthy stretch between periods.
 //! - **Recovery charges Redis.** What the local share admitted for a key is
 //!   owed to the key's limit in Redis. The key's next call that decides in
 //!   Redis asks for its own permits plus what is owed (up to the capacity),
@@ -121,8 +123,9 @@ impl fmt::Debug for Strikes {
 /// A key's line in the [`Ledger`].
 #[derive(Clone, Copy, Default)]
 struct Entry {
-    /// The degraded period in which the key's local bucket was last emptied
-    /// (0: never).
+    /// The stretch ([`Health::stretch`](super::health::Health::stretch)) in
+    /// which the key's local bucket was last emptied (0: never; stretches
+    /// begin at 1).
     drained: u64,
     /// Permits the local share admitted for the key and Redis was not yet
     /// charged for.
@@ -176,10 +179,13 @@ impl Ledger {
         self.owed.load(Ordering::Relaxed)
     }
 
-    /// Ready `key`'s local bucket in `local` for a decision in degraded
-    /// period `period`: emptied, if this period has not emptied it yet.
-    /// `false` when the ledger has no room for the key: the local share must
-    /// not admit (what it admitted could not be charged).
+    /// Ready `key`'s local bucket in `local` for a decision in stretch
+    /// `period` ([`Health::stretch`](super::health::Health::stretch): a
+    /// degraded period, or the healthy time after one): emptied, if this
+    /// stretch has not emptied it yet. `false` when the ledger has no room
+    /// for the key, or the local limiter none for it: the local share must
+    /// not admit (what it admitted could not be charged, or was not
+    /// emptied).
     pub(crate) fn prepare<A: Algorithm, C: Clock>(
         &self,
         local: &KeyedLimiter<Vec<u8>, A, C>,

@@ -995,7 +995,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         // outright: deny, with the wait until Redis is tried.
         if n == 0
             || n > local.algorithm().capacity()
-            || !self.ledger.prepare(local, key, self.health.periods())
+            || !self.ledger.prepare(local, key, self.health.stretch())
         {
             return (deny_for(wait), None);
         }
@@ -1030,7 +1030,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
                 // A local limiter smaller than the global capacity may refuse
                 // `n` outright: deny, with the wait until Redis is tried.
                 let deny = || deny_for(wait);
-                if !self.ledger.prepare(local, key, self.health.periods()) {
+                if !self.ledger.prepare(local, key, self.health.stretch()) {
                     return deny();
                 }
                 match local.try_acquire_n(key, n) {

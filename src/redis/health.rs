@@ -103,6 +103,25 @@ impl Health {
         self.periods.load(Ordering::Relaxed)
     }
 
+    /// The stretch of time now: degraded period `p` is `2p`, the healthy
+    /// time after it `2p + 1` (before any failure, 1). A local share is
+    /// emptied once per stretch, healthy ones included: a fallback while
+    /// Redis is healthy (a request that waited out another's fetch) finds a
+    /// bucket refilled since the last degraded period, and must not admit
+    /// it whole.
+    pub(crate) fn stretch(&self) -> u64 {
+        loop {
+            let periods = self.periods();
+            // The flag read between two readings of the count that agree:
+            // a flag raised by a later period's opening (Release after its
+            // count) makes that count visible to the second reading.
+            let degraded = self.is_degraded();
+            if self.periods() == periods {
+                return periods.saturating_mul(2) + u64::from(!degraded);
+            }
+        }
+    }
+
     /// A call failed with `error`: the first failure of a period opens it
     /// (counted, and logged unless a `warn` was logged within the last
     /// second); any later one, during the backoff or a probe after it, only
@@ -192,5 +211,37 @@ impl Health {
             drop(period);
             let _ = (source, counts, since);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stretches alternate: healthy before any failure (1), degraded period
+    /// `p` (2p), healthy after it (2p + 1); a failure that finds its period
+    /// open stays in it.
+    #[test]
+    fn stretches_number_healthy_and_degraded_times_apart() {
+        let health = Health::default();
+        let source = Source {
+            mode: "exact",
+            prefix: b"t",
+            policy: "local",
+            backoff: core::time::Duration::from_millis(1),
+        };
+        let counts = Counts {
+            failures: 0,
+            fallbacks: 0,
+        };
+        assert_eq!(health.stretch(), 1);
+        health.failed(source, &"down", counts);
+        assert_eq!(health.stretch(), 2);
+        health.failed(source, &"still down", counts);
+        assert_eq!(health.stretch(), 2);
+        health.succeeded(source, counts);
+        assert_eq!(health.stretch(), 3);
+        health.failed(source, &"down again", counts);
+        assert_eq!(health.stretch(), 4);
     }
 }

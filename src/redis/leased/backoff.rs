@@ -217,7 +217,7 @@ impl<C: Clock> LeasedLimiter<C> {
             OnFailure::Deny => deny,
             // The share starts empty in each degraded period, and what it
             // admits is owed to Redis (see `failover`).
-            OnFailure::Local(local) if !self.ledger.prepare(local, key, self.health.periods()) => {
+            OnFailure::Local(local) if !self.ledger.prepare(local, key, self.health.stretch()) => {
                 deny
             }
             OnFailure::Local(local) => match local.try_acquire_n(key, n) {
