@@ -182,6 +182,14 @@ pub trait LimitState: Send + Sync + fmt::Debug {
         let _ = spec;
         None
     }
+
+    /// Whether this state holds nothing a fresh one would not (every key
+    /// swept: each was back at its whole allowance), so that dropping it and
+    /// making the limit again later loses no count. May sweep to find out.
+    /// `false` by default.
+    fn reclaimable(&self) -> bool {
+        false
+    }
 }
 
 /// Makes the state of each configured limit.
@@ -403,6 +411,10 @@ impl<A: LiveForm> LimitState for Live<A> {
         self.0.policy()
     }
 
+    fn reclaimable(&self) -> bool {
+        self.0.reclaimable()
+    }
+
     fn requota(&self, spec: &LimitSpec) -> Option<Arc<dyn LimitState>> {
         if spec.algorithm != A::KIND {
             return None;
@@ -506,6 +518,12 @@ where
 
     fn policy(&self) -> Option<&RateLimitPolicy> {
         self.policy.as_ref()
+    }
+
+    fn reclaimable(&self) -> bool {
+        // A sweep drops only keys whose state a fresh key would have.
+        self.limiter.sweep();
+        self.limiter.is_empty()
     }
 }
 

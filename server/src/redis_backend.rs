@@ -506,4 +506,10 @@ impl LimitState for Shared {
     fn policy(&self) -> Option<&RateLimitPolicy> {
         self.policy.as_ref()
     }
+
+    /// Exact mode keeps nothing here: its counts are in Redis, where a limit
+    /// made again finds them. Leased mode may hold leases: kept.
+    fn reclaimable(&self) -> bool {
+        matches!(self.decider, Decider::Exact(_))
+    }
 }

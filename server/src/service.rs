@@ -184,7 +184,13 @@ struct Overrides {
     backend: Arc<dyn Backend>,
     max: usize,
     rules: RwLock<HashMap<(String, u32, Unit), Arc<Rule>>>,
+    /// When the last search for a reclaimable limit ran (it sweeps every
+    /// held limit, so at most once a second).
+    last_reclaim: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How often a full set of override limits is searched for one to reclaim.
+const RECLAIM_EVERY: Duration = Duration::from_secs(1);
 
 impl fmt::Debug for Overrides {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -202,6 +208,34 @@ impl fmt::Debug for Overrides {
 }
 
 impl Overrides {
+    /// Drop one held limit that no request is deciding on and that holds
+    /// nothing a fresh one would not (every key back at its whole allowance,
+    /// swept: [`LimitState::reclaimable`]), to make room for a new quota:
+    /// a slot is not kept for good by a quota asked for once. `false` when
+    /// none is, or a search ran within the last second.
+    fn reclaim(&self, rules: &mut HashMap<(String, u32, Unit), Arc<Rule>>) -> bool {
+        {
+            let mut last = self
+                .last_reclaim
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let now = std::time::Instant::now();
+            if last.is_some_and(|at| now.duration_since(at) < RECLAIM_EVERY) {
+                return false;
+            }
+            *last = Some(now);
+        }
+        let idle = rules.iter().find_map(|(key, rule)| {
+            // Only the map holds it: no request is deciding on it.
+            let unused = Arc::strong_count(rule) == 1;
+            (unused && rule.state.as_ref().is_none_or(|s| s.reclaimable())).then(|| key.clone())
+        });
+        match idle {
+            Some(key) => rules.remove(&key).is_some(),
+            None => false,
+        }
+    }
+
     /// The limit of `requests_per_unit` per `unit` in `domain`, made now if
     /// it is new; `None` when it is new and `max` limits are held already,
     /// or when the backend cannot make it.
@@ -219,7 +253,7 @@ impl Overrides {
         if let Some(rule) = rules.get(&key) {
             return Some(Arc::clone(rule));
         }
-        if rules.len() >= self.max {
+        if rules.len() >= self.max && !self.reclaim(&mut rules) {
             return None;
         }
         let full_key = format!(
@@ -286,8 +320,11 @@ impl RateLimitService {
     /// counted apart, and one limit per domain and quota is kept, made by
     /// `backend` (in process or in Redis, as the configured limits) the
     /// first time it is asked for. At most `max` such limits are kept: a
-    /// descriptor asking for a new quota past them is answered `OVER_LIMIT`
-    /// (never unbounded memory, never admitted untracked) and counted in
+    /// descriptor asking for a new quota past them takes the place of a held
+    /// limit that holds nothing a fresh one would not (no request deciding
+    /// on it, every key back at its whole allowance; searched for at most
+    /// once a second), and is otherwise answered `OVER_LIMIT` (never
+    /// unbounded memory, never admitted untracked) and counted in
     /// `turnstile_rls_override_refused_total`. A unit this service does not
     /// keep (`MONTH`, `YEAR`, `UNKNOWN`) is refused with
     /// [`RequestError::UnsupportedOverrideUnit`].
@@ -299,6 +336,7 @@ impl RateLimitService {
             backend,
             max,
             rules: RwLock::new(HashMap::new()),
+            last_reclaim: std::sync::Mutex::new(None),
         });
         self
     }

@@ -181,6 +181,51 @@ async fn new_quotas_past_the_bound_are_refused_and_counted() {
     rls.stop().await;
 }
 
+/// A slot is not kept for good by a quota asked for once: once a held
+/// limit's every key is back at its whole allowance (its windows ended), a
+/// new quota takes its place; a limit whose key still counts is kept. (A
+/// search runs at most once a second, so the test waits that out.)
+#[tokio::test]
+async fn an_idle_override_limit_makes_room_for_a_new_quota() {
+    let mut rls = start(
+        &[("api.yaml", YAML)],
+        Options {
+            max_overrides: 2,
+            ..Options::default()
+        },
+    )
+    .await;
+    let user = |n: u32, unit| limited(descriptor(&[("user", "erin")]), n, unit);
+    let decide = |answer: envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        ok(&answer.statuses[0])
+    };
+    // One quota per second, one per day: both held, the second's key counts
+    // for a day.
+    assert!(decide(
+        rls.decide(request("api", vec![user(5, RateLimitUnit::Second)]))
+            .await
+    ));
+    assert!(decide(
+        rls.decide(request("api", vec![user(1, RateLimitUnit::Day)]))
+            .await
+    ));
+    let third = || request("api", vec![user(7, RateLimitUnit::Second)]);
+    assert!(!decide(rls.decide(third()).await), "no room yet");
+    // The per-second window ends: its key is whole again, and swept.
+    rls.clock.advance(Duration::from_secs(2));
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert!(
+        decide(rls.decide(third()).await),
+        "room made by the idle limit"
+    );
+    // The per-day limit was kept: its key is still spent.
+    assert!(!decide(
+        rls.decide(request("api", vec![user(1, RateLimitUnit::Day)]))
+            .await
+    ));
+    rls.stop().await;
+}
+
 #[tokio::test]
 async fn an_override_in_a_unit_not_kept_is_an_invalid_argument() {
     let mut rls = start(&[("api.yaml", YAML)], Options::default()).await;
