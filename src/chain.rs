@@ -135,7 +135,24 @@ fn check_chain(stages: &[&dyn Stage], n: u32) -> Result<(), AcquireError> {
     check_permits(n, capacity)
 }
 
+/// The stages a chain decides on the stack, one frame each; a longer chain
+/// keeps its receipts in a vector instead (`decide_keeping`), so that no
+/// length of chain can overflow the stack.
+const ON_THE_STACK: usize = 64;
+
 fn decide(stages: &[&dyn Stage], n: u32) -> Chained {
+    if stages.len() > ON_THE_STACK {
+        return match decide_keeping(stages, n) {
+            // The receipts are dropped: the permits stay taken.
+            Ok(admission) => Chained {
+                decision: KeyedDecision::Allowed {
+                    remaining: admission.remaining,
+                },
+                denied_by: None,
+            },
+            Err(chained) => chained,
+        };
+    }
     let Some((first, rest)) = stages.split_first() else {
         return Chained {
             decision: KeyedDecision::Allowed {

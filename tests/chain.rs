@@ -266,3 +266,49 @@ fn a_denied_chain_counts_the_key_bound_for_a_key_in_limbo() {
     assert!(wait >= 5 * SECOND, "{:?}", denied.decision());
     assert!(per_key.try_acquire("a").is_key_limit());
 }
+
+/// A chain of any length decides without overflowing the stack (past 64
+/// stages the receipts are kept in a vector, not one stack frame each), and
+/// as a short one: all or nothing, the fewest left, the first to deny.
+#[test]
+fn a_chain_of_a_hundred_thousand_stages_decides_as_a_short_one() {
+    // On a thread with a small stack, where one frame per stage could not fit.
+    let (decisions, first_left, last_left) = std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(|| {
+            let clock = ManualClock::new();
+            let limiters: Vec<RateLimiter<TokenBucket, ManualClock>> = (0..100_000)
+                .map(|i| {
+                    let capacity = if i == 70_000 { 2 } else { 5 };
+                    RateLimiter::with_clock(Quota::new(capacity, 1, SECOND).unwrap(), clock.clone())
+                })
+                .collect();
+            let stages: Vec<&dyn Stage> = limiters.iter().map(|l| l as &dyn Stage).collect();
+            let decisions: Vec<_> = (0..3)
+                .map(|_| {
+                    let chained = chain::try_acquire(&stages);
+                    (chained.decision(), chained.denied_by())
+                })
+                .collect();
+            (
+                decisions,
+                limiters[0].remaining(),
+                limiters[99_999].remaining(),
+            )
+        })
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
+    assert_eq!(
+        decisions[0],
+        (KeyedDecision::Allowed { remaining: 1 }, None)
+    );
+    assert_eq!(
+        decisions[1],
+        (KeyedDecision::Allowed { remaining: 0 }, None)
+    );
+    assert!(decisions[2].0.is_denied(), "{decisions:?}");
+    assert_eq!(decisions[2].1, Some(70_000));
+    // The denial gave back what the stages before it took.
+    assert_eq!((first_left, last_left), (3, 3));
+}
