@@ -6,6 +6,7 @@
 use core::fmt;
 
 use crate::decision::KeyedDecision;
+use crate::error::{AcquireError, check_permits};
 
 /// Only the crate's own types are stages.
 pub(crate) mod sealed {
@@ -39,12 +40,53 @@ pub trait Stage: sealed::Sealed {
     /// The most permits one request can get from this stage.
     fn capacity(&self) -> u32;
 
-    /// Ask for `n` permits (`1 <= n <= capacity()`), returning the decision and,
-    /// when admitted, the receipt to give them back.
-    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>);
+    /// Ask for `n` permits, returning the decision and, when admitted, the
+    /// receipt to give them back.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::ZeroPermits`] for `n = 0`, and
+    /// [`AcquireError::InsufficientCapacity`] when `n` is above
+    /// [`capacity`](Stage::capacity) (no wait would admit it). Neither
+    /// touches the stage.
+    ///
+    /// ```
+    /// use turnstile::{AcquireError, Quota, RateLimiter, Stage};
+    ///
+    /// let limiter = RateLimiter::new(Quota::per_second(5)?);
+    /// let (decision, receipt) = limiter.take(2)?;
+    /// assert!(decision.is_allowed() && receipt.is_some());
+    /// assert_eq!(limiter.take(0), Err(AcquireError::ZeroPermits));
+    /// assert_eq!(
+    ///     limiter.take(6),
+    ///     Err(AcquireError::InsufficientCapacity { requested: 6, capacity: 5 })
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    fn take(&self, n: u32) -> Result<(KeyedDecision, Option<Receipt>), AcquireError> {
+        check_permits(n, self.capacity())?;
+        Ok(self.take_within(n))
+    }
 
     /// The decision `n` permits would get now, taking nothing.
-    fn peek(&self, n: u32) -> KeyedDecision;
+    ///
+    /// # Errors
+    ///
+    /// As [`take`](Stage::take).
+    fn peek(&self, n: u32) -> Result<KeyedDecision, AcquireError> {
+        check_permits(n, self.capacity())?;
+        Ok(self.peek_within(n))
+    }
+
+    /// [`take`](Stage::take) for `n` the caller has checked (`1 <= n <=
+    /// capacity()`).
+    #[doc(hidden)]
+    fn take_within(&self, n: u32) -> (KeyedDecision, Option<Receipt>);
+
+    /// [`peek`](Stage::peek) for `n` the caller has checked.
+    #[doc(hidden)]
+    fn peek_within(&self, n: u32) -> KeyedDecision;
 
     /// Give back what an admission took: `true` when the permits went back
     /// exactly, `false` when the stage declined (see the module's notes on
@@ -62,12 +104,12 @@ impl<T: Stage + ?Sized> Stage for &T {
     }
 
     #[inline]
-    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
-        (**self).take(n)
+    fn take_within(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        (**self).take_within(n)
     }
 
-    fn peek(&self, n: u32) -> KeyedDecision {
-        (**self).peek(n)
+    fn peek_within(&self, n: u32) -> KeyedDecision {
+        (**self).peek_within(n)
     }
 
     fn give_back(&self, receipt: Receipt) -> bool {
@@ -164,9 +206,10 @@ impl<T: Stage + fmt::Debug> fmt::Debug for Admission<T> {
     }
 }
 
-/// `stage`'s decision for `n` permits as an [`Admission`], or the denial.
+/// `stage`'s decision for `n` permits (checked by the caller: `1 <= n <=
+/// capacity()`) as an [`Admission`], or the denial.
 pub(crate) fn admit<T: Stage>(stage: T, n: u32) -> Result<Admission<T>, KeyedDecision> {
-    match stage.take(n) {
+    match stage.take_within(n) {
         (KeyedDecision::Allowed { remaining }, receipt) => Ok(Admission {
             stage,
             receipt,

@@ -73,7 +73,7 @@ use core::fmt;
 
 use crate::decision::KeyedDecision;
 use crate::error::AcquireError;
-use crate::limiter::check_permits;
+use crate::error::check_permits;
 
 pub use crate::admission::{Admission, Receipt, Stage};
 pub use crate::keyed::KeyedStage;
@@ -161,7 +161,7 @@ fn decide(stages: &[&dyn Stage], n: u32) -> Chained {
             denied_by: None,
         };
     };
-    let (decision, receipt) = first.take(n);
+    let (decision, receipt) = first.take_within(n);
     let KeyedDecision::Allowed { remaining } = decision else {
         return Chained {
             decision: longest_wait(decision, rest, n),
@@ -196,7 +196,7 @@ fn decide(stages: &[&dyn Stage], n: u32) -> Chained {
 fn longest_wait(denied: KeyedDecision, later: &[&dyn Stage], n: u32) -> KeyedDecision {
     let longest = later
         .iter()
-        .filter_map(|stage| stage.peek(n).retry_after())
+        .filter_map(|stage| stage.peek_within(n).retry_after())
         .chain(denied.retry_after())
         .max();
     match (denied, longest) {
@@ -295,7 +295,7 @@ fn decide_keeping<'a>(stages: &[&'a dyn Stage], n: u32) -> Result<ChainAdmission
     let mut taken: Vec<(&'a dyn Stage, Receipt)> = Vec::with_capacity(stages.len());
     let mut remaining = u32::MAX;
     for (i, &stage) in stages.iter().enumerate() {
-        match stage.take(n) {
+        match stage.take_within(n) {
             (KeyedDecision::Allowed { remaining: left }, receipt) => {
                 remaining = remaining.min(left);
                 if let Some(receipt) = receipt {

@@ -346,3 +346,18 @@ impl fmt::Display for KeyedConfigError {
 
 #[cfg(feature = "std")]
 impl core::error::Error for KeyedConfigError {}
+
+/// Refuse requests that no rate decision can answer.
+#[inline]
+pub(crate) fn check_permits(n: u32, capacity: u32) -> Result<(), AcquireError> {
+    if n == 0 {
+        Err(AcquireError::ZeroPermits)
+    } else if n > capacity {
+        Err(AcquireError::InsufficientCapacity {
+            requested: n,
+            capacity,
+        })
+    } else {
+        Ok(())
+    }
+}

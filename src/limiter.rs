@@ -13,7 +13,7 @@ use crate::clock::Clock;
 #[cfg(feature = "std")]
 use crate::clock::RealClock;
 use crate::decision::{Decision, KeyedDecision};
-use crate::error::{AcquireError, QuotaError};
+use crate::error::{AcquireError, QuotaError, check_permits};
 use crate::quota::Quota;
 #[cfg(feature = "std")]
 use crate::reclaim::thread_slot;
@@ -414,21 +414,6 @@ fn direct(denied: KeyedDecision) -> Decision {
     }
 }
 
-/// Refuse requests that no rate decision can answer.
-#[inline]
-pub(crate) fn check_permits(n: u32, capacity: u32) -> Result<(), AcquireError> {
-    if n == 0 {
-        Err(AcquireError::ZeroPermits)
-    } else if n > capacity {
-        Err(AcquireError::InsufficientCapacity {
-            requested: n,
-            capacity,
-        })
-    } else {
-        Ok(())
-    }
-}
-
 impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
     /// [`take`](Stage::take) at `now`, a reading of a clock whose readings
     /// are this limiter's ([`Clock::shared_readings`]): a reading of any age
@@ -458,11 +443,11 @@ impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
     }
 
     #[inline]
-    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+    fn take_within(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
         self.take_at(n, self.clock().now())
     }
 
-    fn peek(&self, n: u32) -> KeyedDecision {
+    fn peek_within(&self, n: u32) -> KeyedDecision {
         let now = self.clock().now();
         self.algorithm().decide(self.cell().load(), now, n).0.into()
     }

@@ -312,3 +312,36 @@ fn a_chain_of_a_hundred_thousand_stages_decides_as_a_short_one() {
     // The denial gave back what the stages before it took.
     assert_eq!((first_left, last_left), (3, 3));
 }
+
+/// A stage asked directly for 0 permits or more than it holds answers a
+/// typed error and takes nothing (it used to decide anyway: a denial with a
+/// wait after which the same request was denied again).
+#[test]
+fn a_stage_refuses_zero_and_beyond_its_capacity_without_touching_it() {
+    let clock = ManualClock::new();
+    let direct = RateLimiter::with_clock(Quota::per_second(5).unwrap(), clock.clone());
+    let keyed: KeyedLimiter<String, TokenBucket, ManualClock> =
+        KeyedBuilder::new(TokenBucket::new(Quota::per_second(5).unwrap()))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+    let key = "a".to_owned();
+    let stage = keyed.stage(&key);
+    let stages: [&dyn Stage; 2] = [&direct, &stage];
+    for s in stages {
+        assert_eq!(s.take(0), Err(AcquireError::ZeroPermits));
+        assert_eq!(s.peek(0), Err(AcquireError::ZeroPermits));
+        for n in [6, u32::MAX] {
+            let beyond = Err(AcquireError::InsufficientCapacity {
+                requested: n,
+                capacity: 5,
+            });
+            assert_eq!(s.take(n).map(|_| ()), beyond);
+            assert_eq!(s.peek(n).map(|_| ()), beyond);
+        }
+        let (decision, receipt) = s.take(5).unwrap();
+        assert_eq!(decision, KeyedDecision::Allowed { remaining: 0 });
+        assert!(s.give_back(receipt.unwrap()));
+        assert_eq!(s.peek(5), Ok(KeyedDecision::Allowed { remaining: 0 }));
+    }
+}

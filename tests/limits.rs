@@ -836,3 +836,81 @@ async fn limits_on_one_clocks_readings_read_the_time_once_a_request() {
     assert_eq!(reads_per_request(Some(7), Some(8), Some(7)).await, 3);
     assert_eq!(reads_per_request(Some(7), Some(7), None).await, 3);
 }
+
+/// A live quota changed below the layer's cost can never admit a request:
+/// the answer is a 500 naming the misconfiguration, not a 429 whose
+/// Retry-After would never come true; nothing is taken from the others.
+#[tokio::test]
+async fn a_live_quota_shrunk_below_the_cost_is_a_misconfiguration_not_a_wait() {
+    use turnstile::{KeyedBuilder, LiveTokenBucket};
+
+    let live = Arc::new(
+        KeyedBuilder::<String, _>::new(
+            LiveTokenBucket::new(Quota::per_minute(10).unwrap()).unwrap(),
+        )
+        .build()
+        .unwrap(),
+    );
+    let global = Arc::new(RateLimiter::new(Quota::per_hour(100).unwrap()));
+    let layer = Limits::builder()
+        .limit_shared("all", Global, Arc::clone(&global))
+        .unwrap()
+        .limit_shared("key", api_key(), Arc::clone(&live))
+        .unwrap()
+        .cost(5)
+        .build()
+        .unwrap();
+    let mut service = layer.layer(echo());
+    let r = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(global.remaining(), 95);
+
+    live.set_quota(Quota::per_minute(2).unwrap()).unwrap();
+    for _ in 0..3 {
+        let r = send(&mut service, request(Some("a"), "10.0.0.1:1")).await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            !r.headers().contains_key("retry-after"),
+            "{:?}",
+            r.headers()
+        );
+    }
+    assert_eq!(
+        global.remaining(),
+        95,
+        "the refusal spent nothing elsewhere"
+    );
+
+    // Refused first by a drained limit, with the shrunk one after it: the
+    // same answer, not the drained limit's wait.
+    let drained = Arc::new(RateLimiter::new(Quota::per_hour(5).unwrap()));
+    let behind = Limits::builder()
+        .limit_shared("all", Global, Arc::clone(&drained))
+        .unwrap()
+        .limit_shared("key", api_key(), Arc::clone(&live))
+        .unwrap()
+        .build()
+        .unwrap();
+    live.set_quota(Quota::per_minute(10).unwrap()).unwrap();
+    let mut first = behind.layer(echo());
+    let _ = drained.try_acquire_n(5).unwrap();
+    let r = send(&mut first, request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(r.status(), 429, "a cost of 1 fits the live quota");
+    let costly = Limits::builder()
+        .limit_shared("all", Global, Arc::clone(&drained))
+        .unwrap()
+        .limit_shared("key", api_key(), Arc::clone(&live))
+        .unwrap()
+        .cost(5)
+        .build()
+        .unwrap();
+    live.set_quota(Quota::per_minute(2).unwrap()).unwrap();
+    let r = send(&mut costly.layer(echo()), request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!r.headers().contains_key("retry-after"));
+
+    // Back at a quota the cost fits in: admitted again.
+    live.set_quota(Quota::per_minute(10).unwrap()).unwrap();
+    let r = send(&mut service, request(Some("b"), "10.0.0.1:1")).await;
+    assert_eq!(r.status(), 200);
+}

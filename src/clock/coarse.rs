@@ -52,17 +52,37 @@ impl CoarseClock {
         CoarseClock::with_resolution(Duration::from_millis(1))
     }
 
+    /// The finest resolution [`with_resolution`](Self::with_resolution)
+    /// takes: 100 µs. Finer, the upkeep thread wakes tens of thousands of
+    /// times a second (a core's worth of wake-ups on a loaded host), while
+    /// the OS clock's own reading ([`RealClock`](crate::RealClock)) costs
+    /// tens of nanoseconds and is exact: a coarse clock that fine buys
+    /// nothing.
+    pub const MIN_RESOLUTION: Duration = Duration::from_micros(100);
+
     /// A coarse clock refreshed every `resolution`.
     ///
     /// # Errors
     ///
-    /// `resolution` is zero (`InvalidInput`: the thread would spin a core), or the
-    /// upkeep thread could not be spawned.
+    /// `InvalidInput` for a resolution below [`MIN_RESOLUTION`](Self::MIN_RESOLUTION)
+    /// (100 µs; zero included), or the upkeep thread could not be spawned.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::CoarseClock;
+    ///
+    /// assert!(CoarseClock::with_resolution(Duration::from_millis(5)).is_ok());
+    /// let err = CoarseClock::with_resolution(Duration::from_nanos(1)).unwrap_err();
+    /// assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    /// ```
     pub fn with_resolution(resolution: Duration) -> std::io::Result<CoarseClock> {
-        if resolution.is_zero() {
+        if resolution < CoarseClock::MIN_RESOLUTION {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                "coarse clock resolution is zero; it must be at least 1 ns (1 ms is typical)",
+                format!(
+                    "coarse clock resolution {resolution:?} is below the finest kept, 100µs \
+                     (1 ms is typical; for finer readings use RealClock)"
+                ),
             ));
         }
         start(resolution).map(|shared| CoarseClock { shared })
@@ -185,8 +205,17 @@ mod tests {
     }
 
     #[test]
-    fn coarse_clock_refuses_zero_resolution() {
-        let err = CoarseClock::with_resolution(Duration::ZERO).unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    fn coarse_clock_refuses_a_resolution_below_the_floor() {
+        for too_fine in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_micros(99),
+        ] {
+            let err = CoarseClock::with_resolution(too_fine).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+            assert!(err.to_string().contains("100µs"), "{err}");
+        }
+        let floor = CoarseClock::with_resolution(CoarseClock::MIN_RESOLUTION).unwrap();
+        assert_eq!(floor.resolution(), CoarseClock::MIN_RESOLUTION);
     }
 }

@@ -4,8 +4,8 @@ use core::fmt;
 
 use crossbeam_utils::CachePadded;
 
+use crate::error::check_permits;
 use crate::error::{AcquireError, QuotaError};
-use crate::limiter::check_permits;
 use crate::sync::{AtomicU64, Ordering};
 // std's `Arc` even under loom: loom's cannot be a method receiver, and the
 // counter inside is what the model checks.

@@ -157,6 +157,13 @@ pub trait GateLimiter<Q: ?Sized>: LimiterStats {
     /// tiers, the smallest tier's).
     #[doc(hidden)]
     fn min_capacity(&self) -> u32;
+    /// The most permits one request for `key` can get now (its tier's
+    /// capacity, for tiers; a live quota's current one).
+    #[doc(hidden)]
+    fn capacity_for(&self, key: &Q) -> u32 {
+        let _ = key;
+        self.min_capacity()
+    }
     /// `n` permits for `key` (`1 <= n <= min_capacity()`), and the receipt
     /// that gives them back.
     #[doc(hidden)]
@@ -288,7 +295,7 @@ where
 
     #[inline]
     fn stage_take(&self, key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>) {
-        self.stage(key).take(n)
+        self.stage(key).take_within(n)
     }
 
     fn shared_readings(&self) -> Option<usize> {
@@ -310,7 +317,7 @@ where
     }
 
     fn stage_peek(&self, key: &Q, n: u32) -> KeyedDecision {
-        self.stage(key).peek(n)
+        self.stage(key).peek_within(n)
     }
 
     fn advertise_for(&self, _key: &Q) -> Option<Advertised<'_>> {
@@ -405,9 +412,13 @@ where
             .unwrap_or(0)
     }
 
+    fn capacity_for(&self, key: &Q) -> u32 {
+        self.limiter_of(key).algorithm().capacity()
+    }
+
     #[inline]
     fn stage_take(&self, key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>) {
-        self.limiter_of(key).stage(key).take(n)
+        self.limiter_of(key).stage(key).take_within(n)
     }
 
     fn shared_readings(&self) -> Option<usize> {
@@ -433,7 +444,7 @@ where
     }
 
     fn stage_peek(&self, key: &Q, n: u32) -> KeyedDecision {
-        self.limiter_of(key).stage(key).peek(n)
+        self.limiter_of(key).stage(key).peek_within(n)
     }
 
     fn advertise_for(&self, key: &Q) -> Option<Advertised<'_>> {
@@ -495,7 +506,7 @@ where
 
     #[inline]
     fn stage_take(&self, _key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>) {
-        Stage::take(self, n)
+        Stage::take_within(self, n)
     }
 
     fn shared_readings(&self) -> Option<usize> {
@@ -517,7 +528,7 @@ where
     }
 
     fn stage_peek(&self, _key: &Q, n: u32) -> KeyedDecision {
-        Stage::peek(self, n)
+        Stage::peek_within(self, n)
     }
 
     fn advertise_for(&self, _key: &Q) -> Option<Advertised<'_>> {

@@ -19,7 +19,7 @@ use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
 use crate::decision::KeyedDecision;
 use crate::error::AcquireError;
-use crate::limiter::check_permits;
+use crate::error::check_permits;
 use crate::reclaim::{Busy, Collector};
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 use crate::tally::Tally;

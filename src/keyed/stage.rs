@@ -74,14 +74,14 @@ where
     }
 
     #[inline]
-    fn take(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+    fn take_within(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
         // The limiter reads the clock itself, and says when.
         let epoch = self.limiter.algorithm().epoch();
         let (decision, written, at) = self.limiter.take(self.key, n);
         (decision, receipt(written, n, epoch, at))
     }
 
-    fn peek(&self, n: u32) -> KeyedDecision {
+    fn peek_within(&self, n: u32) -> KeyedDecision {
         self.limiter.peek(self.key, n)
     }
 

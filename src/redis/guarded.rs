@@ -999,7 +999,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         {
             return (deny_for(wait), None);
         }
-        match local.stage(key).take(n) {
+        match local.stage(key).take_within(n) {
             (KeyedDecision::Allowed { remaining }, receipt) => (
                 {
                     self.ledger.owe(key, n);

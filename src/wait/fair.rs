@@ -16,9 +16,10 @@ use crate::clock::{Clock, Skip, skip_sleep};
 use crate::concurrency::signal::{Listening, ReleaseSignal};
 use crate::concurrency::{ConcurrencyLimiter, OwnedPermit, Permit};
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
+use crate::error::check_permits;
 use crate::error::{AcquireError, QuotaError};
 use crate::keyed::KeyedLimiter;
-use crate::limiter::{Counter, RateLimiter, check_permits};
+use crate::limiter::{Counter, RateLimiter};
 use crate::sync::lock;
 
 /// Why a fair acquire gave up. Nothing was taken from the limiter.

@@ -14,8 +14,9 @@ use crate::algorithm::Algorithm;
 use crate::clock::{Clock, Skip, saturating_nanos, skip_sleep};
 use crate::decision::{KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
+use crate::error::check_permits;
 use crate::keyed::KeyedLimiter;
-use crate::limiter::{Counter, RateLimiter, check_permits};
+use crate::limiter::{Counter, RateLimiter};
 
 /// How long a wait may take, and how much random delay to add to each sleep.
 ///

@@ -12,8 +12,9 @@ use crate::algorithm::{Algorithm, within_refund_horizon};
 use crate::clock::{Clock, RealClock, saturating_nanos};
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::AcquireError;
+use crate::error::check_permits;
 use crate::keyed::KeyedLimiter;
-use crate::limiter::{Counter, RateLimiter, Uncounted, check_permits};
+use crate::limiter::{Counter, RateLimiter, Uncounted};
 
 /// Permits reserved from a token bucket ([`RateLimiter::reserve_n`]): taken
 /// now, usable once [`delay`](Reservation::delay) has passed. `A` is the

@@ -27,7 +27,8 @@ pub(super) enum Verdict {
         by: usize,
         decision: KeyedDecision,
     },
-    /// A limit found no key: nothing was taken anywhere.
+    /// A limit found no key, or (as [`Denial::Misconfigured`]) can never
+    /// admit the request: nothing was taken anywhere.
     Missing {
         denial: Denial,
         challenge: HeaderValue,
@@ -118,6 +119,9 @@ pub(super) trait Limit: Send + Sync {
     ) -> Verdict;
     /// The wait `n` permits would have now, if this limit would refuse them.
     fn wait(&self, head: &RequestHead<'_>, n: u32) -> Option<RetryAfter>;
+    /// Whether `n` permits are beyond what this limit can ever give the
+    /// request's key now: its quota changed (a live one) below the cost.
+    fn beyond(&self, head: &RequestHead<'_>, n: u32) -> bool;
     /// This limit's item as it stands now: on a denial (`refused`), with
     /// the wait for `n` permits if it would refuse them too.
     fn report(&self, head: &RequestHead<'_>, n: u32, refused: bool, items: &mut Items);
@@ -211,6 +215,12 @@ where
         self.limiter.stage_peek(&key, n).retry_after()
     }
 
+    fn beyond(&self, head: &RequestHead<'_>, n: u32) -> bool {
+        self.extractor
+            .extract(head)
+            .is_some_and(|key| n > self.limiter.capacity_for(&key))
+    }
+
     fn report(&self, head: &RequestHead<'_>, n: u32, refused: bool, items: &mut Items) {
         let Some(key) = self.extractor.extract(head) else {
             return;
@@ -283,6 +293,9 @@ where
             None => entry.limiter.stage_take(key, n),
         };
         let KeyedDecision::Allowed { remaining } = decision else {
+            if n > entry.limiter.capacity_for(key) {
+                return beyond_capacity();
+            }
             return refused(by, decision, rest, head, n);
         };
         if cx.advertise && !cx.keep {
@@ -308,6 +321,23 @@ where
     }
 }
 
+/// What a request gets when a limit can never admit its cost: a live
+/// quota was changed below it after the layer was built (which refuses
+/// such a cost). A 429 would name a wait after which the request is refused
+/// again, forever.
+#[cold]
+#[inline(never)]
+fn beyond_capacity() -> Verdict {
+    Verdict::Missing {
+        denial: Denial::Misconfigured(BEYOND_CAPACITY),
+        challenge: HeaderValue::from_static("ApiKey"),
+    }
+}
+
+/// The problem [`beyond_capacity`] reports.
+pub(super) const BEYOND_CAPACITY: &str =
+    "a limit's quota was changed below the layer's cost: no request can be admitted";
+
 /// A refusal by limit `by`, with the longest wait of its decision and of
 /// every later limit that would refuse too (those are asked without taking
 /// anything). Out of line and cold, as every path off an admission is here:
@@ -321,6 +351,9 @@ fn refused(
     head: &RequestHead<'_>,
     n: u32,
 ) -> Verdict {
+    if rest.iter().any(|later| later.beyond(head, n)) {
+        return beyond_capacity();
+    }
     let longest = rest
         .iter()
         .filter_map(|later| later.wait(head, n))

@@ -414,6 +414,12 @@ impl LimitsBuilder {
     /// Charge each request `cost` permits in every limit (1 by default):
     /// the price taken up front, before the response can say the real one
     /// ([`cost_from_response`](Self::cost_from_response)).
+    ///
+    /// [`build`](Self::build) refuses a cost above some limit's capacity. A
+    /// live quota ([`LiveTokenBucket`](crate::LiveTokenBucket)) changed below
+    /// the cost afterwards can never admit a request: while it stands, the
+    /// requests it would refuse get a 500 naming the problem (no wait would
+    /// come true), and nothing is taken from the other limits.
     pub fn cost(self, cost: u32) -> Self {
         LimitsBuilder { cost, ..self }
     }
