@@ -377,6 +377,100 @@ fn replicas_on_a_cluster_stay_within_the_exact_bound_through_a_slot_migration() 
         .expect("the key is served by its new node");
 }
 
+/// A key of `limiter`'s served by the node on `port`.
+fn key_on(cluster: &redis_topology::Cluster, limiter: &RedisLimiter, port: u16) -> String {
+    (0..10_000)
+        .map(|i| format!("k{i}"))
+        .find(|key| cluster.node_of(&limiter.redis_key(key)) == port)
+        .expect("some key on every node")
+}
+
+/// A slot moved while two of a blocking cluster connection's three node
+/// connections are left unusable by timed-out calls: the call that meets
+/// the `MOVED` refreshes the slots and is decided. redis-rs's refresh asks
+/// its nodes in its map's order and gave up at the first error, so a
+/// connection whose map put an unusable node first failed the call, and
+/// every later redirection (the node's slots gone, no call reached it to
+/// replace it). Eight connections, each with its own map order: on the old
+/// code all eight pass one time in 6,561.
+#[test]
+fn a_slot_refresh_passes_over_node_connections_left_unusable() {
+    let Some(cluster) = redis_topology::cluster(SUITE) else {
+        return;
+    };
+    // Without a hash tag: its keys spread over the nodes.
+    let limiter = slow_bucket("refresh").with_prefix("rl:refresh:");
+    let moved = "k";
+    let from = cluster.node_of(&limiter.redis_key(moved));
+    let others: Vec<u16> = cluster
+        .ports()
+        .iter()
+        .copied()
+        .filter(|p| *p != from)
+        .collect();
+    let broken: Vec<String> = others
+        .iter()
+        .map(|port| key_on(&cluster, &limiter, *port))
+        .collect();
+    let mut cons: Vec<_> = (0..8)
+        .map(|_| {
+            short()
+                .blocking_cluster(ClusterClientBuilder::new(cluster.nodes()))
+                .unwrap()
+        })
+        .collect();
+    for con in &mut cons {
+        for key in broken.iter().map(String::as_str).chain([moved]) {
+            assert!(limiter.try_acquire(con, key).unwrap().is_allowed());
+        }
+    }
+    // Both other nodes held: a call to each, on every connection, times out
+    // (20 ms) and leaves that node's connection unusable.
+    for port in &others {
+        pause(*port, Duration::from_millis(1_500));
+    }
+    let began = Instant::now();
+    for con in &mut cons {
+        for key in &broken {
+            let outcome = limiter.try_acquire(con, key);
+            assert!(
+                matches!(&outcome, Err(RedisLimitError::Redis(e)) if e.is_timeout()),
+                "a held node times out: {outcome:?}"
+            );
+        }
+    }
+    assert!(
+        began.elapsed() < Duration::from_millis(1_500),
+        "every timeout came inside the pause: {:?}",
+        began.elapsed()
+    );
+    thread::sleep(
+        Duration::from_millis(1_500).saturating_sub(began.elapsed()) + Duration::from_millis(300),
+    );
+    let output = cluster.reshard(
+        from,
+        others[0],
+        cluster.slots_through(&limiter.redis_key(moved)),
+    );
+    assert!(
+        output.status.success(),
+        "reshard failed: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert_eq!(cluster.node_of(&limiter.redis_key(moved)), others[0]);
+    for (i, con) in cons.iter_mut().enumerate() {
+        let outcome = limiter.try_acquire(con, moved);
+        assert!(
+            matches!(outcome, Ok(Decision::Allowed { .. })),
+            "connection {i}: the redirected call after a refresh: {outcome:?}"
+        );
+        // The unusable connections were replaced: every node answers.
+        for key in &broken {
+            assert!(limiter.try_acquire(con, key).unwrap().is_allowed());
+        }
+    }
+}
+
 #[test]
 fn replicas_on_a_sentinel_primary_stay_within_the_exact_bound_through_a_failover() {
     let Some(sentinel) = redis_topology::sentinel(SUITE) else {

@@ -23,7 +23,7 @@ use std::io;
 
 use ::redis::cluster::ClusterClientBuilder;
 use ::redis::{
-    Cmd, Connection, ConnectionLike, ErrorKind, IntoConnectionInfo, RedisError, RedisResult,
+    Arg, Cmd, Connection, ConnectionLike, ErrorKind, IntoConnectionInfo, RedisError, RedisResult,
     ServerErrorKind, Value,
 };
 
@@ -130,6 +130,16 @@ fn unusable() -> RedisError {
     ))
 }
 
+/// Whether `cmd` is `CLUSTER SLOTS`, the query of redis-rs's slot refresh.
+fn is_slot_query(cmd: &Cmd) -> bool {
+    let mut args = cmd.args_iter();
+    matches!(
+        (args.next(), args.next(), args.next()),
+        (Some(Arg::Simple(a)), Some(Arg::Simple(b)), None)
+            if a.eq_ignore_ascii_case(b"CLUSTER") && b.eq_ignore_ascii_case(b"SLOTS")
+    )
+}
+
 trait IoKind {
     fn as_io_kind(&self) -> Option<io::ErrorKind>;
 }
@@ -217,6 +227,21 @@ impl ConnectionLike for Node {
     }
 
     fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if is_slot_query(cmd) {
+            // redis-rs's blocking slot refresh asks the nodes it holds, in
+            // its map's order, and gives up at the first error, while it
+            // skips a reply that holds no slots. A node left unusable by a
+            // failed call (or one that fails now) would end every refresh
+            // that reaches it first; and once its slots have moved, no call
+            // goes to it to replace it: every later `MOVED` would fail. An
+            // empty reply sends the refresh on to the next node, and a
+            // refresh that succeeds replaces this connection (it checks
+            // each it keeps).
+            return Ok(self
+                .with(|con| con.req_command(cmd))
+                .and_then(settle_value)
+                .unwrap_or(Value::Nil));
+        }
         self.with(|con| con.req_command(cmd)).and_then(settle_value)
     }
 
@@ -598,6 +623,18 @@ mod tokio_cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_slot_query_is_told_from_other_commands() {
+        assert!(is_slot_query(::redis::cmd("CLUSTER").arg("SLOTS")));
+        assert!(is_slot_query(::redis::cmd("cluster").arg("slots")));
+        assert!(!is_slot_query(::redis::cmd("CLUSTER").arg("SHARDS")));
+        assert!(!is_slot_query(
+            ::redis::cmd("CLUSTER").arg("SLOTS").arg("x")
+        ));
+        assert!(!is_slot_query(::redis::cmd("EVALSHA").arg("abc").arg(1)));
+        assert!(!is_slot_query(&::redis::cmd("CLUSTER")));
+    }
 
     fn io(kind: io::ErrorKind) -> RedisError {
         RedisError::from(io::Error::new(kind, "boom"))

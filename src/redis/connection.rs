@@ -25,7 +25,13 @@ use super::RedisConfigError;
 /// - on a Redis Cluster a call redirected (`MOVED`, `ASK`: its slot moved or
 ///   is moving) is sent on to the node named, at most three times, each
 ///   round trip with the response deadline, and the connect deadline more
-///   for a node connected anew;
+///   for a node connected anew; on the blocking cluster connection a `MOVED`
+///   first refreshes the slot map, within the call: `CLUSTER SLOTS` to the
+///   nodes in turn until one answers (a node that fails is passed over),
+///   then redis-rs's check of each node connection it keeps, a `PING` each,
+///   and a connection to each node new to it: a round trip per node, each
+///   with its deadline (the asynchronous one refreshes its own way, in
+///   redis-rs);
 /// - a connection to the primary Sentinels name asks them for it each time
 ///   it connects, on redis-rs's own connections to the Sentinels, which have
 ///   no deadline.
