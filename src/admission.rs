@@ -51,7 +51,8 @@ pub trait Stage: sealed::Sealed {
     /// touches the stage.
     ///
     /// ```
-    /// use turnstile::{AcquireError, Quota, RateLimiter, Stage};
+    /// use turnstile::chain::Stage;
+    /// use turnstile::{AcquireError, Quota, RateLimiter};
     ///
     /// let limiter = RateLimiter::new(Quota::per_second(5)?);
     /// let (decision, receipt) = limiter.take(2)?;
