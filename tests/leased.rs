@@ -2049,3 +2049,59 @@ fn flat_out_processes_share_a_dry_key_in_proportion_to_demand() {
         );
     }
 }
+
+/// `holds_nothing` says when a limiter can be dropped and made again later
+/// without losing a count: not while a lease is held (its tokens were taken
+/// from Redis), not while Redis fails (the local share's state and what it
+/// owes Redis), and yes once the leases have expired, for a leased limiter
+/// and a guarded (exact) one alike.
+#[test]
+fn a_limiter_holds_nothing_only_once_its_leases_expired_and_redis_answers() {
+    use turnstile::redis::Guarded;
+
+    let Some(server) = server() else {
+        return;
+    };
+    let mut con = server.connection();
+    let leased = LeasedBuilder::new(bucket("held", 100, 100, Duration::from_secs(1)), 10)
+        .unwrap()
+        .lifetime(Duration::from_millis(200))
+        .idle(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    assert!(leased.holds_nothing(), "a new limiter");
+    assert!(leased.try_acquire(&mut con, "k").unwrap().is_allowed());
+    assert!(leased.try_acquire(&mut con, "k").unwrap().is_allowed());
+    assert!(leased.held("k") > 0);
+    assert!(!leased.holds_nothing(), "a lease taken is held");
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(leased.held("k"), 0);
+    assert!(leased.holds_nothing(), "the lease expired");
+
+    let guarded = Guarded::new(
+        bucket("held-exact", 100, 100, Duration::from_secs(1)),
+        OnFailure::local_share(Quota::per_second(100).unwrap(), 2).unwrap(),
+        Duration::from_secs(10),
+    );
+    assert!(guarded.try_acquire(&mut con, "k").unwrap().is_allowed());
+    assert!(guarded.holds_nothing(), "the counts are in Redis");
+
+    // Redis unreachable: the local shares answer, and hold what a new
+    // limiter would not have.
+    let down = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let mut dead = Deadlines::default().blocking(down);
+    let _ = guarded.try_acquire(&mut dead, "k");
+    assert!(guarded.is_degraded());
+    assert!(!guarded.holds_nothing(), "degraded");
+    let leased = LeasedBuilder::new(bucket("held-down", 100, 100, Duration::from_secs(1)), 10)
+        .unwrap()
+        .on_failure(
+            OnFailure::local_share(Quota::per_second(100).unwrap(), 2).unwrap(),
+            Duration::from_secs(10),
+        )
+        .build()
+        .unwrap();
+    let _ = leased.try_acquire(&mut dead, "k");
+    assert!(leased.is_degraded());
+    assert!(!leased.holds_nothing(), "degraded");
+}

@@ -75,6 +75,11 @@ impl std::error::Error for ConfigError {}
 pub struct Rule {
     /// `domain.key_value.key…`, as envoyproxy/ratelimit names it in its stats.
     pub full_key: String,
+    /// The `descriptor` label of its metrics series: the full key, or for a
+    /// request's `limit` override `domain.limit_override`, one series per
+    /// domain whatever quotas requests name (a label never takes a value
+    /// from a request).
+    pub series: String,
     /// `rate_limit.name`, the name `replaces` refers to.
     pub name: Option<String>,
     /// `requests_per_unit` (0 with `unlimited`).
@@ -143,6 +148,9 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         let mut first_seen: HashMap<String, (String, usize)> = HashMap::new();
+        // Across files: domain `api` with `v1` above `user` and domain
+        // `api.v1` with `user` both name `api.v1.user`.
+        let names = RefCell::new(HashMap::new());
         for (file, text) in files {
             let at = |line: usize, message: String| ConfigError::At {
                 file: file.clone(),
@@ -171,7 +179,8 @@ impl Config {
             if let Some(descriptors) = fields.get("descriptors") {
                 let loader = Loader {
                     backend,
-                    names: RefCell::new(HashMap::new()),
+                    file,
+                    names: &names,
                 };
                 loader
                     .level(&mut level, descriptors, &domain)
@@ -315,9 +324,13 @@ struct Loader<'b> {
     /// descriptor. The name is a limit's identity beyond the file: its
     /// Redis keys, its state kept across a reload, its metrics series. Two
     /// different descriptors can spell one name (`key: a, value: b_c` and
-    /// `key: a_b, value: c`; `key: a.b` and `a` above `b`), and would then
-    /// share one state: refused instead.
-    names: RefCell<HashMap<String, usize>>,
+    /// `key: a_b, value: c`; `key: a.b` and `a` above `b`; domain `a` with
+    /// `b` above `c` and domain `a.b` with `c`), and would then share one
+    /// state: refused instead. Kept across the configuration's files, with
+    /// the file.
+    names: &'b RefCell<HashMap<String, (String, usize)>>,
+    /// The file being loaded.
+    file: &'b str,
 }
 
 impl Loader<'_> {
@@ -401,11 +414,21 @@ impl Loader<'_> {
                     }
                 }
             }
-            if named && let Some(first) = self.names.borrow_mut().insert(path.clone(), item.line) {
+            if named
+                && let Some((file, first)) = self
+                    .names
+                    .borrow_mut()
+                    .insert(path.clone(), (self.file.to_owned(), item.line))
+            {
+                let at = if file == self.file {
+                    format!("line {first}")
+                } else {
+                    format!("{file}:{first}")
+                };
                 return Err((
                     item.line,
                     format!(
-                        "the limit '{path}' has the name of the limit at line {first}: a limit's name keys its state (its Redis keys, its metrics series), so rename a key or value of one"
+                        "the limit '{path}' has the name of the limit at {at}: a limit's name keys its state (its Redis keys, its metrics series), so rename a key or value of one"
                     ),
                 ));
             }
@@ -469,6 +492,7 @@ impl Loader<'_> {
         };
         let rule = |requests_per_unit, unit, state| Rule {
             full_key: path.to_string(),
+            series: path.to_string(),
             name: name.clone(),
             requests_per_unit,
             unit,

@@ -2,7 +2,7 @@
 //!
 //! | series | labels |
 //! |---|---|
-//! | `turnstile_rls_decisions_total` | `domain`, `descriptor` (the limit's full key, `domain.key_value.key`), `outcome`: `ok`, `over_limit`, `shadow_over_limit` (a would-be denial in shadow mode, answered OK) |
+//! | `turnstile_rls_decisions_total` | `domain`, `descriptor` (the limit's full key, `domain.key_value.key`; for a request's `limit` override, `domain.limit_override`, whatever its quota), `outcome`: `ok`, `over_limit`, `shadow_over_limit` (a would-be denial in shadow mode, answered OK) |
 //! | `turnstile_rls_detailed_decisions_total` | the same, with `descriptor` the request's own `domain.key_value.key_value`: only for limits with `detailed_metric: true`, at most [`DETAILED_PER_LIMIT`] values per limit |
 //! | `turnstile_rls_detailed_overflow_total` | `domain`, `descriptor`: decisions of a detailed limit past its bound of values, counted only in its aggregate series |
 //! | `turnstile_rls_unknown_domain_total`, `turnstile_rls_unknown_descriptor_total` | none: requests for a domain not configured, descriptors that match no limit |
@@ -157,7 +157,7 @@ impl Metrics {
     where
         I: IntoIterator<Item = (&'a str, &'a str)>,
     {
-        let limit = self.limit(domain, &rule.full_key);
+        let limit = self.limit(domain, &rule.series);
         limit.counts.add(outcome);
         if rule.detailed_metric {
             let mut name = domain.to_string();

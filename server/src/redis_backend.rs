@@ -507,9 +507,14 @@ impl LimitState for Shared {
         self.policy.as_ref()
     }
 
-    /// Exact mode keeps nothing here: its counts are in Redis, where a limit
-    /// made again finds them. Leased mode may hold leases: kept.
+    /// The counts are in Redis, where a limit made again finds them; what a
+    /// replica holds besides (leases not yet spent or expired, a local
+    /// share's state and debts while Redis fails) keeps the limit
+    /// ([`Guarded::holds_nothing`], [`LeasedLimiter::holds_nothing`]).
     fn reclaimable(&self) -> bool {
-        matches!(self.decider, Decider::Exact(_))
+        match &self.decider {
+            Decider::Exact(guarded) => guarded.holds_nothing(),
+            Decider::Leased { leased, .. } => leased.holds_nothing(),
+        }
     }
 }

@@ -276,6 +276,7 @@ impl Overrides {
         };
         let rule = Arc::new(Rule {
             full_key,
+            series: format!("{domain}.limit_override"),
             name: None,
             requests_per_unit,
             unit: Some(unit),

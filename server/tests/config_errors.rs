@@ -102,6 +102,28 @@ fn a_domain_in_two_files_is_an_error() {
     assert!(message.contains("first in a.yaml:1"), "{message}");
 }
 
+/// Domain `api` with `v1` above `user` and domain `api.v1` with `user` both
+/// name `api.v1.user`: refused, naming both files. (Loaded, the two limits
+/// shared their state across a reload: the one loaded first took the
+/// other's limiter, and re-quotaed it, admitting 5 a minute where its quota
+/// said 2.)
+#[test]
+fn two_domains_spelling_one_limit_name_are_an_error() {
+    let a = "domain: api.v1\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let b = "domain: api\ndescriptors:\n  - key: v1\n    descriptors:\n      - key: user\n        rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    let message = load(&[("1.yaml", a), ("2.yaml", b)])
+        .unwrap_err()
+        .to_string();
+    assert!(message.starts_with("2.yaml:5:"), "{message}");
+    assert!(
+        message.contains("the limit 'api.v1.user' has the name of the limit at 1.yaml:3"),
+        "{message}"
+    );
+    // Different names in different domains load.
+    let c = "domain: api\ndescriptors:\n  - key: v2\n    descriptors:\n      - key: user\n        rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    assert!(load(&[("1.yaml", a), ("2.yaml", c)]).is_ok());
+}
+
 #[test]
 fn the_binary_exits_non_zero_with_the_message() {
     let dir = std::env::temp_dir().join(format!("turnstile-rls-bad-{}", std::process::id()));

@@ -299,3 +299,31 @@ async fn the_json_endpoint_takes_an_override() {
     assert!(bad.contains("unknown unit"), "{bad}");
     rls.stop().await;
 }
+
+/// Every override quota a request names is counted in one series per
+/// domain: the metrics label never takes the quota (a request's value), so
+/// clients naming new quotas cannot grow the series.
+#[tokio::test]
+async fn override_decisions_are_one_series_per_domain_whatever_the_quota() {
+    let mut rls = start(&[("api.yaml", YAML)], Options::default()).await;
+    for n in 1..=5 {
+        let d = limited(descriptor(&[("user", "erin")]), n, RateLimitUnit::Second);
+        assert!(ok(&rls.decide(request("api", vec![d])).await.statuses[0]));
+    }
+    let text = rls.service.metrics().render();
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("turnstile_rls_decisions_total{") && l.contains("override"))
+        .collect();
+    assert_eq!(series.len(), 3, "one series per outcome: {text}");
+    assert!(
+        series
+            .iter()
+            .all(|l| l.contains(r#"descriptor="api.limit_override""#)),
+        "{text}"
+    );
+    assert!(series.contains(
+        &r#"turnstile_rls_decisions_total{domain="api",descriptor="api.limit_override",outcome="ok"} 5"#
+    ));
+    rls.stop().await;
+}

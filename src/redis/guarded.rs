@@ -580,6 +580,24 @@ impl<A, C> Guarded<A, C> {
 }
 
 impl<A: Algorithm, C: Clock> Guarded<A, C> {
+    /// Whether this limiter holds nothing a new one for the same limit would
+    /// not: Redis is not failing now, no permits its local share admitted
+    /// are still owed to Redis, and every key of the local share (if any)
+    /// is back at its whole allowance. Sweeps the local share to find out.
+    /// Dropping it then loses no count: the limit's counts are in Redis.
+    pub fn holds_nothing(&self) -> bool {
+        if self.is_degraded() || self.ledger.total() != 0 {
+            return false;
+        }
+        match &self.on_failure {
+            OnFailure::Local(local) => {
+                local.sweep();
+                local.is_empty()
+            }
+            _ => true,
+        }
+    }
+
     /// Ask for one permit for `key`; see [`try_acquire_n`](Self::try_acquire_n).
     ///
     /// # Errors

@@ -407,6 +407,31 @@ impl<C: Clock> LeasedLimiter<C> {
         self.local.remaining(key.as_ref())
     }
 
+    /// Whether this limiter holds nothing a new one for the same limit would
+    /// not: Redis is not failing now, no key has lease tokens left
+    /// unexpired, a fetch in flight or a denial kept, no permits its local
+    /// share admitted are still owed to Redis, and every key of the local
+    /// share (if any) is back at its whole allowance. Sweeps to find out. Dropping it then
+    /// loses nothing (what a dropped limiter held otherwise: unspent leases,
+    /// taken from Redis and lost until they refill; and debts, never
+    /// charged).
+    pub fn holds_nothing(&self) -> bool {
+        if self.is_degraded() || self.ledger.total() != 0 {
+            return false;
+        }
+        self.local.sweep();
+        if !self.local.is_empty() {
+            return false;
+        }
+        match &self.on_failure {
+            OnFailure::Local(share) => {
+                share.sweep();
+                share.is_empty()
+            }
+            _ => true,
+        }
+    }
+
     /// `true` while a failure is being backed off from: requests the leases
     /// cannot serve are answered by the failure policy.
     pub fn is_backing_off(&self) -> bool {
