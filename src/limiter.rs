@@ -420,9 +420,24 @@ impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
     /// is sound, as for a decision whose compare-and-swap is retried.
     #[inline]
     pub(crate) fn take_at(&self, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
+        self.take_counted(n, now, true)
+    }
+
+    /// [`take_at`](Self::take_at), counted in the stats when `counted` (not
+    /// for a combined layer settling a response's cost, which is no decision
+    /// on a request).
+    #[inline]
+    pub(crate) fn take_counted(
+        &self,
+        n: u32,
+        now: u64,
+        counted: bool,
+    ) -> (KeyedDecision, Option<Receipt>) {
         let epoch = self.algorithm().epoch();
         let (decision, written) = self.cell().take(self.algorithm(), now, n);
-        self.count(decision.is_allowed());
+        if counted {
+            self.count(decision.is_allowed());
+        }
         (
             decision.into(),
             written.map(|written| Receipt {

@@ -914,3 +914,62 @@ async fn a_live_quota_shrunk_below_the_cost_is_a_misconfiguration_not_a_wait() {
     let r = send(&mut service, request(Some("b"), "10.0.0.1:1")).await;
     assert_eq!(r.status(), 200);
 }
+
+/// Settling a response's cost (charging, lending, draining) is no decision
+/// on a request: the limiters' own stats count the one admission, not the
+/// takes and halving loans of the settlement (one request charged 1 whose
+/// response said 1,000 counted 3 admissions and 4 denials).
+#[tokio::test]
+async fn settling_is_not_counted_as_decisions_in_the_limiters_stats() {
+    use turnstile::KeyedBuilder;
+
+    let clock = ManualClock::new();
+    let per_key = Arc::new(
+        KeyedBuilder::<String, _>::new(turnstile::TokenBucket::new(
+            Quota::new(100, 1, Duration::from_secs(1)).unwrap(),
+        ))
+        .clock(clock.clone())
+        .build()
+        .unwrap(),
+    );
+    let global = Arc::new(
+        RateLimiter::with_clock(
+            Quota::new(10_000, 1, Duration::from_secs(1)).unwrap(),
+            clock.clone(),
+        )
+        .counted(),
+    );
+    let layer = Limits::builder()
+        .limit_shared("key", api_key(), Arc::clone(&per_key))
+        .unwrap()
+        .limit_shared("all", Global, Arc::clone(&global))
+        .unwrap()
+        .cost_from_response(|parts| {
+            parts
+                .headers
+                .get("x-tokens-used")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()
+        })
+        .drain_when(|parts| parts.status == StatusCode::TOO_MANY_REQUESTS)
+        .build()
+        .unwrap();
+    let mut service = layer.layer(echo());
+    let mut r = request(Some("a"), "10.0.0.1:1");
+    r.headers_mut().insert("x-cost", "1000".parse().unwrap());
+    assert_eq!(send(&mut service, r).await.status(), 200);
+    let mut r = request(Some("b"), "10.0.0.1:1");
+    r.headers_mut().insert("x-answer", "429".parse().unwrap());
+    assert_eq!(send(&mut service, r).await.status(), 429);
+    let stats = layer.stats();
+    assert!(
+        stats.charged + stats.lent > 0,
+        "the settlement took: {stats:?}"
+    );
+    let keyed = per_key.stats();
+    assert_eq!((keyed.admitted, keyed.denied), (2, 0), "{keyed:?}");
+    let direct = global.stats();
+    assert_eq!((direct.admitted, direct.denied), (2, 0), "{direct:?}");
+}

@@ -369,3 +369,124 @@ async fn redis_limits_append_their_items_stacked_or_combined() {
         [("edge".into(), 97), ("fleet".into(), 0)]
     );
 }
+
+/// A request dropped while its Redis limit decides (a timeout around the
+/// service, a client gone) never reaches the service: its in-process
+/// admissions are given back, as a refusal would give them back. They were
+/// kept: a Redis stall behind a timeout spent every key's allowance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_while_redis_decides_gives_its_in_process_permits_back() {
+    let Some(server) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let per_key = Arc::new(
+        KeyedLimiter::<String>::builder(Quota::new(1, 1, Duration::from_secs(3_600)).unwrap())
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
+    let layer = Limits::builder()
+        .limit_shared("key", api_key(), Arc::clone(&per_key))
+        .unwrap()
+        .redis_limit(
+            "fleet",
+            Global,
+            exact("dropped", 100),
+            connection(server.client()),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let service = layer.layer(inner(Arc::clone(&calls)));
+    // Connected and the script loaded before Redis is held.
+    let first = service.clone().oneshot(with_key("warm")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+
+    let paused = server.pause(Duration::from_millis(600));
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(200),
+        service.clone().oneshot(with_key("z")),
+    )
+    .await;
+    assert!(
+        abandoned.is_err(),
+        "the request waits for Redis: {abandoned:?}"
+    );
+    assert_eq!(per_key.remaining("z"), 1, "the key's one permit is back");
+    paused.wait();
+    let r = service.clone().oneshot(with_key("z")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "{:?}", r.headers());
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the dropped request never ran"
+    );
+}
+
+/// A Redis limit refuses after an in-process limit admitted, and that
+/// admission's give-back declines (its word changed during the round trip):
+/// the in-process limit now refuses too, and the answer's wait is never
+/// shorter than its. It was the Redis limit's alone: a client told to come
+/// back in a minute was refused for an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wait_after_a_redis_refusal_covers_an_in_process_permit_kept_spent() {
+    use turnstile::RateLimiter;
+
+    let Some(server) = redis_server::server("limits_redis") else {
+        return;
+    };
+    // Three at once, one more an hour.
+    let global = Arc::new(RateLimiter::new(
+        Quota::new(3, 1, Duration::from_secs(3_600)).unwrap(),
+    ));
+    // One at once, one more a minute.
+    let fleet = Arc::new(Guarded::<TokenBucket>::new(
+        RedisLimiter::new(
+            "kept",
+            TokenBucket::new(Quota::new(1, 1, Duration::from_secs(60)).unwrap()),
+        )
+        .unwrap(),
+        OnFailure::Deny,
+        Duration::from_secs(1),
+    ));
+    let layer = Limits::builder()
+        .limit_shared("all", Global, Arc::clone(&global))
+        .unwrap()
+        .redis_limit("fleet", Global, fleet, connection(server.client()))
+        .unwrap()
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let service = layer.layer(inner(Arc::clone(&calls)));
+    let first = service.clone().oneshot(with_key("a")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(global.remaining(), 2);
+
+    let paused = server.pause(Duration::from_millis(400));
+    let refused = tokio::spawn(service.clone().oneshot(with_key("b")));
+    // The request took the global limit's permit and waits for Redis;
+    // another decision changes the word meanwhile.
+    let began = Instant::now();
+    while global.remaining() != 1 {
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "the request never took its permit"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(global.try_acquire().is_allowed());
+    paused.wait();
+    let r = refused.await.unwrap().unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(global.remaining(), 0, "the give-back declined");
+    let retry_after: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        retry_after > 3_000,
+        "the global limit refuses for about an hour, told {retry_after} s"
+    );
+}

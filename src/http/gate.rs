@@ -187,6 +187,11 @@ pub trait GateLimiter<Q: ?Sized>: LimiterStats {
         let _ = now;
         self.stage_take(key, n)
     }
+    /// `n` permits for `key` (`1 <= n <=` the key's capacity), not counted in
+    /// the limiter's stats (a combined layer settling a response's cost: no
+    /// decision on a request); whether they were taken.
+    #[doc(hidden)]
+    fn settle_take(&self, key: &Q, n: u32) -> bool;
     /// Give back what [`stage_take`](Self::stage_take) took for `key`, exactly
     /// or not at all.
     #[doc(hidden)]
@@ -298,6 +303,10 @@ where
         self.stage(key).take_within(n)
     }
 
+    fn settle_take(&self, key: &Q, n: u32) -> bool {
+        self.take_uncounted(key, n)
+    }
+
     fn shared_readings(&self) -> Option<usize> {
         self.clock().shared_readings()
     }
@@ -336,13 +345,13 @@ where
         if let Some(bucket) = this.downcast_ref::<KeyedLimiter<K, TokenBucket, C, S>>() {
             let capacity = bucket.algorithm().capacity();
             return owe(capacity, n, |n| {
-                bucket.reserve_n(key, n, Duration::MAX).is_ok()
+                bucket.reserve_counted(key, n, Duration::MAX, false).is_ok()
             });
         }
         if let Some(bucket) = this.downcast_ref::<KeyedLimiter<K, LiveTokenBucket, C, S>>() {
             let capacity = bucket.algorithm().capacity();
             return owe(capacity, n, |n| {
-                bucket.reserve_n(key, n, Duration::MAX).is_ok()
+                bucket.reserve_counted(key, n, Duration::MAX, false).is_ok()
             });
         }
         0
@@ -419,6 +428,10 @@ where
     #[inline]
     fn stage_take(&self, key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>) {
         self.limiter_of(key).stage(key).take_within(n)
+    }
+
+    fn settle_take(&self, key: &Q, n: u32) -> bool {
+        self.limiter_of(key).take_uncounted(key, n)
     }
 
     fn shared_readings(&self) -> Option<usize> {
@@ -509,6 +522,12 @@ where
         Stage::take_within(self, n)
     }
 
+    fn settle_take(&self, _key: &Q, n: u32) -> bool {
+        self.take_counted(n, self.clock().now(), false)
+            .0
+            .is_allowed()
+    }
+
     fn shared_readings(&self) -> Option<usize> {
         self.clock().shared_readings()
     }
@@ -546,12 +565,12 @@ where
         let this: &dyn Any = self;
         if let Some(bucket) = this.downcast_ref::<RateLimiter<TokenBucket, C, M>>() {
             return owe(bucket.capacity(), n, |n| {
-                bucket.reserve_n(n, Duration::MAX).is_ok()
+                bucket.reserve_counted(n, Duration::MAX, false).is_ok()
             });
         }
         if let Some(bucket) = this.downcast_ref::<RateLimiter<LiveTokenBucket, C, M>>() {
             return owe(bucket.capacity(), n, |n| {
-                bucket.reserve_n(n, Duration::MAX).is_ok()
+                bucket.reserve_counted(n, Duration::MAX, false).is_ok()
             });
         }
         0

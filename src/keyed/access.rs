@@ -30,6 +30,17 @@ where
         self.inner.take(key, n, true)
     }
 
+    /// [`take`](Self::take) without counting it in the limiter's stats: a
+    /// combined layer settling a response's cost, which is no decision on a
+    /// request.
+    pub(crate) fn take_uncounted<Q>(&self, key: &Q, n: u32) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.inner.take(key, n, false).0.is_allowed()
+    }
+
     /// [`take`](Self::take) at `now`, a reading of a clock whose readings
     /// are this limiter's ([`Clock::shared_readings`]): a combined layer's
     /// one reading for all its limits. Any reading is sound for a key found
@@ -52,19 +63,20 @@ where
     }
 
     /// [`take`](Self::take), deciding with `algorithm` on this limiter's
-    /// words (a reservation's).
+    /// words (a reservation's); counted in the stats when `counted`.
     pub(crate) fn take_with<B, Q>(
         &self,
         algorithm: &B,
         key: &Q,
         n: u32,
+        counted: bool,
     ) -> (KeyedDecision, Option<u64>, u64)
     where
         B: Algorithm,
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.take_with(algorithm, key, n, true)
+        self.inner.take_with(algorithm, key, n, counted)
     }
 
     /// Replace `key`'s word by `next(word)` if the key is linked and `next`

@@ -268,6 +268,18 @@ impl<A: Lend, C: Clock, M: Counter> RateLimiter<A, C, M> {
         n: u32,
         max_delay: Duration,
     ) -> Result<Reservation<'_, C, M, A>, ReserveError> {
+        self.reserve_counted(n, max_delay, true)
+    }
+
+    /// [`reserve_n`](Self::reserve_n), counted in the stats when `counted`
+    /// (not for a combined layer lending a response's cost, which is no
+    /// decision on a request).
+    pub(crate) fn reserve_counted(
+        &self,
+        n: u32,
+        max_delay: Duration,
+        counted: bool,
+    ) -> Result<Reservation<'_, C, M, A>, ReserveError> {
         let bucket = self.algorithm();
         check_permits(n, bucket.capacity())?;
         let lender = Lender::new(bucket, max_delay, &|_| {});
@@ -276,7 +288,9 @@ impl<A: Lend, C: Clock, M: Counter> RateLimiter<A, C, M> {
         let changes = bucket.changes();
         let now = self.clock().now();
         let (decision, written) = self.cell().take(&lender, now, n);
-        self.count(decision.is_allowed());
+        if counted {
+            self.count(decision.is_allowed());
+        }
         match written {
             Some(written) => Ok(Reservation {
                 limiter: self,
@@ -467,6 +481,22 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.reserve_counted(key, n, max_delay, true)
+    }
+
+    /// [`reserve_n`](Self::reserve_n), counted in the stats when `counted`
+    /// (not for a combined layer lending a response's cost).
+    pub(crate) fn reserve_counted<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u32,
+        max_delay: Duration,
+        counted: bool,
+    ) -> Result<KeyedReservation<'a, K, Q, C, S, A>, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let bucket = self.algorithm();
         check_permits(n, bucket.capacity())?;
         // A loan stamps its key's word ahead of the clock; key-limit denials
@@ -475,7 +505,7 @@ where
         let lender = Lender::new(bucket, max_delay, &note);
         // As in `RateLimiter::reserve_n`.
         let changes = bucket.changes();
-        match self.take_with(&lender, key, n) {
+        match self.take_with(&lender, key, n, counted) {
             (KeyedDecision::Allowed { .. }, Some(written), at) => Ok(KeyedReservation {
                 limiter: self,
                 key,

@@ -97,7 +97,7 @@ impl<C: Clock> LeasedLimiter<C> {
         if purpose == Purpose::Miss {
             // A miss on a new key wrote nothing: link it, so that its word
             // can carry the claim.
-            let _ = self.local.take_with(&Link, key, 1);
+            let _ = self.local.take_with(&Link, key, 1, true);
         }
         let now = self.local.clock().now();
         let now_units = word::units_down(now);

@@ -354,19 +354,26 @@ fn refused(
     if rest.iter().any(|later| later.beyond(head, n)) {
         return beyond_capacity();
     }
-    let longest = rest
-        .iter()
-        .filter_map(|later| later.wait(head, n))
-        .chain(decision.retry_after())
-        .max();
-    let decision = match (decision, longest) {
+    let decision = with_longest(
+        decision,
+        rest.iter().filter_map(|later| later.wait(head, n)),
+    );
+    Verdict::Refused { by, decision }
+}
+
+/// `decision`, a denial, with the longest of its retry-after and `waits`.
+pub(super) fn with_longest(
+    decision: KeyedDecision,
+    waits: impl Iterator<Item = RetryAfter>,
+) -> KeyedDecision {
+    let longest = waits.chain(decision.retry_after()).max();
+    match (decision, longest) {
         (KeyedDecision::KeyLimit { .. }, Some(retry_after)) => {
             KeyedDecision::KeyLimit { retry_after }
         }
         (_, Some(retry_after)) => KeyedDecision::Denied { retry_after },
         (other, None) => other,
-    };
-    Verdict::Refused { by, decision }
+    }
 }
 
 /// Keep an admission's ticket, to settle it after the response (or give it

@@ -142,17 +142,25 @@ type CostOf = Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>;
 ///    the limit most likely to deny first (usually the per-key one).
 /// 3. **The longest wait.** A denial answers 429 (503 when a new key met a
 ///    full key bound) with the longest retry-after of the limit that denied
-///    and of every later limit that would deny too: a client that waits that
-///    long is not refused by a limit it never reached. Earlier limits
+///    and of every later in-process limit that would deny too (and, when a
+///    limit in Redis denied, of every in-process limit whose permit its
+///    give-back could not return): a client that waits that long is not
+///    refused by an in-process limit it never reached. Earlier limits
 ///    admitted, so waiting longer than their own wait is not needed for them;
 ///    the wait is never shorter than any refusing limit's, so a client that
-///    honours it is never told to come back too early.
-/// 4. **Told honestly.** Every answer but a 401 carries one item per limit in
-///    the `RateLimit-Policy` and `RateLimit` fields (structured-field Lists,
-///    draft-ietf-httpapi-ratelimit-headers -07 onwards), appended to any a
-///    layer closer to the service set: `r` is that limit's own remaining
-///    after this decision, `t` its own wait when it refuses, and a limit with
-///    tiers advertises the key's tier (`"api.paid";q=100;w=1`). Nothing is
+///    honours it is never told to come back too early by a limit that was
+///    asked. Limits in Redis are not asked when an in-process limit refuses
+///    (that refusal costs no call), so their waits are not in it: a client
+///    may still find one of them refusing when it comes back.
+/// 4. **Told honestly.** Every 429 and 503, and every admission, carries an
+///    item in the `RateLimit-Policy` and `RateLimit` fields
+///    (structured-field Lists, draft-ietf-httpapi-ratelimit-headers -07
+///    onwards) for each in-process limit and for each limit in Redis that
+///    was asked (not those after a refusing one, nor any after an
+///    in-process refusal), appended to any a layer closer to the service
+///    set: `r` is that limit's own remaining after this decision, `t` its
+///    own wait when it refuses, and a limit with tiers advertises the key's
+///    tier (`"api.paid";q=100;w=1`). A 401 and a 500 carry none. Nothing is
 ///    advertised for an algorithm of your own that does not
 ///    [`advertise`](crate::Algorithm::advertise).
 ///
@@ -284,7 +292,9 @@ pub struct LimitsStats {
     /// Refunds a limit declined, keeping the permits spent (never more than
     /// was taken is given back).
     pub refund_declined: u64,
-    /// Permits charged after the response, beyond the cost taken up front.
+    /// Permits taken after the response: beyond the cost taken up front, and,
+    /// for a real cost below it whose refund went back exactly, the real
+    /// cost taken again after that refund.
     pub charged: u64,
     /// Permits charged after the response from a token bucket's next
     /// refills, beyond what it held (it lends at most one fill ahead): the
@@ -488,7 +498,11 @@ impl LimitsBuilder {
     /// ([`LimitsStats::forgiven`]), not carried. So each limit admits, over
     /// any interval, no more permits than its own bound allows plus the
     /// permits forgiven in it, and each request can have at most its real
-    /// cost less the up-front charge forgiven.
+    /// cost less the up-front charge forgiven in an in-process limit. In a
+    /// limit in Redis a real cost below the charge is settled in two calls
+    /// (the charge given back, then the real cost taken): other replicas
+    /// can take the permits given back in between, and the real cost is
+    /// then forgiven, up to all of it (counted the same way).
     /// Charge up front the cost you expect ([`cost`](Self::cost)) to keep
     /// the forgiven share small.
     ///

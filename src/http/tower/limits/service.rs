@@ -1,7 +1,7 @@
 //! The [`Limited`] service: a request decided by the in-process limits at
 //! once, by the remote ones in its response future, then answered.
 
-use super::decide::{Decide, First, Verdict};
+use super::decide::{Decide, First, Verdict, with_longest};
 use super::items::{Items, State};
 use super::remote::{RemoteOutcome, push_remote, remote_phase};
 use super::settle::{Settlement, Ticket};
@@ -168,7 +168,7 @@ impl<Svc, R> Limited<Svc, R> {
             Waiting {
                 inner,
                 request,
-                tickets,
+                tickets: Unsettled(tickets),
                 finish: Box::new(move |outcome, request, tickets| {
                     layer.finish_remote(outcome, request, tickets)
                 }),
@@ -301,6 +301,16 @@ impl<R> Limits<R> {
                 }
                 let decision = KeyedDecision::from(decision);
                 shared.count_denial(shared.limits.len() + by, decision);
+                // A give-back declined (a busy word changed during the round
+                // trip) keeps an in-process permit spent: that limit may
+                // refuse now too, and the wait is never shorter than its.
+                let decision = with_longest(
+                    decision,
+                    shared
+                        .limits
+                        .iter()
+                        .filter_map(|l| l.wait(&head, shared.cost)),
+                );
                 let mut items = Items::default();
                 shared.report(&head, true, &mut items);
                 if shared.advertise {
@@ -354,8 +364,29 @@ pub(super) type FinishWith<ReqBody, B> =
 pub(super) struct Waiting<Svc, ReqBody, B> {
     pub(super) inner: Svc,
     pub(super) request: Request<ReqBody>,
-    pub(super) tickets: Vec<Box<dyn Ticket>>,
+    pub(super) tickets: Unsettled,
     pub(super) finish: FinishWith<ReqBody, B>,
+}
+
+/// The in-process admissions of a request waiting for its remote limits:
+/// given back (exactly or not at all) if the request is dropped before they
+/// answer (a timeout around the service, a client gone), as a refusal
+/// would give them back; the request never reached the service.
+pub(super) struct Unsettled(pub(super) Vec<Box<dyn Ticket>>);
+
+impl Unsettled {
+    /// The admissions, for the remote limits' answer to settle.
+    fn into_inner(mut self) -> Vec<Box<dyn Ticket>> {
+        core::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        for ticket in self.0.drain(..).rev() {
+            let _ = ticket.give_back();
+        }
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -464,7 +495,7 @@ where
                     else {
                         return Poll::Pending;
                     };
-                    match finish(outcome, &request, tickets) {
+                    match finish(outcome, &request, tickets.into_inner()) {
                         Finish::Admit(fields, settle) => {
                             *this.fields = fields;
                             *this.settle = settle;

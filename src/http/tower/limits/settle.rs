@@ -169,7 +169,7 @@ where
         if ask == 0 {
             break;
         }
-        if limiter.stage_take(key, ask).0.is_allowed() {
+        if limiter.settle_take(key, ask) {
             left -= ask;
         }
     }
