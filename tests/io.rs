@@ -529,3 +529,86 @@ async fn a_deadline_fails_a_write_at_once_taking_nothing() {
     assert_eq!(clock.now(), 0, "it did not sleep");
     assert_eq!(out.credit(), 0);
 }
+
+/// A write abandoned mid-wait (its future dropped by a timeout) and a write
+/// made long after: the deadline counts only what the new write waits. It
+/// counted from the abandoned wait's start, and failed at once with a wait
+/// of 10.5 s "past the deadline of 2 s", where the permits came in 1 s.
+#[tokio::test(start_paused = true)]
+async fn a_deadline_counts_only_the_wait_of_the_write_taken_up() {
+    use turnstile::WaitOptions;
+
+    let clock = TokioClock::new();
+    // 1 byte a millisecond, bursts of 4,000.
+    let limiter = Arc::new(RateLimiter::with_clock(
+        Quota::new(4_000, 1, Duration::from_millis(1)).unwrap(),
+        clock.clone(),
+    ));
+    let mut out = ShapedWrite::new(tokio::io::sink(), Arc::clone(&limiter))
+        .chunk(1_000)
+        .with_options(WaitOptions::new().deadline(Duration::from_secs(2)));
+    assert!(limiter.try_acquire_n(4_000).unwrap().is_allowed());
+    let abandoned = tokio::time::timeout(Duration::from_millis(500), out.write(&[0; 1_000])).await;
+    assert!(abandoned.is_err(), "the write waits for its bytes");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Another consumer empties the bucket: the next write waits 1 s.
+    assert!(limiter.try_acquire_n(4_000).unwrap().is_allowed());
+    let began = tokio::time::Instant::now();
+    assert_eq!(out.write(&[0; 1_000]).await.unwrap(), 1_000);
+    assert_eq!(began.elapsed(), Duration::from_secs(1));
+}
+
+/// An algorithm of the application's own whose capacity is 0 can never
+/// admit: a write on it fails with the typed error instead of spinning in
+/// one poll for ever.
+#[tokio::test]
+async fn a_writer_on_an_algorithm_that_holds_nothing_fails_instead_of_spinning() {
+    use turnstile::{AcquireError, Algorithm, Decision, RetryAfter, WaitError};
+
+    struct Nothing;
+    impl Algorithm for Nothing {
+        fn fresh(&self) -> u64 {
+            0
+        }
+        fn capacity(&self) -> u32 {
+            0
+        }
+        fn decide(&self, _: u64, _: u64, _: u32) -> (Decision, Option<u64>) {
+            (
+                Decision::Denied {
+                    retry_after: RetryAfter::from_nanos(1_000_000),
+                },
+                None,
+            )
+        }
+        fn remaining(&self, _: u64, _: u64) -> u32 {
+            0
+        }
+        fn refund(&self, _: u64, _: u64, _: u32) -> Option<u64> {
+            None
+        }
+        fn is_fresh_equivalent(&self, _: u64, _: u64) -> bool {
+            true
+        }
+        fn fresh_after_idle(&self) -> Duration {
+            Duration::ZERO
+        }
+    }
+    let limiter = RateLimiter::from_parts(Nothing, turnstile::RealClock::default());
+    let mut out = ShapedWrite::new(tokio::io::sink(), &limiter);
+    let error = tokio::time::timeout(Duration::from_secs(10), out.write(&[0; 10]))
+        .await
+        .expect("the write returns")
+        .unwrap_err();
+    let inner = error.get_ref().and_then(|e| e.downcast_ref::<WaitError>());
+    assert!(
+        matches!(
+            inner,
+            Some(WaitError::Acquire(AcquireError::InsufficientCapacity {
+                capacity: 0,
+                ..
+            }))
+        ),
+        "{error:?}"
+    );
+}

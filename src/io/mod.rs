@@ -46,13 +46,16 @@
 //! **Nothing is taken before it is admitted.** A wait takes nothing while it
 //! sleeps: dropping the future that polls an adapter (a `select!` that
 //! picked another branch, a timeout) spends nothing, and the adapter carries
-//! on where it was when polled again.
+//! on where it was when polled again (a deadline of
+//! [`WaitOptions`](crate::WaitOptions) counts the time waited, not the time
+//! between the abandoned wait's end and the next poll).
 //!
 //! **Large items and large buffers are split.** One decision takes at most
 //! the limiter's capacity, so a burst never exceeds the bucket: an item whose
 //! cost is larger is paid in instalments of at most a bucketful, and a read
 //! or write asks for at most [`chunk`](ShapedWrite::chunk) bytes (64 KiB by
-//! default, never more than a quarter of the capacity, so that a wake-up
+//! default, never more than a quarter of the capacity (and at least one
+//! byte, for a capacity below 4), so that a wake-up
 //! that comes late finds the bucket not yet full and loses nothing) and
 //! moves at most that many.
 //!
@@ -107,8 +110,12 @@ use crate::RateLimiter;
 /// reference to one, an `Arc` of one, or one key of a keyed limiter
 /// ([`KeyThrottle`]).
 ///
-/// Sealed: implemented for the crate's limiters only, whose decisions the
-/// adapters' guarantees rest on.
+/// Sealed: implemented for the crate's limiters only (a [`RateLimiter`] over
+/// any [`Algorithm`], the crate's or one of the
+/// application's own), whose cells the adapters' guarantees rest on. An
+/// algorithm of the application's own whose capacity is 0 makes every
+/// adapter's wait fail with
+/// [`AcquireError::InsufficientCapacity`](crate::AcquireError::InsufficientCapacity).
 pub trait Throttle: Waitable {}
 
 impl<T: Waitable + ?Sized> Throttle for T {}

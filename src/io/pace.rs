@@ -99,10 +99,20 @@ impl Pacer {
     ) -> Poll<Result<(), WaitError>> {
         loop {
             if self.sleeping {
-                if let Some(sleep) = self.sleep.as_mut()
-                    && sleep.as_mut().poll(cx).is_pending()
-                {
-                    return Poll::Pending;
+                if let Some(sleep) = self.sleep.as_mut() {
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    // Time past the timer's end before this poll was nobody's
+                    // wait: a wait abandoned (its future dropped by a timeout
+                    // or a `select!`) and taken up by a later call counts
+                    // toward the deadline only what it waited.
+                    let late =
+                        tokio::time::Instant::now().saturating_duration_since(sleep.deadline());
+                    if let Some(start) = self.start.as_mut() {
+                        *start = start
+                            .saturating_add(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+                    }
                 }
                 self.sleeping = false;
             }
@@ -161,16 +171,26 @@ impl Pacer {
         options: &WaitOptions,
     ) -> Poll<Result<(), WaitError>> {
         while *owed > 0 {
-            // The capacity is at least 1 for every algorithm.
-            let n = u32::try_from(*owed)
-                .unwrap_or(u32::MAX)
-                .min(w.capacity())
-                .max(1);
+            let capacity = w.capacity();
+            if capacity == 0 {
+                // An algorithm of the application's own that holds nothing:
+                // no payment can ever be made.
+                return Poll::Ready(Err(WaitError::Acquire(
+                    AcquireError::InsufficientCapacity {
+                        requested: 1,
+                        capacity,
+                    },
+                )));
+            }
+            let n = u32::try_from(*owed).unwrap_or(u32::MAX).min(capacity);
             match self.poll_take(cx, w, n, options) {
                 Poll::Ready(Ok(())) => *owed -= u64::from(n),
+                // Lowered by a live quota since it was read: ask again for
+                // what the new capacity allows.
                 Poll::Ready(Err(WaitError::Acquire(AcquireError::InsufficientCapacity {
+                    capacity: now,
                     ..
-                }))) => {}
+                }))) if now < n => {}
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             }
