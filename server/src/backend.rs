@@ -436,25 +436,28 @@ impl<A: LiveForm> LimitState for Live<A> {
     }
 }
 
-/// A `RateLimit-Policy` name from a limit's full key: the characters a
-/// policy name may hold, others as `_`, at most 64.
+/// A `RateLimit-Policy` name from a limit's full key: the key itself when
+/// it is at most 64 characters a policy name may hold; otherwise those
+/// characters (others as `_`), cut to 55, then `.` and 8 hex digits of a
+/// hash of the whole key, so that two limits whose keys differ only past
+/// the cut or in the characters replaced do not advertise one name.
 pub(crate) fn policy_name(full_key: &str) -> String {
-    let name: String = full_key
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(64)
-        .collect();
-    if name.is_empty() {
-        "limit".to_string()
-    } else {
-        name
+    const MOST: usize = 64;
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    if !full_key.is_empty() && full_key.len() <= MOST && full_key.chars().all(allowed) {
+        return full_key.to_string();
     }
+    let mut name: String = full_key
+        .chars()
+        .map(|c| if allowed(c) { c } else { '_' })
+        .take(MOST - 9)
+        .collect();
+    // FNV-1a, 32 bits: stable across runs and builds, as a name must be.
+    let hash = full_key.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    name.push_str(&format!(".{hash:08x}"));
+    name
 }
 
 pub(crate) fn duration_nanos(duration: Duration) -> u64 {
@@ -574,5 +577,41 @@ impl<A: Algorithm> Keyed<A> {
                 Duration::from_nanos(window - now % window.max(1))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::policy_name;
+    use turnstile::RateLimitPolicy;
+
+    /// Keys that differ past the cut or only in characters replaced get
+    /// names of their own, each a valid policy name; a key that is a valid
+    /// name already is its own.
+    #[test]
+    fn policy_names_stay_apart_and_valid() {
+        let long = "d.".to_string() + &"k".repeat(70);
+        let keys = [
+            "d.user_alice".to_string(),
+            long.clone() + "a",
+            long + "b",
+            "d.user_ä".to_string(),
+            "d.user_ö".to_string(),
+            "d.user a".to_string(),
+            "d.user_a".to_string(),
+        ];
+        let names: Vec<String> = keys.iter().map(|k| policy_name(k)).collect();
+        assert_eq!(names[0], "d.user_alice");
+        assert_eq!(names[6], "d.user_a");
+        for (i, a) in names.iter().enumerate() {
+            assert!(
+                RateLimitPolicy::new(a, 1, std::time::Duration::from_secs(1)).is_ok(),
+                "{a:?}"
+            );
+            for b in &names[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_eq!(policy_name(&keys[1]), names[1], "stable");
     }
 }

@@ -90,7 +90,7 @@ where
             return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
         }
         let codec = BoundedCodec {
-            bounds: self.service.bounds(),
+            service: Arc::clone(&self.service),
         };
         let method = ShouldRateLimit(Arc::clone(&self.service));
         let max_message = self.max_message;
@@ -102,10 +102,12 @@ where
 }
 
 /// prost's codec, with the request's descriptors and entries counted in its
-/// encoded bytes before it is decoded.
-#[derive(Clone, Copy, Debug)]
+/// encoded bytes before it is decoded. A request it refuses (past the
+/// bounds, or not a valid encoding) is counted in the service's
+/// `turnstile_rls_invalid_requests_total`, as one the service refuses.
+#[derive(Clone, Debug)]
 pub struct BoundedCodec {
-    bounds: Bounds,
+    service: Arc<RateLimitService>,
 }
 
 impl Codec for BoundedCodec {
@@ -120,7 +122,7 @@ impl Codec for BoundedCodec {
 
     fn decoder(&mut self) -> BoundedDecoder {
         BoundedDecoder {
-            bounds: self.bounds,
+            service: Arc::clone(&self.service),
         }
     }
 }
@@ -143,7 +145,7 @@ impl Encoder for ResponseEncoder {
 /// prost.
 #[derive(Debug)]
 pub struct BoundedDecoder {
-    bounds: Bounds,
+    service: Arc<RateLimitService>,
 }
 
 impl Decoder for BoundedDecoder {
@@ -155,11 +157,16 @@ impl Decoder for BoundedDecoder {
         // The whole message, which tonic has buffered in one `BytesMut`:
         // taken without a copy.
         let bytes = src.copy_to_bytes(src.remaining());
-        check_encoded(&bytes, &self.bounds)
-            .map_err(|error| Status::invalid_argument(error.to_string()))?;
-        RateLimitRequest::decode(bytes)
-            .map(Some)
-            .map_err(|error| Status::internal(error.to_string()))
+        if let Err(error) = check_encoded(&bytes, &self.service.bounds()) {
+            self.service.metrics().invalid();
+            return Err(Status::invalid_argument(error.to_string()));
+        }
+        // INTERNAL, as grpc-go (envoyproxy/ratelimit's) and tonic answer a
+        // message they cannot decode.
+        RateLimitRequest::decode(bytes).map(Some).map_err(|error| {
+            self.service.metrics().invalid();
+            Status::internal(error.to_string())
+        })
     }
 }
 

@@ -255,7 +255,11 @@ async fn json(State(service): State<Arc<RateLimitService>>, body: Bytes) -> Resp
     };
     let request = match request {
         Ok(request) => request,
-        Err(message) => return (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response(),
+        Err(message) => {
+            // Refused before the service sees it: counted as it would count it.
+            service.metrics().invalid();
+            return (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response();
+        }
     };
     match service.should_rate_limit(&request).await {
         Ok(response) => {

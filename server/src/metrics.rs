@@ -136,6 +136,12 @@ impl Metrics {
         add(&self.override_refused);
     }
 
+    /// Requests refused as invalid so far ([`invalid`](Self::invalid)).
+    pub fn invalid_requests(&self) -> u64 {
+        // Reporting only: orders nothing.
+        self.invalid.load(Ordering::Relaxed)
+    }
+
     /// Descriptors refused so ([`override_refused`](Self::override_refused)).
     pub fn overrides_refused(&self) -> u64 {
         // Reporting only: orders nothing.

@@ -56,6 +56,8 @@ descriptors:
     .await;
     assert_eq!(status, 400);
     assert!(text.contains("domain must not be empty"), "{text}");
+    // Both counted, the one refused before the service saw it too.
+    assert_eq!(rls.service.metrics().invalid_requests(), 2);
     let (status, text) = http(rls.http, "GET", "/healthz", "").await;
     assert_eq!((status, text.as_str()), (200, "OK\n"));
     rls.stop().await;

@@ -641,6 +641,8 @@ async fn bounds_are_invalid_argument() {
             "{what}: {status:?}"
         );
     }
+    // Each counted, those the codec refused before decoding among them.
+    assert_eq!(rls.service.metrics().invalid_requests(), 7);
     // At the bounds exactly: answered.
     let most = request(
         "edge",
@@ -682,6 +684,7 @@ async fn invalid_utf8_is_refused_and_the_service_goes_on() {
         .await
         .expect_err("invalid UTF-8 must be refused");
     assert_ne!(status.code(), GrpcCode::Ok);
+    assert_eq!(rls.service.metrics().invalid_requests(), 1, "counted");
     assert!(
         status.message().contains("UTF-8")
             || status.message().contains("utf-8")
