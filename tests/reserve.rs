@@ -566,12 +566,15 @@ fn a_key_limit_wait_covers_keys_idle_with_a_loan() {
 /// A reservation cancelled `2^45` µs (1.1 years) or more after it was made
 /// declines: the word's time may have come round its span since, so that
 /// another word looks like the one the reservation wrote. Just inside that,
-/// with nothing decided since, the cancel is exact.
+/// with nothing decided since and the permits not yet usable, the cancel is
+/// exact. (A bucket of 2 refilled one a year: a reservation of both from
+/// empty is usable two years on, past the horizon.)
 #[test]
 fn a_cancel_is_exact_up_to_the_horizon_and_declines_from_it() {
     const HORIZON_NANOS: u64 = (1 << 45) * 1_000;
+    const YEAR: Duration = Duration::from_secs(365 * 86_400);
     let clock = ManualClock::new();
-    let quota = Quota::new(2, 1, Duration::from_secs(1)).unwrap();
+    let quota = Quota::new(2, 1, YEAR).unwrap();
     let direct = RateLimiter::with_clock(quota, clock.clone());
     let keyed = KeyedLimiter::<u64>::builder(quota)
         .clock(clock.clone())
@@ -579,19 +582,70 @@ fn a_cancel_is_exact_up_to_the_horizon_and_declines_from_it() {
         .unwrap();
     let start = 1_000;
     clock.set_nanos(start);
+    let drain = || {
+        let left = direct.remaining();
+        if left > 0 {
+            assert!(direct.try_acquire_n(left).unwrap().is_allowed());
+        }
+        let left = keyed.remaining(&1);
+        if left > 0 {
+            assert!(keyed.try_acquire_n(&1, left).unwrap().is_allowed());
+        }
+    };
+    drain();
     let (a, b) = (
-        direct.reserve_n(2, Duration::ZERO).unwrap(),
-        keyed.reserve_n(&1, 2, Duration::ZERO).unwrap(),
+        direct.reserve_n(2, Duration::MAX).unwrap(),
+        keyed.reserve_n(&1, 2, Duration::MAX).unwrap(),
     );
+    assert!(a.delay() > Duration::from_nanos(HORIZON_NANOS));
     clock.set_nanos(start + HORIZON_NANOS - 1);
     assert!(a.cancel(), "direct, just inside the horizon");
     assert!(b.cancel(), "keyed, just inside the horizon");
     let later = start + HORIZON_NANOS - 1;
+    drain();
     let (a, b) = (
-        direct.reserve_n(2, Duration::ZERO).unwrap(),
-        keyed.reserve_n(&1, 2, Duration::ZERO).unwrap(),
+        direct.reserve_n(2, Duration::MAX).unwrap(),
+        keyed.reserve_n(&1, 2, Duration::MAX).unwrap(),
     );
+    assert!(a.delay() > Duration::from_nanos(HORIZON_NANOS));
+    assert!(b.delay() > Duration::from_nanos(HORIZON_NANOS));
     clock.set_nanos(later + HORIZON_NANOS);
     assert!(!a.cancel(), "direct, at the horizon");
     assert!(!b.cancel(), "keyed, at the horizon");
+}
+
+/// A reservation whose permits are usable (the clock past its reading plus
+/// its delay) may have been used: its cancel declines and keeps them, as Go's
+/// `x/time/rate` does. It gave them back: a holder that acted and then
+/// cancelled let the bucket admit 3 in a second where it allows 2.
+#[test]
+fn a_cancel_after_the_permits_were_usable_declines() {
+    let clock = ManualClock::new();
+    let quota = Quota::new(1, 1, Duration::from_secs(1)).unwrap();
+    let direct = RateLimiter::with_clock(quota, clock.clone());
+    let keyed = KeyedLimiter::<u64>::builder(quota)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    clock.set_nanos(1_000);
+    assert!(direct.try_acquire().is_allowed());
+    assert!(keyed.try_acquire(&1).is_allowed());
+    let (a, b) = (
+        direct.reserve(Duration::from_secs(1)).unwrap(),
+        keyed.reserve_n(&1, 1, Duration::from_secs(1)).unwrap(),
+    );
+    assert_eq!(a.delay(), Duration::from_secs(1));
+    // At the usable time itself: not yet past it, exact.
+    clock.advance(Duration::from_secs(1));
+    assert!(a.cancel() && b.cancel());
+    let (a, b) = (
+        direct.reserve(Duration::from_secs(1)).unwrap(),
+        keyed.reserve_n(&1, 1, Duration::from_secs(1)).unwrap(),
+    );
+    assert_eq!(a.delay(), Duration::ZERO, "the refill came");
+    clock.advance(Duration::from_nanos(1));
+    assert!(!a.cancel(), "direct, usable and maybe used");
+    assert!(!b.cancel(), "keyed, usable and maybe used");
+    assert!(direct.try_acquire().is_denied());
+    assert!(keyed.try_acquire(&1).is_denied());
 }

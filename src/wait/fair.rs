@@ -46,8 +46,11 @@ pub enum FairError {
         deadline: Duration,
     },
     /// A keyed limiter's key is new and the limiter holds `max_keys` keys
-    /// already: it will not grow its memory for this key, so waiting in turn
-    /// would not help. `retry_after` is the limiter's hint
+    /// already: it will not grow its memory for this key. Answered at once
+    /// rather than waited out at the head of the queue, where it would hold
+    /// every waiter behind it until idle keys can be swept (a
+    /// [`KeyedLimiter::wait_n`](crate::KeyedLimiter::wait_n) outside a queue
+    /// waits it out). `retry_after` is the limiter's hint
     /// ([`KeyedDecision::KeyLimit`]).
     KeyLimit {
         /// The time after which idle keys can be swept.
@@ -193,7 +196,13 @@ impl FairTarget for Arc<ConcurrencyLimiter> {
 /// to join, to check whether it is the head, and to leave. Each waiter is
 /// polled when it joins and when it becomes the head, so a queue of `w`
 /// waiters costs `O(log w)` per poll (waiters are found by their arrival
-/// number) and `O(1)` to hand over. Per key, the queues live in one map behind
+/// number) and `O(1)` to hand over; a waiter that leaves from the middle
+/// (cancelled, or past its deadline) costs `O(min(i, w - i))` at place `i`.
+///
+/// The head sleeps the exact wait the limiter gave it. Permits that appear
+/// sooner (a live quota raised, a reservation cancelled, a refund) are seen
+/// when it wakes, not before, and the waiters behind it wait as long, while
+/// a plain `try_acquire` on the limiter may take them meanwhile. Per key, the queues live in one map behind
 /// the same mutex and a key's queue is removed when it empties, so memory is
 /// bounded by `max_waiters`, not by the number of keys ever seen.
 ///

@@ -320,17 +320,36 @@ impl<A: Lend, C: Clock, M: Counter> Reservation<'_, C, M, A> {
         self.n
     }
 
-    /// Give the permits back: `true` when the bucket is now exactly as if the
-    /// reservation had never been made; `false` when it declined, keeping
-    /// them taken, because another decision changed the bucket since (later
-    /// requests may already be queued behind this reservation, or have spent
-    /// from it; undoing it then could admit more than the quota allows), or
-    /// a live bucket's quota was changed since, or the clock has moved `2^45`
-    /// µs (1.1 years) or more past the reservation's reading (the word's time
-    /// may have come round its span, so that another word looks like this
-    /// one's).
+    /// Give the permits back, for an action that will not be taken: `true`
+    /// when the bucket is now exactly as if the reservation had never been
+    /// made; `false` when it declined, keeping them taken, because the
+    /// permits' time has passed (the clock is past the reservation's reading
+    /// plus its [`delay`](Self::delay): they were usable, and may have been
+    /// used, as Go's `x/time/rate` `Cancel` assumes too), or another
+    /// decision changed the bucket since (later requests may already be
+    /// queued behind this reservation, or have spent from it; undoing it then
+    /// could admit more than the quota allows), or a live bucket's quota was
+    /// changed since, or the clock has moved `2^45` µs (1.1 years) or more
+    /// past the reservation's reading (the word's time may have come round
+    /// its span, so that another word looks like this one's).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{ManualClock, Quota, RateLimiter};
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = RateLimiter::with_clock(Quota::new(1, 1, Duration::from_secs(1))?, clock.clone());
+    /// assert!(limiter.try_acquire().is_allowed());
+    /// let next = limiter.reserve(Duration::from_secs(1))?;
+    /// assert_eq!(next.delay(), Duration::from_secs(1));
+    /// clock.advance(Duration::from_millis(1_001));
+    /// // Usable since a millisecond ago: kept, as if used.
+    /// assert!(!next.cancel());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn cancel(self) -> bool {
-        if !within_refund_horizon(self.at, self.limiter.clock().now()) {
+        let now = self.limiter.clock().now();
+        if !within_refund_horizon(self.at, now) || usable_since(self.at, self.delay, now) {
             return false;
         }
         let (previous, written) = (self.previous, self.written);
@@ -342,6 +361,13 @@ impl<A: Lend, C: Clock, M: Counter> Reservation<'_, C, M, A> {
                     .is_some()
             })
     }
+}
+
+/// Whether a reservation read at `at` whose permits were usable `delay`
+/// after it is past that time at `now` (a reading behind `at` is not).
+fn usable_since(at: u64, delay: Duration, now: u64) -> bool {
+    let delay = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+    now.saturating_sub(at) > delay
 }
 
 impl<C, M, A> fmt::Debug for Reservation<'_, C, M, A> {
@@ -552,7 +578,8 @@ where
     pub fn cancel(self) -> bool {
         let (previous, written) = (self.previous, self.written);
         let (limiter, key) = (self.limiter, self.key);
-        if !within_refund_horizon(self.at, limiter.clock().now()) {
+        let now = limiter.clock().now();
+        if !within_refund_horizon(self.at, now) || usable_since(self.at, self.delay, now) {
             return false;
         }
         limiter.algorithm().cancel_unless_changed(self.changes, || {
