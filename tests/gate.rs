@@ -44,13 +44,16 @@ fn statuses_and_retry_after_rounded_up() {
         vec![("Retry-After", "2".to_string())]
     );
     assert_eq!(denied.to_string(), "429 Too Many Requests, Retry-After: 2");
-    // No key: 401, no headers, and nothing stored.
+    // No key: 401 with its challenge (RFC 9110), and nothing stored.
     let none = gate.check(None::<&str>);
     assert_eq!(
         (none.status(), none.to_string()),
         (401, "401 Unauthorized".to_string())
     );
-    assert!(gate.headers(&none).is_empty());
+    assert_eq!(
+        gate.headers(&none),
+        [("WWW-Authenticate", "ApiKey".to_string())]
+    );
     // The key bound: a new key gets 503 with Retry-After, not 429.
     let full = gate.check(Some("b"));
     assert_eq!(full.status(), 503);
@@ -87,7 +90,11 @@ fn ratelimit_fields_are_off_by_default_and_exact_when_on() {
             ("RateLimit", "\"per-key\";r=0;t=1".to_string()),
         ]
     );
-    assert!(gate.headers(&Outcome::Unauthorized).is_empty());
+    // A 401 carries its challenge and no policy fields.
+    assert_eq!(
+        gate.headers(&Outcome::Unauthorized),
+        [("WWW-Authenticate", "ApiKey".to_string())]
+    );
     // Windows round up to whole seconds.
     let policy = RateLimitPolicy::new("p", 1, Duration::from_millis(1_001)).unwrap();
     assert_eq!(policy.policy_value(), "\"p\";q=1;w=2");

@@ -803,6 +803,10 @@ impl<L> Gate<L> {
     /// let response: http::Response<String> = gate.response(&outcome);
     /// assert_eq!(response.status(), http::StatusCode::TOO_MANY_REQUESTS);
     /// assert_eq!(response.headers()["retry-after"], "3600");
+    /// // No key: 401, with the challenge RFC 9110 requires.
+    /// let anonymous: http::Response<String> = gate.response(&gate.check(None::<&str>));
+    /// assert_eq!(anonymous.status(), http::StatusCode::UNAUTHORIZED);
+    /// assert_eq!(anonymous.headers()["www-authenticate"], "ApiKey");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[cfg(feature = "tower")]
@@ -824,9 +828,11 @@ impl<L> Gate<L> {
     }
 
     /// The header fields to send with `outcome`: `Retry-After` (whole
-    /// seconds, rounded up) on 429 and 503, and the `RateLimit` fields when a
-    /// policy is set. Empty (and not allocated) for an admitted request without
-    /// a policy.
+    /// seconds, rounded up) on 429 and 503, `WWW-Authenticate: ApiKey` on a
+    /// 401 (RFC 9110 requires a challenge there; the tower layer sends its
+    /// extractor's, which names the header it reads), and the `RateLimit`
+    /// fields when a policy is set. Empty (and not allocated) for an admitted
+    /// request without a policy.
     ///
     /// The policy is [`policy`](Self::policy): the one set by hand, or the
     /// snapshot taken when the policy was derived. A derived policy of tiers
@@ -840,6 +846,9 @@ impl<L> Gate<L> {
         let mut headers = Vec::new();
         if let Some(secs) = outcome.retry_after_secs() {
             headers.push(("Retry-After", secs.to_string()));
+        }
+        if matches!(outcome, Outcome::Unauthorized) {
+            headers.push(("WWW-Authenticate", "ApiKey".to_string()));
         }
         if let Some(policy) = &self.policy
             && let Some(value) = policy.value(outcome)
@@ -921,6 +930,9 @@ impl<L> Gate<L> {
         let mut headers = Vec::new();
         if let Some(secs) = outcome.retry_after_secs() {
             headers.push(("Retry-After", secs.to_string()));
+        }
+        if matches!(outcome, Outcome::Unauthorized) {
+            headers.push(("WWW-Authenticate", "ApiKey".to_string()));
         }
         if let Some(policy) = key.and_then(|key| self.policy_for(key))
             && let Some(value) = policy.value(outcome)

@@ -137,6 +137,12 @@ enum ForwardHeader {
 /// the address. Read only the header your proxies set (and overwrite): a
 /// header they pass through untouched is the client's to forge.
 ///
+/// Every address inside a trusted network is taken for a proxy and passed
+/// over: list your proxies' addresses, not a network clients also sit in. A
+/// client inside a listed network (another pod in `10.0.0.0/8`, say) that
+/// goes through your proxy is passed over too, and the walk keys on the
+/// entry it wrote itself, a fresh one per request if it likes.
+///
 /// ```
 /// use std::net::{IpAddr, SocketAddr};
 /// use http::Request;
