@@ -42,6 +42,20 @@ impl<A: fmt::Debug, C: fmt::Debug> fmt::Debug for OnFailure<A, C> {
     }
 }
 
+impl<A: Algorithm, C: Clock> OnFailure<A, C> {
+    /// Whether the local share (if any) holds nothing a new one would not:
+    /// every key back at its whole allowance. Sweeps it to find out.
+    pub(crate) fn share_holds_nothing(&self) -> bool {
+        match self {
+            OnFailure::Local(share) => {
+                share.sweep();
+                share.is_empty()
+            }
+            _ => true,
+        }
+    }
+}
+
 impl OnFailure {
     /// Fail open to this process's share of `quota` when `processes` share
     /// it: a token bucket per key with `capacity / processes` tokens (at least
@@ -586,16 +600,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
     /// is back at its whole allowance. Sweeps the local share to find out.
     /// Dropping it then loses no count: the limit's counts are in Redis.
     pub fn holds_nothing(&self) -> bool {
-        if self.is_degraded() || self.ledger.total() != 0 {
-            return false;
-        }
-        match &self.on_failure {
-            OnFailure::Local(local) => {
-                local.sweep();
-                local.is_empty()
-            }
-            _ => true,
-        }
+        !self.is_degraded() && self.ledger.total() == 0 && self.on_failure.share_holds_nothing()
     }
 
     /// Ask for one permit for `key`; see [`try_acquire_n`](Self::try_acquire_n).

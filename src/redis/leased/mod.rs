@@ -420,16 +420,7 @@ impl<C: Clock> LeasedLimiter<C> {
             return false;
         }
         self.local.sweep();
-        if !self.local.is_empty() {
-            return false;
-        }
-        match &self.on_failure {
-            OnFailure::Local(share) => {
-                share.sweep();
-                share.is_empty()
-            }
-            _ => true,
-        }
+        self.local.is_empty() && self.on_failure.share_holds_nothing()
     }
 
     /// `true` while a failure is being backed off from: requests the leases
