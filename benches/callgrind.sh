@@ -88,6 +88,9 @@ for path in allow deny; do
         modes+=("algorithm $path $alg $M")
     done
 done
+for alg in token-bucket warm-up warm-up-warm; do
+    modes+=("algorithm deny-check $alg $M")
+done
 for who in turnstile turnstile-tiered turnstile-admitted turnstile-admitted-coarse floor-admitted-coarse; do
     modes+=("keyed-hot $who $M")
 done

@@ -116,7 +116,8 @@ impl Cell {
         // Relaxed: see the type's documentation.
         let mut current = self.word.load(Ordering::Relaxed);
         loop {
-            let (decision, next) = algorithm.decide(current, now, n);
+            // The denial's wait is left to the caller: `decide_untimed`.
+            let (decision, next) = algorithm.decide_untimed(current, now, n);
             let (Decision::Allowed { remaining }, Some(next)) = (decision, next) else {
                 if A::RECHECK_DENIAL
                     && let Some(actual) = self.moved(current)

@@ -221,6 +221,53 @@ proptest! {
         }
     }
 
+    /// `check` (the denial's wait worked out only when asked, and the ramp's
+    /// inversion skipped until then) decides as `try_acquire` does, and its
+    /// `retry_after` is the same exact wait; `decide_untimed` is `decide`
+    /// but for a denial's wait.
+    #[test]
+    fn check_defers_the_same_wait(
+        (quota, periods, cold) in configs(),
+        start in 0..MAX_READING,
+        trace in prop::collection::vec((moves(), any::<u32>()), 1..80),
+    ) {
+        let algorithm = warm_up(quota, periods, cold);
+        let capacity = quota.capacity();
+        let scale = quota.period().as_nanos() as u64 * u64::from(capacity.min(4));
+        let clock = ManualClock::new();
+        let acquired = RateLimiter::from_parts(algorithm, clock.clone());
+        let checked = RateLimiter::from_parts(algorithm, clock.clone());
+        let mut word = algorithm.fresh();
+        let mut now = start;
+        for (i, (m, raw)) in trace.iter().enumerate() {
+            now = step(now, m, scale);
+            clock.set_nanos(now);
+            // Mostly single permits, as `check` takes, with bursts between.
+            for _ in 0..(raw % 4) {
+                let _ = acquired.try_acquire();
+                let _ = checked.try_acquire();
+            }
+            let ours = acquired.try_acquire();
+            match (ours, checked.check()) {
+                (Decision::Allowed { remaining }, Ok(left)) => prop_assert_eq!(remaining, left, "step {}", i),
+                (Decision::Denied { retry_after }, Err(not_yet)) => {
+                    prop_assert_eq!(not_yet.retry_after(), retry_after, "step {} at {} ns", i, now);
+                }
+                (ours, theirs) => prop_assert!(false, "step {}: try_acquire {:?}, check {:?}", i, ours, theirs.map_err(|e| e.retry_after())),
+            }
+            let n = permits(*raw, capacity);
+            let (full, untimed) = (algorithm.decide(word, now, n), algorithm.decide_untimed(word, now, n));
+            prop_assert_eq!(full.1, untimed.1);
+            prop_assert_eq!(full.0.is_allowed(), untimed.0.is_allowed());
+            if full.0.is_allowed() {
+                prop_assert_eq!(full.0, untimed.0);
+            }
+            if let Some(next) = full.1 {
+                word = next;
+            }
+        }
+    }
+
     /// Guava #2730 (a zero warm-up there disabled the limit): a zero warm-up is
     /// the token bucket of the same quota, word for word, whatever the cold
     /// factor.
@@ -428,6 +475,29 @@ fn full_demand_at_any_grain_follows_the_ramp() {
 
 /// A zero warm-up limits: burst then the token bucket's exact wait; and a
 /// warm-up shorter than a period is one period, not none.
+/// A cold bucket emptied: `check` refuses, and the wait it gives when
+/// asked is `try_acquire`'s, the ramp's first batch (longer than a stable
+/// period: cold, the rate is a third of the stable one).
+#[test]
+fn a_cold_denial_through_check_waits_as_try_acquire_says() {
+    let quota = Quota::per_second_with_burst(10, 10).unwrap();
+    let warm = WarmUp::new(quota, quota.period() * 4, 3.0).unwrap();
+    let clock = ManualClock::new();
+    clock.set_nanos(1_000_000_000);
+    let limiter = RateLimiter::from_parts(warm, clock.clone());
+    while limiter.try_acquire().is_allowed() {}
+    let not_yet = limiter.check().unwrap_err();
+    let Decision::Denied { retry_after } = limiter.try_acquire() else {
+        panic!("an emptied bucket admitted");
+    };
+    assert_eq!(not_yet.retry_after(), retry_after);
+    assert!(
+        retry_after.duration() > quota.period(),
+        "cold, the first batch takes longer than a stable period: {:?}",
+        retry_after.duration()
+    );
+}
+
 #[test]
 fn zero_warm_up_limits_as_a_token_bucket() {
     let quota = Quota::new(3, 1, Duration::from_secs(1)).unwrap();

@@ -104,13 +104,35 @@ pub(crate) fn run_paired_algorithms() {
 
 /// One algorithm's direct decision on a manual clock (governor's on its fake
 /// clock): the algorithm alone, without a clock read's cost.
-pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
+///
+/// `deny-check` denies as `deny` does, through `check` (the wait left to be
+/// worked out only if asked, as governor's `check` leaves it) instead of
+/// `try_acquire`.
+pub(crate) fn run_algorithm(path: &str, which: &str, n: u64) -> ExitCode {
     use turnstile::{FixedWindow, Gcra, ManualClock, Quota, RateLimiter, SlidingWindow};
     const HOUR: Duration = Duration::from_secs(3_600);
-    fn run<A: turnstile::Algorithm>(a: A, n: u64) {
+    let (allow, check) = match path {
+        "allow" => (true, false),
+        "deny" => (false, false),
+        "deny-check" => (false, true),
+        other => {
+            eprintln!("unknown path {other:?}: allow, deny or deny-check");
+            return ExitCode::FAILURE;
+        }
+    };
+    macro_rules! run {
+        ($a:expr, $n:expr $(,)?) => {
+            run_on($a, $n, check)
+        };
+    }
+    fn run_on<A: turnstile::Algorithm>(a: A, n: u64, check: bool) {
         let l = RateLimiter::from_parts(a, ManualClock::new());
         let _ = l.try_acquire();
-        measured(n, || l.try_acquire());
+        if check {
+            measured(n, || l.check().is_ok());
+        } else {
+            measured(n, || l.try_acquire());
+        }
     }
     let quota = if allow {
         Quota::per_second(ALLOW_RATE)
@@ -120,20 +142,20 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
     .expect("a valid quota");
     let limit = if allow { (1 << 24) - 1 } else { 1 };
     match which {
-        "token-bucket" => run(turnstile::TokenBucket::new(quota), n),
-        "live-token-bucket" => run(
+        "token-bucket" => run!(turnstile::TokenBucket::new(quota), n),
+        "live-token-bucket" => run!(
             turnstile::LiveTokenBucket::new(quota).expect("a quota within the ceiling"),
             n,
         ),
-        "fixed-window" => run(FixedWindow::new(limit, HOUR).expect("valid"), n),
-        "sliding-window" => run(SlidingWindow::new(limit, 2 * HOUR).expect("valid"), n),
-        "gcra" => run(Gcra::new(quota), n),
-        "live-gcra" => run(turnstile::LiveGcra::new(quota), n),
+        "fixed-window" => run!(FixedWindow::new(limit, HOUR).expect("valid"), n),
+        "sliding-window" => run!(SlidingWindow::new(limit, 2 * HOUR).expect("valid"), n),
+        "gcra" => run!(Gcra::new(quota), n),
+        "live-gcra" => run!(turnstile::LiveGcra::new(quota), n),
         // The live windows laid out for their limit (the ceiling): the same
         // counts as the fixed forms'. The live sliding window's word has one
         // bit less for the window number, too few for two hours at this
         // ceiling: three hours (the arithmetic is the same).
-        "live-fixed-window" => run(
+        "live-fixed-window" => run!(
             turnstile::LiveFixedWindow::with_ceiling(
                 FixedWindow::new(limit, HOUR).expect("valid"),
                 limit,
@@ -141,7 +163,7 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
             .expect("valid"),
             n,
         ),
-        "live-sliding-window" => run(
+        "live-sliding-window" => run!(
             turnstile::LiveSlidingWindow::with_ceiling(
                 SlidingWindow::new(limit, 3 * HOUR).expect("valid"),
                 limit,
@@ -159,7 +181,7 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
                 quota
             };
             let warm = turnstile::WarmUp::new(quota, quota.period() * 4, 3.0).expect("valid");
-            run(warm, n)
+            run!(warm, n)
         }
         // The same bucket warmed: used period after period (heat at its
         // top), then, for denials, emptied; the clock stops there. A bucket
@@ -180,7 +202,11 @@ pub(crate) fn run_algorithm(allow: bool, which: &str, n: u64) -> ExitCode {
                 let _ = l.try_acquire();
             }
             while !allow && l.try_acquire().is_allowed() {}
-            measured(n, || l.try_acquire());
+            if check {
+                measured(n, || l.check().is_ok());
+            } else {
+                measured(n, || l.try_acquire());
+            }
         }
         "governor" => {
             let nz = |n| NonZeroU32::new(n).expect("nonzero");

@@ -60,6 +60,18 @@ pub trait Algorithm {
     /// must still not panic.
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>);
 
+    /// [`decide`](Self::decide), where a denial's wait is not needed: the
+    /// same admission and next word, and a denial whose `retry_after` may be
+    /// anything (the caller works the wait out again with `decide` if asked,
+    /// as [`NotYet`](crate::NotYet) does). The default decides in full; an
+    /// algorithm whose wait is costly to find and kept out of line, where the
+    /// compiler cannot drop it unused, skips it.
+    #[doc(hidden)]
+    #[inline(always)]
+    fn decide_untimed(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
+        self.decide(word, now, n)
+    }
+
     /// The permits a request could get at `now`, without taking any.
     fn remaining(&self, word: u64, now: u64) -> u32;
 

@@ -572,6 +572,53 @@ impl WarmUp {
         word & self.heat_bits >= self.warm_bits
     }
 
+    /// [`decide`](Algorithm::decide), with the denial's wait worked out
+    /// when `WAIT` (else a denial says 0: see `decide_untimed`).
+    #[inline(always)]
+    fn decide_as<const WAIT: bool>(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
+        // No dispatch to the token bucket for `N = 0`: with no heat bits
+        // every word is warm and the steps below are the token bucket's.
+        let t = self.layout.time_of(now);
+        let n = u64::from(n);
+        let untimed = || {
+            (
+                Decision::Denied {
+                    retry_after: RetryAfter::from_nanos(0),
+                },
+                None,
+            )
+        };
+        // `remaining <= capacity <= u32::MAX` in both arms.
+        match self.level(word, t) {
+            Level::AsStored { tokens, last } => {
+                if tokens < n {
+                    if !WAIT {
+                        return untimed();
+                    }
+                    return self.deny(tokens, self.is_warm(word), self.heat(word), last, now, n);
+                }
+                let remaining = (tokens - n) as u32;
+                (
+                    Decision::Allowed { remaining },
+                    Some(self.layout.spend(word, n)),
+                )
+            }
+            Level::Refilled { tokens, heat, base } => {
+                if tokens < n {
+                    if !WAIT {
+                        return untimed();
+                    }
+                    return self.deny(tokens, heat >= self.periods, heat, base, now, n);
+                }
+                let remaining = (tokens - n) as u32;
+                (
+                    Decision::Allowed { remaining },
+                    Some(self.pack(tokens - n, heat, base)),
+                )
+            }
+        }
+    }
+
     /// A denial: `available < n` tokens, refilled at `base`, at heat `heat`
     /// (read only when `warm` is false).
     #[inline(always)]
@@ -650,33 +697,15 @@ impl Algorithm for WarmUp {
 
     #[inline(always)]
     fn decide(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
-        // No dispatch to the token bucket for `N = 0`: with no heat bits
-        // every word is warm and the steps below are the token bucket's.
-        let t = self.layout.time_of(now);
-        let n = u64::from(n);
-        // `remaining <= capacity <= u32::MAX` in both arms.
-        match self.level(word, t) {
-            Level::AsStored { tokens, last } => {
-                if tokens < n {
-                    return self.deny(tokens, self.is_warm(word), self.heat(word), last, now, n);
-                }
-                let remaining = (tokens - n) as u32;
-                (
-                    Decision::Allowed { remaining },
-                    Some(self.layout.spend(word, n)),
-                )
-            }
-            Level::Refilled { tokens, heat, base } => {
-                if tokens < n {
-                    return self.deny(tokens, heat >= self.periods, heat, base, now, n);
-                }
-                let remaining = (tokens - n) as u32;
-                (
-                    Decision::Allowed { remaining },
-                    Some(self.pack(tokens - n, heat, base)),
-                )
-            }
-        }
+        self.decide_as::<true>(word, now, n)
+    }
+
+    /// Without the denial's wait: a denial on a warming bucket skips the
+    /// ramp's inversion (out of line, so the compiler cannot drop it unused),
+    /// and `check` denies a cold bucket at a warm one's cost.
+    #[inline(always)]
+    fn decide_untimed(&self, word: u64, now: u64, n: u32) -> (Decision, Option<u64>) {
+        self.decide_as::<false>(word, now, n)
     }
 
     #[inline]
