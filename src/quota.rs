@@ -375,7 +375,7 @@ impl Quota {
         })
     }
 
-    fn per_interval(rate: u32, interval_micros: u64) -> Result<Quota, QuotaError> {
+    pub(crate) fn per_interval(rate: u32, interval_micros: u64) -> Result<Quota, QuotaError> {
         if rate == 0 {
             return Err(QuotaError::ZeroRate);
         }

@@ -555,6 +555,52 @@ fn every_algorithm_fails_open_to_its_local_share() {
     }
 }
 
+/// Every window has a local share, whatever its window and limit: a window
+/// that is not a whole number of the bucket's time unit over the limit (3
+/// per second, 7 per minute: 333,333.3 µs and 8.57 s a token; a million a
+/// minute, whose bucket counts in 16 µs) used to be refused with
+/// `PeriodResolution`, and fail-open could not be set up. The share's
+/// refill is never faster than the window's limit over the processes.
+#[test]
+fn every_window_has_a_local_share() {
+    let windows = [
+        (3, Duration::from_secs(1)),
+        (7, Duration::from_secs(60)),
+        (100, Duration::from_nanos(1_000_000_001)),
+        (1_000_000, Duration::from_secs(61)),
+        (70_001, Duration::from_millis(1_333)),
+        (u32::MAX >> 4, Duration::from_secs(20 * 86_400 + 1)),
+    ];
+    for (limit, window) in windows {
+        for processes in [1, 2, 3] {
+            let algorithms: [(&str, RedisAlgorithm); 2] = [
+                ("sliding", SlidingWindow::new(limit, window).unwrap().into()),
+                ("fixed", FixedWindow::new(limit, window).unwrap().into()),
+            ];
+            for (kind, algorithm) in algorithms {
+                let share = OnFailure::local_share_of(algorithm, processes)
+                    .unwrap_or_else(|e| panic!("{kind} {limit} per {window:?}: {e}"));
+                let OnFailure::Local(share) = share else {
+                    panic!("{kind}: not a local share");
+                };
+                let quota = share.algorithm().quota();
+                // Tokens per second, the share's against the window's part.
+                let ours = f64::from(quota.amount()) / quota.period().as_secs_f64();
+                let theirs = f64::from(limit) / window.as_secs_f64() / f64::from(processes);
+                assert!(
+                    ours <= theirs * (1.0 + 1e-12),
+                    "{kind} {limit} per {window:?} over {processes}: {ours}/s > {theirs}/s"
+                );
+                assert!(
+                    quota.capacity() <= (limit / processes).max(1),
+                    "{kind} {limit} over {processes}: a burst of {}",
+                    quota.capacity()
+                );
+            }
+        }
+    }
+}
+
 /// A largest lease of 0, above the bucket's capacity, or above `MAX_LEASE`
 /// (`u32::MAX` among them) is refused by `LeasedBuilder::new`, which used to
 /// clamp it; no builder is made. No server is needed.

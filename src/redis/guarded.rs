@@ -13,6 +13,7 @@ use super::{RedisAlgorithm, RedisLimitError, RedisLimiter, RedisReceipt};
 use crate::admission::{Receipt, Stage};
 use crate::algorithm::Algorithm;
 use crate::algorithm::token_bucket::TokenBucket;
+use crate::word::Layout;
 use crate::clock::Clock;
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::{AcquireError, QuotaError};
@@ -121,9 +122,15 @@ impl OnFailure {
     ///   every `w`, at most `limit · (1 + ⌊t/w⌋)` in any time `t`, within
     ///   the window's own `limit` per window and `2 · limit` across a
     ///   boundary;
-    /// - a sliding window of `limit` per `w`: `limit` tokens, one every
-    ///   `⌈w / limit⌉` ns, at most `limit · (1 + t/w)` in any time `t`: the
+    /// - a sliding window of `limit` per `w`: `limit` tokens, refilled at
+    ///   `limit` per `w` or a little less (the refill
+    ///   [`Quota::per_minute`] would choose for that rate: never faster,
+    ///   within 0.1%), at most `limit · (1 + t/w)` in any time `t`: the
     ///   sliding window's own bound for `t ≤ w`.
+    ///
+    /// A window is rounded up to whole microseconds, and a fixed window to
+    /// the bucket's [time unit](Quota::time_unit) (a longer period admits
+    /// less).
     ///
     /// ```
     /// use std::time::Duration;
@@ -150,17 +157,27 @@ impl OnFailure {
             RedisAlgorithm::TokenBucket(bucket) => bucket.quota(),
             RedisAlgorithm::Gcra(gcra) => gcra.quota(),
             RedisAlgorithm::FixedWindow(fixed) => {
-                Quota::new(fixed.limit(), fixed.limit(), fixed.window())?
+                // The window rounded up to the bucket's time unit: a longer
+                // period only admits less.
+                let limit = fixed.limit();
+                let unit = Layout::for_capacity(limit).unit_micros();
+                let micros = window_micros(fixed.window()).div_ceil(unit) * unit;
+                Quota::new(limit, limit, Duration::from_micros(micros))?
             }
             RedisAlgorithm::SlidingWindow(sliding) => {
-                let limit = sliding.limit();
-                let nanos = sliding.window().as_nanos().div_ceil(u128::from(limit));
-                let period = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
-                Quota::new(limit, 1, period)?
+                // `limit` per window (rounded up to whole microseconds), in
+                // the refill `Quota::per_minute` would choose: never faster.
+                Quota::per_interval(sliding.limit(), window_micros(sliding.window()))?
             }
         };
         Self::local_share(quota, processes)
     }
+}
+
+/// A window in whole microseconds, rounded up (a window is at most a few
+/// years: it fits, and the product with a time unit below does too).
+fn window_micros(window: Duration) -> u64 {
+    u64::try_from(window.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX / 2)
 }
 
 /// A [`Guarded`] limiter's counts.
