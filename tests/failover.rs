@@ -344,3 +344,55 @@ fn recovery_charges_redis_for_what_the_local_share_admitted() {
     );
     assert_eq!(limiter.stats().owed, 0);
 }
+
+/// Paying as it goes, a request asks Redis for the debt alone (at most its
+/// own permits): asked for all of them, Redis was charged a request of 5 to
+/// pay a debt of 1, and 4 permits went to nobody.
+#[test]
+fn paying_as_it_goes_charges_redis_the_debt_alone() {
+    let Some(server) = server() else { return };
+    let mut live = deadlines().blocking(server.client());
+    // Nothing listens on port 1: a call there fails at once.
+    let mut dead = deadlines().blocking(redis::Client::open("redis://127.0.0.1:1/").unwrap());
+    let global = RedisLimiter::new(
+        "as-it-goes",
+        TokenBucket::new(Quota::new(10, 10, Duration::from_secs(1)).unwrap()),
+    )
+    .unwrap();
+    let direct = global.clone();
+    let local = turnstile::KeyedLimiter::new(Quota::new(1, 1, MS).unwrap());
+    let limiter = Guarded::new(global, OnFailure::Local(local), Duration::ZERO);
+    // A local admission while Redis fails: 1 owed. (The share is emptied at
+    // the degraded period's start and refills 1 a millisecond.)
+    let _ = limiter.try_acquire(&mut dead, "k");
+    let start = Instant::now();
+    while limiter.stats().owed == 0 && start.elapsed() < Duration::from_secs(2) {
+        thread::sleep(2 * MS);
+        let _ = limiter.try_acquire(&mut dead, "k");
+    }
+    assert_eq!(limiter.stats().owed, 1);
+    // Redis back, with 1 token left: the request and the debt (2) are
+    // denied, and the key pays as it goes.
+    assert!(
+        direct
+            .try_acquire_n(&mut live, "k", 9)
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(limiter.try_acquire(&mut live, "k").unwrap().is_denied());
+    assert_eq!(limiter.stats().owed, 1);
+    // Full again (10): a request of 5 pays the debt, and only the debt.
+    thread::sleep(Duration::from_millis(1_100));
+    assert_eq!(
+        limiter.try_acquire_n(&mut live, "k", 5).unwrap(),
+        Decision::Denied {
+            retry_after: turnstile::RetryAfter::from_nanos(1)
+        }
+    );
+    assert_eq!(limiter.stats().owed, 0);
+    assert_eq!(
+        direct.try_acquire_n(&mut live, "k", 9).unwrap(),
+        Decision::Allowed { remaining: 0 },
+        "Redis was charged the debt of 1 alone"
+    );
+}

@@ -25,9 +25,10 @@
 //!   owed (a failed call may have run: then it is paid twice, which errs on
 //!   the side of admitting less). After such a denial (a bucket that others
 //!   keep near empty never holds the request and the debt at once) the key
-//!   pays as it goes: each of its calls asks for its own permits only, and
-//!   an admission pays the debt instead of admitting the request (denied,
-//!   with the least wait), until nothing is owed.
+//!   pays as it goes: each of its calls asks for the debt alone, no more
+//!   than the request's own permits, and an admission pays it instead of
+//!   admitting the request (denied, with the least wait), until nothing is
+//!   owed.
 
 use core::fmt;
 use core::hash::BuildHasher;
@@ -344,12 +345,15 @@ impl<'a> Debt<'a> {
         }
     }
 
-    /// The permits to ask for beside the request's own.
-    pub(crate) fn extra(&self) -> u32 {
+    /// The permits to ask Redis for, for a request of `n`: the request and
+    /// the debt claimed beside it, or, paying as it goes, the debt claimed
+    /// alone (at most `n`): the request, admitted, only pays it, so asking
+    /// for all of `n` would charge Redis for permits nobody gets.
+    pub(crate) fn ask(&self, n: u32) -> u32 {
         if self.claimed.convert {
-            0
-        } else {
             self.claimed.amount
+        } else {
+            n + self.claimed.amount
         }
     }
 
@@ -362,7 +366,7 @@ impl<'a> Debt<'a> {
     /// The call decided: an admission pays the debt (and, paying as it goes,
     /// is the request's denial, with the least wait); a denial leaves it
     /// owed, and a denial of the request and the debt at once makes the key
-    /// pay as it goes.
+    /// pay as it goes (as does a denial of a debt paid as it goes).
     pub(crate) fn settle(mut self, decision: Decision) -> Decision {
         let Claimed { amount, convert } = core::mem::replace(&mut self.claimed, Claimed::NONE);
         match decision {
@@ -372,7 +376,10 @@ impl<'a> Debt<'a> {
             Decision::Allowed { .. } => decision,
             Decision::Denied { .. } => {
                 self.ledger.unpaid(self.key, amount);
-                if amount > 0 && !convert {
+                // Denied with a debt beside the request: pay as it goes. And
+                // denied paying as it goes: go on so (the claim may have
+                // taken the whole debt and ended the mode).
+                if amount > 0 {
                     self.ledger.convert(self.key);
                 }
                 decision
@@ -458,7 +465,7 @@ mod tests {
         };
         {
             let debt = Debt::claim(&ledger, b"k", 1, 10);
-            assert_eq!(debt.extra(), 3);
+            assert_eq!(debt.ask(1), 4, "the request and the debt");
             assert_eq!(ledger.total(), 0);
         }
         assert_eq!(ledger.total(), 3, "dropped unpaid: owed again");
@@ -466,19 +473,28 @@ mod tests {
         assert_eq!(Debt::claim(&ledger, b"k", 1, 10).settle(denied), denied);
         assert_eq!(ledger.total(), 3);
         let debt = Debt::claim(&ledger, b"k", 2, 10);
-        assert_eq!(debt.extra(), 0, "the request's own permits only");
+        assert_eq!(debt.ask(2), 2, "the debt, up to the request's permits");
         assert!(debt.settle(allowed).is_denied(), "its admission pays");
         assert_eq!(ledger.total(), 1);
-        assert!(
-            Debt::claim(&ledger, b"k", 2, 10)
-                .settle(allowed)
-                .is_denied()
-        );
+        let debt = Debt::claim(&ledger, b"k", 2, 10);
+        assert_eq!(debt.ask(2), 1, "the debt alone, not the request");
+        assert!(debt.settle(allowed).is_denied());
+        assert_eq!(ledger.total(), 0);
+        // Denied paying the whole debt as it goes: still paying as it goes.
+        ledger.owe(b"k", 1);
+        ledger.convert(b"k");
+        let debt = Debt::claim(&ledger, b"k", 3, 10);
+        assert_eq!(debt.ask(3), 1);
+        assert_eq!(debt.settle(denied), denied);
+        assert_eq!(ledger.total(), 1);
+        let debt = Debt::claim(&ledger, b"k", 3, 10);
+        assert_eq!(debt.ask(3), 1, "paying as it goes still");
+        assert!(debt.settle(allowed).is_denied());
         assert_eq!(ledger.total(), 0);
         assert_eq!(Debt::claim(&ledger, b"k", 1, 10).settle(allowed), allowed);
         ledger.owe(b"k", 2);
         let debt = Debt::claim(&ledger, b"k", 1, 10);
-        assert_eq!(debt.extra(), 2, "asked beside the request again");
+        assert_eq!(debt.ask(1), 3, "asked beside the request again");
         assert_eq!(debt.settle(allowed), allowed);
         ledger.owe(b"k", 2);
         ledger.forgive(b"k", 5);

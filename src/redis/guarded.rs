@@ -13,13 +13,13 @@ use super::{RedisAlgorithm, RedisLimitError, RedisLimiter, RedisReceipt};
 use crate::admission::{Receipt, Stage};
 use crate::algorithm::Algorithm;
 use crate::algorithm::token_bucket::TokenBucket;
-use crate::word::Layout;
 use crate::clock::Clock;
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
 use crate::error::{AcquireError, QuotaError};
 use crate::keyed::KeyedLimiter;
 use crate::quota::Quota;
 use crate::sync::{AtomicU64, Ordering};
+use crate::word::Layout;
 
 /// The answer of a [`Guarded`] limiter while Redis fails and for the backoff
 /// after each failure.
@@ -651,7 +651,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
             return Ok(self.fallback(key, n, wait));
         }
         let debt = self.debt(key, n);
-        let result = self.limiter.try_acquire_n(con, key, n + debt.extra());
+        let result = self.limiter.try_acquire_n(con, key, debt.ask(n));
         self.settle(turn, key, n, debt, result)
     }
 
@@ -743,9 +743,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
             return Ok(self.fallback_refundable(key, n, wait));
         }
         let debt = self.debt(key, n);
-        let result = self
-            .limiter
-            .try_acquire_n_refundable(con, key, n + debt.extra());
+        let result = self.limiter.try_acquire_n_refundable(con, key, debt.ask(n));
         self.settle_refundable(turn, key, n, debt, result)
     }
 
@@ -787,7 +785,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         let debt = self.debt(key, n);
         let result = self
             .limiter
-            .try_acquire_n_refundable_async(con, key, n + debt.extra())
+            .try_acquire_n_refundable_async(con, key, debt.ask(n))
             .await;
         self.settle_refundable(turn, key, n, debt, result)
     }
@@ -911,7 +909,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         let debt = self.debt(key, n);
         let result = self
             .limiter
-            .try_acquire_n_async(con, key, n + debt.extra())
+            .try_acquire_n_async(con, key, debt.ask(n))
             .await;
         self.settle(turn, key, n, debt, result)
     }

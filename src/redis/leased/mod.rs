@@ -753,7 +753,7 @@ impl<C: Clock> LeasedLimiter<C> {
     /// what the key's local admissions owe (up to the capacity).
     fn exact(&self, key: &[u8], n: u32) -> Step {
         let debt = Debt::claim(&self.ledger, key, n, self.capacity - n);
-        match self.limiter.invocation(key, n + debt.extra(), None) {
+        match self.limiter.invocation(key, debt.ask(n), None) {
             Ok(invocation) => Step::Exact(invocation, debt.keep()),
             // Checked already: n + debt is within 1..=capacity.
             Err(_) => Step::Done(Decision::Denied {
