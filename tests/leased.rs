@@ -2151,3 +2151,53 @@ fn a_limiter_holds_nothing_only_once_its_leases_expired_and_redis_answers() {
     assert!(leased.is_degraded());
     assert!(!leased.holds_nothing(), "degraded");
 }
+
+/// A request that waited for its key's fetch, whose call then timed out
+/// (the first timeout: no backoff yet), is answered by the failure policy,
+/// as the fetch's own request is and as its own call timing out would be.
+/// It used to get a denial with a wait of 1 ns (`Retry-After: 1`) where the
+/// policy says to deny for the backoff (or, failing open, to ask the local
+/// share).
+#[test]
+fn a_waiter_on_a_fetch_that_timed_out_is_answered_by_the_policy() {
+    let Some(server) = server() else { return };
+    let global = bucket("waited-timeout", 1_000, 1, MS);
+    let backoff = Duration::from_secs(5);
+    let limiter = Arc::new(
+        LeasedBuilder::new(global, 16)
+            .unwrap()
+            .on_failure(OnFailure::Deny, backoff)
+            .fetch_wait(Duration::from_secs(2))
+            .build()
+            .unwrap(),
+    );
+    let deadlines = Deadlines::default()
+        .connect(Duration::from_secs(1))
+        .unwrap()
+        .response(300 * MS)
+        .unwrap();
+    let mut first = deadlines.blocking(server.client());
+    let mut second = deadlines.blocking(server.client());
+    let _: () = redis::cmd("PING").query(&mut first).unwrap();
+    let _: () = redis::cmd("PING").query(&mut second).unwrap();
+    let sleeper = hang(&server, 1.0);
+    let fetcher = {
+        let limiter = Arc::clone(&limiter);
+        thread::spawn(move || limiter.try_acquire(&mut first, "k").unwrap())
+    };
+    // The fetch is claimed and in flight: the second request waits for it.
+    thread::sleep(100 * MS);
+    let waited = limiter.try_acquire(&mut second, "k").unwrap();
+    let fetched = fetcher.join().unwrap();
+    sleeper.wait();
+    let stats = limiter.stats();
+    assert_eq!(stats.fetch_waits, 1, "{stats:?}");
+    assert_eq!(stats.failures, 1, "{stats:?}");
+    assert!(!limiter.is_backing_off(), "one timeout does not back off");
+    let by_policy = turnstile::Decision::Denied {
+        retry_after: turnstile::RetryAfter::from_nanos(backoff.as_nanos() as u64),
+    };
+    assert_eq!(fetched, by_policy);
+    assert_eq!(waited, by_policy, "{stats:?}");
+    assert_eq!(stats.fallbacks, 2, "{stats:?}");
+}

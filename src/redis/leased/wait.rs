@@ -142,9 +142,10 @@ impl<C: Clock> LeasedLimiter<C> {
     /// lease it brought, or the denial it kept; with no call of its own.
     /// A fetch still in flight after the wait is answered as a call that
     /// timed out is, by the failure policy (the fetch's own call reports its
-    /// failure, if it fails); one that brought too few tokens for this
-    /// request, or none (the bucket is dry and a denial is kept, or its call
-    /// failed), leaves a denial.
+    /// failure, if it fails), and so is one that ended while Redis is
+    /// failing (its call failed: the fetch's own request is answered by the
+    /// policy too); one that brought too few tokens for this request, or
+    /// none (the bucket is dry and a denial is kept), leaves a denial.
     pub(super) fn after_wait(&self, key: &[u8], n: u32) -> Decision {
         let (decision, _, _) = self.local.take(key, n);
         match decision {
@@ -153,7 +154,11 @@ impl<C: Clock> LeasedLimiter<C> {
                 Decision::Denied { retry_after }
             }
             KeyedDecision::Denied { .. } | KeyedDecision::KeyLimit { .. } => {
-                if self.is_backing_off() {
+                // Redis failing (the fetch waited for among the calls that
+                // failed, short of the run of timeouts that backs off): as
+                // the request's own call failing, and as the fetch's own
+                // request is answered.
+                if self.is_backing_off() || self.is_degraded() {
                     self.fallback(key, n, self.backoff)
                 } else if self.fetching(key) {
                     self.fallback(key, n, self.fetch_wait)
