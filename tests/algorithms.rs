@@ -778,6 +778,49 @@ fn no_algorithm_panics_or_admits_at_the_ends_of_time() {
     assert!(d.is_denied());
 }
 
+/// A quota of one permit every few centuries: the token bucket admits its
+/// burst, and GCRA did not (its interval saturated at 2^64 ns, and the
+/// burst's first TAT overflowed: denied from the first request on, with a
+/// wait of the whole range). GCRA and its live form now admit the burst,
+/// then nothing for years.
+#[test]
+fn a_meter_of_one_permit_in_centuries_admits_its_burst() {
+    for capacity in [1, 2, 3, 100] {
+        // The longest period the bucket's word allows.
+        let most = Quota::new(capacity, 1, Duration::from_secs(1))
+            .unwrap()
+            .max_fill_time();
+        let period = Duration::from_micros(most.as_micros() as u64 / u64::from(capacity));
+        let quota = Quota::new(capacity, 1, period).unwrap();
+        let now = 1_000_000_000;
+        fn burst_then_none<A: Algorithm>(algorithm: &A, capacity: u32, now: u64) {
+            let mut word = algorithm.fresh();
+            for left in (0..capacity).rev() {
+                let (decision, next) = algorithm.decide(word, now, 1);
+                assert_eq!(
+                    decision,
+                    Decision::Allowed { remaining: left },
+                    "burst {capacity}"
+                );
+                word = next.unwrap();
+            }
+            // The next permit: no sooner than 2^62 ns over the capacity
+            // (146 years for one, 1.46 for 100).
+            let held = (1u64 << 62) / u64::from(capacity);
+            let (decision, _) = algorithm.decide(word, now, 1);
+            let wait = decision.retry_after().expect("the burst is spent");
+            assert!(wait.as_nanos() >= held - 1, "burst {capacity}: {wait:?}");
+            assert!(algorithm.decide(word, now + held - 2, 1).0.is_denied());
+        }
+        let gcra = Gcra::new(quota);
+        burst_then_none(&gcra, capacity, now);
+        burst_then_none(&turnstile::LiveGcra::new(quota), capacity, now);
+        assert!(
+            gcra.emission_interval() >= Duration::from_nanos((1 << 62) / u64::from(capacity) - 1)
+        );
+    }
+}
+
 #[test]
 fn gcra_paces_and_bursts_as_configured() {
     let quota = Quota::new(3, 1, Duration::from_millis(100)).unwrap();
@@ -880,10 +923,12 @@ fn window_minimums_are_as_documented() {
 }
 
 /// A quota of one permit per 584.5 years (2^64 ns and some) is valid; its
-/// GCRA interval does not fit 64 bits of nanoseconds and saturates. It was
-/// cut to 64 bits: 290 ms, a meter admitting three a second.
+/// GCRA interval does not fit 64 bits of nanoseconds. It was cut to 64 bits:
+/// 290 ms, a meter admitting three a second; then saturated, which denied
+/// even the burst. It is held to 2^62 ns over the capacity (146 years for
+/// one): the burst, then nothing.
 #[test]
-fn a_gcra_period_past_64_bits_of_nanoseconds_saturates_not_wraps() {
+fn a_gcra_period_past_64_bits_of_nanoseconds_is_held_not_wrapped() {
     for period in [
         Duration::from_secs(18_446_744_074),
         Duration::from_micros(18_446_744_073_709_552),
@@ -895,7 +940,7 @@ fn a_gcra_period_past_64_bits_of_nanoseconds_saturates_not_wraps() {
         let gcra = Gcra::new(quota);
         assert_eq!(
             gcra.emission_interval(),
-            Duration::from_nanos(u64::MAX),
+            Duration::from_nanos(u64::MAX / 4),
             "{period:?}"
         );
         let clock = ManualClock::new();
@@ -905,9 +950,9 @@ fn a_gcra_period_past_64_bits_of_nanoseconds_saturates_not_wraps() {
             clock.advance(Duration::from_millis(10));
             admitted += u32::from(limiter.try_acquire().is_allowed());
         }
-        assert!(
-            admitted <= 1,
-            "{admitted} admitted in 10 s at one per 584 years"
+        assert_eq!(
+            admitted, 1,
+            "the burst of 1, then none in 10 s at one per 584 years"
         );
     }
 }

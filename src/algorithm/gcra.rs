@@ -70,19 +70,29 @@ pub struct Gcra {
 impl Gcra {
     /// The meter for `quota`: burst `capacity`, one permit every
     /// `period / amount`, rounded up to whole nanoseconds (never faster than the
-    /// quota).
+    /// quota), and held to at most `2^62 / capacity` ns (73 years for a burst
+    /// of 2), so that a burst's TAT fits the clock's range: only a quota of
+    /// one permit in more than a century is refilled sooner than it asks.
     pub const fn new(quota: Quota) -> Gcra {
         let period = quota.period().as_nanos();
         let amount = quota.amount() as u128;
         // A valid quota has `amount >= 1` and a period of at least 1 µs; a
         // small capacity allows a period of up to 2^62 µs (146,000 years for
-        // one permit), whose interval does not fit 64 bits of nanoseconds. It
-        // saturates (a meter that admits its burst and then nothing within the
-        // clock's range): cut to 64 bits instead, it wrapped to an interval of
-        // a few nanoseconds, millions of permits a second.
+        // one permit), whose interval does not fit 64 bits of nanoseconds.
+        // Cut to 64 bits, it wrapped to an interval of a few nanoseconds,
+        // millions of permits a second; saturated, a burst's second permit
+        // overflowed the TAT and the meter denied from its first request on.
+        // The interval is held to a quarter of the clock's range over the
+        // capacity, so a whole burst's TAT fits (in 63 bits, for the live
+        // form) from any reading in the first quarter of the range (146
+        // years): such a meter admits its burst, then a permit every
+        // `2^62 / capacity` ns at most (73 years for a burst of 2), where
+        // the quota asked for one every few centuries.
         let interval = period.div_ceil(if amount == 0 { 1 } else { amount });
-        let interval = if interval > u64::MAX as u128 {
-            u64::MAX
+        let capacity = quota.capacity() as u128;
+        let most = (u64::MAX / 4) as u128 / if capacity == 0 { 1 } else { capacity };
+        let interval = if interval > most {
+            most as u64
         } else {
             interval as u64
         };
