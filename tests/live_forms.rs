@@ -663,3 +663,39 @@ fn a_refund_across_a_change_declines() {
     assert!(admission.refund());
     assert_eq!(limiter.remaining(), 2);
 }
+
+/// A live sliding window's word keeps two counts as wide as its ceiling and
+/// a window number in what is left of 63 bits: at a ceiling of `2^30` or
+/// more that is one bit, which cannot tell the next window from the one
+/// before, and such a window denied for ever once a window was counted. It
+/// is refused; below, the window moves on.
+#[test]
+fn a_live_sliding_window_without_room_to_number_its_windows_is_refused() {
+    let window = Duration::from_micros(1 << 47);
+    let plain = SlidingWindow::new(1, window).unwrap();
+    for ceiling in [1 << 30, u32::MAX >> 1] {
+        assert!(
+            matches!(
+                LiveSlidingWindow::with_ceiling(plain, ceiling),
+                Err(QuotaError::LimitTooLarge {
+                    max: 0x3fff_ffff,
+                    ..
+                })
+            ),
+            "ceiling {ceiling}"
+        );
+    }
+    let big = SlidingWindow::new(1 << 30, window).unwrap();
+    assert!(matches!(
+        LiveSlidingWindow::new(big),
+        Err(QuotaError::LimitTooLarge { .. })
+    ));
+    // The widest ceiling left: two windows later, the window admits again.
+    let live = LiveSlidingWindow::with_ceiling(plain, (1 << 30) - 1).unwrap();
+    let nanos = window.as_nanos() as u64;
+    let (first, word) = live.decide(live.fresh(), 0, 1);
+    assert!(first.is_allowed());
+    let word = word.unwrap();
+    assert!(live.decide(word, 1, 1).0.is_denied());
+    assert!(live.decide(word, 2 * nanos + 1, 1).0.is_allowed());
+}

@@ -823,7 +823,8 @@ impl LiveSlidingWindow {
     ///
     /// [`QuotaError::WindowTooShort`] when the window is too short for the
     /// live word's window number (under 131 ms at a ceiling of 65,535: give a
-    /// lower ceiling with [`with_ceiling`](Self::with_ceiling)).
+    /// lower ceiling with [`with_ceiling`](Self::with_ceiling)), and
+    /// [`QuotaError::LimitTooLarge`] for a limit of `2^30` or more.
     pub fn new(window: SlidingWindow) -> Result<LiveSlidingWindow, QuotaError> {
         LiveSlidingWindow::with_ceiling(window, window.limit().max(DEFAULT_CEILING))
     }
@@ -845,8 +846,10 @@ impl LiveSlidingWindow {
     /// # Errors
     ///
     /// [`QuotaError::AboveCeiling`] when `window`'s limit is above
-    /// `ceiling`, and [`QuotaError::WindowTooShort`] when the window is too
-    /// short for the live word.
+    /// `ceiling`, [`QuotaError::WindowTooShort`] when the window is too
+    /// short for the live word, and [`QuotaError::LimitTooLarge`] for a
+    /// ceiling of `2^30` or more (two counts that wide leave the live word
+    /// too few bits to number its windows).
     pub fn with_ceiling(
         window: SlidingWindow,
         ceiling: u32,

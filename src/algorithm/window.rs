@@ -78,10 +78,13 @@ impl Windows {
         let count_bits = u32::BITS - limit.max(ceiling).leading_zeros();
         // At most 64 bits of counts: `counts <= 2`, `count_bits <= 32`.
         let index_bits = bits.min(u64::BITS).saturating_sub(counts * count_bits);
-        if index_bits == 0 {
+        if index_bits < 2 {
             // No window number at all, whatever the window: not a window too
             // short (which named a shortest window that was then too long).
-            let widest = bits.min(u64::BITS).saturating_sub(1) / counts.max(1);
+            // And one bit is none: a number wrapped at 2 cannot tell the
+            // next window from the one before, so the counted window is
+            // never left behind.
+            let widest = bits.min(u64::BITS).saturating_sub(2) / counts.max(1);
             return Err(QuotaError::LimitTooLarge {
                 limit: limit.max(ceiling),
                 max: u32::try_from((1u64 << widest.min(32)) - 1).unwrap_or(u32::MAX),
