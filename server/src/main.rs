@@ -26,7 +26,7 @@ usage: turnstile-server --config DIR [options]
                           a new one past them is answered OVER_LIMIT
   --max-descriptors N     descriptors per request (default 64)
   --max-entries N         entries per descriptor (default 16)
-  --max-length N          bytes per domain, key or value (default 1024)
+  --max-length N          bytes in the domain (default 1024; keys and values: the message size)
   --response-headers      add RateLimit-Policy, RateLimit and Retry-After to responses
 
   --redis URL             share the limits with other replicas in Redis: redis://HOST:PORT[/DB],

@@ -3,7 +3,7 @@
 //! | series | labels |
 //! |---|---|
 //! | `turnstile_rls_decisions_total` | `domain`, `descriptor` (the limit's full key, `domain.key_value.key`; for a request's `limit` override, `domain.limit_override`, whatever its quota), `outcome`: `ok`, `over_limit`, `shadow_over_limit` (a would-be denial in shadow mode, answered OK) |
-//! | `turnstile_rls_detailed_decisions_total` | the same, with `descriptor` the request's own `domain.key_value.key_value`: only for limits with `detailed_metric: true`, at most [`DETAILED_PER_LIMIT`] values per limit |
+//! | `turnstile_rls_detailed_decisions_total` | the same, with `descriptor` the request's own `domain.key_value.key_value` (past [`DETAILED_NAME_HELD`] bytes, cut and ended with `#` and its SHA-1): only for limits with `detailed_metric: true`, at most [`DETAILED_PER_LIMIT`] values per limit |
 //! | `turnstile_rls_detailed_overflow_total` | `domain`, `descriptor`: decisions of a detailed limit past its bound of values, counted only in its aggregate series |
 //! | `turnstile_rls_unknown_domain_total`, `turnstile_rls_unknown_descriptor_total` | none: requests for a domain not configured, descriptors that match no limit |
 //! | `turnstile_rls_requests_total`, `turnstile_rls_invalid_requests_total` | none |
@@ -32,6 +32,30 @@ use crate::config::Rule;
 
 /// Values kept per `detailed_metric` limit.
 pub const DETAILED_PER_LIMIT: usize = 100;
+
+/// The longest `descriptor` label of a detailed series kept as it is.
+pub const DETAILED_NAME_HELD: usize = 256;
+
+/// A detailed series' name up to [`DETAILED_NAME_HELD`] bytes; a longer
+/// one (values are as long as a request makes them) cut at a character
+/// boundary and ended with `#` and the SHA-1 of the whole name in hex, so
+/// that [`DETAILED_PER_LIMIT`] names cost at most 25.6 KB a limit, and two
+/// names meet only by a SHA-1 collision.
+fn bounded_name(name: String) -> String {
+    if name.len() <= DETAILED_NAME_HELD {
+        return name;
+    }
+    let digest = sha1_smol::Sha1::from(name.as_bytes()).digest().to_string();
+    let mut cut = DETAILED_NAME_HELD - 1 - digest.len();
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut held = String::with_capacity(DETAILED_NAME_HELD);
+    held.push_str(&name[..cut]);
+    held.push('#');
+    held.push_str(&digest);
+    held
+}
 
 /// Limits with series of their own.
 pub const MAX_LIMITS: usize = 10_000;
@@ -175,6 +199,7 @@ impl Metrics {
                     name.push_str(value);
                 }
             }
+            let name = bounded_name(name);
             let found = limit
                 .detailed
                 .read()

@@ -32,7 +32,13 @@ pub struct Bounds {
     pub max_descriptors: usize,
     /// Entries per descriptor (default 16).
     pub max_entries: usize,
-    /// Bytes in the domain, or in one entry's key or value (default 1,024).
+    /// Bytes in the domain (default 1,024). An entry's key or value is
+    /// bounded only by the message size: Envoy allows a request whose
+    /// rate-limit call fails (`failure_mode_deny` is off by default), so a
+    /// bound on values would let a client that pads one header or path past
+    /// it through every limit of the request. A long key costs no more
+    /// memory for it (held as its hash past [`MAX_KEY_HELD`] bytes), nor a
+    /// long series name in `/metrics`.
     pub max_length: usize,
 }
 
@@ -70,9 +76,9 @@ pub enum RequestError {
         /// The bound.
         max: usize,
     },
-    /// A domain, key or value longer than [`Bounds::max_length`].
+    /// A domain longer than [`Bounds::max_length`].
     TooLong {
-        /// `domain`, `key` or `value`.
+        /// `domain`.
         what: &'static str,
         /// Its length in bytes.
         length: usize,
@@ -401,17 +407,6 @@ impl RateLimitService {
                     unit: limit.unit,
                 });
             }
-            for entry in &descriptor.entries {
-                for (what, text) in [("key", &entry.key), ("value", &entry.value)] {
-                    if text.len() > bounds.max_length {
-                        return Err(RequestError::TooLong {
-                            what,
-                            length: text.len(),
-                            max: bounds.max_length,
-                        });
-                    }
-                }
-            }
         }
         Ok(())
     }
@@ -687,9 +682,8 @@ pub const MAX_KEY_HELD: usize = 64;
 
 /// `key` itself up to [`MAX_KEY_HELD`] bytes, and beyond it `#` and the
 /// SHA-1 of the key in hex (41 bytes). A key's entries are bounded only by
-/// [`Bounds`] (16 entries of up to 1 KiB each by default, with their keys in
-/// an override limit): held whole, a limit's `--max-keys` keys could take
-/// gigabytes. Hashed, every key costs at most 64 bytes of text, and two
+/// [`Bounds`] and the message size (16 entries by default, of any length):
+/// held whole, a limit's `--max-keys` keys could take gigabytes. Hashed, every key costs at most 64 bytes of text, and two
 /// keys meet only by a SHA-1 collision, which no client can make with an
 /// input that other clients' keys are. The hash is the same in every
 /// replica (the Redis backends name their keys with it). A held key begins

@@ -103,6 +103,23 @@ async fn decisions_per_limit_and_outcome_and_bounded_detail() {
     assert_eq!(m["turnstile_rls_config_reloads_total"], 0);
     assert_eq!(m["turnstile_rls_config_reload_errors_total"], 0);
 
+    // A value of a megabyte: its series' name cut and hashed, never held
+    // whole (a hundred of them would be 100 MB a limit).
+    let long = "v".repeat(1 << 20);
+    rls.decide(request("m", vec![descriptor(&[("user", &long)])]))
+        .await;
+    let m = scrape(rls.http).await;
+    let long_series: Vec<&String> = m
+        .keys()
+        .filter(|k| {
+            k.starts_with("turnstile_rls_detailed_decisions_total") && k.contains("m.user_vvv")
+        })
+        .collect();
+    assert_eq!(long_series.len(), 3, "three outcomes: {long_series:?}");
+    for series in long_series {
+        assert!(series.len() < 400, "{} bytes", series.len());
+        assert!(series.contains('#'), "{series}");
+    }
     // A flood of distinct values: the detailed series stay bounded, the
     // rest are counted in the overflow and the aggregate.
     let flood = 3 * DETAILED_PER_LIMIT;
@@ -123,9 +140,9 @@ async fn decisions_per_limit_and_outcome_and_bounded_detail() {
         DETAILED_PER_LIMIT * 3,
         "three outcomes per value"
     );
-    let kept = DETAILED_PER_LIMIT - 2; // alice and the escaped value came first
+    let kept = DETAILED_PER_LIMIT - 3; // alice, the escaped and the long value came first
     let overflow = "turnstile_rls_detailed_overflow_total{domain=\"m\",descriptor=\"m.user\"}";
     assert_eq!(m[overflow], (flood - kept) as u64);
-    assert_eq!(m[&decisions("m.user", "ok")], 3 + flood as u64);
+    assert_eq!(m[&decisions("m.user", "ok")], 4 + flood as u64);
     rls.stop().await;
 }
