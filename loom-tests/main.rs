@@ -705,7 +705,7 @@ mod model;
 /// interleaving, which no order gives, and this model then fails.
 #[test]
 fn live_quota_changes_racing_a_decision_decide_as_some_order() {
-    live_changes_racing_a_decision(4, 1);
+    live_changes_racing_a_decision(4, 1, rising_quotas());
 }
 
 /// As above, with a request for three: under the first quota a denial, which
@@ -715,16 +715,40 @@ fn live_quota_changes_racing_a_decision_decide_as_some_order() {
 /// second change rewrote with a word of the first quota, and fails this.
 #[test]
 fn live_quota_changes_racing_a_denial_decide_as_some_order() {
-    live_changes_racing_a_decision(4, 3);
+    live_changes_racing_a_decision(4, 3, rising_quotas());
 }
 
-/// Two changes race a decision for `n` permits on a live bucket that spent
-/// `spent` of its 4 at 0 ms; every outcome must be some order's.
-fn live_changes_racing_a_decision(spent: u32, n: u32) {
+/// As above, with a first change that refills fast and a second that
+/// refills slowly: a denial decided on a word of the first quota with the
+/// slot the second change rewrote (read whole under its sequence number)
+/// finds the bucket empty where every order finds it refilled, and must be
+/// decided again on the word the changes left (`RECHECK_DENIAL`).
+#[test]
+fn live_quota_changes_racing_a_denial_with_the_fast_quota_between() {
     let ms = Duration::from_millis;
     let q0 = Quota::new(4, 1, ms(20)).unwrap();
-    let q1 = Quota::new(4, 2, ms(10)).unwrap();
-    let q2 = Quota::new(8, 4, ms(10)).unwrap();
+    let fast = Quota::new(4, 4, ms(1)).unwrap();
+    let slow = Quota::new(4, 1, ms(100)).unwrap();
+    live_changes_racing_a_decision(4, 3, [q0, fast, slow]);
+}
+
+/// A bucket of 4 refilled 1 per 20 ms, changed to 2 per 10 ms, then to 8
+/// refilled 4 per 10 ms.
+fn rising_quotas() -> [Quota; 3] {
+    let ms = Duration::from_millis;
+    [
+        Quota::new(4, 1, ms(20)).unwrap(),
+        Quota::new(4, 2, ms(10)).unwrap(),
+        Quota::new(8, 4, ms(10)).unwrap(),
+    ]
+}
+
+/// Two changes (to `quotas[1]`, then `quotas[2]`) race a decision for `n`
+/// permits on a live bucket of `quotas[0]` that spent `spent` at 0 ms;
+/// every outcome must be some order's.
+fn live_changes_racing_a_decision(spent: u32, n: u32, quotas: [Quota; 3]) {
+    let ms = Duration::from_millis;
+    let [q0, q1, q2] = quotas;
     // Every order: the decision before both changes, between them or after;
     // each change at 25 ms or 35 ms, whatever its place (a change reads the
     // clock before it converts, so it may read 25 ms and land after the

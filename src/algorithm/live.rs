@@ -666,6 +666,14 @@ impl Algorithm for LiveTokenBucket {
     // at the denial.
     const DEFERRED_WAIT: bool = false;
 
+    // And the denial itself checked against the word: decided again under
+    // the slot's sequence number, it read the slot whole, but a slot the
+    // change after next rewrote, with a word the changes have converted
+    // since (a fast quota between two slow ones refilled it: every order
+    // admits, where the stale word denied with a wait no order gives; the
+    // loom model `live_quota_changes_racing_a_denial_with_the_fast_quota_between`).
+    const RECHECK_DENIAL: bool = true;
+
     fn fresh_after_idle(&self) -> Duration {
         // Either slot's words may still be held while a change runs.
         let a = self.bucket(0).fresh_after_idle();
