@@ -243,7 +243,10 @@ impl Cell {
     ///
     /// `now` is not read again. Deciding with a reading older than the word's is
     /// safe (the algorithm treats it as behind the stored time and creates no
-    /// permits), and it keeps the loop free of clock reads.
+    /// permits), and it keeps the loop free of clock reads. A reading still
+    /// ahead of the word's is a decision at that reading, as a thread delayed
+    /// between its clock read and its decision makes anyway: an algorithm's
+    /// bound holds over the readings its decisions were made at.
     #[cold]
     #[inline(never)]
     fn apply_contended<A: Algorithm>(
