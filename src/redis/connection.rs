@@ -33,8 +33,10 @@ use super::RedisConfigError;
 ///   with its deadline (the asynchronous one refreshes its own way, in
 ///   redis-rs);
 /// - a connection to the primary Sentinels name asks them for it each time
-///   it connects, on redis-rs's own connections to the Sentinels, which have
-///   no deadline.
+///   it connects, on redis-rs's own connections to the Sentinels, and
+///   redis-rs checks the named primary's role (`ROLE`) on a connection of
+///   its own: neither has a deadline, so Sentinels, or a primary, that
+///   accept connections and then hang (a `SIGSTOP`) hold that connect.
 ///
 /// None of these sends a call again after it may have run: a call that
 /// failed after it was written (a timeout above all: Redis may only have
@@ -130,9 +132,9 @@ impl Deadlines {
     /// these deadlines. It asks the Sentinels for the primary whenever it
     /// connects: on its first call, and on the call after one that failed on
     /// the connection or was refused by a primary demoted to replica
-    /// (`READONLY`, after a failover). Asking the Sentinels has redis-rs's
-    /// own timeouts, not these deadlines. Cannot fail: connecting happens on
-    /// a call.
+    /// (`READONLY`, after a failover). Asking the Sentinels, and redis-rs's
+    /// check of the primary's role, have no deadline (see the type's
+    /// documentation). Cannot fail: connecting happens on a call.
     ///
     /// ```no_run
     /// use redis::sentinel::{SentinelClient, SentinelServerType};
