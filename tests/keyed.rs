@@ -512,7 +512,7 @@ fn decisions_convert_from_direct_ones() {
 /// Every algorithm works per key: keys are independent, each key agrees with a
 /// direct limiter of its own, a sweep keeps every key that still owes something
 /// and drops it once it is fresh-equivalent, and a refused new key at the bound
-/// is told to come back after the algorithm's idle time.
+/// is told to come back when the keys held are fresh.
 #[test]
 fn every_algorithm_works_per_key_and_sweeps_by_its_own_criterion() {
     let _serial = serial();
@@ -534,10 +534,12 @@ fn every_algorithm_works_per_key_and_sweeps_by_its_own_criterion() {
         }
         assert_eq!(keyed.remaining(&2), capacity, "key 2 untouched");
         assert!(keyed.try_acquire_n(&2, capacity).unwrap().is_allowed());
-        // At the bound: a third key is refused with the idle time as its wait.
+        // At the bound: a third key is refused until the keys held are
+        // fresh, the time the sweeps below find (a window's: its end).
         match keyed.try_acquire(&3) {
             KeyedDecision::KeyLimit { retry_after } => {
-                assert_eq!(retry_after.duration(), algorithm.fresh_after_idle());
+                assert_eq!(retry_after.duration(), owes_for, "{algorithm:?}");
+                assert!(retry_after.duration() <= algorithm.fresh_after_idle());
             }
             other => panic!("{algorithm:?}: {other:?}"),
         }
@@ -696,6 +698,64 @@ fn a_key_refused_at_the_bound_is_admitted_after_its_retry_after() {
     }
     // Each wait lets the next 10 keys in.
     assert_eq!(refused, 9);
+}
+
+/// A window's keys are all fresh when the window of the reading ends (a
+/// sliding window's: the one after it), so a key refused at the bound
+/// waits until then, not a whole window (or two) from the refusal: a day
+/// window full at noon said 24 hours where 12 was enough. Admitted after
+/// that wait, in both.
+#[test]
+fn a_window_at_the_bound_says_when_its_window_ends() {
+    let _serial = serial();
+    let day = Duration::from_secs(86_400);
+    let hours = |h: u64| Duration::from_secs(h * 3_600);
+    fn check<A: turnstile::Algorithm>(algorithm: A, after_end: Duration, probe_early: bool) {
+        let clock = ManualClock::new();
+        let l = turnstile::KeyedBuilder::<u64, A>::new(algorithm)
+            .clock(clock.clone())
+            .max_keys(4)
+            .build()
+            .unwrap();
+        clock.advance(Duration::from_secs(12 * 3_600));
+        for k in 0..4 {
+            assert!(l.try_acquire(&k).is_allowed());
+        }
+        let KeyedDecision::KeyLimit { retry_after } = l.try_acquire(&4) else {
+            panic!("a fifth key at a bound of four");
+        };
+        assert_eq!(retry_after.duration(), after_end);
+        if probe_early {
+            // A look 1 ns before finds no room; its cooldown ends with the
+            // window, so the key told to come back then finds room.
+            clock.advance(retry_after.duration() - Duration::from_nanos(1));
+            let early = l.try_acquire(&4);
+            assert!(matches!(early, KeyedDecision::KeyLimit { .. }), "{early:?}");
+            clock.advance(Duration::from_nanos(1));
+        } else {
+            clock.advance(retry_after.duration());
+        }
+        let on_time = l.try_acquire(&4);
+        assert!(
+            on_time.is_allowed(),
+            "room once the window ended: {on_time:?}"
+        );
+    }
+    check(
+        turnstile::FixedWindow::new(10, day).unwrap(),
+        hours(12),
+        true,
+    );
+    check(
+        turnstile::SlidingWindow::new(10, day).unwrap(),
+        hours(36),
+        false,
+    );
+    check(
+        turnstile::LiveFixedWindow::new(turnstile::FixedWindow::new(10, day).unwrap()).unwrap(),
+        hours(12),
+        true,
+    );
 }
 
 /// A limiter that owns its sweeper reclaims idle keys with no request coming,

@@ -184,6 +184,14 @@ impl Algorithm for FixedWindow {
         self.window()
     }
 
+    fn fresh_by(&self, now: u64) -> Duration {
+        // Counts of the window of `now`, or of one before it, are gone when
+        // it ends.
+        let w = self.windows.nanos();
+        let start = self.windows.divide(now).saturating_mul(w);
+        Duration::from_nanos(w - (now - start).min(w))
+    }
+
     fn advertise(&self) -> Option<(u32, Duration)> {
         // Two instants one window apart lie in different windows.
         Some((self.limit(), self.window()))

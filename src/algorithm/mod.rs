@@ -99,6 +99,18 @@ pub trait Algorithm {
     /// idle can be swept.
     fn fresh_after_idle(&self) -> Duration;
 
+    /// The longest a word decided at a reading up to `now` can take from
+    /// `now`, with no requests, to become fresh-equivalent: at most
+    /// [`fresh_after_idle`](Self::fresh_after_idle), which it is by
+    /// default. A window knows sooner: its words are fresh once the window
+    /// of `now` (a sliding window: the one after it) has ended. A keyed
+    /// limiter at its key bound tells a new key to retry after this.
+    #[doc(hidden)]
+    fn fresh_by(&self, now: u64) -> Duration {
+        let _ = now;
+        self.fresh_after_idle()
+    }
+
     /// What the `RateLimit-Policy` header field may promise for this
     /// algorithm: `(q, w)`, the permits a client may send at once and the time
     /// after which it may always do so again, or `None` when nothing can be

@@ -294,6 +294,14 @@ impl Algorithm for SlidingWindow {
         self.window().saturating_mul(2)
     }
 
+    fn fresh_by(&self, now: u64) -> Duration {
+        // Counts of the window of `now`, or of one before it, weigh nothing
+        // once the window after it has ended.
+        let w = self.windows.nanos();
+        let start = self.windows.divide(now).saturating_mul(w);
+        Duration::from_nanos(w - (now - start).min(w)).saturating_add(self.window())
+    }
+
     fn advertise(&self) -> Option<(u32, Duration)> {
         // One window later the previous window's count still weighs fully;
         // two windows later it is gone.

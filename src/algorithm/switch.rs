@@ -256,6 +256,13 @@ impl<F: Form> Algorithm for Live<F> {
         a.max(b)
     }
 
+    fn fresh_by(&self, now: u64) -> Duration {
+        // As `fresh_after_idle`: either slot's words.
+        let a = self.params::<0>(0).fresh_by(now);
+        let b = self.params::<0>(1).fresh_by(now);
+        a.max(b)
+    }
+
     fn advertise(&self) -> Option<(u32, Duration)> {
         self.current().advertise()
     }
@@ -458,6 +465,9 @@ macro_rules! live_form {
             }
             fn fresh_after_idle(&self) -> Duration {
                 self.0.fresh_after_idle()
+            }
+            fn fresh_by(&self, now: u64) -> Duration {
+                self.0.fresh_by(now)
             }
             fn advertise(&self) -> Option<(u32, Duration)> {
                 self.0.advertise()

@@ -124,7 +124,7 @@ where
             // bound's wait, an upper bound on when room is certain.)
             if !linked && inner.len() >= inner.max_keys {
                 return KeyedDecision::KeyLimit {
-                    retry_after: inner.key_limit_wait(),
+                    retry_after: inner.key_limit_wait(now),
                 };
             }
             inner.algorithm.decide(word, now, n).0.into()

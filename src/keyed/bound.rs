@@ -34,7 +34,7 @@ where
         let _ = now;
         (
             KeyedDecision::KeyLimit {
-                retry_after: self.key_limit_wait(),
+                retry_after: self.key_limit_wait(now),
             },
             None,
         )
@@ -125,7 +125,10 @@ where
     /// little after `now`: a flood of new keys does not make each one pay for
     /// a look that just found nothing.
     pub(super) fn start_reclaim_cooldown(&self, now: u64) {
-        let cooldown = saturating_nanos(self.algorithm.fresh_after_idle()).min(RECLAIM_COOLDOWN_NS);
+        // Never past the moment the keys held can all be fresh (a window's
+        // end): a key told to retry then finds room, even if a look just
+        // before found none.
+        let cooldown = saturating_nanos(self.algorithm.fresh_by(now)).min(RECLAIM_COOLDOWN_NS);
         // Relaxed: as in `reclaim`.
         self.reclaim_idle_until
             .store(now.saturating_add(cooldown), Ordering::Relaxed);
@@ -156,21 +159,22 @@ where
             tracing::warn!(
                 max_keys = self.max_keys,
                 keys = self.len(),
-                retry_after_ms = self.algorithm.fresh_after_idle().as_millis() as u64,
+                retry_after_ms = self.algorithm.fresh_by(now).as_millis() as u64,
                 "turnstile keyed limiter at its key bound: new keys are refused (KeyLimit, \
                  503) until idle keys are swept; logged at most once a second"
             );
         }
     }
 
-    /// A key-limit denial's wait: by then every key left idle since is
-    /// sweepable. The algorithm's idle-to-fresh time, plus the furthest a
-    /// reservation may have stamped a word ahead of the clock.
-    pub(super) fn key_limit_wait(&self) -> RetryAfter {
+    /// A key-limit denial's wait at `now`: by then every key left idle
+    /// since is sweepable. The algorithm's time from `now` to fresh (a
+    /// window's: to the end of its window), plus the furthest a reservation
+    /// may have stamped a word ahead of the clock.
+    pub(super) fn key_limit_wait(&self, now: u64) -> RetryAfter {
         // Relaxed: a bound noted before each loan it covers (see `note_loan`).
         let lent_ahead = self.lent_ahead.load(Ordering::Relaxed);
         RetryAfter::from_nanos(
-            saturating_nanos(self.algorithm.fresh_after_idle()).saturating_add(lent_ahead),
+            saturating_nanos(self.algorithm.fresh_by(now)).saturating_add(lent_ahead),
         )
     }
 

@@ -70,8 +70,8 @@ const AUTO_SWEEP_MIN_IDLE_NS: u64 = 1_000_000_000;
 /// (its own shard first, then the others from where the last look stopped).
 const RECLAIM_BUDGET: usize = 4_096;
 /// After a reclaim that found nothing, requests at the bound are refused
-/// without looking again for this long (clock time), or for the algorithm's
-/// idle-to-fresh time if that is shorter: a flood of new keys pays for one
+/// without looking again for this long (clock time), or until every key
+/// held can be fresh if that is sooner: a flood of new keys pays for one
 /// bounded look per interval, not one per request.
 const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 
@@ -189,11 +189,13 @@ const RECLAIM_COOLDOWN_NS: u64 = 1_000_000;
 /// grace period (below) as many as `max_keys`, every shard's are freed first.
 /// If none is
 /// found the request is denied with [`KeyedDecision::KeyLimit`], distinct from
-/// a rate denial, and nothing is stored; for the next millisecond (or the
-/// algorithm's idle-to-fresh time, if shorter) further new keys are refused
+/// a rate denial, and nothing is stored; for the next millisecond (or until
+/// every key held can be fresh, if sooner) further new keys are refused
 /// without looking again, so a flood of new keys does not make every request
 /// pay for a search. The `retry_after` of a key-limit denial is the
-/// algorithm's [idle-to-fresh time](Algorithm::fresh_after_idle), plus, once
+/// algorithm's [idle-to-fresh time](Algorithm::fresh_after_idle) (a window's
+/// words are fresh sooner: when the window of the denial ends, a sliding
+/// window's one window later), plus, once
 /// [reservations](KeyedLimiter::reserve_n) have been made, the furthest one
 /// may reach ahead (a loan stamps its key's word in the future): by then every
 /// key left idle since is sweepable. (Its room is reusable once every thread
