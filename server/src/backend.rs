@@ -33,16 +33,27 @@ pub enum Unit {
     Hour,
     /// One day.
     Day,
+    /// Seven days.
+    Week,
+    /// Thirty days (envoyproxy/ratelimit's month: a fixed length, not the
+    /// calendar's).
+    Month,
+    /// 365 days.
+    Year,
 }
 
 impl Unit {
-    /// The unit's length.
+    /// The unit's length: envoyproxy/ratelimit's, a month 30 days and a
+    /// year 365.
     pub const fn duration(self) -> Duration {
         Duration::from_secs(match self {
             Unit::Second => 1,
             Unit::Minute => 60,
             Unit::Hour => 3_600,
             Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
         })
     }
 
@@ -53,7 +64,23 @@ impl Unit {
             "minute" => Some(Unit::Minute),
             "hour" => Some(Unit::Hour),
             "day" => Some(Unit::Day),
+            "week" => Some(Unit::Week),
+            "month" => Some(Unit::Month),
+            "year" => Some(Unit::Year),
             _ => None,
+        }
+    }
+
+    /// The unit's name in the configuration.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
         }
     }
 }
@@ -241,6 +268,15 @@ pub(crate) fn bucket_quota(rate: u32, unit: Unit, burst: Option<u32>) -> Result<
         Unit::Minute => Quota::per_minute(rate)?,
         Unit::Hour => Quota::per_hour(rate)?,
         Unit::Day => Quota::per_day(rate)?,
+        Unit::Week | Unit::Month | Unit::Year => {
+            // A day's refill with its period stretched by the unit's days:
+            // the same precision, `rate` per unit. A year's refill from
+            // empty (365 days) is well within a bucket's span (over two
+            // years at any capacity).
+            let daily = Quota::per_day(rate)?;
+            let days = u32::try_from(unit.duration().as_secs() / 86_400).unwrap_or(1);
+            Quota::new(daily.capacity(), daily.amount(), daily.period() * days)?
+        }
     };
     match burst {
         Some(burst) if burst != quota.capacity() => match (quota.burst(burst), unit) {

@@ -513,7 +513,7 @@ impl Loader<'_> {
         let Some(unit) = unit else {
             return Err((
                 node.line,
-                "`rate_limit` needs a `unit` (second, minute, hour or day) or `unlimited: true`"
+                "`rate_limit` needs a `unit` (second, minute, hour, day, week, month or year) or `unlimited: true`"
                     .to_string(),
             ));
         };

@@ -97,10 +97,11 @@ impl JsonUnit {
     fn value(&self) -> Result<i32, String> {
         match self {
             JsonUnit::Number(n) => Ok(*n),
+            JsonUnit::Name(name) if name == "WEEK" => Ok(crate::service::WEEK_UNIT),
             JsonUnit::Name(name) => RateLimitUnit::from_str_name(name)
                 .map(|unit| unit as i32)
                 .ok_or_else(|| {
-                    format!("unknown unit {name:?}: SECOND, MINUTE, HOUR, DAY, MONTH or YEAR")
+                    format!("unknown unit {name:?}: SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR")
                 }),
         }
     }

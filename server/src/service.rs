@@ -86,7 +86,8 @@ pub enum RequestError {
         max: usize,
     },
     /// A descriptor's `limit` override in a unit this service does not
-    /// keep (Envoy's `RateLimitUnit`: `MONTH`, `YEAR` or `UNKNOWN`).
+    /// keep (Envoy's `RateLimitUnit` `UNKNOWN`, or a number it does not
+    /// define).
     UnsupportedOverrideUnit {
         /// The descriptor's index.
         descriptor: usize,
@@ -122,7 +123,7 @@ impl fmt::Display for RequestError {
                 write!(
                     f,
                     "descriptor {descriptor}'s limit override has unit {name}: \
-                     send SECOND, MINUTE, HOUR or DAY"
+                     send SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR"
                 )
             }
         }
@@ -332,9 +333,9 @@ impl RateLimitService {
     /// on it, every key back at its whole allowance; searched for at most
     /// once a second), and is otherwise answered `OVER_LIMIT` (never
     /// unbounded memory, never admitted untracked) and counted in
-    /// `turnstile_rls_override_refused_total`. A unit this service does not
-    /// keep (`MONTH`, `YEAR`, `UNKNOWN`) is refused with
-    /// [`RequestError::UnsupportedOverrideUnit`].
+    /// `turnstile_rls_override_refused_total`. Every unit of Envoy's enum is
+    /// kept (`WEEK` by its number, 7); `UNKNOWN`, or a number Envoy does not
+    /// define, is refused with [`RequestError::UnsupportedOverrideUnit`].
     ///
     /// Without this, an override is not read: the configuration decides.
     #[must_use]
@@ -699,24 +700,29 @@ fn compact(key: String) -> String {
     hashed
 }
 
-/// An override's unit, if this service keeps it.
+/// Envoy's number for a week in `RateLimitUnit` (newer than the enum this
+/// crate is built with, which stops at `YEAR`; envoyproxy/ratelimit keeps it).
+pub(crate) const WEEK_UNIT: i32 = 7;
+
+/// An override's unit, if this service keeps it: every unit but `UNKNOWN`
+/// (or a number Envoy does not define).
 fn override_unit(limit: &RateLimitOverride) -> Option<Unit> {
+    if limit.unit == WEEK_UNIT {
+        return Some(Unit::Week);
+    }
     match RateLimitUnit::try_from(limit.unit).ok()? {
         RateLimitUnit::Second => Some(Unit::Second),
         RateLimitUnit::Minute => Some(Unit::Minute),
         RateLimitUnit::Hour => Some(Unit::Hour),
         RateLimitUnit::Day => Some(Unit::Day),
-        RateLimitUnit::Unknown | RateLimitUnit::Month | RateLimitUnit::Year => None,
+        RateLimitUnit::Month => Some(Unit::Month),
+        RateLimitUnit::Year => Some(Unit::Year),
+        RateLimitUnit::Unknown => None,
     }
 }
 
 fn unit_name(unit: Unit) -> &'static str {
-    match unit {
-        Unit::Second => "second",
-        Unit::Minute => "minute",
-        Unit::Hour => "hour",
-        Unit::Day => "day",
-    }
+    unit.name()
 }
 
 fn pb_unit(unit: Option<Unit>) -> PbUnit {
@@ -726,6 +732,9 @@ fn pb_unit(unit: Option<Unit>) -> PbUnit {
         Some(Unit::Minute) => PbUnit::Minute,
         Some(Unit::Hour) => PbUnit::Hour,
         Some(Unit::Day) => PbUnit::Day,
+        Some(Unit::Week) => PbUnit::Week,
+        Some(Unit::Month) => PbUnit::Month,
+        Some(Unit::Year) => PbUnit::Year,
     }
 }
 

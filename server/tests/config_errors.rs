@@ -130,7 +130,7 @@ fn the_binary_exits_non_zero_with_the_message() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("bad.yaml"),
-        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: week\n",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n",
     )
     .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
@@ -142,7 +142,10 @@ fn the_binary_exits_non_zero_with_the_message() {
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let expected = format!("{}:5: invalid unit 'week'", dir.join("bad.yaml").display());
+    let expected = format!(
+        "{}:5: invalid unit 'fortnight'",
+        dir.join("bad.yaml").display()
+    );
     assert!(stderr.contains(&expected), "{stderr}");
 }
 

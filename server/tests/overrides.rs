@@ -8,12 +8,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Options, descriptor, ok, over, request, start};
+use common::{Options, descriptor, ok, over, overall_ok, request, reset_nanos, start};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use turnstile::Clock;
 
 const YAML: &str = "\
 domain: api
@@ -227,14 +228,14 @@ async fn an_idle_override_limit_makes_room_for_a_new_quota() {
 }
 
 #[tokio::test]
-async fn an_override_in_a_unit_not_kept_is_an_invalid_argument() {
+async fn an_override_in_an_unknown_unit_is_an_invalid_argument() {
     let mut rls = start(&[("api.yaml", YAML)], Options::default()).await;
-    for unit in [
-        RateLimitUnit::Month,
-        RateLimitUnit::Year,
-        RateLimitUnit::Unknown,
-    ] {
-        let d = limited(descriptor(&[("user", "erin")]), 10, unit);
+    for (unit, name) in [(RateLimitUnit::Unknown as i32, "UNKNOWN"), (99, "99")] {
+        let mut d = descriptor(&[("user", "erin")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 10,
+            unit,
+        });
         let error = rls
             .ask(request("api", vec![descriptor(&[("user", "x")]), d]))
             .await
@@ -244,8 +245,10 @@ async fn an_override_in_a_unit_not_kept_is_an_invalid_argument() {
             error
                 .message()
                 .contains("descriptor 1's limit override has unit")
-                && error.message().contains(unit.as_str_name())
-                && error.message().contains("SECOND, MINUTE, HOUR or DAY"),
+                && error.message().contains(name)
+                && error
+                    .message()
+                    .contains("SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR"),
             "{}",
             error.message()
         );
@@ -255,6 +258,45 @@ async fn an_override_in_a_unit_not_kept_is_an_invalid_argument() {
         .decide(request("api", vec![descriptor(&[("user", "x")])]))
         .await;
     assert_eq!(answer.statuses[0].limit_remaining, 99);
+    rls.stop().await;
+}
+
+/// envoyproxy/ratelimit keeps every unit of Envoy's enum: a month is 30
+/// days, a year 365, and a week (7 in Envoy's newer enum) 7.
+#[tokio::test]
+async fn an_override_in_weeks_months_or_years_is_kept() {
+    let mut rls = start(&[("api.yaml", YAML)], Options::default()).await;
+    for (unit, days, name) in [
+        (7, 7_u64, PbUnit::Week),
+        (RateLimitUnit::Month as i32, 30, PbUnit::Month),
+        (RateLimitUnit::Year as i32, 365, PbUnit::Year),
+    ] {
+        let who = format!("{days}");
+        let d = || {
+            let mut d = descriptor(&[("user", who.as_str())]);
+            d.limit = Some(RateLimitOverride {
+                requests_per_unit: 2,
+                unit,
+            });
+            d
+        };
+        let start = rls.clock.now();
+        for left in [1, 0] {
+            let answer = rls.decide(request("api", vec![d()])).await;
+            assert!(overall_ok(&answer), "{name:?}");
+            assert_eq!(answer.statuses[0].limit_remaining, left);
+            let limit = answer.statuses[0].current_limit.as_ref().unwrap();
+            assert_eq!((limit.requests_per_unit, limit.unit), (2, name as i32));
+        }
+        let answer = rls.decide(request("api", vec![d()])).await;
+        assert!(!overall_ok(&answer), "{name:?}");
+        let window = days * 86_400 * 1_000_000_000;
+        assert_eq!(
+            reset_nanos(&answer.statuses[0]),
+            Some(window - start % window),
+            "{name:?}"
+        );
+    }
     rls.stop().await;
 }
 
@@ -297,6 +339,14 @@ async fn the_json_endpoint_takes_an_override() {
     .await;
     assert_eq!(status, 400, "{bad}");
     assert!(bad.contains("unknown unit"), "{bad}");
+    // WEEK, which the enum this service is built with lacks, by name.
+    let (status, week) = post(
+        r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"h"}],
+        "limit":{"requests_per_unit":1,"unit":"WEEK"}}]}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{week}");
+    assert!(week.contains(r#""unit":"WEEK""#), "{week}");
     rls.stop().await;
 }
 

@@ -253,14 +253,14 @@ async fn a_token_bucket_lowered_keeps_at_most_the_new_capacity() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Limits of 4 a minute for each algorithm other than the token bucket, one
+/// Limits of 4 a `unit` for each algorithm other than the token bucket, one
 /// to be lowered and one to be raised.
-fn per_algorithm(low: u32, high: u32) -> String {
+fn per_algorithm(unit: &str, low: u32, high: u32) -> String {
     let mut text = String::from("domain: api\ndescriptors:\n");
     for algorithm in ["gcra", "fixed_window", "sliding_window"] {
         for (name, rate) in [("low", low), ("high", high)] {
             text.push_str(&format!(
-                "  - key: {algorithm}_{name}\n    rate_limit: {{ unit: minute, requests_per_unit: {rate}, algorithm: {algorithm} }}\n"
+                "  - key: {algorithm}_{name}\n    rate_limit: {{ unit: {unit}, requests_per_unit: {rate}, algorithm: {algorithm} }}\n"
             ));
         }
     }
@@ -280,58 +280,61 @@ async fn one_value(
 /// changes their quota, as the token bucket does: a key that used up its
 /// allowance before is still refused after, whether the quota was lowered
 /// or raised, and a key that used part of it has only what it had left,
-/// up to the new quota. (The clock is frozen: nothing refills.)
+/// up to the new quota. (The clock is frozen: nothing refills.) In every
+/// unit, a week, month (30 days) and year (365 days) among them.
 #[tokio::test]
 async fn every_algorithm_keeps_its_keys_through_a_changed_quota() {
-    let dir = temp_dir("algorithms");
-    write(&dir, &per_algorithm(4, 4));
-    let mut rls = serve_dir(&dir, Duration::from_millis(20)).await;
-    for algorithm in ["gcra", "fixed_window", "sliding_window"] {
-        for name in ["low", "high"] {
-            let key = format!("{algorithm}_{name}");
-            // "spent": exhausted; "part": one of four spent.
-            for _ in 0..4 {
-                assert!(overall_ok(&one_value(&mut rls.client, &key, "spent").await));
+    for unit in ["minute", "week", "month", "year"] {
+        let dir = temp_dir(&format!("algorithms-{unit}"));
+        write(&dir, &per_algorithm(unit, 4, 4));
+        let mut rls = serve_dir(&dir, Duration::from_millis(20)).await;
+        for algorithm in ["gcra", "fixed_window", "sliding_window"] {
+            for name in ["low", "high"] {
+                let key = format!("{algorithm}_{name}");
+                // "spent": exhausted; "part": one of four spent.
+                for _ in 0..4 {
+                    assert!(overall_ok(&one_value(&mut rls.client, &key, "spent").await));
+                }
+                assert!(!overall_ok(
+                    &one_value(&mut rls.client, &key, "spent").await
+                ));
+                let part = one_value(&mut rls.client, &key, "part").await;
+                assert_eq!(part.statuses[0].limit_remaining, 3, "{key}");
             }
-            assert!(!overall_ok(
-                &one_value(&mut rls.client, &key, "spent").await
-            ));
-            let part = one_value(&mut rls.client, &key, "part").await;
-            assert_eq!(part.statuses[0].limit_remaining, 3, "{key}");
         }
-    }
-    write(&dir, &per_algorithm(2, 8));
-    wait_reloads(&rls.service, 1, 0).await;
-    for algorithm in ["gcra", "fixed_window", "sliding_window"] {
-        for (name, rate) in [("low", 2), ("high", 8)] {
-            let key = format!("{algorithm}_{name}");
-            let spent = one_value(&mut rls.client, &key, "spent").await;
-            assert!(
-                !overall_ok(&spent),
-                "{key}: an exhausted key admitted after the reload"
-            );
-            assert_eq!(
-                spent.statuses[0]
-                    .current_limit
-                    .as_ref()
-                    .unwrap()
-                    .requests_per_unit,
-                rate,
-                "{key}"
-            );
-            assert_eq!(spent.statuses[0].limit_remaining, 0, "{key}");
-            // 3 left, at most the new quota: min(3, 2) = 2 or min(3, 8) = 3;
-            // one more spent.
-            let part = one_value(&mut rls.client, &key, "part").await;
-            assert!(overall_ok(&part), "{key}");
-            assert_eq!(part.statuses[0].limit_remaining, 3.min(rate) - 1, "{key}");
-            // A key first seen after the reload: the new quota whole.
-            let new = one_value(&mut rls.client, &key, "new").await;
-            assert_eq!(new.statuses[0].limit_remaining, rate - 1, "{key}");
+        write(&dir, &per_algorithm(unit, 2, 8));
+        wait_reloads(&rls.service, 1, 0).await;
+        for algorithm in ["gcra", "fixed_window", "sliding_window"] {
+            for (name, rate) in [("low", 2), ("high", 8)] {
+                let key = format!("{algorithm}_{name}");
+                let spent = one_value(&mut rls.client, &key, "spent").await;
+                assert!(
+                    !overall_ok(&spent),
+                    "{key}: an exhausted key admitted after the reload"
+                );
+                assert_eq!(
+                    spent.statuses[0]
+                        .current_limit
+                        .as_ref()
+                        .unwrap()
+                        .requests_per_unit,
+                    rate,
+                    "{key}"
+                );
+                assert_eq!(spent.statuses[0].limit_remaining, 0, "{key}");
+                // 3 left, at most the new quota: min(3, 2) = 2 or min(3, 8) = 3;
+                // one more spent.
+                let part = one_value(&mut rls.client, &key, "part").await;
+                assert!(overall_ok(&part), "{key}");
+                assert_eq!(part.statuses[0].limit_remaining, 3.min(rate) - 1, "{key}");
+                // A key first seen after the reload: the new quota whole.
+                let new = one_value(&mut rls.client, &key, "new").await;
+                assert_eq!(new.statuses[0].limit_remaining, rate - 1, "{key}");
+            }
         }
+        let _ = rls.stop.send(());
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    let _ = rls.stop.send(());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

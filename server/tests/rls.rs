@@ -302,7 +302,7 @@ descriptors:
 #[tokio::test]
 async fn each_unit_is_its_window() {
     let mut yaml = String::from("domain: units\ndescriptors:\n");
-    for unit in ["second", "minute", "hour", "day"] {
+    for unit in ["second", "minute", "hour", "DAY", "week", "Month", "year"] {
         write!(
             yaml,
             "  - key: {unit}\n    rate_limit:\n      unit: {unit}\n      requests_per_unit: 2\n"
@@ -314,7 +314,11 @@ async fn each_unit_is_its_window() {
         ("second", 1),
         ("minute", 60),
         ("hour", 3_600),
-        ("day", 86_400),
+        ("DAY", 86_400),
+        // envoyproxy/ratelimit's lengths: 7, 30 and 365 days.
+        ("week", 7 * 86_400),
+        ("Month", 30 * 86_400),
+        ("year", 365 * 86_400),
     ] {
         let d = || request("units", vec![descriptor(&[(unit, "x")])]);
         let start = rls.clock.now();
@@ -338,6 +342,63 @@ async fn each_unit_is_its_window() {
             overall_ok(&rls.decide(d()).await),
             "{unit}: the next window"
         );
+    }
+    rls.stop().await;
+}
+
+/// Every algorithm takes the long units: `requests_per_unit` per week,
+/// month or year, and (for the buckets) a refill of one unit's share.
+#[tokio::test]
+async fn each_algorithm_takes_weeks_months_and_years() {
+    let mut yaml = String::from("domain: long\ndescriptors:\n");
+    let algorithms = ["fixed_window", "sliding_window", "token_bucket", "gcra"];
+    for unit in ["week", "month", "year"] {
+        for algorithm in algorithms {
+            write!(
+                yaml,
+                "  - key: {algorithm}_{unit}\n    rate_limit: {{ unit: {unit}, requests_per_unit: 1000, algorithm: {algorithm} }}\n"
+            )
+            .unwrap();
+        }
+        // The largest limit and a burst, on the buckets.
+        write!(
+            yaml,
+            "  - key: big_{unit}\n    rate_limit: {{ unit: {unit}, requests_per_unit: 4294967295 }}\n  - key: burst_{unit}\n    rate_limit: {{ unit: {unit}, requests_per_unit: 1000, algorithm: token_bucket, burst: 5 }}\n"
+        )
+        .unwrap();
+    }
+    let mut rls = start(&[("long.yaml", &yaml)], Options::default()).await;
+    for (unit, days) in [("week", 7_u64), ("month", 30), ("year", 365)] {
+        let length = Duration::from_secs(days * 86_400);
+        for algorithm in algorithms {
+            let key = format!("{algorithm}_{unit}");
+            let d = || request("long", vec![with_hits(descriptor(&[(&key, "x")]), 1000)]);
+            let r = rls.decide(d()).await;
+            assert!(overall_ok(&r), "{key}");
+            assert_eq!(r.statuses[0].limit_remaining, 0, "{key}");
+            let r = rls
+                .decide(request("long", vec![descriptor(&[(&key, "x")])]))
+                .await;
+            assert!(over(&r.statuses[0]), "{key}");
+            // The next permit comes within one unit (the sliding window's
+            // once the previous window weighs little enough: within two),
+            // and not within a thousandth of one less a little.
+            let wait = reset_nanos(&r.statuses[0]).unwrap();
+            let most = if algorithm == "sliding_window" { 2 } else { 1 };
+            assert!(wait <= most * length.as_nanos() as u64, "{key}: {wait}");
+            assert!(wait >= length.as_nanos() as u64 / 1001, "{key}: {wait}");
+        }
+        let big = format!("big_{unit}");
+        let r = rls
+            .decide(request("long", vec![descriptor(&[(&big, "x")])]))
+            .await;
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX - 1, "{big}");
+        let burst = format!("burst_{unit}");
+        let d = || request("long", vec![descriptor(&[(&burst, "x")])]);
+        for _ in 0..5 {
+            assert!(overall_ok(&rls.decide(d()).await), "{burst}");
+        }
+        assert!(!overall_ok(&rls.decide(d()).await), "{burst}");
     }
     rls.stop().await;
 }
