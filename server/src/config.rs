@@ -99,21 +99,39 @@ pub struct Rule {
     pub state: Option<Arc<dyn LimitState>>,
 }
 
-/// One level of a descriptor tree.
+/// One level of a descriptor tree, as envoyproxy/ratelimit keeps it: each
+/// descriptor under its composite key, `key` or `key_value`.
 #[derive(Debug, Default)]
 struct Level {
-    /// `key` → `value` → node.
-    exact: HashMap<String, HashMap<String, Tree>>,
-    /// `key` without a value.
-    any: HashMap<String, Tree>,
-    /// `key` with a value ending in `*`: (key, prefix, node), in order.
-    wildcards: Vec<(String, String, Tree)>,
+    /// Composite key → node.
+    nodes: HashMap<String, Tree>,
+    /// The composite keys ending in `*` (a `value`, or a `key` without one,
+    /// ending in `*`), in the configuration's order.
+    wildcards: Vec<String>,
 }
 
 #[derive(Debug, Default)]
 struct Tree {
     rule: Option<Arc<Rule>>,
     children: Level,
+    /// `share_threshold: true` (on a wildcard): every value the wildcard
+    /// matches counts as the wildcard itself.
+    share_threshold: bool,
+    /// The line of the descriptor, for an error naming its duplicate.
+    line: usize,
+}
+
+/// The limit a descriptor matches, and how its values key the limit's
+/// state.
+#[derive(Debug)]
+pub struct Matched<'a> {
+    /// The limit.
+    pub rule: &'a Arc<Rule>,
+    /// `(entry, pattern)`: the entries matched by a wildcard with
+    /// `share_threshold: true`, each counted under the wildcard's value
+    /// (`foo*`) instead of its own, so that every value it matches shares
+    /// one count.
+    pub shared: Vec<(usize, &'a str)>,
 }
 
 /// A loaded configuration: every domain's descriptors and their limits.
@@ -198,10 +216,21 @@ impl Config {
 
     /// The limit for a descriptor's entries `(key, value)` in `domain`, as
     /// envoyproxy/ratelimit matches it: each entry walks one level of the
-    /// tree, trying `key` with its `value` first, then a `value` ending in
-    /// `*` that prefixes it, then `key` alone; a limit applies only to a
-    /// descriptor with exactly as many entries as the limit is deep.
+    /// tree, trying the composite `key_value` first, then each composite key
+    /// ending in `*` (in order) that prefixes it, then `key` alone; a limit
+    /// applies only to a descriptor with exactly as many entries as the
+    /// limit is deep.
     pub fn lookup<'a, I>(&self, domain: &str, entries: I) -> Option<&Arc<Rule>>
+    where
+        I: IntoIterator<Item = (&'a str, &'a str)>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        self.matched(domain, entries).map(|m| m.rule)
+    }
+
+    /// As [`lookup`](Config::lookup), with the entries whose value a
+    /// `share_threshold` wildcard replaces in the limit's key.
+    pub fn matched<'a, I>(&self, domain: &str, entries: I) -> Option<Matched<'_>>
     where
         I: IntoIterator<Item = (&'a str, &'a str)>,
         I::IntoIter: ExactSizeIterator,
@@ -210,25 +239,42 @@ impl Config {
         let entries = entries.into_iter();
         let last = entries.len().checked_sub(1)?;
         let mut found = None;
+        let mut shared = Vec::new();
+        let mut composite = String::new();
         for (i, (key, value)) in entries.enumerate() {
-            let tree = level
-                .exact
-                .get(key)
-                .and_then(|values| values.get(value))
-                .or_else(|| {
-                    level
-                        .wildcards
-                        .iter()
-                        .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
-                        .map(|(_, _, tree)| tree)
-                })
-                .or_else(|| level.any.get(key))?;
+            composite.clear();
+            composite.push_str(key);
+            composite.push('_');
+            composite.push_str(value);
+            let tree = match level.nodes.get(&composite) {
+                Some(tree) => tree,
+                None => {
+                    let wildcard = level.wildcards.iter().find(|pattern| {
+                        let prefix = pattern.strip_suffix('*').unwrap_or(pattern);
+                        composite.starts_with(prefix)
+                    });
+                    match wildcard.and_then(|w| Some((w, level.nodes.get(w)?))) {
+                        Some((pattern, tree)) => {
+                            if tree.share_threshold {
+                                // The value part of `key_value*`.
+                                let value = pattern
+                                    .strip_prefix(key)
+                                    .and_then(|rest| rest.strip_prefix('_'))
+                                    .unwrap_or(pattern);
+                                shared.push((i, value));
+                            }
+                            tree
+                        }
+                        None => level.nodes.get(key)?,
+                    }
+                }
+            };
             if i == last {
                 found = tree.rule.as_ref();
             }
             level = &tree.children;
         }
-        found
+        found.map(|rule| Matched { rule, shared })
     }
 }
 
@@ -240,6 +286,8 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "descriptors",
     "shadow_mode",
     "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
 ];
 /// Keys a `rate_limit` may have.
 const RATE_LIMIT_KEYS: &[&str] = &[
@@ -294,23 +342,72 @@ fn scalar(node: &Node, what: &str) -> Located<String> {
     }
 }
 
+/// A boolean as YAML 1.1 spells one (gopkg.in/yaml.v2, envoyproxy/ratelimit's
+/// parser): `true`, `yes`, `on`, `y` and `false`, `no`, `off`, `n`, each
+/// lower case, capitalised or upper case; nothing is false.
 fn boolean(node: &Node, what: &str) -> Located<bool> {
+    const TRUE: &[&str] = &[
+        "y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON",
+    ];
+    const FALSE: &[&str] = &[
+        "n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF",
+    ];
     match &node.kind {
-        Kind::Scalar(text) if text == "true" => Ok(true),
-        Kind::Scalar(text) if text == "false" => Ok(false),
-        _ => Err((node.line, format!("`{what}` must be true or false"))),
+        Kind::Scalar(text) if TRUE.contains(&text.as_str()) => Ok(true),
+        Kind::Scalar(text) if FALSE.contains(&text.as_str()) => Ok(false),
+        Kind::Null => Ok(false),
+        _ => Err((
+            node.line,
+            format!("`{what}` must be true or false (or yes/no, on/off)"),
+        )),
     }
+}
+
+/// An integer as YAML 1.1 reads one (gopkg.in/yaml.v2): an optional sign,
+/// `_` anywhere after the first character, and `0x` (hex), `0o` or a
+/// leading `0` (octal), `0b` (binary) or decimal digits.
+fn yaml_int(text: &str) -> Option<i128> {
+    if !text.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '-') {
+        return None;
+    }
+    let plain: String = text.chars().filter(|&c| c != '_').collect();
+    let (negative, digits) = match plain.as_bytes().first() {
+        Some(b'-') => (true, &plain[1..]),
+        Some(b'+') => (false, &plain[1..]),
+        _ => (false, plain.as_str()),
+    };
+    let lower = digits.to_ascii_lowercase();
+    let (radix, digits) = if let Some(rest) = lower.strip_prefix("0x") {
+        (16, rest)
+    } else if let Some(rest) = lower.strip_prefix("0o") {
+        (8, rest)
+    } else if let Some(rest) = lower.strip_prefix("0b") {
+        (2, rest)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (8, &lower[1..])
+    } else {
+        (10, lower.as_str())
+    };
+    // `from_str_radix` takes a sign of its own: refuse a second one.
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    // Over 128 bits: far out of any bound, refused as such.
+    let magnitude = i128::from_str_radix(digits, radix).ok()?;
+    Some(if negative { -magnitude } else { magnitude })
 }
 
 fn number(node: &Node, what: &str, max: u64) -> Located<u64> {
     match &node.kind {
-        Kind::Scalar(text) => match text.parse::<u64>() {
-            Ok(n) if n <= max => Ok(n),
+        Kind::Scalar(text) => match yaml_int(text).map(u64::try_from) {
+            Some(Ok(n)) if n <= max => Ok(n),
             _ => Err((
                 node.line,
                 format!("`{what}` must be a whole number from 0 to {max}, found '{text}'"),
             )),
         },
+        // Nothing: the field's zero, as envoyproxy/ratelimit reads it.
+        Kind::Null => Ok(0),
         other => Err((
             node.line,
             format!("`{what}` must be a number, found {}", other.describe()),
@@ -371,8 +468,41 @@ impl Loader<'_> {
                 Some(node) => boolean(node, "detailed_metric")?,
                 None => false,
             };
-            let mut tree = Tree::default();
-            if let Some(node) = fields.get("rate_limit") {
+            // envoyproxy/ratelimit names a metric with the request's value
+            // where this is set; the series here are per limit (and per
+            // request value with `detailed_metric`): read, and not used.
+            if let Some(node) = fields.get("value_to_metric") {
+                boolean(node, "value_to_metric")?;
+            }
+            // As envoyproxy/ratelimit keys its descriptors: `key`, or
+            // `key_value`.
+            let composite = if value.is_empty() {
+                key.clone()
+            } else {
+                format!("{key}_{value}")
+            };
+            let share_threshold = match fields.get("share_threshold") {
+                Some(node) => boolean(node, "share_threshold")?,
+                None => false,
+            };
+            if share_threshold && !composite.ends_with('*') {
+                return Err((
+                    fields.get("share_threshold").map_or(item.line, |n| n.line),
+                    format!(
+                        "`share_threshold` applies to a wildcard (a value, or a key without one, ending in `*`), not to '{composite}'"
+                    ),
+                ));
+            }
+            let mut tree = Tree {
+                share_threshold,
+                line: item.line,
+                ..Tree::default()
+            };
+            if let Some(node) = fields.get("rate_limit")
+                && !matches!(node.kind, Kind::Null)
+            {
+                // An empty `rate_limit:` is no limit, as envoyproxy/ratelimit
+                // reads it.
                 tree.rule = Some(Arc::new(self.rule(
                     node,
                     &path,
@@ -384,35 +514,22 @@ impl Loader<'_> {
                 self.level(&mut tree.children, children, &path)?;
             }
             let named = tree.rule.is_some();
-            let duplicate = || {
-                (
-                    item.line,
-                    format!("duplicate descriptor '{path}': merge the two entries"),
-                )
-            };
-            if value.is_empty() {
-                match level.any.entry(key) {
-                    MapEntry::Occupied(_) => return Err(duplicate()),
-                    MapEntry::Vacant(slot) => {
-                        slot.insert(tree);
-                    }
+            match level.nodes.entry(composite.clone()) {
+                MapEntry::Occupied(first) => {
+                    return Err((
+                        item.line,
+                        format!(
+                            "duplicate descriptor composite key '{path}' (first at line {}): a descriptor is known by its `key` and `value` joined with `_`, as envoyproxy/ratelimit keys it, so merge the two or rename one",
+                            first.get().line
+                        ),
+                    ));
                 }
-            } else if let Some(prefix) = value.strip_suffix('*') {
-                if level
-                    .wildcards
-                    .iter()
-                    .any(|(k, p, _)| *k == key && p == prefix)
-                {
-                    return Err(duplicate());
+                MapEntry::Vacant(slot) => {
+                    slot.insert(tree);
                 }
-                level.wildcards.push((key, prefix.to_string(), tree));
-            } else {
-                match level.exact.entry(key).or_default().entry(value) {
-                    MapEntry::Occupied(_) => return Err(duplicate()),
-                    MapEntry::Vacant(slot) => {
-                        slot.insert(tree);
-                    }
-                }
+            }
+            if composite.ends_with('*') {
+                level.wildcards.push(composite);
             }
             if named
                 && let Some((file, first)) = self
@@ -481,14 +598,27 @@ impl Loader<'_> {
         let unit = match fields.get("unit") {
             Some(node) => {
                 let text = scalar(node, "unit")?;
-                Some(Unit::parse(&text).ok_or_else(|| {
-                    (
-                        node.line,
-                        format!("invalid unit '{text}': use second, minute, hour or day"),
-                    )
-                })?)
+                match Unit::parse(&text) {
+                    Some(unit) => Some((unit, node.line)),
+                    // envoyproxy/ratelimit reads the unit of an unlimited
+                    // limit only to refuse a valid one.
+                    None if unlimited => None,
+                    None => {
+                        return Err((
+                            node.line,
+                            format!(
+                                "invalid unit '{text}': use second, minute, hour, day, week, month or year"
+                            ),
+                        ));
+                    }
+                }
             }
             None => None,
+        };
+        let requests_per_unit = match fields.get("requests_per_unit") {
+            Some(node) => u32::try_from(number(node, "requests_per_unit", MAX_REQUESTS_PER_UNIT)?)
+                .unwrap_or(u32::MAX),
+            None => 0,
         };
         let rule = |requests_per_unit, unit, state| Rule {
             full_key: path.to_string(),
@@ -503,24 +633,25 @@ impl Loader<'_> {
             state,
         };
         if unlimited {
-            for field in ["unit", "requests_per_unit", "algorithm", "burst"] {
+            if let Some((_, line)) = unit {
+                return Err((line, "an unlimited limit takes no `unit`".to_string()));
+            }
+            // `requests_per_unit` is read and ignored, as envoyproxy/ratelimit
+            // does; this service's own keys have no meaning here.
+            for field in ["algorithm", "burst"] {
                 if let Some(given) = fields.get(field) {
                     return Err((given.line, format!("an unlimited limit takes no `{field}`")));
                 }
             }
             return Ok(rule(0, None, None));
         }
+        let unit = unit.map(|(unit, _)| unit);
         let Some(unit) = unit else {
             return Err((
                 node.line,
                 "`rate_limit` needs a `unit` (second, minute, hour, day, week, month or year) or `unlimited: true`"
                     .to_string(),
             ));
-        };
-        let requests_per_unit = match fields.get("requests_per_unit") {
-            Some(node) => u32::try_from(number(node, "requests_per_unit", MAX_REQUESTS_PER_UNIT)?)
-                .unwrap_or(u32::MAX),
-            None => 0,
         };
         let algorithm = match fields.get("algorithm") {
             Some(node) => {

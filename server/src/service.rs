@@ -460,15 +460,30 @@ impl RateLimitService {
                 .collect(),
             _ => Vec::new(),
         };
+        // Each descriptor's limit, with the entries a `share_threshold`
+        // wildcard counts under its pattern.
+        let mut shares: Vec<Vec<(usize, &str)>> = Vec::new();
         let rules: Vec<Option<&Arc<Rule>>> = request
             .descriptors
             .iter()
             .enumerate()
             .map(|(i, d)| match overridden.get(i) {
-                Some(Some(rule)) => rule.as_ref(),
+                Some(Some(rule)) => {
+                    shares.push(Vec::new());
+                    rule.as_ref()
+                }
                 _ => {
                     let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
-                    config.lookup(&request.domain, entries)
+                    match config.matched(&request.domain, entries) {
+                        Some(matched) => {
+                            shares.push(matched.shared);
+                            Some(matched.rule)
+                        }
+                        None => {
+                            shares.push(Vec::new());
+                            None
+                        }
+                    }
                 }
             })
             .collect();
@@ -518,11 +533,17 @@ impl RateLimitService {
                     .as_deref()
                     .is_some_and(|name| replaced.contains(&name))
             });
+            let shared = shares.get(i).map_or(&[][..], Vec::as_slice);
+            // A shared entry is its wildcard's pattern, in the limit's key as
+            // in its metrics.
             let entries = || {
-                descriptor
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str()))
+                descriptor.entries.iter().enumerate().map(|(j, e)| {
+                    let value = shared
+                        .iter()
+                        .find(|(at, _)| *at == j)
+                        .map_or(e.value.as_str(), |(_, pattern)| pattern);
+                    (e.key.as_str(), value)
+                })
             };
             let Some(rule) = rule else {
                 if known_domain && !replaced_here {
@@ -555,7 +576,7 @@ impl RateLimitService {
             let key = compact(if matches!(overridden.get(i), Some(Some(Some(_)))) {
                 override_key(descriptor)
             } else {
-                counter_key(descriptor)
+                counter_key(entries())
             });
             let verdict = match &rule.state {
                 Some(state) => state.decide(&key, hits).await,
@@ -652,14 +673,15 @@ impl RateLimitService {
     }
 }
 
-/// The key of a descriptor in its limit: every entry's value, each after its
-/// length, so that no two descriptors share a key by concatenation.
-fn counter_key(descriptor: &RateLimitDescriptor) -> String {
+/// The key of a descriptor in its limit: every entry's value (a
+/// `share_threshold` wildcard's pattern for an entry it matched), each after
+/// its length, so that no two descriptors share a key by concatenation.
+fn counter_key<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> String {
     let mut key = String::new();
-    for entry in &descriptor.entries {
-        key.push_str(&entry.value.len().to_string());
+    for (_, value) in entries {
+        key.push_str(&value.len().to_string());
         key.push(':');
-        key.push_str(&entry.value);
+        key.push_str(value);
     }
     key
 }

@@ -4,6 +4,7 @@
 #![allow(missing_docs)]
 
 use turnstile_server::backend::InProcess;
+use turnstile_server::backend::Unit;
 use turnstile_server::config::{Config, ConfigError};
 
 fn load(files: &[(&str, &str)]) -> Result<Config, ConfigError> {
@@ -34,7 +35,7 @@ fn each_error_names_its_file_and_line() {
         (
             "domain: d\ndescriptors:\n  - key: a\n  - key: b\n  - key: a\n",
             "limits.yaml:5:",
-            "duplicate descriptor 'd.a'",
+            "duplicate descriptor composite key 'd.a' (first at line 3)",
         ),
         (
             "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      algorithm: leaky\n",
@@ -63,16 +64,59 @@ fn each_error_names_its_file_and_line() {
         ),
         ("descriptors: []\n", "limits.yaml:1:", "needs a `domain`"),
         ("domain: d\ndescriptors: [\n", "limits.yaml:", "limits.yaml"),
+        // An alias of an anchored descriptor: a duplicate.
         (
             "domain: d\ndescriptors:\n  - &a {key: x}\n  - *a\n",
             "limits.yaml:3:",
-            "anchors and aliases",
+            "duplicate descriptor composite key 'd.x'",
         ),
-        // Two descriptors that spell one limit name, `d.a_b_c`.
+        // envoyproxy/ratelimit keys a descriptor by `key_value`: `a_b` and
+        // `a` with `b` are one, whether or not either has a limit.
+        (
+            "domain: d\ndescriptors:\n  - key: a_b\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: a\n    value: b\n    descriptors:\n      - key: c\n",
+            "limits.yaml:5:",
+            "duplicate descriptor composite key 'd.a_b' (first at line 3)",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+            "limits.yaml:4:",
+            "`share_threshold` applies to a wildcard",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n",
+            "limits.yaml:4:",
+            "`shadow_mode` must be true or false",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1e3\n",
+            "limits.yaml:6:",
+            "whole number",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 0x1_0000_0000\n",
+            "limits.yaml:6:",
+            "whole number from 0 to 4294967295, found '0x1_0000_0000'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 09\n",
+            "limits.yaml:6:",
+            "whole number",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      <<: [1, 2]\n",
+            "limits.yaml:5:",
+            "a merge key (`<<`) takes a mapping",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - &a\n    key: a\n    descriptors:\n      - *a\n",
+            "limits.yaml:6:",
+            "recursive alias",
+        ),
+        // Two descriptors that spell one composite key, `a_b_c`.
         (
             "domain: d\ndescriptors:\n  - key: a\n    value: b_c\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: a_b\n    value: c\n    rate_limit: {unit: second, requests_per_unit: 9}\n",
             "limits.yaml:6:",
-            "the limit 'd.a_b_c' has the name of the limit at line 3",
+            "duplicate descriptor composite key 'd.a_b_c' (first at line 3)",
         ),
         // `a.b`, and `b` below `a`: both `d.a.b`.
         (
@@ -165,4 +209,301 @@ fn a_file_nested_a_hundred_thousand_levels_deep_is_an_error_not_a_crash() {
         .expect("no stack overflow, no panic");
     assert!(message.starts_with("limits.yaml:3:"), "{message}");
     assert!(message.contains("nested too deeply"), "{message}");
+}
+
+fn one(yaml: &str) -> Config {
+    match load(&[("limits.yaml", yaml)]) {
+        Ok(config) => config,
+        Err(error) => panic!("{yaml}\n{error}"),
+    }
+}
+
+/// The limit `entries` match in domain `d`: its requests per unit, unit and
+/// whether it is unlimited or in shadow mode.
+fn limit_of(config: &Config, entries: &[(&str, &str)]) -> Option<(u32, Option<Unit>, bool, bool)> {
+    config
+        .lookup("d", entries.iter().copied())
+        .map(|r| (r.requests_per_unit, r.unit, r.unlimited, r.shadow_mode))
+}
+
+/// envoyproxy/ratelimit's units: week, month and year too, in any case.
+#[test]
+fn weeks_months_and_years_are_units() {
+    let config = one(
+        "domain: d\ndescriptors:\n  - key: w\n    rate_limit: {unit: WEEK, requests_per_unit: 7}\n  - key: m\n    rate_limit: {unit: Month, requests_per_unit: 30}\n  - key: y\n    rate_limit: {unit: year, requests_per_unit: 365}\n",
+    );
+    assert_eq!(
+        limit_of(&config, &[("w", "1")]),
+        Some((7, Some(Unit::Week), false, false))
+    );
+    assert_eq!(
+        limit_of(&config, &[("m", "1")]),
+        Some((30, Some(Unit::Month), false, false))
+    );
+    assert_eq!(
+        limit_of(&config, &[("y", "1")]),
+        Some((365, Some(Unit::Year), false, false))
+    );
+    assert_eq!(Unit::Month.duration().as_secs(), 30 * 86_400);
+    assert_eq!(Unit::Year.duration().as_secs(), 365 * 86_400);
+}
+
+/// YAML 1.1 as gopkg.in/yaml.v2 reads it: booleans in every spelling it
+/// takes, nothing as false.
+#[test]
+fn yaml_1_1_booleans_load() {
+    for (word, expected) in [
+        ("true", true),
+        ("True", true),
+        ("TRUE", true),
+        ("yes", true),
+        ("Yes", true),
+        ("YES", true),
+        ("on", true),
+        ("On", true),
+        ("ON", true),
+        ("y", true),
+        ("Y", true),
+        ("false", false),
+        ("False", false),
+        ("FALSE", false),
+        ("no", false),
+        ("No", false),
+        ("NO", false),
+        ("off", false),
+        ("Off", false),
+        ("OFF", false),
+        ("n", false),
+        ("N", false),
+        ("", false),
+    ] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: a\n    shadow_mode: {word}\n    detailed_metric: {word}\n    value_to_metric: {word}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n  - key: b\n    rate_limit:\n      unlimited: {word}\n      unit: minute\n"
+        );
+        if expected {
+            // `unlimited` with a valid unit: refused, as envoyproxy/ratelimit
+            // refuses it, so `unlimited` was read as true.
+            let message = error_of(&yaml);
+            assert!(
+                message.contains("limits.yaml:11: an unlimited limit takes no `unit`"),
+                "{word}: {message}"
+            );
+            let yaml = yaml.replace("      unit: minute\n", "");
+            let config = one(&yaml);
+            assert_eq!(
+                limit_of(&config, &[("a", "x")]),
+                Some((1, Some(Unit::Second), false, true)),
+                "{word}"
+            );
+            assert_eq!(
+                limit_of(&config, &[("b", "x")]),
+                Some((0, None, true, false)),
+                "{word}"
+            );
+        } else {
+            let config = one(&yaml);
+            assert_eq!(
+                limit_of(&config, &[("a", "x")]),
+                Some((1, Some(Unit::Second), false, false)),
+                "{word}"
+            );
+            assert_eq!(
+                limit_of(&config, &[("b", "x")]),
+                Some((0, Some(Unit::Minute), false, false)),
+                "{word}"
+            );
+        }
+    }
+}
+
+/// Integers as yaml.v2 reads them into `requests_per_unit`: `_`
+/// separators, a sign, hex, octal (`0o17` and `017`) and binary.
+#[test]
+fn yaml_1_1_integers_load() {
+    for (text, expected) in [
+        ("1_000", 1_000),
+        ("+12", 12),
+        ("0x10", 16),
+        ("0X1f", 31),
+        ("0o17", 15),
+        ("017", 15),
+        ("0b101", 5),
+        ("0", 0),
+        ("-0", 0),
+        ("4_294_967_295", u32::MAX),
+    ] {
+        let config = one(&format!(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: {text}\n"
+        ));
+        assert_eq!(
+            limit_of(&config, &[("a", "x")]).unwrap().0,
+            expected,
+            "{text}"
+        );
+    }
+}
+
+/// `rate_limit:` with nothing is no limit, as yaml.v2 leaves the pointer
+/// nil; the descriptor still leads to its children.
+#[test]
+fn an_empty_rate_limit_is_no_limit() {
+    let config = one(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 3}\n",
+    );
+    assert_eq!(limit_of(&config, &[("a", "x")]), None);
+    assert_eq!(limit_of(&config, &[("a", "x"), ("b", "y")]).unwrap().0, 3);
+}
+
+/// yaml.v2 reads a file's first document: what follows a `---` (even
+/// text that is no YAML at all) is not read.
+#[test]
+fn only_the_first_document_is_read() {
+    let config = one(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 2}\n---\ndomain: other\ndescriptors: [\n",
+    );
+    assert_eq!(limit_of(&config, &[("a", "x")]).unwrap().0, 2);
+    assert_eq!(config.domains().collect::<Vec<_>>(), ["d"]);
+    let config = one("---\ndomain: d\n...\n---\ndomain: e\n");
+    assert_eq!(config.domains().collect::<Vec<_>>(), ["d"]);
+}
+
+/// Anchors, aliases and merge keys, as real configurations share a
+/// `rate_limit` block.
+#[test]
+fn anchors_aliases_and_merge_keys_load() {
+    let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: &standard
+      unit: minute
+      requests_per_unit: 10
+  - key: b
+    rate_limit: *standard
+  - key: c
+    rate_limit:
+      <<: *standard
+      requests_per_unit: 20
+  - key: e
+    rate_limit:
+      requests_per_unit: 30
+      <<: [{unit: hour}, {unit: day, requests_per_unit: 40}]
+  - key: f
+    descriptors: &children
+      - key: g
+        rate_limit: {<<: *standard, unit: second}
+  - key: h
+    descriptors: *children
+";
+    let config = one(yaml);
+    let minute = Some(Unit::Minute);
+    assert_eq!(
+        limit_of(&config, &[("a", "x")]),
+        Some((10, minute, false, false))
+    );
+    assert_eq!(
+        limit_of(&config, &[("b", "x")]),
+        Some((10, minute, false, false))
+    );
+    assert_eq!(
+        limit_of(&config, &[("c", "x")]),
+        Some((20, minute, false, false))
+    );
+    // yaml.v2 applies a merge in its place: the merged `requests_per_unit`
+    // replaces the one above it; of the two merged, the first wins `unit`.
+    assert_eq!(
+        limit_of(&config, &[("e", "x")]),
+        Some((40, Some(Unit::Hour), false, false))
+    );
+    for parent in ["f", "h"] {
+        assert_eq!(
+            limit_of(&config, &[(parent, "x"), ("g", "y")]),
+            Some((10, Some(Unit::Second), false, false)),
+            "{parent}"
+        );
+    }
+}
+
+/// A "billion laughs": ten levels of ten aliases each would copy 10^10
+/// nodes. Refused with its line, promptly, without the memory.
+#[test]
+fn alias_expansion_is_bounded() {
+    let mut yaml = String::from("domain: d\nl0: &l0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for level in 1..10 {
+        let prev = level - 1;
+        yaml.push_str(&format!(
+            "l{level}: &l{level} [*l{prev}, *l{prev}, *l{prev}, *l{prev}, *l{prev}, *l{prev}, *l{prev}, *l{prev}, *l{prev}, *l{prev}]\n"
+        ));
+    }
+    let started = std::time::Instant::now();
+    let message = error_of(&yaml);
+    assert!(message.contains("aliases copy too much"), "{message}");
+    assert!(message.starts_with("limits.yaml:"), "{message}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // Bytes too: a megabyte scalar aliased sixteen times.
+    let big = "x".repeat(1 << 20);
+    let yaml = format!(
+        "domain: d\nbig: &b {big}\nmany: [{}]\n",
+        vec!["*b"; 16].join(", ")
+    );
+    assert!(error_of(&yaml).contains("aliases copy too much"));
+    // An alias nesting past the depth bound.
+    let deep = format!(
+        "domain: d\ndeep: &d {}x{}\nmore: {}*d{}\n",
+        "[".repeat(40),
+        "]".repeat(40),
+        "[".repeat(30),
+        "]".repeat(30)
+    );
+    assert!(error_of(&deep).contains("nested too deeply"));
+}
+
+/// `value_to_metric` and `share_threshold` (on a wildcard) are
+/// envoyproxy/ratelimit keys.
+#[test]
+fn value_to_metric_and_share_threshold_load() {
+    let config = one(
+        "domain: d\ndescriptors:\n  - key: path\n    value: /files/*\n    share_threshold: true\n    value_to_metric: true\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: user\n    value_to_metric: yes\n    rate_limit: {unit: second, requests_per_unit: 7}\n",
+    );
+    assert_eq!(limit_of(&config, &[("path", "/files/a")]).unwrap().0, 5);
+    assert_eq!(limit_of(&config, &[("user", "u")]).unwrap().0, 7);
+}
+
+/// `unlimited` with `requests_per_unit` loads (envoyproxy/ratelimit refuses
+/// only a valid unit beside it), and so does an invalid unit beside it.
+#[test]
+fn unlimited_takes_requests_per_unit() {
+    let config = one(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, requests_per_unit: 100}\n  - key: b\n    rate_limit: {unlimited: true, unit: ''}\n",
+    );
+    assert_eq!(
+        limit_of(&config, &[("a", "x")]),
+        Some((0, None, true, false))
+    );
+    assert_eq!(
+        limit_of(&config, &[("b", "x")]),
+        Some((0, None, true, false))
+    );
+    let message = error_of(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, requests_per_unit: lots}\n",
+    );
+    assert!(message.contains("whole number"), "{message}");
+}
+
+/// envoyproxy/ratelimit's matching: the composite `key_value`, then a
+/// composite key ending in `*` as a prefix (a wildcard `key` too), then the
+/// key alone.
+#[test]
+fn composite_keys_and_wildcards_match_as_envoyproxy_ratelimit() {
+    let config = one(
+        "domain: d\ndescriptors:\n  - key: foo*\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: path\n    value: /api/*\n    rate_limit: {unit: second, requests_per_unit: 2}\n  - key: path\n    rate_limit: {unit: second, requests_per_unit: 3}\n  - key: path\n    value: /api/health\n    rate_limit: {unit: second, requests_per_unit: 4}\n",
+    );
+    let rpu = |entries: &[(&str, &str)]| limit_of(&config, entries).map(|l| l.0);
+    // A wildcard key: any key it prefixes, whatever the value.
+    assert_eq!(rpu(&[("foo", "x")]), Some(1));
+    assert_eq!(rpu(&[("foobar", "")]), Some(1));
+    assert_eq!(rpu(&[("fo", "ox")]), None);
+    assert_eq!(rpu(&[("path", "/api/health")]), Some(4));
+    assert_eq!(rpu(&[("path", "/api/users")]), Some(2));
+    assert_eq!(rpu(&[("path", "/web")]), Some(3));
 }

@@ -148,6 +148,52 @@ async fn key_and_value_before_key_alone_wildcards_and_unlimited() {
     rls.stop().await;
 }
 
+/// `share_threshold: true` on a wildcard: every value it matches counts
+/// against one allowance, as envoyproxy/ratelimit keys it by the pattern;
+/// without it, each value has its own. Nested below a shared wildcard, the
+/// other entries still key their own counts.
+#[tokio::test]
+async fn share_threshold_makes_a_wildcard_one_count() {
+    let yaml = "\
+domain: files
+descriptors:
+  - key: path
+    value: files/*
+    share_threshold: true
+    rate_limit: { unit: minute, requests_per_unit: 3 }
+  - key: path
+    value: docs/*
+    rate_limit: { unit: minute, requests_per_unit: 3 }
+  - key: user
+    value: u*
+    share_threshold: yes
+    descriptors:
+      - key: op
+        rate_limit: { unit: minute, requests_per_unit: 2 }
+";
+    let mut rls = start(&[("files.yaml", yaml)], Options::default()).await;
+    let path = |p: &str| request("files", vec![descriptor(&[("path", p)])]);
+    for (file, left) in [("files/a", 2), ("files/b", 1), ("files/c", 0)] {
+        let r = rls.decide(path(file)).await;
+        assert!(overall_ok(&r), "{file}");
+        assert_eq!(r.statuses[0].limit_remaining, left, "{file}");
+    }
+    assert!(!overall_ok(&rls.decide(path("files/d")).await));
+    assert!(!overall_ok(&rls.decide(path("files/a")).await));
+    // Not shared: each value its own three.
+    for file in ["docs/a", "docs/b", "docs/c", "docs/d"] {
+        let r = rls.decide(path(file)).await;
+        assert_eq!(r.statuses[0].limit_remaining, 2, "{file}");
+    }
+    let op = |u: &str, o: &str| request("files", vec![descriptor(&[("user", u), ("op", o)])]);
+    assert!(overall_ok(&rls.decide(op("u1", "read")).await));
+    assert!(overall_ok(&rls.decide(op("u2", "read")).await));
+    assert!(!overall_ok(&rls.decide(op("u3", "read")).await));
+    let r = rls.decide(op("u3", "write")).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    rls.stop().await;
+}
+
 #[tokio::test]
 async fn unknown_domain_or_descriptor_is_ok() {
     let mut rls = start(&[("edge.yaml", EDGE)], Options::default()).await;
