@@ -1,7 +1,9 @@
 //! The HTTP endpoints: `POST /json` (envoyproxy/ratelimit's JSON form of the
 //! request and response: proto3's JSON mapping, 200 when every descriptor is
-//! within its limit, 429 when one is over), `GET /healthz`, and
-//! `GET /metrics` (Prometheus text: [`metrics`](crate::metrics)).
+//! within its limit, 429 when one is over), `GET /healthcheck`
+//! (envoyproxy/ratelimit's: `OK` while serving, 500 with no body once the
+//! shutdown has begun), `GET /healthz` (`OK` while the process answers at
+//! all), and `GET /metrics` (Prometheus text: [`metrics`](crate::metrics)).
 
 use std::sync::Arc;
 
@@ -10,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -29,6 +31,7 @@ use crate::service::RateLimitService;
 pub fn router(service: Arc<RateLimitService>, max_body: usize) -> Router {
     Router::new()
         .route("/json", post(json))
+        .route("/healthcheck", any(healthcheck))
         .route("/healthz", get(|| async { "OK\n" }))
         .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
@@ -235,6 +238,16 @@ fn to_json(response: &RateLimitResponse) -> JsonResponse {
                 value: h.value.clone(),
             })
             .collect(),
+    }
+}
+
+/// envoyproxy/ratelimit's health check, on any method as its router takes
+/// it: `OK` (no newline) while serving, 500 with an empty body when not.
+async fn healthcheck(State(service): State<Arc<RateLimitService>>) -> Response {
+    if service.serving() {
+        "OK".into_response()
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
     }
 }
 

@@ -9,8 +9,17 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
 
-use crate::grpc::GrpcService;
+use tonic_health::ServingStatus;
+
+use crate::grpc::{GrpcService, SERVICE_NAME};
 use crate::service::RateLimitService;
+
+/// The service names the gRPC health service answers for: the server as a
+/// whole (`""`), envoyproxy/ratelimit's name for itself (`ratelimit`, which
+/// its Kubernetes probes and Envoy's health checks name), and the
+/// rate-limit service's full name. Each is `SERVING` until the shutdown
+/// begins ([`RateLimitService::set_serving`]), `NOT_SERVING` from then on.
+pub const HEALTH_NAMES: [&str; 3] = ["", "ratelimit", SERVICE_NAME];
 
 /// The largest gRPC message or HTTP body accepted (default 4 MiB, tonic's
 /// default): a request beyond it is refused before it is decoded in full.
@@ -39,8 +48,13 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let (stop_tx, stop_rx) = watch::channel(false);
+    let draining = Arc::clone(&service);
     tokio::spawn(async move {
         shutdown.await;
+        // The health checks fail first, as envoyproxy/ratelimit's do on
+        // SIGTERM: what still reaches the service is answered while the
+        // listeners close.
+        draining.set_serving(false);
         let _ = stop_tx.send(true);
     });
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -49,7 +63,35 @@ where
     };
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<GrpcService>().await;
+    let mut serving = service.watch_serving();
+    let status = |serving: bool| {
+        if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        }
+    };
+    let now = *serving.borrow_and_update();
+    for name in HEALTH_NAMES {
+        health.set_service_status(name, status(now)).await;
+    }
+    // The gRPC health statuses follow the service's.
+    let mut health_stop = stop_rx.clone();
+    tokio::spawn(async move {
+        loop {
+            let changed = tokio::select! {
+                changed = serving.changed() => changed.is_ok(),
+                _ = health_stop.wait_for(|stop| *stop) => false,
+            };
+            if !changed {
+                return;
+            }
+            let now = *serving.borrow_and_update();
+            for name in HEALTH_NAMES {
+                health.set_service_status(name, status(now)).await;
+            }
+        }
+    });
     let rls = GrpcService::new(Arc::clone(&service), max_message);
     let grpc_stop = stopped(stop_rx.clone());
     let grpc_task = tokio::spawn(async move {

@@ -178,6 +178,9 @@ pub struct RateLimitService {
     stats: Stats,
     metrics: Metrics,
     overrides: Option<Overrides>,
+    /// Whether the health checks answer serving: true from the start, false
+    /// once the service is shutting down.
+    serving: tokio::sync::watch::Sender<bool>,
 }
 
 /// The default bound on the distinct quotas that descriptors' `limit`
@@ -311,7 +314,26 @@ impl RateLimitService {
             stats: Stats::default(),
             metrics: Metrics::default(),
             overrides: None,
+            serving: tokio::sync::watch::Sender::new(true),
         }
+    }
+
+    /// Whether the health checks (`GET /healthcheck`, gRPC health) answer
+    /// serving. [`serve`](crate::server::serve) sets it false when its
+    /// shutdown begins, so that a load balancer or a readiness probe stops
+    /// sending before the listeners close; decisions are still answered.
+    pub fn set_serving(&self, serving: bool) {
+        self.serving.send_replace(serving);
+    }
+
+    /// What the health checks answer: [`set_serving`](Self::set_serving).
+    pub fn serving(&self) -> bool {
+        *self.serving.borrow()
+    }
+
+    /// Told of each change of [`serving`](Self::serving).
+    pub fn watch_serving(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.serving.subscribe()
     }
 
     /// The bounds requests are held to.

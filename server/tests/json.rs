@@ -1,5 +1,5 @@
 //! `POST /json`: envoyproxy/ratelimit's JSON request and response, 200 or
-//! 429; `GET /healthz`.
+//! 429; `/healthcheck` and `/healthz`.
 
 #![allow(missing_docs)]
 
@@ -93,4 +93,33 @@ async fn lists_past_the_bounds_are_refused_while_parsed() {
     let body = format!(r#"{{"domain":"d","descriptors":[{descriptors}]}}"#);
     let (status, message) = http(rls.http, "POST", "/json", &body).await;
     assert_eq!(status, 429, "{message}");
+}
+
+/// envoyproxy/ratelimit's `/healthcheck`: `OK` while serving, on any method,
+/// and 500 with no body once the shutdown has begun; `/healthz` answers as
+/// long as the process does.
+#[tokio::test]
+async fn healthcheck_as_envoyproxy_ratelimit() {
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n";
+    let rls = start(&[("d.yaml", yaml)], Options::default()).await;
+    for method in ["GET", "HEAD", "POST"] {
+        let (status, text) = http(rls.http, method, "/healthcheck", "").await;
+        assert_eq!(status, 200, "{method}");
+        if method != "HEAD" {
+            assert_eq!(text, "OK", "{method}");
+        }
+    }
+    rls.service.set_serving(false);
+    let (status, text) = http(rls.http, "GET", "/healthcheck", "").await;
+    assert_eq!((status, text.as_str()), (500, ""));
+    let (status, text) = http(rls.http, "GET", "/healthz", "").await;
+    assert_eq!((status, text.as_str()), (200, "OK\n"));
+    // Decisions are still answered while draining.
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    let (status, text) = http(rls.http, "POST", "/json", body).await;
+    assert_eq!(status, 200, "{text}");
+    rls.service.set_serving(true);
+    let (status, text) = http(rls.http, "GET", "/healthcheck", "").await;
+    assert_eq!((status, text.as_str()), (200, "OK"));
+    rls.stop().await;
 }

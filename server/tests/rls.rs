@@ -908,7 +908,13 @@ async fn the_health_service_and_graceful_shutdown() {
         .await
         .unwrap();
     let mut health = HealthClient::new(channel);
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+    // `ratelimit`: envoyproxy/ratelimit's name, which its probes ask for.
+    let names = [
+        "",
+        "ratelimit",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ];
+    for service in names {
         let answer = health
             .check(HealthCheckRequest {
                 service: service.to_string(),
@@ -922,6 +928,37 @@ async fn the_health_service_and_graceful_shutdown() {
             "{service:?}"
         );
     }
+    // Once the shutdown has begun, every name answers NOT_SERVING (the
+    // statuses follow the service's within a moment).
+    rls.service.set_serving(false);
+    for service in names {
+        let mut status = 0;
+        for _ in 0..200 {
+            status = health
+                .check(HealthCheckRequest {
+                    service: service.to_string(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status;
+            if status == NOT_SERVING {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(status, NOT_SERVING, "{service:?}");
+    }
+    // An unknown name is NOT_FOUND, as gRPC's health protocol says.
+    let unknown = health
+        .check(HealthCheckRequest {
+            service: "nothing".to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
     drop(health);
     rls.stop().await;
 }
+
+const NOT_SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
