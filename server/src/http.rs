@@ -1,6 +1,8 @@
 //! The HTTP endpoints: `POST /json` (envoyproxy/ratelimit's JSON form of the
-//! request and response: proto3's JSON mapping, 200 when every descriptor is
-//! within its limit, 429 when one is over), `GET /healthcheck`
+//! request and response: proto3's JSON mapping as protojson reads and writes
+//! it, 200 when every descriptor is within its limit, 429 when one is over,
+//! 400 for a body it cannot read; any method, as envoyproxy/ratelimit's
+//! router takes it), `GET /healthcheck`
 //! (envoyproxy/ratelimit's: `OK` while serving, 500 with no body once the
 //! shutdown has begun), `GET /healthz` (`OK` while the process answers at
 //! all), and `GET /metrics` (Prometheus text: [`metrics`](crate::metrics)).
@@ -12,7 +14,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{any, get};
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -30,7 +33,7 @@ use crate::service::RateLimitService;
 /// The router of the HTTP endpoints, with bodies of at most `max_body` bytes.
 pub fn router(service: Arc<RateLimitService>, max_body: usize) -> Router {
     Router::new()
-        .route("/json", post(json))
+        .route("/json", any(json))
         .route("/healthcheck", any(healthcheck))
         .route("/healthz", get(|| async { "OK\n" }))
         .route("/metrics", get(metrics))
@@ -38,7 +41,8 @@ pub fn router(service: Arc<RateLimitService>, max_body: usize) -> Router {
         .with_state(service)
 }
 
-/// A `uint64` in proto3's JSON mapping: a number or a decimal string.
+/// A `uint32` or `uint64` in proto3's JSON mapping: a number or a decimal
+/// string.
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Uint64 {
@@ -55,12 +59,21 @@ impl Uint64 {
                 .map_err(|_| format!("not a whole number: {text:?}")),
         }
     }
+
+    fn value_u32(&self, field: &str) -> Result<u32, String> {
+        u32::try_from(self.value()?).map_err(|_| format!("{field} is a uint32"))
+    }
 }
 
+// protojson's reading, as envoyproxy/ratelimit's `/json` does it: the JSON
+// name or the proto file's name of each field, `null` for a field's default,
+// and a field of neither name refused (400), as a duplicated one is.
+
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct JsonRequest {
     #[serde(default)]
-    domain: String,
+    domain: Option<String>,
     #[serde(default, deserialize_with = "bounded::descriptors")]
     descriptors: Vec<JsonDescriptor>,
     #[serde(default, alias = "hits_addend", rename = "hitsAddend")]
@@ -68,22 +81,24 @@ struct JsonRequest {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct JsonDescriptor {
     #[serde(default, deserialize_with = "bounded::entries")]
     entries: Vec<JsonEntry>,
+    #[serde(default)]
+    limit: Option<JsonOverride>,
     #[serde(default, alias = "hits_addend", rename = "hitsAddend")]
     hits_addend: Option<Uint64>,
     #[serde(default, alias = "is_negative_hits", rename = "isNegativeHits")]
-    is_negative_hits: bool,
-    #[serde(default)]
-    limit: Option<JsonOverride>,
+    is_negative_hits: Option<bool>,
 }
 
 /// A descriptor's `limit` override.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct JsonOverride {
     #[serde(default, alias = "requests_per_unit", rename = "requestsPerUnit")]
-    requests_per_unit: u32,
+    requests_per_unit: Option<Uint64>,
     #[serde(default)]
     unit: Option<JsonUnit>,
 }
@@ -111,26 +126,39 @@ impl JsonUnit {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct JsonEntry {
     #[serde(default)]
-    key: String,
+    key: Option<String>,
     #[serde(default)]
-    value: String,
+    value: Option<String>,
 }
+
+// protojson's writing, as envoyproxy/ratelimit's `/json` does it
+// (`protojson.Marshal`, without `EmitUnpopulated`): the JSON names, fields in
+// the proto file's order, a field at its default (0, "", an empty list, an
+// enum's 0, an unset message) left out, an enum by its name (its number
+// when it has none), a Duration as seconds with 0, 3, 6 or 9 fractional
+// digits.
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct JsonResponse {
-    overall_code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    overall_code: Option<JsonEnum>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     statuses: Vec<JsonStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     response_headers_to_add: Vec<JsonHeader>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    request_headers_to_add: Vec<JsonHeader>,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct JsonStatus {
-    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<JsonEnum>,
     #[serde(skip_serializing_if = "Option::is_none")]
     current_limit: Option<JsonLimit>,
     #[serde(skip_serializing_if = "is_zero")]
@@ -148,23 +176,87 @@ fn is_zero(n: &u32) -> bool {
 struct JsonLimit {
     #[serde(skip_serializing_if = "String::is_empty")]
     name: String,
+    #[serde(skip_serializing_if = "is_zero")]
     requests_per_unit: u32,
-    unit: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unit: Option<JsonEnum>,
 }
 
 #[derive(Serialize)]
 struct JsonHeader {
+    #[serde(skip_serializing_if = "String::is_empty")]
     key: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     value: String,
 }
 
-fn code_name(code: i32) -> &'static str {
-    Code::try_from(code).unwrap_or(Code::Unknown).as_str_name()
+/// An enum's value in proto3's JSON mapping.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum JsonEnum {
+    Name(&'static str),
+    Number(i32),
+}
+
+/// `None` for 0 (left out); the name of a known value, else the number.
+fn json_enum(value: i32, name: Option<&'static str>) -> Option<JsonEnum> {
+    match (value, name) {
+        (0, _) => None,
+        (_, Some(name)) => Some(JsonEnum::Name(name)),
+        (_, None) => Some(JsonEnum::Number(value)),
+    }
+}
+
+fn code(value: i32) -> Option<JsonEnum> {
+    json_enum(value, Code::try_from(value).ok().map(|c| c.as_str_name()))
+}
+
+fn unit(value: i32) -> Option<JsonEnum> {
+    json_enum(value, PbUnit::try_from(value).ok().map(|u| u.as_str_name()))
+}
+
+/// The largest Duration proto3's JSON mapping writes: 10,000 years.
+const MAX_DURATION_SECONDS: i64 = 315_576_000_000;
+
+/// A Duration as proto3's JSON mapping writes it (protojson): the seconds, a
+/// point and 3, 6 or 9 digits when there is a fraction (as few as hold it),
+/// and `s`: `60s`, `0.500s`, `1.000001s`, `0.000000001s`, `-1.500s`. A value
+/// past the mapping's range (±10,000 years), which protojson refuses to
+/// write, is written as that bound; seconds and nanoseconds of different
+/// signs are summed.
+pub fn proto_duration(seconds: i64, nanos: i32) -> String {
+    const NANOS: i128 = 1_000_000_000;
+    let bound = i128::from(MAX_DURATION_SECONDS) * NANOS;
+    let total = (i128::from(seconds) * NANOS + i128::from(nanos)).clamp(-bound, bound);
+    let sign = if total < 0 { "-" } else { "" };
+    let total = total.unsigned_abs();
+    let (whole, fraction) = (total / NANOS.unsigned_abs(), total % NANOS.unsigned_abs());
+    let mut text = if fraction == 0 {
+        format!("{sign}{whole}")
+    } else if fraction % 1_000_000 == 0 {
+        format!("{sign}{whole}.{:03}", fraction / 1_000_000)
+    } else if fraction % 1_000 == 0 {
+        format!("{sign}{whole}.{:06}", fraction / 1_000)
+    } else {
+        format!("{sign}{whole}.{fraction:09}")
+    };
+    text.push('s');
+    text
+}
+
+fn json_headers(headers: &[HeaderValue]) -> Vec<JsonHeader> {
+    headers
+        .iter()
+        .map(|h| JsonHeader {
+            key: h.key.clone(),
+            value: h.value.clone(),
+        })
+        .collect()
 }
 
 fn to_request(json: JsonRequest) -> Result<RateLimitRequest, String> {
     let hits_addend = match &json.hits_addend {
-        Some(n) => u32::try_from(n.value()?).map_err(|_| "hitsAddend is a uint32".to_string())?,
+        Some(n) => n.value_u32("hitsAddend")?,
         None => 0,
     };
     let mut descriptors = Vec::with_capacity(json.descriptors.len());
@@ -178,15 +270,18 @@ fn to_request(json: JsonRequest) -> Result<RateLimitRequest, String> {
                 .entries
                 .into_iter()
                 .map(|e| Entry {
-                    key: e.key,
-                    value: e.value,
+                    key: e.key.unwrap_or_default(),
+                    value: e.value.unwrap_or_default(),
                 })
                 .collect(),
             hits_addend,
-            is_negative_hits: d.is_negative_hits,
+            is_negative_hits: d.is_negative_hits.unwrap_or(false),
             limit: match d.limit {
                 Some(limit) => Some(RateLimitOverride {
-                    requests_per_unit: limit.requests_per_unit,
+                    requests_per_unit: match &limit.requests_per_unit {
+                        Some(n) => n.value_u32("requestsPerUnit")?,
+                        None => 0,
+                    },
                     unit: match &limit.unit {
                         Some(unit) => unit.value()?,
                         None => 0,
@@ -197,7 +292,7 @@ fn to_request(json: JsonRequest) -> Result<RateLimitRequest, String> {
         });
     }
     Ok(RateLimitRequest {
-        domain: json.domain,
+        domain: json.domain.unwrap_or_default(),
         descriptors,
         hits_addend,
     })
@@ -205,39 +300,26 @@ fn to_request(json: JsonRequest) -> Result<RateLimitRequest, String> {
 
 fn to_json(response: &RateLimitResponse) -> JsonResponse {
     JsonResponse {
-        overall_code: code_name(response.overall_code),
+        overall_code: code(response.overall_code),
         statuses: response
             .statuses
             .iter()
             .map(|s| JsonStatus {
-                code: code_name(s.code),
+                code: code(s.code),
                 current_limit: s.current_limit.as_ref().map(|l| JsonLimit {
                     name: l.name.clone(),
                     requests_per_unit: l.requests_per_unit,
-                    unit: PbUnit::try_from(l.unit)
-                        .unwrap_or(PbUnit::Unknown)
-                        .as_str_name(),
+                    unit: unit(l.unit),
                 }),
                 limit_remaining: s.limit_remaining,
-                // proto3's JSON form of a Duration: seconds with up to nine
-                // fractional digits and an `s`.
-                duration_until_reset: s.duration_until_reset.as_ref().map(|d| {
-                    if d.nanos == 0 {
-                        format!("{}s", d.seconds)
-                    } else {
-                        format!("{}.{:09}s", d.seconds, d.nanos)
-                    }
-                }),
+                duration_until_reset: s
+                    .duration_until_reset
+                    .as_ref()
+                    .map(|d| proto_duration(d.seconds, d.nanos)),
             })
             .collect(),
-        response_headers_to_add: response
-            .response_headers_to_add
-            .iter()
-            .map(|h| JsonHeader {
-                key: h.key.clone(),
-                value: h.value.clone(),
-            })
-            .collect(),
+        response_headers_to_add: json_headers(&response.response_headers_to_add),
+        request_headers_to_add: json_headers(&response.request_headers_to_add),
     }
 }
 
@@ -333,6 +415,19 @@ mod bounded {
             f.write_str("a list")
         }
 
+        /// `null`: the empty list, as protojson reads it.
+        fn visit_none<E: serde::de::Error>(self) -> Result<Vec<T>, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Vec<T>, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Vec<T>, D::Error> {
+            deserializer.deserialize_seq(self)
+        }
+
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
             let mut items = Vec::new();
             loop {
@@ -360,7 +455,7 @@ mod bounded {
         deserializer: D,
     ) -> Result<Vec<JsonDescriptor>, D::Error> {
         let (bounds, _) = PARSING.with(Cell::get);
-        deserializer.deserialize_seq(Bounded {
+        deserializer.deserialize_option(Bounded {
             max: bounds.max_descriptors,
             each: |index| PARSING.with(|p| p.set((p.get().0, index))),
             over: |count, max| RequestError::TooManyDescriptors { count, max },
@@ -372,7 +467,7 @@ mod bounded {
         deserializer: D,
     ) -> Result<Vec<JsonEntry>, D::Error> {
         let (bounds, _) = PARSING.with(Cell::get);
-        deserializer.deserialize_seq(Bounded {
+        deserializer.deserialize_option(Bounded {
             max: bounds.max_entries,
             each: |_| {},
             over: |count, max| RequestError::TooManyEntries {

@@ -123,3 +123,115 @@ async fn healthcheck_as_envoyproxy_ratelimit() {
     assert_eq!((status, text.as_str()), (200, "OK"));
     rls.stop().await;
 }
+
+/// Durations as protojson writes them: 0, 3, 6 or 9 fractional digits.
+#[test]
+fn durations_as_protojson_writes_them() {
+    use turnstile_server::http::proto_duration;
+    for (seconds, nanos, text) in [
+        (0, 0, "0s"),
+        (1, 0, "1s"),
+        (60, 0, "60s"),
+        (0, 500_000_000, "0.500s"),
+        (1, 1_000_000, "1.001s"),
+        (0, 1_000, "0.000001s"),
+        (59, 999_999_000, "59.999999s"),
+        (0, 1, "0.000000001s"),
+        (3, 120_000_001, "3.120000001s"),
+        (-1, -500_000_000, "-1.500s"),
+        (0, -1_000, "-0.000001s"),
+        // Mixed signs are summed; past ±10,000 years, the bound.
+        (1, -500_000_000, "0.500s"),
+        (i64::MAX, 999_999_999, "315576000000s"),
+        (i64::MIN, -999_999_999, "-315576000000s"),
+    ] {
+        assert_eq!(proto_duration(seconds, nanos), text, "{seconds} {nanos}");
+    }
+}
+
+/// The response as envoyproxy/ratelimit writes it (protojson, without
+/// EmitUnpopulated): every field at its default left out, a Duration with
+/// as few fractional digits as hold it.
+#[tokio::test]
+async fn the_response_is_protojson() {
+    let yaml = "\
+domain: d
+descriptors:
+  - key: second
+    rate_limit: { unit: second, requests_per_unit: 2, name: per_second }
+  - key: never
+    rate_limit: { unit: minute, requests_per_unit: 0 }
+  - key: free
+    rate_limit: { unlimited: true }
+";
+    let rls = start(&[("d.yaml", yaml)], Options::default()).await;
+    let ask = |key: &str| {
+        format!(r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"{key}","value":"v"}}]}}]}}"#)
+    };
+    rls.clock.advance(std::time::Duration::from_millis(500));
+    let (status, text) = http(rls.http, "POST", "/json", &ask("second")).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        text,
+        r#"{"overallCode":"OK","statuses":[{"code":"OK","currentLimit":{"name":"per_second","requestsPerUnit":2,"unit":"SECOND"},"limitRemaining":1,"durationUntilReset":"0.500s"}]}"#
+    );
+    // A limit of 0: no requestsPerUnit, no name, no remaining, no reset.
+    let (status, text) = http(rls.http, "POST", "/json", &ask("never")).await;
+    assert_eq!(status, 429, "{text}");
+    assert_eq!(
+        text,
+        r#"{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","currentLimit":{"unit":"MINUTE"}}]}"#
+    );
+    let (_, text) = http(rls.http, "POST", "/json", &ask("free")).await;
+    assert_eq!(
+        text,
+        r#"{"overallCode":"OK","statuses":[{"code":"OK","limitRemaining":4294967295}]}"#
+    );
+    let (_, text) = http(rls.http, "POST", "/json", &ask("unknown")).await;
+    assert_eq!(text, r#"{"overallCode":"OK","statuses":[{"code":"OK"}]}"#);
+    rls.stop().await;
+}
+
+/// The request read as protojson reads it: either name of a field, `null`
+/// for its default, a 32-bit number as a string; a field of neither name
+/// is refused (400), at every level. Any method, as envoyproxy/ratelimit's
+/// router takes `/json`.
+#[tokio::test]
+async fn the_request_is_read_as_protojson_reads_it() {
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n";
+    let rls = start(&[("d.yaml", yaml)], Options::default()).await;
+    for body in [
+        r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}],"colour":"blue"}"#,
+        r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}],"colour":"blue"}]}"#,
+        r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v","colour":"blue"}]}]}"#,
+        r#"{"domain":"d","descriptors":[{"entries":[{"key":"k"}],"limit":{"requestsPerUnit":1,"unit":"SECOND","colour":"blue"}}]}"#,
+        // One field under both its names.
+        r#"{"domain":"d","descriptors":[{"entries":[{"key":"k"}],"hitsAddend":1,"hits_addend":1}]}"#,
+    ] {
+        let (status, text) = http(rls.http, "POST", "/json", body).await;
+        assert_eq!(status, 400, "{body}: {text}");
+    }
+    let (status, text) = http(
+        rls.http,
+        "POST",
+        "/json",
+        r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}],"colour":1}]}"#,
+    )
+    .await;
+    assert!(text.contains("unknown field `colour`"), "{status} {text}");
+    let nulls = r#"{"domain":"d","hitsAddend":null,"descriptors":[{"entries":[{"key":"k","value":null}],"limit":null,"hitsAddend":null,"isNegativeHits":null},{"entries":null}]}"#;
+    let (status, text) = http(rls.http, "POST", "/json", nulls).await;
+    assert_eq!(status, 200, "{text}");
+    let override_text = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"o"}],"limit":{"requests_per_unit":"3","unit":"MINUTE"}}]}"#;
+    let (status, text) = http(rls.http, "POST", "/json", override_text).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains(r#""requestsPerUnit":3"#), "{text}");
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    for method in ["GET", "PUT"] {
+        let (status, text) = http(rls.http, method, "/json", body).await;
+        assert_eq!(status, 200, "{method}: {text}");
+    }
+    let (status, _) = http(rls.http, "GET", "/json", "").await;
+    assert_eq!(status, 400);
+    rls.stop().await;
+}
