@@ -132,6 +132,109 @@ impl fmt::Display for RequestError {
 
 impl std::error::Error for RequestError {}
 
+/// The header fields a response asks Envoy to add to its answer
+/// (`response_headers_to_add`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ResponseHeaders {
+    /// None (the default, as envoyproxy/ratelimit's).
+    #[default]
+    Off,
+    /// The IETF draft's `RateLimit-Policy` and `RateLimit` (every limit
+    /// applied, with its policy) and `Retry-After` when over a limit that a
+    /// wait can admit (`--response-headers`).
+    Draft,
+    /// envoyproxy/ratelimit's (`LIMIT_RESPONSE_HEADERS_ENABLED=true`,
+    /// `--response-headers=envoy`): three fields of the descriptor closest
+    /// to its limit, chosen as it chooses it: the last descriptor over its
+    /// limit if one is, else the first with the fewest permits left among
+    /// those with a limit (an unlimited or unmatched descriptor has none).
+    /// The limit field is its `requests_per_unit` alone (no quota policy);
+    /// the remaining field its `limit_remaining`; the reset field its
+    /// `duration_until_reset` in whole seconds rounded up (for a fixed
+    /// window, the seconds to the end of the calendar's window, as
+    /// envoyproxy/ratelimit computes it, which is also what it gives when
+    /// the status has no `duration_until_reset`). No field when no
+    /// descriptor has a limit.
+    Envoy(EnvoyHeaderNames),
+}
+
+/// The names of envoyproxy/ratelimit's three header fields
+/// (`LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoyHeaderNames {
+    /// The limit's `requests_per_unit` (default `RateLimit-Limit`).
+    pub limit: String,
+    /// Its `limit_remaining` (default `RateLimit-Remaining`).
+    pub remaining: String,
+    /// Seconds until it resets (default `RateLimit-Reset`).
+    pub reset: String,
+}
+
+impl Default for EnvoyHeaderNames {
+    fn default() -> EnvoyHeaderNames {
+        EnvoyHeaderNames {
+            limit: "RateLimit-Limit".to_string(),
+            remaining: "RateLimit-Remaining".to_string(),
+            reset: "RateLimit-Reset".to_string(),
+        }
+    }
+}
+
+/// envoyproxy/ratelimit's three header fields for `statuses`
+/// ([`ResponseHeaders::Envoy`]).
+fn envoy_headers(statuses: &[DescriptorStatus], names: &EnvoyHeaderNames) -> Vec<HeaderValue> {
+    let mut closest: Option<&DescriptorStatus> = None;
+    let mut fewest = u32::MAX;
+    for status in statuses {
+        if status.current_limit.is_some() && status.limit_remaining < fewest {
+            closest = Some(status);
+            fewest = status.limit_remaining;
+        }
+        if status.code == Code::OverLimit as i32 {
+            closest = Some(status);
+            fewest = 0;
+        }
+    }
+    let Some((status, limit)) = closest.and_then(|s| Some((s, s.current_limit.as_ref()?))) else {
+        return Vec::new();
+    };
+    let reset = match &status.duration_until_reset {
+        Some(d) => d.seconds.saturating_add(i64::from(d.nanos > 0)),
+        None => {
+            let unit = unit_seconds(limit.unit);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(0));
+            if unit == 0 { 0 } else { unit - now % unit }
+        }
+    };
+    let header = |key: &str, value: String| HeaderValue {
+        key: key.to_string(),
+        value,
+        ..HeaderValue::default()
+    };
+    vec![
+        header(&names.limit, limit.requests_per_unit.to_string()),
+        header(&names.remaining, status.limit_remaining.to_string()),
+        header(&names.reset, reset.to_string()),
+    ]
+}
+
+/// The seconds in a unit, as envoyproxy/ratelimit counts them (a month of
+/// 30 days, a year of 365); 0 for none.
+fn unit_seconds(unit: i32) -> i64 {
+    match PbUnit::try_from(unit) {
+        Ok(PbUnit::Second) => 1,
+        Ok(PbUnit::Minute) => 60,
+        Ok(PbUnit::Hour) => 3_600,
+        Ok(PbUnit::Day) => 86_400,
+        Ok(PbUnit::Week) => 7 * 86_400,
+        Ok(PbUnit::Month) => 30 * 86_400,
+        Ok(PbUnit::Year) => 365 * 86_400,
+        Ok(PbUnit::Unknown) | Err(_) => 0,
+    }
+}
+
 /// Counters of the service's decisions.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -174,7 +277,7 @@ impl Stats {
 pub struct RateLimitService {
     config: ArcSwap<Config>,
     bounds: Bounds,
-    headers: bool,
+    headers: ResponseHeaders,
     stats: Stats,
     metrics: Metrics,
     overrides: Option<Overrides>,
@@ -305,12 +408,18 @@ impl RateLimitService {
     /// A service deciding on `config`, refusing requests beyond `bounds`;
     /// with `headers`, each response carries the `RateLimit-Policy`,
     /// `RateLimit` and (when over a limit) `Retry-After` header fields for
-    /// Envoy to add to its answer.
+    /// Envoy to add to its answer ([`ResponseHeaders::Draft`];
+    /// envoyproxy/ratelimit's fields instead:
+    /// [`with_response_headers`](Self::with_response_headers)).
     pub fn new(config: Config, bounds: Bounds, headers: bool) -> RateLimitService {
         RateLimitService {
             config: ArcSwap::from_pointee(config),
             bounds,
-            headers,
+            headers: if headers {
+                ResponseHeaders::Draft
+            } else {
+                ResponseHeaders::Off
+            },
             stats: Stats::default(),
             metrics: Metrics::default(),
             overrides: None,
@@ -334,6 +443,14 @@ impl RateLimitService {
     /// Told of each change of [`serving`](Self::serving).
     pub fn watch_serving(&self) -> tokio::sync::watch::Receiver<bool> {
         self.serving.subscribe()
+    }
+
+    /// Add `headers` to each response (in place of what
+    /// [`new`](Self::new)'s `headers` chose).
+    #[must_use]
+    pub fn with_response_headers(mut self, headers: ResponseHeaders) -> RateLimitService {
+        self.headers = headers;
+        self
     }
 
     /// The bounds requests are held to.
@@ -658,7 +775,7 @@ impl RateLimitService {
                 .state
                 .as_ref()
                 .and_then(|s| s.policy())
-                .filter(|_| self.headers)
+                .filter(|_| self.headers == ResponseHeaders::Draft)
             {
                 policies.push(policy.policy_value());
                 // Never admitted: `r=0` and no `t`, as no time passes after
@@ -668,7 +785,10 @@ impl RateLimitService {
             }
             response.statuses.push(status);
         }
-        if self.headers {
+        if let ResponseHeaders::Envoy(names) = &self.headers {
+            response.response_headers_to_add = envoy_headers(&response.statuses, names);
+        }
+        if self.headers == ResponseHeaders::Draft {
             let header = |key: &str, value: String| HeaderValue {
                 key: key.to_string(),
                 value,

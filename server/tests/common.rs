@@ -27,7 +27,9 @@ use turnstile_server::backend::InProcess;
 use turnstile_server::clock::ServiceClock;
 use turnstile_server::config::Config;
 use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
-use turnstile_server::service::{Bounds, DEFAULT_MAX_OVERRIDE_LIMITS, RateLimitService};
+use turnstile_server::service::{
+    Bounds, DEFAULT_MAX_OVERRIDE_LIMITS, RateLimitService, ResponseHeaders,
+};
 
 pub struct Running {
     pub grpc: SocketAddr,
@@ -45,6 +47,8 @@ pub struct Options {
     pub max_keys: usize,
     /// `with_overrides`' bound, as the binary sets it.
     pub max_overrides: usize,
+    /// `with_response_headers`, when set (in place of `headers`).
+    pub response_headers: Option<ResponseHeaders>,
 }
 
 impl Default for Options {
@@ -54,6 +58,7 @@ impl Default for Options {
             headers: false,
             max_keys: 10_000,
             max_overrides: DEFAULT_MAX_OVERRIDE_LIMITS,
+            response_headers: None,
         }
     }
 }
@@ -70,10 +75,12 @@ pub async fn start(files: &[(&str, &str)], options: Options) -> Running {
         .map(|(name, text)| (name.to_string(), text.to_string()))
         .collect();
     let config = Config::from_files(&files, &*backend).expect("a valid configuration");
-    let service = Arc::new(
-        RateLimitService::new(config, options.bounds, options.headers)
-            .with_overrides(backend, options.max_overrides),
-    );
+    let mut service = RateLimitService::new(config, options.bounds, options.headers)
+        .with_overrides(backend, options.max_overrides);
+    if let Some(headers) = options.response_headers {
+        service = service.with_response_headers(headers);
+    }
+    let service = Arc::new(service);
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
