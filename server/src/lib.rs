@@ -66,4 +66,5 @@ pub mod redis_backend;
 pub mod reload;
 pub mod server;
 pub mod service;
+pub mod settings;
 mod yaml;

@@ -12,22 +12,32 @@ use turnstile_server::clock::ServiceClock;
 use turnstile_server::redis_backend::{FailurePolicy, RedisBackend, RedisMode, RedisOptions};
 use turnstile_server::reload::{DEFAULT_POLL, Reloader};
 use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
-use turnstile_server::service::{Bounds, DEFAULT_MAX_OVERRIDE_LIMITS, RateLimitService};
+use turnstile_server::service::{
+    Bounds, DEFAULT_MAX_OVERRIDE_LIMITS, RateLimitService, ResponseHeaders,
+};
+use turnstile_server::settings;
 
 const USAGE: &str = "\
 usage: turnstile-server --config DIR [options]
 
   --config DIR            the *.yaml files of envoyproxy/ratelimit's format, one domain each;
                           reloaded when a file changes (polled each second) and on SIGHUP
-  --grpc-addr ADDR        gRPC listener (default 127.0.0.1:8081)
-  --http-addr ADDR|off    HTTP listener for POST /json, GET /healthz, /metrics (default 127.0.0.1:8080)
+                          (default: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY)
+  --grpc-addr ADDR        gRPC listener (default GRPC_HOST:GRPC_PORT, 0.0.0.0:8081)
+  --http-addr ADDR|off    HTTP listener for /json, /healthcheck, /healthz, /metrics
+                          (default HOST:PORT, 0.0.0.0:8080)
   --max-keys N            distinct keys held per limit (default 100000)
   --max-override-limits N distinct quotas that descriptors' limit overrides may ask for (default 16);
                           a new one past them is answered OVER_LIMIT
   --max-descriptors N     descriptors per request (default 64)
   --max-entries N         entries per descriptor (default 16)
   --max-length N          bytes in the domain (default 1024; keys and values: the message size)
-  --response-headers      add RateLimit-Policy, RateLimit and Retry-After to responses
+  --response-headers[=draft|envoy|off]
+                          header fields for Envoy to add to its answers: draft (the flag alone):
+                          RateLimit-Policy, RateLimit and Retry-After; envoy: envoyproxy/ratelimit's
+                          RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset (named by
+                          LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER); off
+                          (default: envoy with LIMIT_RESPONSE_HEADERS_ENABLED=true, else off)
 
   --redis URL             share the limits with other replicas in Redis: redis://HOST:PORT[/DB],
                           redis+cluster://HOST:PORT,HOST:PORT... or
@@ -37,6 +47,10 @@ usage: turnstile-server --config DIR [options]
   --redis-deadline MS     deadline of each Redis reply, in milliseconds (default 5)
   --replicas N            replicas sharing the limits: sizes the share and the leases (default 1)
   --max-lease N           largest lease, in permits (default 64)
+
+envoyproxy/ratelimit's environment variables give the defaults above (HOST, PORT, GRPC_HOST,
+GRPC_PORT, RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY, LIMIT_RESPONSE_HEADERS_ENABLED,
+LIMIT_*_HEADER); a flag wins over a variable.
 ";
 
 struct Args {
@@ -46,25 +60,36 @@ struct Args {
     max_keys: usize,
     max_overrides: usize,
     bounds: Bounds,
-    headers: bool,
+    headers: ResponseHeaders,
     redis: Option<String>,
     redis_options: RedisOptions,
+    warnings: Vec<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut config = None;
-    let mut grpc: SocketAddr = ([127, 0, 0, 1], 8081).into();
-    let mut http = Some(SocketAddr::from(([127, 0, 0, 1], 8080)));
+    let env = settings::from_env(|name| std::env::var(name).ok())?;
+    let mut config = env.config;
+    let mut grpc = env.grpc;
+    let mut http = Some(env.http);
     let mut max_keys = DEFAULT_MAX_KEYS_PER_LIMIT;
     let mut max_overrides = DEFAULT_MAX_OVERRIDE_LIMITS;
     let mut bounds = Bounds::default();
-    let mut headers = false;
+    let mut headers = env.response_headers;
     let mut redis = None;
     let mut redis_options = RedisOptions::default();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        if flag == "--response-headers" {
-            headers = true;
+        if let Some(kind) = flag.strip_prefix("--response-headers") {
+            headers = match kind {
+                "" | "=draft" => ResponseHeaders::Draft,
+                "=envoy" => ResponseHeaders::Envoy(env.envoy_header_names.clone()),
+                "=off" => ResponseHeaders::Off,
+                _ => {
+                    return Err(format!(
+                        "{flag}: give --response-headers=draft, =envoy or =off"
+                    ));
+                }
+            };
             continue;
         }
         if flag == "-h" || flag == "--help" {
@@ -81,7 +106,7 @@ fn parse_args() -> Result<Args, String> {
         let addr = |value: &str| {
             value
                 .parse::<SocketAddr>()
-                .map_err(|e| format!("{flag} {value}: {e} (for example 127.0.0.1:8081)"))
+                .map_err(|e| format!("{flag} {value}: {e} (for example 0.0.0.0:8081)"))
         };
         match flag.as_str() {
             "--config" => config = Some(PathBuf::from(value)),
@@ -120,7 +145,7 @@ fn parse_args() -> Result<Args, String> {
             _ => return Err(format!("unknown option {flag}")),
         }
     }
-    let config = config.ok_or("--config DIR is required")?;
+    let config = config.ok_or("--config DIR (or RUNTIME_ROOT) is required")?;
     Ok(Args {
         config,
         grpc,
@@ -130,6 +155,7 @@ fn parse_args() -> Result<Args, String> {
         bounds,
         headers,
         redis,
+        warnings: env.warnings,
         redis_options: RedisOptions {
             max_keys,
             ..redis_options
@@ -173,6 +199,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for warning in &args.warnings {
+        eprintln!("turnstile-server: warning: {warning}");
+    }
     let backend: Arc<dyn Backend> = match &args.redis {
         None => Arc::new(InProcess::new(ServiceClock::real(), args.max_keys)),
         Some(url) => match RedisBackend::connect(url, args.redis_options.clone()).await {
@@ -195,7 +224,8 @@ async fn main() -> ExitCode {
     domains.sort_unstable();
     let domains = domains.join(", ");
     let service = Arc::new(
-        RateLimitService::new(config, args.bounds, args.headers)
+        RateLimitService::new(config, args.bounds, false)
+            .with_response_headers(args.headers)
             .with_overrides(Arc::clone(&backend), args.max_overrides),
     );
     let grpc = match tokio::net::TcpListener::bind(args.grpc).await {

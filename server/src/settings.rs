@@ -1,0 +1,192 @@
+//! envoyproxy/ratelimit's environment variables, read by `turnstile-server`
+//! as the defaults under its command line's flags, so that a deployment
+//! written for envoyproxy/ratelimit (its container's environment, its
+//! Kubernetes manifests) starts this service unchanged:
+//!
+//! - `HOST`, `PORT` (default `0.0.0.0`, `8080`): the HTTP listener
+//!   (`--http-addr`); `GRPC_HOST`, `GRPC_PORT` (`0.0.0.0`, `8081`): the
+//!   gRPC listener (`--grpc-addr`). A host may be a name, resolved once at
+//!   start.
+//! - `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY`
+//!   (default `config`): the configuration directory
+//!   `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY` (`--config`),
+//!   where envoyproxy/ratelimit reads its files with either
+//!   `RUNTIME_WATCH_ROOT`.
+//! - `LIMIT_RESPONSE_HEADERS_ENABLED` and `LIMIT_LIMIT_HEADER`,
+//!   `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`: envoyproxy/ratelimit's
+//!   response header fields ([`ResponseHeaders::Envoy`]).
+//!
+//! An empty variable is as an unset one. What would make the service
+//! unreachable as the deployment expects (`GRPC_UDS`,
+//! `GRPC_SERVER_USE_TLS=true`) is refused; variables that change the
+//! decisions and are not read here (`REDIS_URL`, `SHADOW_MODE`, ...) are
+//! reported in [`Defaults::warnings`]. The rest (statsd, logging, tracing,
+//! `DEBUG_PORT`) are not read: metrics are served at `GET /metrics`.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+
+use crate::service::{EnvoyHeaderNames, ResponseHeaders};
+
+/// The defaults the environment gives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Defaults {
+    /// `GRPC_HOST:GRPC_PORT`.
+    pub grpc: SocketAddr,
+    /// `HOST:PORT`.
+    pub http: SocketAddr,
+    /// The configuration directory, when `RUNTIME_ROOT` is set.
+    pub config: Option<PathBuf>,
+    /// envoyproxy/ratelimit's header fields when
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED` is true, else none.
+    pub response_headers: ResponseHeaders,
+    /// The names the `LIMIT_*_HEADER` variables give (their defaults
+    /// otherwise), for `--response-headers=envoy`.
+    pub envoy_header_names: EnvoyHeaderNames,
+    /// envoyproxy/ratelimit's variables that are set and change what it
+    /// decides, but that this service does not read: one line each.
+    pub warnings: Vec<String>,
+}
+
+/// The defaults from the variables `var` gives (`std::env::var` in the
+/// binary).
+///
+/// # Errors
+///
+/// A variable that cannot be read (a port that is not a number, a host that
+/// does not resolve, a header name that is not a token, a boolean that is
+/// not one), or one that asks for what this service cannot do: the message
+/// names the variable and its value.
+pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Defaults, String> {
+    let get = |name: &str| var(name).filter(|v| !v.is_empty());
+    let flag = |name: &str| -> Result<bool, String> {
+        match get(name) {
+            None => Ok(false),
+            Some(value) => {
+                parse_bool(&value).ok_or_else(|| format!("{name}={value}: give true or false"))
+            }
+        }
+    };
+    if let Some(path) = get("GRPC_UDS") {
+        return Err(format!(
+            "GRPC_UDS={path}: a Unix socket is not served; unset it and give GRPC_HOST and GRPC_PORT"
+        ));
+    }
+    if flag("GRPC_SERVER_USE_TLS")? {
+        return Err(
+            "GRPC_SERVER_USE_TLS=true: TLS is not served; terminate it in front of the service"
+                .to_string(),
+        );
+    }
+    let address = |host_var: &str, port_var: &str, port: u16| -> Result<SocketAddr, String> {
+        let host = get(host_var).unwrap_or_else(|| "0.0.0.0".to_string());
+        let port = match get(port_var) {
+            None => port,
+            Some(value) => value
+                .parse::<u16>()
+                .map_err(|_| format!("{port_var}={value}: give a port from 0 to 65535"))?,
+        };
+        resolve(&host, port).map_err(|e| format!("{host_var}={host}: {e}"))
+    };
+    let grpc = address("GRPC_HOST", "GRPC_PORT", 8081)?;
+    let http = address("HOST", "PORT", 8080)?;
+    let config = get("RUNTIME_ROOT").map(|root| {
+        let mut dir = PathBuf::from(root);
+        if let Some(sub) = get("RUNTIME_SUBDIRECTORY") {
+            dir.push(sub);
+        }
+        dir.push(get("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".to_string()));
+        dir
+    });
+    let name = |var_name: &str, default: String| -> Result<String, String> {
+        match get(var_name) {
+            None => Ok(default),
+            Some(value) if is_token(&value) => Ok(value),
+            Some(value) => Err(format!(
+                "{var_name}={value:?}: not a header field name (letters, digits and !#$%&'*+-.^_`|~)"
+            )),
+        }
+    };
+    let defaults = EnvoyHeaderNames::default();
+    let envoy_header_names = EnvoyHeaderNames {
+        limit: name("LIMIT_LIMIT_HEADER", defaults.limit)?,
+        remaining: name("LIMIT_REMAINING_HEADER", defaults.remaining)?,
+        reset: name("LIMIT_RESET_HEADER", defaults.reset)?,
+    };
+    let response_headers = if flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+        ResponseHeaders::Envoy(envoy_header_names.clone())
+    } else {
+        ResponseHeaders::Off
+    };
+    let mut warnings = Vec::new();
+    if let Some(url) = get("REDIS_URL") {
+        warnings.push(format!(
+            "REDIS_URL={url} is not read: without --redis URL each replica keeps its own counts"
+        ));
+    }
+    if get("BACKEND_TYPE").is_some_and(|b| b.eq_ignore_ascii_case("memcache")) {
+        warnings.push(
+            "BACKEND_TYPE=memcache is not read: limits are kept in this process, or in Redis with --redis URL"
+                .to_string(),
+        );
+    }
+    if flag("SHADOW_MODE")? {
+        warnings.push(
+            "SHADOW_MODE=true is not read: limits are enforced; set shadow_mode on each limit in the configuration"
+                .to_string(),
+        );
+    }
+    if flag("LIMIT_REQUEST_HEADERS_ENABLED")? {
+        warnings.push(
+            "LIMIT_REQUEST_HEADERS_ENABLED=true is not read: no request header fields are added"
+                .to_string(),
+        );
+    }
+    if let Some(kind) = get("CONFIG_TYPE").filter(|k| k != "FILE") {
+        warnings.push(format!(
+            "CONFIG_TYPE={kind} is not read: the configuration comes from files (--config, RUNTIME_ROOT)"
+        ));
+    }
+    Ok(Defaults {
+        grpc,
+        http,
+        config,
+        response_headers,
+        envoy_header_names,
+        warnings,
+    })
+}
+
+/// A boolean as Go's `strconv.ParseBool` reads it (envoyproxy/ratelimit's
+/// variables are read so).
+fn parse_bool(value: &str) -> Option<bool> {
+    match value {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// An HTTP field name: one or more of RFC 9110's token characters.
+pub fn is_token(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// `host` (an address, or a name resolved now) and `port`.
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    (bare, port)
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or_else(|| "resolves to no address".to_string())
+}

@@ -1,0 +1,179 @@
+//! envoyproxy/ratelimit's environment variables as the binary's defaults.
+
+#![allow(missing_docs)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use turnstile_server::service::{EnvoyHeaderNames, ResponseHeaders};
+use turnstile_server::settings::{Defaults, from_env};
+
+fn env(vars: &[(&str, &str)]) -> Result<Defaults, String> {
+    let vars: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    from_env(|name| vars.get(name).cloned())
+}
+
+#[test]
+fn envoyproxy_ratelimits_defaults() {
+    let defaults = env(&[]).unwrap();
+    assert_eq!(defaults.grpc, "0.0.0.0:8081".parse::<SocketAddr>().unwrap());
+    assert_eq!(defaults.http, "0.0.0.0:8080".parse::<SocketAddr>().unwrap());
+    assert_eq!(defaults.config, None);
+    assert_eq!(defaults.response_headers, ResponseHeaders::Off);
+    assert!(defaults.warnings.is_empty());
+    // Empty is unset.
+    assert_eq!(env(&[("PORT", ""), ("HOST", "")]).unwrap(), defaults);
+}
+
+#[test]
+fn the_variables_give_the_defaults() {
+    let d = env(&[
+        ("HOST", "127.0.0.1"),
+        ("PORT", "9080"),
+        ("GRPC_HOST", "::1"),
+        ("GRPC_PORT", "9081"),
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("LIMIT_RESET_HEADER", "X-Reset"),
+    ])
+    .unwrap();
+    assert_eq!(d.http, "127.0.0.1:9080".parse::<SocketAddr>().unwrap());
+    assert_eq!(d.grpc, "[::1]:9081".parse::<SocketAddr>().unwrap());
+    assert_eq!(d.config, Some(PathBuf::from("/data/ratelimit/config")));
+    assert_eq!(
+        d.response_headers,
+        ResponseHeaders::Envoy(EnvoyHeaderNames {
+            reset: "X-Reset".to_string(),
+            ..EnvoyHeaderNames::default()
+        })
+    );
+    let d = env(&[
+        ("RUNTIME_ROOT", "/srv"),
+        ("RUNTIME_APPDIRECTORY", "limits"),
+        ("HOST", "localhost"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "0"),
+    ])
+    .unwrap();
+    assert_eq!(d.config, Some(PathBuf::from("/srv/limits")));
+    assert!(d.http.ip().is_loopback(), "{}", d.http);
+    assert_eq!(d.response_headers, ResponseHeaders::Off);
+}
+
+#[test]
+fn what_cannot_be_read_or_served_is_refused_by_name() {
+    for (vars, says) in [
+        (&[("PORT", "http")][..], "PORT=http"),
+        (&[("GRPC_PORT", "70000")][..], "GRPC_PORT=70000"),
+        (
+            &[("LIMIT_RESPONSE_HEADERS_ENABLED", "yes")][..],
+            "LIMIT_RESPONSE_HEADERS_ENABLED=yes",
+        ),
+        (
+            &[("LIMIT_LIMIT_HEADER", "Rate Limit")][..],
+            "LIMIT_LIMIT_HEADER",
+        ),
+        (
+            &[("LIMIT_REMAINING_HEADER", "a:b")][..],
+            "LIMIT_REMAINING_HEADER",
+        ),
+        (&[("GRPC_UDS", "/tmp/rl.sock")][..], "GRPC_UDS"),
+        (
+            &[("GRPC_SERVER_USE_TLS", "true")][..],
+            "GRPC_SERVER_USE_TLS",
+        ),
+    ] {
+        let error = env(vars).expect_err(says);
+        assert!(error.contains(says), "{error}");
+    }
+    let d = env(&[("REDIS_URL", "redis:6379"), ("SHADOW_MODE", "true")]).unwrap();
+    assert_eq!(d.warnings.len(), 2, "{:?}", d.warnings);
+    assert!(d.warnings[0].contains("--redis"), "{:?}", d.warnings);
+}
+
+/// The binary with envoyproxy/ratelimit's environment and no flag: its
+/// listeners, its configuration directory, its health check and header
+/// fields.
+#[test]
+fn the_binary_starts_from_envoyproxy_ratelimits_environment() {
+    let root = std::env::temp_dir().join(format!("turnstile-env-{}", std::process::id()));
+    let dir = root.join("ratelimit").join("config");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("d.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
+        .env_clear()
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "0")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", "0")
+        .env("RUNTIME_ROOT", &root)
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("LIMIT_RESPONSE_HEADERS_ENABLED", "true")
+        .env("LIMIT_LIMIT_HEADER", "X-Limit")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let result = std::panic::catch_unwind(|| {
+        assert!(line.contains("domains [d]; gRPC on 127.0.0.1:"), "{line}");
+        let http: SocketAddr = line
+            .trim_end()
+            .rsplit_once("HTTP on ")
+            .unwrap()
+            .1
+            .parse()
+            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (status, text) = http_call(http, "GET", "/healthcheck", "").await;
+            assert_eq!((status, text.as_str()), (200, "OK"));
+            let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+            let (status, text) = http_call(http, "POST", "/json", body).await;
+            assert_eq!(status, 200, "{text}");
+            assert!(
+                text.contains(r#""responseHeadersToAdd":[{"key":"X-Limit","value":"5"},{"key":"RateLimit-Remaining","value":"4"},{"key":"RateLimit-Reset","value":"#),
+                "{text}"
+            );
+        });
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&root);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn http_call(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
