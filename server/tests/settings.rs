@@ -177,3 +177,27 @@ async fn http_call(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u
         .unwrap_or_default();
     (status, body)
 }
+
+/// `--response-headers` takes `=draft`, `=envoy` or `=off`; anything else is
+/// refused before the service starts, as an unreadable variable is.
+#[test]
+fn the_binary_refuses_what_it_cannot_read() {
+    for (args, vars, says) in [
+        (
+            &["--response-headers=ietf"][..],
+            &[][..],
+            "--response-headers=ietf",
+        ),
+        (&["--config", "."][..], &[("PORT", "http")][..], "PORT=http"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
+            .env_clear()
+            .envs(vars.iter().copied())
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}
