@@ -132,6 +132,11 @@ pub struct Matched<'a> {
     /// (`foo*`) instead of its own, so that every value it matches shares
     /// one count.
     pub shared: Vec<(usize, &'a str)>,
+    /// The entries matched by a wildcard: their keys may differ from one
+    /// request to the next (`key: user*` matches `user_id` and `userx`;
+    /// `value: ba*` under `key: foo` matches the key `foo_bar` too), so
+    /// the limit's key holds them, as envoyproxy/ratelimit's does.
+    pub wild: Vec<usize>,
 }
 
 /// A loaded configuration: every domain's descriptors and their limits.
@@ -240,6 +245,7 @@ impl Config {
         let last = entries.len().checked_sub(1)?;
         let mut found = None;
         let mut shared = Vec::new();
+        let mut wild = Vec::new();
         let mut composite = String::new();
         for (i, (key, value)) in entries.enumerate() {
             composite.clear();
@@ -255,6 +261,7 @@ impl Config {
                     });
                     match wildcard.and_then(|w| Some((w, level.nodes.get(w)?))) {
                         Some((pattern, tree)) => {
+                            wild.push(i);
                             if tree.share_threshold {
                                 // The value part of `key_value*`.
                                 let value = pattern
@@ -274,7 +281,7 @@ impl Config {
             }
             level = &tree.children;
         }
-        found.map(|rule| Matched { rule, shared })
+        found.map(|rule| Matched { rule, shared, wild })
     }
 }
 

@@ -600,26 +600,27 @@ impl RateLimitService {
             _ => Vec::new(),
         };
         // Each descriptor's limit, with the entries a `share_threshold`
-        // wildcard counts under its pattern.
-        let mut shares: Vec<Vec<(usize, &str)>> = Vec::new();
+        // wildcard counts under its pattern and the entries a wildcard
+        // matched (their keys in the limit's key).
+        let mut shares: Vec<(Shared<'_>, Vec<usize>)> = Vec::new();
         let rules: Vec<Option<&Arc<Rule>>> = request
             .descriptors
             .iter()
             .enumerate()
             .map(|(i, d)| match overridden.get(i) {
                 Some(Some(rule)) => {
-                    shares.push(Vec::new());
+                    shares.push((Vec::new(), Vec::new()));
                     rule.as_ref()
                 }
                 _ => {
                     let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
                     match config.matched(&request.domain, entries) {
                         Some(matched) => {
-                            shares.push(matched.shared);
+                            shares.push((matched.shared, matched.wild));
                             Some(matched.rule)
                         }
                         None => {
-                            shares.push(Vec::new());
+                            shares.push((Vec::new(), Vec::new()));
                             None
                         }
                     }
@@ -672,7 +673,9 @@ impl RateLimitService {
                     .as_deref()
                     .is_some_and(|name| replaced.contains(&name))
             });
-            let shared = shares.get(i).map_or(&[][..], Vec::as_slice);
+            let (shared, wild) = shares
+                .get(i)
+                .map_or((&[][..], &[][..]), |(s, w)| (s.as_slice(), w.as_slice()));
             // A shared entry is its wildcard's pattern, in the limit's key as
             // in its metrics.
             let entries = || {
@@ -715,7 +718,11 @@ impl RateLimitService {
             let key = compact(if matches!(overridden.get(i), Some(Some(Some(_)))) {
                 override_key(descriptor)
             } else {
-                counter_key(entries())
+                counter_key(
+                    entries()
+                        .enumerate()
+                        .map(|(j, (key, value))| (wild.contains(&j).then_some(key), value)),
+                )
             });
             let verdict = match &rule.state {
                 Some(state) => state.decide(&key, hits).await,
@@ -815,15 +822,23 @@ impl RateLimitService {
     }
 }
 
+/// The entries a `share_threshold` wildcard matched, each with its pattern.
+type Shared<'a> = Vec<(usize, &'a str)>;
+
 /// The key of a descriptor in its limit: every entry's value (a
-/// `share_threshold` wildcard's pattern for an entry it matched), each after
-/// its length, so that no two descriptors share a key by concatenation.
-fn counter_key<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+/// `share_threshold` wildcard's pattern for an entry it matched), and the
+/// key of an entry a wildcard matched (given here: the limit's place in the
+/// configuration fixes every other entry's key, and which entries a
+/// wildcard matched), each after its length, so that no two descriptors
+/// share a key by concatenation.
+fn counter_key<'a>(entries: impl Iterator<Item = (Option<&'a str>, &'a str)>) -> String {
     let mut key = String::new();
-    for (_, value) in entries {
-        key.push_str(&value.len().to_string());
-        key.push(':');
-        key.push_str(value);
+    for (entry_key, value) in entries {
+        for text in entry_key.into_iter().chain([value]) {
+            key.push_str(&text.len().to_string());
+            key.push(':');
+            key.push_str(text);
+        }
     }
     key
 }

@@ -194,6 +194,36 @@ descriptors:
     rls.stop().await;
 }
 
+/// A wildcard matches entries of different keys (`key: user*` matches
+/// `user_id` and `userx`; `value: ba*` under `foo` matches the key
+/// `foo_bar` as well as `foo` with a value `bar`): each key counts on its
+/// own, as envoyproxy/ratelimit's keys hold every entry's key. Keyed by
+/// the values alone, `{userx: 7}` was refused for `{user_id: 7}`'s hit.
+#[tokio::test]
+async fn a_wildcard_counts_each_key_it_matches_on_its_own() {
+    let yaml = "\
+domain: w
+descriptors:
+  - key: user*
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: foo
+    value: ba*
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+";
+    let mut rls = start(&[("w.yaml", yaml)], Options::default()).await;
+    let one = |k: &str, v: &str| request("w", vec![descriptor(&[(k, v)])]);
+    assert!(overall_ok(&rls.decide(one("user_id", "7")).await));
+    assert!(overall_ok(&rls.decide(one("userx", "7")).await));
+    assert!(!overall_ok(&rls.decide(one("user_id", "7")).await));
+    assert!(!overall_ok(&rls.decide(one("userx", "7")).await));
+    assert!(overall_ok(&rls.decide(one("foo", "bar")).await));
+    assert!(overall_ok(&rls.decide(one("foo_bar", "x")).await));
+    assert!(overall_ok(&rls.decide(one("foo_ba", "rx")).await));
+    assert!(!overall_ok(&rls.decide(one("foo", "bar")).await));
+    assert!(!overall_ok(&rls.decide(one("foo_bar", "x")).await));
+    rls.stop().await;
+}
+
 #[tokio::test]
 async fn unknown_domain_or_descriptor_is_ok() {
     let mut rls = start(&[("edge.yaml", EDGE)], Options::default()).await;
