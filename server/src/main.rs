@@ -67,7 +67,31 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let env = settings::from_env(|name| std::env::var(name).ok())?;
+    let given: Vec<String> = std::env::args().skip(1).collect();
+    if given.iter().any(|a| a == "-h" || a == "--help") {
+        return Err(String::new());
+    }
+    // A flag wins over a variable: the variables a flag given replaces are
+    // not read at all (a `GRPC_PORT=tcp://…` that Kubernetes sets for a
+    // Service named `grpc`, or a `HOST` that does not resolve, must not stop
+    // a service started with `--grpc-addr` or `--http-addr`).
+    let has = |flag: &str| given.iter().any(|a| a == flag);
+    let replaced = |name: &str| match name {
+        "GRPC_HOST" | "GRPC_PORT" | "GRPC_UDS" => has("--grpc-addr"),
+        "HOST" | "PORT" => has("--http-addr"),
+        "RUNTIME_ROOT" | "RUNTIME_SUBDIRECTORY" | "RUNTIME_APPDIRECTORY" => has("--config"),
+        "LIMIT_RESPONSE_HEADERS_ENABLED" => {
+            given.iter().any(|a| a.starts_with("--response-headers"))
+        }
+        _ => false,
+    };
+    let env = settings::from_env(|name| {
+        if replaced(name) {
+            None
+        } else {
+            std::env::var(name).ok()
+        }
+    })?;
     let mut config = env.config;
     let mut grpc = env.grpc;
     let mut http = Some(env.http);
@@ -77,7 +101,7 @@ fn parse_args() -> Result<Args, String> {
     let mut headers = env.response_headers;
     let mut redis = None;
     let mut redis_options = RedisOptions::default();
-    let mut args = std::env::args().skip(1);
+    let mut args = given.iter().cloned();
     while let Some(flag) = args.next() {
         if let Some(kind) = flag.strip_prefix("--response-headers") {
             headers = match kind {
@@ -91,9 +115,6 @@ fn parse_args() -> Result<Args, String> {
                 }
             };
             continue;
-        }
-        if flag == "-h" || flag == "--help" {
-            return Err(String::new());
         }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let count = |value: &str| {

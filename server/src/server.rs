@@ -80,6 +80,11 @@ where
     tokio::spawn(async move {
         loop {
             let changed = tokio::select! {
+                // A change first: the shutdown marks the service not serving
+                // just before it stops the listeners, and both are then
+                // ready; picked at random, the stop left the statuses
+                // `SERVING` to the end.
+                biased;
                 changed = serving.changed() => changed.is_ok(),
                 _ = health_stop.wait_for(|stop| *stop) => false,
             };

@@ -16,7 +16,11 @@
 //!   `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`: envoyproxy/ratelimit's
 //!   response header fields ([`ResponseHeaders::Envoy`]).
 //!
-//! An empty variable is as an unset one. What would make the service
+//! An empty variable is as an unset one, and the binary does not read the
+//! variables a flag given replaces (`--grpc-addr`: `GRPC_HOST`,
+//! `GRPC_PORT`, `GRPC_UDS`; `--http-addr`: `HOST`, `PORT`; `--config`: the
+//! `RUNTIME_*` three; `--response-headers`:
+//! `LIMIT_RESPONSE_HEADERS_ENABLED`), nor any for `--help`. What would make the service
 //! unreachable as the deployment expects (`GRPC_UDS`,
 //! `GRPC_SERVER_USE_TLS=true`) is refused; variables that change the
 //! decisions and are not read here (`REDIS_URL`, `SHADOW_MODE`, ...) are

@@ -159,6 +159,54 @@ fn the_binary_starts_from_envoyproxy_ratelimits_environment() {
     }
 }
 
+/// A flag wins over a variable: the variables it replaces are not read, so
+/// a `GRPC_PORT` that Kubernetes sets for a Service named `grpc`
+/// (`tcp://10.0.0.1:8081`), a `HOST` that does not resolve, or a
+/// `GRPC_UDS`, do not stop a service started with `--grpc-addr` and
+/// `--http-addr` (they did: the variables were read, and failed, first).
+#[test]
+fn flags_win_over_variables_they_replace() {
+    let dir = std::env::temp_dir().join(format!("turnstile-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("d.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
+        .env_clear()
+        .env("HOST", "nonexistent.invalid")
+        .env("GRPC_PORT", "tcp://10.0.0.1:8081")
+        .env("GRPC_UDS", "/tmp/ratelimit.sock")
+        .args(["--config"])
+        .arg(&dir)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(line.contains("domains [d]; gRPC on 127.0.0.1:"), "{line}");
+    // And `--help` reads no variable.
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
+        .env_clear()
+        .env("GRPC_UDS", "/tmp/ratelimit.sock")
+        .arg("--help")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stderr.contains("GRPC_UDS"), "{stderr}");
+    assert!(
+        stdout.contains("usage") || stderr.contains("usage"),
+        "{stdout}{stderr}"
+    );
+}
+
 async fn http_call(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
