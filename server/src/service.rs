@@ -199,8 +199,10 @@ fn envoy_headers(statuses: &[DescriptorStatus], names: &EnvoyHeaderNames) -> Vec
         return Vec::new();
     };
     let reset = match &status.duration_until_reset {
-        Some(d) => d.seconds.saturating_add(i64::from(d.nanos > 0)),
-        None => {
+        // A whole allowance (a check of 0 hits on a key with none spent)
+        // says 0: envoyproxy/ratelimit says its window's end, as below.
+        Some(d) if d.seconds > 0 || d.nanos > 0 => d.seconds.saturating_add(i64::from(d.nanos > 0)),
+        _ => {
             let unit = unit_seconds(limit.unit);
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

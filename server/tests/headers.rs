@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Options, descriptor, request, start};
+use common::{Options, descriptor, request, start, with_hits};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use turnstile_server::service::{EnvoyHeaderNames, ResponseHeaders};
 
@@ -97,6 +97,18 @@ async fn the_descriptor_closest_to_its_limit_as_envoyproxy_ratelimit() {
     let r = rls.decide(ask(&["zero"])).await;
     let got = headers(&r);
     assert_eq!(&got[..2], &fields(0, 0, 0)[..2]);
+    let reset: u64 = got[2].1.parse().unwrap();
+    assert!((1..=60).contains(&reset), "{got:?}");
+    // A check of 0 hits on a key with its whole allowance: its window's end
+    // too (it said 0: nothing to wait for until whole).
+    let r = rls
+        .decide(request(
+            "h",
+            vec![with_hits(descriptor(&[("a", "fresh")]), 0)],
+        ))
+        .await;
+    let got = headers(&r);
+    assert_eq!(&got[..2], &fields(10, 10, 0)[..2]);
     let reset: u64 = got[2].1.parse().unwrap();
     assert!((1..=60).contains(&reset), "{got:?}");
     rls.stop().await;
