@@ -2,6 +2,8 @@
 
 #![allow(missing_docs)]
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -140,10 +142,10 @@ fn the_binary_starts_from_envoyproxy_ratelimits_environment() {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let (status, text) = http_call(http, "GET", "/healthcheck", "").await;
+            let (status, text) = common::http(http, "GET", "/healthcheck", "").await;
             assert_eq!((status, text.as_str()), (200, "OK"));
             let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
-            let (status, text) = http_call(http, "POST", "/json", body).await;
+            let (status, text) = common::http(http, "POST", "/json", body).await;
             assert_eq!(status, 200, "{text}");
             assert!(
                 text.contains(r#""responseHeadersToAdd":[{"key":"X-Limit","value":"5"},{"key":"RateLimit-Remaining","value":"4"},{"key":"RateLimit-Reset","value":"#),
@@ -205,25 +207,6 @@ fn flags_win_over_variables_they_replace() {
         stdout.contains("usage") || stderr.contains("usage"),
         "{stdout}{stderr}"
     );
-}
-
-async fn http_call(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(body.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
-    let status = answer[9..12].parse().unwrap();
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// `--response-headers` takes `=draft`, `=envoy` or `=off`; anything else is
