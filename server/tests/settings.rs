@@ -99,6 +99,16 @@ fn what_cannot_be_read_or_served_is_refused_by_name() {
     assert!(d.warnings[0].contains("--redis"), "{:?}", d.warnings);
 }
 
+/// A configuration directory at `dir`: domain `d`, five a minute per `k`.
+fn write_config(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("d.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
+    )
+    .unwrap();
+}
+
 /// The binary with envoyproxy/ratelimit's environment and no flag: its
 /// listeners, its configuration directory, its health check and header
 /// fields.
@@ -106,12 +116,7 @@ fn what_cannot_be_read_or_served_is_refused_by_name() {
 fn the_binary_starts_from_envoyproxy_ratelimits_environment() {
     let root = std::env::temp_dir().join(format!("turnstile-env-{}", std::process::id()));
     let dir = root.join("ratelimit").join("config");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("d.yaml"),
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
-    )
-    .unwrap();
+    write_config(&dir);
     let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
         .env_clear()
         .env("HOST", "127.0.0.1")
@@ -169,12 +174,7 @@ fn the_binary_starts_from_envoyproxy_ratelimits_environment() {
 #[test]
 fn flags_win_over_variables_they_replace() {
     let dir = std::env::temp_dir().join(format!("turnstile-flags-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("d.yaml"),
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
-    )
-    .unwrap();
+    write_config(&dir);
     let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
         .env_clear()
         .env("HOST", "nonexistent.invalid")
