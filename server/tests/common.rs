@@ -129,9 +129,23 @@ impl Running {
         self.ask(request).await.expect("an answer")
     }
 
-    /// Stop the service; `serve` must return Ok.
+    /// Send the shutdown signal and return at once: `serve` drains, and
+    /// returns once no connection holds a request open.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Whether `serve` has returned.
+    pub fn finished(&self) -> bool {
+        self.task.as_ref().is_none_or(|task| task.is_finished())
+    }
+
+    /// Stop the service (if [`begin_shutdown`](Self::begin_shutdown) has
+    /// not); `serve` must return Ok.
     pub async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
+        self.begin_shutdown();
         let result = self.task.take().unwrap().await.expect("the server task");
         assert!(result.is_ok(), "{result:?}");
     }

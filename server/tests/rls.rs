@@ -991,4 +991,67 @@ async fn the_health_service_and_graceful_shutdown() {
     rls.stop().await;
 }
 
+/// The shutdown signal itself turns every gRPC health name `NOT_SERVING`
+/// while the server drains. A new connection is refused once the listener
+/// closes, and an open one takes no new request (HTTP/2's `GOAWAY`), so the
+/// change is watched: a `Watch` opened before the signal reads `SERVING`,
+/// then `NOT_SERVING`, and keeps its connection, and so the drain, open.
+/// When the statuses are updated, both the service's change and the
+/// listeners' stop are ready (the signal makes them one after the other,
+/// with no wait between); picked at random, the stop would end the updates
+/// first half the time, and the statuses would stay `SERVING`. Several
+/// rounds make that plain.
+#[tokio::test]
+async fn the_shutdown_signal_turns_grpc_health_not_serving() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let names = [
+        "",
+        "ratelimit",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ];
+    for round in 0..16 {
+        let mut rls = start(&[("edge.yaml", EDGE)], Options::default()).await;
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", rls.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = HealthClient::new(channel);
+        let mut watches = Vec::new();
+        for service in names {
+            let mut watch = health
+                .watch(HealthCheckRequest {
+                    service: service.to_string(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let first = watch.message().await.unwrap().expect("a status");
+            assert_eq!(first.status, SERVING, "round {round}, {service:?}");
+            watches.push(watch);
+        }
+        rls.begin_shutdown();
+        for (service, watch) in names.iter().zip(&mut watches) {
+            let next = tokio::time::timeout(Duration::from_secs(5), watch.message())
+                .await
+                .unwrap_or_else(|_| panic!("round {round}, {service:?}: still SERVING"))
+                .unwrap()
+                .expect("a status");
+            assert_eq!(next.status, NOT_SERVING, "round {round}, {service:?}");
+        }
+        // `/healthcheck` answers from the same flag (500 once it is false:
+        // tests/json.rs); its listener is closed by now.
+        assert!(!rls.service.serving());
+        // Still draining: the watches hold their connection open.
+        assert!(!rls.finished());
+        drop(watches);
+        drop(health);
+        tokio::time::timeout(Duration::from_secs(5), rls.stop())
+            .await
+            .expect("serve returns once the watches are gone");
+    }
+}
+
+const SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
 const NOT_SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
