@@ -134,6 +134,66 @@ impl std::error::Error for RequestError {}
 
 /// The header fields a response asks Envoy to add to its answer
 /// (`response_headers_to_add`).
+///
+/// # Examples
+///
+/// The same request answered in each mode, by a fresh service each time:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+/// use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+/// use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+/// use turnstile::ManualClock;
+/// use turnstile_server::backend::InProcess;
+/// use turnstile_server::clock::ServiceClock;
+/// use turnstile_server::config::Config;
+/// use turnstile_server::service::{Bounds, EnvoyHeaderNames, RateLimitService, ResponseHeaders};
+///
+/// let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+/// let files = [("api.yaml".to_string(), yaml.to_string())];
+/// let service = |headers| -> Result<RateLimitService, Box<dyn std::error::Error>> {
+///     // A manual clock stands at 0, the start of a minute's window.
+///     let backend = InProcess::new(ServiceClock::manual(ManualClock::new()), 1_000);
+///     let config = Config::from_files(&files, &backend)?;
+///     Ok(RateLimitService::new(config, Bounds::default(), false).with_response_headers(headers))
+/// };
+/// let request = RateLimitRequest {
+///     domain: "api".to_string(),
+///     descriptors: vec![RateLimitDescriptor {
+///         entries: vec![Entry { key: "user".to_string(), value: "alice".to_string() }],
+///         ..RateLimitDescriptor::default()
+///     }],
+///     hits_addend: 0,
+/// };
+/// let fields = |response: RateLimitResponse| -> Vec<String> {
+///     let fields = response.response_headers_to_add.iter();
+///     fields.map(|h| format!("{}: {}", h.key, h.value)).collect()
+/// };
+///
+/// // Off, the default: no field.
+/// let off = service(ResponseHeaders::default())?;
+/// assert!(fields(off.should_rate_limit(&request).await?).is_empty());
+///
+/// // envoyproxy/ratelimit's: the limit, what this request left, and the
+/// // seconds to the end of the window.
+/// let envoy = service(ResponseHeaders::Envoy(EnvoyHeaderNames::default()))?;
+/// assert_eq!(
+///     fields(envoy.should_rate_limit(&request).await?),
+///     ["RateLimit-Limit: 5", "RateLimit-Remaining: 4", "RateLimit-Reset: 60"]
+/// );
+///
+/// // The IETF draft's: the policy (5 in a window of 60 seconds) and what is
+/// // left under it.
+/// let draft = service(ResponseHeaders::Draft)?;
+/// assert_eq!(
+///     fields(draft.should_rate_limit(&request).await?),
+///     [r#"RateLimit-Policy: "api.user";q=5;w=60"#, r#"RateLimit: "api.user";r=4"#]
+/// );
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum ResponseHeaders {
     /// None (the default, as envoyproxy/ratelimit's).
@@ -160,6 +220,59 @@ pub enum ResponseHeaders {
 
 /// The names of envoyproxy/ratelimit's three header fields
 /// (`LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+///
+/// # Examples
+///
+/// Names of one's own, here on a request over its limit:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+/// use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+/// use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+/// use turnstile::ManualClock;
+/// use turnstile_server::backend::InProcess;
+/// use turnstile_server::clock::ServiceClock;
+/// use turnstile_server::config::Config;
+/// use turnstile_server::service::{Bounds, EnvoyHeaderNames, RateLimitService, ResponseHeaders};
+///
+/// let defaults = EnvoyHeaderNames::default();
+/// assert_eq!(defaults.remaining, "RateLimit-Remaining");
+/// let names = EnvoyHeaderNames {
+///     limit: "X-RateLimit-Limit".to_string(),
+///     remaining: "X-RateLimit-Remaining".to_string(),
+///     reset: "X-RateLimit-Reset".to_string(),
+/// };
+///
+/// let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+/// let backend = InProcess::new(ServiceClock::manual(ManualClock::new()), 1_000);
+/// let config = Config::from_files(&[("api.yaml".to_string(), yaml.to_string())], &backend)?;
+/// let service = RateLimitService::new(config, Bounds::default(), false)
+///     .with_response_headers(ResponseHeaders::Envoy(names));
+/// let request = RateLimitRequest {
+///     domain: "api".to_string(),
+///     descriptors: vec![RateLimitDescriptor {
+///         entries: vec![Entry { key: "user".to_string(), value: "alice".to_string() }],
+///         ..RateLimitDescriptor::default()
+///     }],
+///     hits_addend: 0,
+/// };
+/// service.should_rate_limit(&request).await?;
+/// // The second request in the minute is over the limit of 1.
+/// let response = service.should_rate_limit(&request).await?;
+/// let fields: Vec<String> = response
+///     .response_headers_to_add
+///     .iter()
+///     .map(|h| format!("{}: {}", h.key, h.value))
+///     .collect();
+/// assert_eq!(
+///     fields,
+///     ["X-RateLimit-Limit: 1", "X-RateLimit-Remaining: 0", "X-RateLimit-Reset: 60"]
+/// );
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EnvoyHeaderNames {
     /// The limit's `requests_per_unit` (default `RateLimit-Limit`).
