@@ -61,6 +61,52 @@ pub struct Defaults {
 /// does not resolve, a header name that is not a token, a boolean that is
 /// not one), or one that asks for what this service cannot do: the message
 /// names the variable and its value.
+///
+/// # Examples
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::net::SocketAddr;
+/// use std::path::Path;
+/// use turnstile_server::service::{EnvoyHeaderNames, ResponseHeaders};
+/// use turnstile_server::settings::from_env;
+///
+/// // A deployment's variables, as envoyproxy/ratelimit reads them.
+/// let env = HashMap::from([
+///     ("HOST", ""), // empty: as if unset
+///     ("PORT", "9090"),
+///     ("GRPC_HOST", "127.0.0.1"),
+///     ("RUNTIME_ROOT", "/data"),
+///     ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+///     ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+///     ("LIMIT_RESET_HEADER", "X-RateLimit-Reset"),
+///     ("REDIS_URL", "redis:6379"),
+/// ]);
+/// let defaults = from_env(|name| env.get(name).map(|value| value.to_string()))?;
+/// assert_eq!(defaults.http, "0.0.0.0:9090".parse::<SocketAddr>()?);
+/// assert_eq!(defaults.grpc, "127.0.0.1:8081".parse::<SocketAddr>()?);
+/// assert_eq!(defaults.config.as_deref(), Some(Path::new("/data/ratelimit/config")));
+/// let names = EnvoyHeaderNames {
+///     reset: "X-RateLimit-Reset".to_string(),
+///     ..EnvoyHeaderNames::default()
+/// };
+/// assert_eq!(defaults.response_headers, ResponseHeaders::Envoy(names));
+/// // Not read here, but it changes what envoyproxy/ratelimit decides.
+/// assert_eq!(defaults.warnings.len(), 1);
+/// assert!(defaults.warnings[0].starts_with("REDIS_URL=redis:6379 is not read"));
+///
+/// // Nothing set: envoyproxy/ratelimit's defaults.
+/// let none = from_env(|_| None)?;
+/// assert_eq!(none.grpc, "0.0.0.0:8081".parse::<SocketAddr>()?);
+/// assert_eq!((none.config, none.response_headers), (None, ResponseHeaders::Off));
+///
+/// // A value that cannot be read, or asks for what is not served, is refused.
+/// let port = from_env(|name| (name == "GRPC_PORT").then(|| "grpc".to_string()));
+/// assert_eq!(port.unwrap_err(), "GRPC_PORT=grpc: give a port from 0 to 65535");
+/// let tls = from_env(|name| (name == "GRPC_SERVER_USE_TLS").then(|| "true".to_string()));
+/// assert!(tls.is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Defaults, String> {
     let get = |name: &str| var(name).filter(|v| !v.is_empty());
     let flag = |name: &str| -> Result<bool, String> {
@@ -172,6 +218,17 @@ fn parse_bool(value: &str) -> Option<bool> {
 }
 
 /// An HTTP field name: one or more of RFC 9110's token characters.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile_server::settings::is_token;
+///
+/// assert!(is_token("X-RateLimit-Limit"));
+/// assert!(!is_token("Rate Limit")); // a space
+/// assert!(!is_token("RateLimit:")); // a colon
+/// assert!(!is_token(""));
+/// ```
 pub fn is_token(name: &str) -> bool {
     !name.is_empty()
         && name
