@@ -546,6 +546,23 @@ impl RateLimitService {
     /// serving. [`serve`](crate::server::serve) sets it false when its
     /// shutdown begins, so that a load balancer or a readiness probe stops
     /// sending before the listeners close; decisions are still answered.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile_server::config::Config;
+    /// use turnstile_server::service::{Bounds, RateLimitService};
+    ///
+    /// let service = RateLimitService::new(Config::default(), Bounds::default(), false);
+    /// let mut watch = service.watch_serving();
+    /// assert!(service.serving());
+    /// service.set_serving(false);
+    /// assert!(!service.serving());
+    /// // A watcher (the gRPC health service's statuses) is told.
+    /// assert!(watch.has_changed()?);
+    /// assert!(!*watch.borrow_and_update());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_serving(&self, serving: bool) {
         self.serving.send_replace(serving);
     }
@@ -682,6 +699,62 @@ impl RateLimitService {
     ///
     /// [`RequestError`] for an empty domain or descriptor list, or a request
     /// beyond the [`Bounds`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    /// use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    /// use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    /// use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    /// use turnstile::ManualClock;
+    /// use turnstile_server::backend::InProcess;
+    /// use turnstile_server::clock::ServiceClock;
+    /// use turnstile_server::config::Config;
+    /// use turnstile_server::service::{Bounds, RateLimitService, RequestError};
+    ///
+    /// let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    /// let clock = ManualClock::new();
+    /// let backend = InProcess::new(ServiceClock::manual(clock.clone()), 1_000);
+    /// let config = Config::from_files(&[("api.yaml".to_string(), yaml.to_string())], &backend)?;
+    /// let service = RateLimitService::new(config, Bounds::default(), false);
+    /// let request = |domain: &str, key: &str, value: &str| RateLimitRequest {
+    ///     domain: domain.to_string(),
+    ///     descriptors: vec![RateLimitDescriptor {
+    ///         entries: vec![Entry { key: key.to_string(), value: value.to_string() }],
+    ///         ..RateLimitDescriptor::default()
+    ///     }],
+    ///     hits_addend: 0,
+    /// };
+    ///
+    /// // Two a minute for each user.
+    /// for left in [1, 0] {
+    ///     let response = service.should_rate_limit(&request("api", "user", "alice")).await?;
+    ///     assert_eq!(response.overall_code, Code::Ok as i32);
+    ///     assert_eq!(response.statuses[0].limit_remaining, left);
+    /// }
+    /// // 15 seconds on, the third is over the limit until the minute ends.
+    /// clock.advance(Duration::from_secs(15));
+    /// let response = service.should_rate_limit(&request("api", "user", "alice")).await?;
+    /// assert_eq!(response.overall_code, Code::OverLimit as i32);
+    /// let wait = response.statuses[0].duration_until_reset.expect("a wait");
+    /// assert_eq!((wait.seconds, wait.nanos), (45, 0));
+    /// // Another user is counted apart.
+    /// let response = service.should_rate_limit(&request("api", "user", "bob")).await?;
+    /// assert_eq!(response.overall_code, Code::Ok as i32);
+    /// // What no limit matches is answered OK, with no limit.
+    /// let response = service.should_rate_limit(&request("api", "path", "/")).await?;
+    /// assert_eq!(response.overall_code, Code::Ok as i32);
+    /// assert!(response.statuses[0].current_limit.is_none());
+    /// // A request without a domain is refused.
+    /// let refused = service.should_rate_limit(&request("", "user", "alice")).await;
+    /// assert_eq!(refused, Err(RequestError::EmptyDomain));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
