@@ -165,6 +165,39 @@ impl Config {
     /// # Errors
     ///
     /// As [`load_dir`](Config::load_dir), without the file system's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile_server::backend::{InProcess, Unit};
+    /// use turnstile_server::config::{Config, ConfigError};
+    ///
+    /// let yaml = "\
+    /// domain: messaging
+    /// descriptors:
+    ///   - key: to_number
+    ///     rate_limit:
+    ///       unit: second
+    ///       requests_per_unit: 10
+    /// ";
+    /// let backend = InProcess::default();
+    /// let files = [("messaging.yaml".to_string(), yaml.to_string())];
+    /// let config = Config::from_files(&files, &backend)?;
+    /// assert_eq!(config.domains().collect::<Vec<_>>(), ["messaging"]);
+    /// let rule = config.lookup("messaging", [("to_number", "+15550100")]).expect("a limit");
+    /// assert_eq!(rule.full_key, "messaging.to_number");
+    /// assert_eq!((rule.requests_per_unit, rule.unit), (10, Some(Unit::Second)));
+    ///
+    /// // An error names the file and the line, and says what to change.
+    /// let files = [("messaging.yaml".to_string(), yaml.replace("second", "fortnight"))];
+    /// let error = Config::from_files(&files, &backend).unwrap_err();
+    /// assert!(matches!(&error, ConfigError::At { file, line: 5, .. } if file == "messaging.yaml"));
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "messaging.yaml:5: invalid unit 'fortnight': use second, minute, hour, day, week, month or year"
+    /// );
+    /// # Ok::<(), ConfigError>(())
+    /// ```
     pub fn from_files(
         files: &[(String, String)],
         backend: &dyn Backend,
@@ -225,6 +258,38 @@ impl Config {
     /// ending in `*` (in order) that prefixes it, then `key` alone; a limit
     /// applies only to a descriptor with exactly as many entries as the
     /// limit is deep.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile_server::backend::InProcess;
+    /// use turnstile_server::config::Config;
+    ///
+    /// let yaml = "\
+    /// domain: messaging
+    /// descriptors:
+    ///   - key: message_type
+    ///     value: marketing
+    ///     descriptors:
+    ///       - key: to_number
+    ///         rate_limit: {unit: day, requests_per_unit: 5}
+    ///   - key: to_number
+    ///     rate_limit: {unit: second, requests_per_unit: 10}
+    /// ";
+    /// let config = Config::from_files(&[("m.yaml".to_string(), yaml.to_string())], &InProcess::default())?;
+    /// let limit = |entries: &[(&'static str, &'static str)]| {
+    ///     let rule = config.lookup("messaging", entries.iter().copied());
+    ///     rule.map(|rule| rule.requests_per_unit)
+    /// };
+    /// assert_eq!(limit(&[("to_number", "1")]), Some(10));
+    /// assert_eq!(limit(&[("message_type", "marketing"), ("to_number", "1")]), Some(5));
+    /// // No limit at the first level of that branch, and no other value there.
+    /// assert_eq!(limit(&[("message_type", "marketing")]), None);
+    /// assert_eq!(limit(&[("message_type", "alerts"), ("to_number", "1")]), None);
+    /// // Deeper than any limit.
+    /// assert_eq!(limit(&[("to_number", "1"), ("from_number", "2")]), None);
+    /// # Ok::<(), turnstile_server::config::ConfigError>(())
+    /// ```
     pub fn lookup<'a, I>(&self, domain: &str, entries: I) -> Option<&Arc<Rule>>
     where
         I: IntoIterator<Item = (&'a str, &'a str)>,
