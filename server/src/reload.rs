@@ -117,6 +117,41 @@ impl Reloader {
     /// # Errors
     ///
     /// [`ConfigError`]: the service keeps its configuration.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use turnstile_server::backend::InProcess;
+    /// use turnstile_server::reload::{Reload, Reloader};
+    /// use turnstile_server::service::{Bounds, RateLimitService};
+    ///
+    /// let dir = std::env::temp_dir().join(format!("turnstile-poll-{}", std::process::id()));
+    /// std::fs::create_dir_all(&dir)?;
+    /// let file = dir.join("api.yaml");
+    /// let limit = |n: u32| {
+    ///     format!("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: {n}}}\n")
+    /// };
+    /// std::fs::write(&file, limit(5))?;
+    ///
+    /// let reloader = Reloader::new(&dir, Arc::new(InProcess::default()));
+    /// let service = RateLimitService::new(reloader.load()?, Bounds::default(), false);
+    /// let in_force = || service.config().lookup("api", [("user", "alice")]).map(|r| r.requests_per_unit);
+    /// assert_eq!(reloader.poll(&service)?, Reload::Unchanged);
+    ///
+    /// std::fs::write(&file, limit(10))?;
+    /// assert_eq!(reloader.poll(&service)?, Reload::Loaded);
+    /// assert_eq!(in_force(), Some(10));
+    ///
+    /// // A broken file changes nothing; it is counted, and reported once.
+    /// std::fs::write(&file, "domain: api\ndescriptors: [")?;
+    /// assert!(reloader.poll(&service).is_err());
+    /// assert_eq!(reloader.poll(&service)?, Reload::Unchanged);
+    /// assert_eq!(in_force(), Some(10));
+    /// assert_eq!(service.metrics().reloads(), (1, 1));
+    /// std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn poll(&self, service: &RateLimitService) -> Result<Reload, ConfigError> {
         let read = read_dir(&self.dir);
         let now = match &read {

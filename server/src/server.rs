@@ -37,6 +37,53 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
 /// # Errors
 ///
 /// The transport's error, if a listener fails.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// use tokio::net::{TcpListener, TcpStream};
+/// use tokio::sync::oneshot;
+/// use turnstile_server::config::Config;
+/// use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
+/// use turnstile_server::service::{Bounds, RateLimitService};
+///
+/// let service = Arc::new(RateLimitService::new(Config::default(), Bounds::default(), false));
+/// let grpc = TcpListener::bind("127.0.0.1:0").await?;
+/// let http = TcpListener::bind("127.0.0.1:0").await?;
+/// let http_addr = http.local_addr()?;
+/// let (stop, stopped) = oneshot::channel::<()>();
+/// let shutdown = async move {
+///     let _ = stopped.await;
+/// };
+/// let server = tokio::spawn(serve(
+///     Arc::clone(&service),
+///     grpc,
+///     Some(http),
+///     DEFAULT_MAX_MESSAGE,
+///     shutdown,
+/// ));
+///
+/// // envoyproxy/ratelimit's health check answers `OK` while serving.
+/// let mut connection = TcpStream::connect(http_addr).await?;
+/// connection
+///     .write_all(b"GET /healthcheck HTTP/1.1\r\nHost: rls\r\nConnection: close\r\n\r\n")
+///     .await?;
+/// let mut answer = String::new();
+/// connection.read_to_string(&mut answer).await?;
+/// assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"));
+/// assert!(answer.ends_with("\r\n\r\nOK"));
+///
+/// // The shutdown marks the service not serving, then closes the listeners.
+/// let _ = stop.send(());
+/// server.await??;
+/// assert!(!service.serving());
+/// # Ok(())
+/// # }
+/// ```
 pub async fn serve<F>(
     service: Arc<RateLimitService>,
     grpc: TcpListener,
