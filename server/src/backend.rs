@@ -58,6 +58,19 @@ impl Unit {
     }
 
     /// Parse a unit as envoyproxy/ratelimit does (any case).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile_server::backend::Unit;
+    ///
+    /// assert_eq!(Unit::parse("MINUTE"), Some(Unit::Minute));
+    /// assert_eq!(Unit::parse("fortnight"), None);
+    /// // A month is 30 days, as envoyproxy/ratelimit counts it.
+    /// let month = Unit::parse("month").map(Unit::duration);
+    /// assert_eq!(month, Some(Duration::from_secs(30 * 86_400)));
+    /// ```
     pub fn parse(text: &str) -> Option<Unit> {
         match text.to_ascii_lowercase().as_str() {
             "second" => Some(Unit::Second),
@@ -104,7 +117,18 @@ pub enum AlgorithmKind {
 }
 
 impl AlgorithmKind {
-    /// Parse the configuration's name for it.
+    /// Parse the configuration's name for it (as written: lower case).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile_server::backend::AlgorithmKind;
+    ///
+    /// assert_eq!(AlgorithmKind::parse("token_bucket"), Some(AlgorithmKind::TokenBucket));
+    /// assert_eq!(AlgorithmKind::parse("Token_Bucket"), None);
+    /// // A limit that names none is a fixed window, as envoyproxy/ratelimit's.
+    /// assert_eq!(AlgorithmKind::default(), AlgorithmKind::FixedWindow);
+    /// ```
     pub fn parse(text: &str) -> Option<AlgorithmKind> {
         match text {
             "fixed_window" => Some(AlgorithmKind::FixedWindow),

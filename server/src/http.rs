@@ -224,6 +224,20 @@ const MAX_DURATION_SECONDS: i64 = 315_576_000_000;
 /// past the mapping's range (±10,000 years), which protojson refuses to
 /// write, is written as that bound; seconds and nanoseconds of different
 /// signs are summed.
+///
+/// # Examples
+///
+/// ```
+/// use turnstile_server::http::proto_duration;
+///
+/// assert_eq!(proto_duration(60, 0), "60s");
+/// assert_eq!(proto_duration(0, 500_000_000), "0.500s");
+/// assert_eq!(proto_duration(1, 1_000), "1.000001s");
+/// assert_eq!(proto_duration(0, 1), "0.000000001s");
+/// assert_eq!(proto_duration(-1, -500_000_000), "-1.500s");
+/// // Past 10,000 years: the bound.
+/// assert_eq!(proto_duration(i64::MAX, 0), "315576000000s");
+/// ```
 pub fn proto_duration(seconds: i64, nanos: i32) -> String {
     const NANOS: i128 = 1_000_000_000;
     let bound = i128::from(MAX_DURATION_SECONDS) * NANOS;
