@@ -544,8 +544,13 @@ impl RateLimitService {
 
     /// Whether the health checks (`GET /healthcheck`, gRPC health) answer
     /// serving. [`serve`](crate::server::serve) sets it false when its
-    /// shutdown begins, so that a load balancer or a readiness probe stops
-    /// sending before the listeners close; decisions are still answered.
+    /// shutdown begins and closes its listeners right after: a gRPC health
+    /// `Watch` opened before then, and anything reading this flag, see the
+    /// service go down while its connections drain (decisions on them are
+    /// still answered), and a probe that connects afresh finds the port
+    /// closed. There is no delay between the two; a deployment that wants
+    /// probes to fail before the port closes signals a readiness change of
+    /// its own first (as Kubernetes does by removing the endpoint).
     ///
     /// # Examples
     ///
