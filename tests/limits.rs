@@ -480,7 +480,9 @@ async fn cost_from_response_settles_lends_and_forgives_no_more_than_it_counts() 
     let stats = layer.stats();
     assert_eq!(
         (stats.charged, stats.lent, stats.forgiven),
-        (1 + 4 + 1, 5, 0)
+        // The cheaper one gave back its one unused permit in place: nothing
+        // charged again.
+        (4 + 1, 5, 0)
     );
     // Used 1 + 6 + 8 = what the bucket held (10) + what it lent (5).
     assert_eq!(1 + 6 + 8, 10 + stats.lent);
@@ -972,4 +974,184 @@ async fn settling_is_not_counted_as_decisions_in_the_limiters_stats() {
     assert_eq!((keyed.admitted, keyed.denied), (2, 0), "{keyed:?}");
     let direct = global.stats();
     assert_eq!((direct.admitted, direct.denied), (2, 0), "{direct:?}");
+}
+
+/// A refusal whose give-back in an earlier limit declined (another request
+/// changed that limit's word meanwhile) leaves that limit spent, so it may
+/// now refuse for longer than the limit that refused: `Retry-After` covers
+/// it too, and honouring it admits.
+#[tokio::test]
+async fn retry_after_covers_an_earlier_limit_whose_give_back_declined() {
+    use std::borrow::Cow;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use turnstile::TokenBucket;
+    use turnstile::tower::{KeyExtractor, RequestHead};
+
+    type Direct = RateLimiter<TokenBucket, ManualClock>;
+    /// One key for every request; on its armed call it stands for another
+    /// request (another thread, in a server) that takes a permit of the
+    /// direct limit at that moment.
+    #[derive(Clone)]
+    struct Racer {
+        global: Arc<Direct>,
+        calls_until_race: Arc<AtomicU32>,
+    }
+    impl KeyExtractor for Racer {
+        type Key = ();
+        type Lookup = ();
+        fn extract<'r>(&self, _: &RequestHead<'r>) -> Option<std::borrow::Cow<'r, ()>> {
+            if self.calls_until_race.fetch_sub(1, Ordering::Relaxed) == 1 {
+                assert!(self.global.try_acquire().is_allowed(), "the other request");
+            }
+            Some(Cow::Owned(()))
+        }
+    }
+
+    let clock = ManualClock::new();
+    clock.set(Duration::from_millis(250));
+    // 3 at once, one more every 10 s.
+    let global = Arc::new(RateLimiter::with_clock(
+        Quota::new(3, 1, Duration::from_secs(10)).unwrap(),
+        clock.clone(),
+    ));
+    let per_key =
+        KeyedLimiter::<String>::builder(Quota::new(1, 1, Duration::from_secs(1)).unwrap())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+    let calls = Arc::new(AtomicU32::new(u32::MAX));
+    let racer = Racer {
+        global: Arc::clone(&global),
+        calls_until_race: Arc::clone(&calls),
+    };
+    let layer = Limits::builder()
+        .limit_shared("all", Global, Arc::clone(&global))
+        .unwrap()
+        .limit("key", api_key(), per_key)
+        .unwrap()
+        .limit(
+            "racer",
+            racer,
+            RateLimiter::with_clock(
+                Quota::new(1000, 1000, Duration::from_secs(1)).unwrap(),
+                clock.clone(),
+            ),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(echo());
+    let with_key = || {
+        Request::builder()
+            .header("x-api-key", "a")
+            .body(())
+            .unwrap()
+    };
+    // `all` 3 -> 2.
+    assert_eq!(send(&mut service, with_key()).await.status(), 200);
+    // The next request: `all` 2 -> 1, key "a" refuses (1 s); while the
+    // refusal's waits are gathered (the racer's second call) the other
+    // request takes `all`'s last permit, so `all`'s give-back declines.
+    calls.store(2, std::sync::atomic::Ordering::Relaxed);
+    let denied = send(&mut service, with_key()).await;
+    assert_eq!(denied.status(), 429);
+    let retry: u64 = denied.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let all_t = param(&list(denied.headers(), "ratelimit"), "all", "t");
+    assert!(
+        all_t.is_some_and(|t| t as u64 <= retry),
+        "Retry-After {retry}, `all` says t={all_t:?}"
+    );
+    // Honouring Retry-After admits.
+    clock.advance(Duration::from_secs(retry));
+    assert_eq!(send(&mut service, with_key()).await.status(), 200);
+}
+
+/// A real cost below the up-front charge gives back, in process, only the
+/// permits it did not use, in one step: requests racing on the key can
+/// never take the charge given back before the real cost is taken, so
+/// nothing is forgiven or lent, for GCRA (which cannot lend) and the token
+/// bucket alike.
+#[test]
+fn a_smaller_real_cost_is_never_forgiven_in_process() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use turnstile::{Gcra, KeyedBuilder};
+    for gcra in [true, false] {
+        let clock = ManualClock::new();
+        clock.set(Duration::from_millis(250));
+        let quota = Quota::new(3, 3, Duration::from_secs(3_600)).unwrap();
+        let builder = if gcra {
+            Limits::builder().limit(
+                "key",
+                api_key(),
+                KeyedBuilder::<String, Gcra>::new(Gcra::new(quota))
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap(),
+            )
+        } else {
+            Limits::builder().limit(
+                "key",
+                api_key(),
+                KeyedLimiter::<String>::builder(quota)
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap(),
+            )
+        };
+        let layer = builder
+            .unwrap()
+            .cost(3)
+            .cost_from_response(|parts| {
+                parts
+                    .headers
+                    .get("x-tokens-used")?
+                    .to_str()
+                    .ok()?
+                    .parse()
+                    .ok()
+            })
+            .build()
+            .unwrap();
+        let service = layer.clone().layer(echo());
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let service = service.clone();
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    runtime.block_on(async {
+                        while !stop.load(Ordering::Relaxed) {
+                            let mut request = request(Some("k"), "192.0.2.1:1");
+                            request.headers_mut().insert("x-cost", "1".parse().unwrap());
+                            let _ = service.clone().oneshot(request).await.unwrap();
+                        }
+                    })
+                })
+            })
+            .collect();
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(1_500) {
+            std::thread::sleep(Duration::from_micros(300));
+            // A whole refill: every request admitted after it races the others.
+            clock.advance(Duration::from_secs(3_600));
+        }
+        stop.store(true, Ordering::Relaxed);
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let stats = layer.stats();
+        assert!(stats.refunded > 0, "{stats:?}");
+        assert_eq!(
+            (stats.forgiven, stats.lent),
+            (0, 0),
+            "gcra {gcra}: {stats:?}"
+        );
+    }
 }

@@ -490,3 +490,69 @@ async fn the_wait_after_a_redis_refusal_covers_an_in_process_permit_kept_spent()
         "the global limit refuses for about an hour, told {retry_after} s"
     );
 }
+
+/// A limit in Redis that refuses advertises its own wait as its `t`, while
+/// `Retry-After` covers the longest: here an in-process limit whose
+/// give-back declined (another request took its last permit during the
+/// round trip) waits an hour, and the Redis limit under a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusing_redis_limit_advertises_its_own_wait() {
+    let Some(server) = redis_server::server("limits_redis") else {
+        return;
+    };
+    // Redis: 1 at once, one more a second.
+    let fleet = Arc::new(Guarded::<TokenBucket>::new(
+        RedisLimiter::new(
+            "own-wait",
+            TokenBucket::new(Quota::new(1, 1, Duration::from_secs(1)).unwrap()),
+        )
+        .unwrap(),
+        OnFailure::Deny,
+        Duration::from_secs(1),
+    ));
+    // In process: 3 at once, one more an hour.
+    let clock = ManualClock::new();
+    let global = Arc::new(turnstile::RateLimiter::with_clock(
+        Quota::new(3, 1, Duration::from_secs(3_600)).unwrap(),
+        clock.clone(),
+    ));
+    let layer = Limits::builder()
+        .limit_shared("all", Global, Arc::clone(&global))
+        .unwrap()
+        .redis_limit(
+            "fleet",
+            Global,
+            Arc::clone(&fleet),
+            connection(server.client()),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(inner(Arc::new(AtomicU64::new(0))));
+    // `all` 3 -> 2, `fleet` 1 -> 0.
+    let first = service
+        .ready()
+        .await
+        .unwrap()
+        .call(with_key("a"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    // The next: `all` 2 -> 1; while Redis answers, another request takes
+    // `all`'s last permit; Redis refuses; `all`'s give-back declines.
+    service.ready().await.unwrap();
+    let mut future = Box::pin(service.call(with_key("a")));
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(future.as_mut().poll(&mut context).is_pending());
+    assert!(global.try_acquire().is_allowed(), "the other request");
+    let denied = future.await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.headers()["retry-after"], "3600");
+    let items = fields::list(denied.headers(), "ratelimit");
+    assert_eq!(fields::param(&items, "all", "t"), Some(3_600));
+    assert_eq!(
+        fields::param(&items, "fleet", "t"),
+        Some(1),
+        "the Redis limit's own wait is under a second"
+    );
+}

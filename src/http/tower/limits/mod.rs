@@ -287,14 +287,14 @@ pub struct LimitsStats {
     /// Refunds given back exactly, one per limit and settled request (by
     /// [`refund_when`](LimitsBuilder::refund_when), or a
     /// [`cost_from_response`](LimitsBuilder::cost_from_response) below the
-    /// cost charged).
+    /// cost charged: in process, the permits it did not use).
     pub refunded: u64,
     /// Refunds a limit declined, keeping the permits spent (never more than
     /// was taken is given back).
     pub refund_declined: u64,
     /// Permits taken after the response: beyond the cost taken up front, and,
-    /// for a real cost below it whose refund went back exactly, the real
-    /// cost taken again after that refund.
+    /// in a limit in Redis, for a real cost below it whose refund went back
+    /// exactly, the real cost taken again after that refund.
     pub charged: u64,
     /// Permits charged after the response from a token bucket's next
     /// refills, beyond what it held (it lends at most one fill ahead): the
@@ -498,7 +498,10 @@ impl LimitsBuilder {
     /// ([`LimitsStats::forgiven`]), not carried. So each limit admits, over
     /// any interval, no more permits than its own bound allows plus the
     /// permits forgiven in it, and each request can have at most its real
-    /// cost less the up-front charge forgiven in an in-process limit. In a
+    /// cost less the up-front charge forgiven in an in-process limit. A real
+    /// cost below the charge gives back, in process, only the permits it did
+    /// not use, in one exact-or-decline step, so nothing of it is forgiven
+    /// (or, declined, the whole charge stays). In a
     /// limit in Redis a real cost below the charge is settled in two calls
     /// (the charge given back, then the real cost taken): other replicas
     /// can take the permits given back in between, and the real cost is

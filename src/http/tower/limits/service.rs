@@ -129,6 +129,14 @@ impl<Svc, R> Limited<Svc, R> {
     {
         let shared = &self.layer.shared;
         shared.count_denial(by, decision);
+        // An earlier limit whose give-back declined may refuse now too.
+        let decision = with_longest(
+            decision,
+            shared
+                .limits
+                .iter()
+                .filter_map(|l| l.wait(head, shared.cost)),
+        );
         let mut items = Items::default();
         shared.report(head, true, &mut items);
         let outcome = Outcome::from_decision(Some(decision));
@@ -300,6 +308,7 @@ impl<R> Limits<R> {
                     let _ = ticket.give_back();
                 }
                 let decision = KeyedDecision::from(decision);
+                let own_wait = decision.retry_after();
                 shared.count_denial(shared.limits.len() + by, decision);
                 // A give-back declined (a busy word changed during the round
                 // trip) keeps an in-process permit spent: that limit may
@@ -322,7 +331,7 @@ impl<R> Limits<R> {
                         };
                         push_remote(&mut items, shared, index, &State::Remaining(r));
                     }
-                    if let Some(wait) = decision.retry_after() {
+                    if let Some(wait) = own_wait {
                         push_remote(&mut items, shared, by, &State::Wait(wait));
                     }
                 }

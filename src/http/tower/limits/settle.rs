@@ -109,9 +109,24 @@ where
             Settle::Drain => settled.drained = take_up_to(&*limiter, key, u32::MAX).0.into(),
             Settle::Cost(cost) if cost > n => charge(&*limiter, key, cost - n, &mut settled),
             Settle::Cost(cost) if cost < n => {
-                if receipt.is_none_or(|receipt| limiter.stage_give_back(key, receipt)) {
+                // Give back only what was over-charged, in one step: nothing
+                // is given back that another request could take before the
+                // real cost is charged.
+                let back = match receipt {
+                    None => {
+                        charge(&*limiter, key, cost, &mut settled);
+                        true
+                    }
+                    Some(receipt) => limiter.stage_give_back(
+                        key,
+                        Receipt {
+                            n: n - cost,
+                            ..receipt
+                        },
+                    ),
+                };
+                if back {
                     settled.refunded = 1;
-                    charge(&*limiter, key, cost, &mut settled);
                 } else {
                     // The charge stays: more than used, never less.
                     settled.refund_declined = 1;
