@@ -685,3 +685,67 @@ fn no_input_panics_or_admits_at_the_ends_of_time() {
         }
     }
 }
+
+/// A word with the narrowest time field (40 bits of 1 µs: a span of 12.7
+/// days) left idle past half its span comes back fresh, not read as a
+/// reading behind its time that refills nothing until the clock comes round
+/// (which denied every request for days), whether it was left full or
+/// emptied; a reading set back within the stretch behind (at least 2^32 µs)
+/// still creates nothing.
+#[test]
+fn a_bucket_idle_past_half_its_span_comes_back_fresh() {
+    const DAY: u64 = 86_400;
+    let quota = Quota::per_second(1_000).unwrap();
+    let w = WarmUp::new(quota, Duration::from_secs(10), 3.0).unwrap();
+    let fresh = {
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::from_parts(w, clock.clone());
+        assert!(limiter.try_acquire_n(1_000).unwrap().is_allowed());
+        limiter.try_acquire().retry_after()
+    };
+    assert!(fresh.is_some());
+    for idle in [
+        Duration::from_secs(6 * DAY + DAY / 2),
+        Duration::from_secs(7 * DAY),
+        Duration::from_secs(12 * DAY),
+        // The span, 2^40 µs, less a little over the stretch behind.
+        Duration::from_micros((1 << 40) - (1 << 32) - 1_000_000),
+    ] {
+        for emptied in [true, false] {
+            let clock = ManualClock::new();
+            clock.set(Duration::from_secs(1_000));
+            let limiter = RateLimiter::from_parts(w, clock.clone());
+            assert!(limiter.try_acquire_n(1_000).unwrap().is_allowed());
+            if !emptied {
+                // Refilled, and used once a second for a minute: warm, not full.
+                for _ in 0..60 {
+                    clock.advance(Duration::from_secs(1));
+                    assert!(limiter.try_acquire_n(10).unwrap().is_allowed());
+                }
+            }
+            clock.advance(idle);
+            assert_eq!(
+                limiter.remaining(),
+                1_000,
+                "idle {idle:?}, emptied {emptied}"
+            );
+            assert!(
+                limiter.try_acquire_n(1_000).unwrap().is_allowed(),
+                "idle {idle:?}, emptied {emptied}"
+            );
+            // Cold again: the burst's aftermath is a fresh bucket's.
+            assert_eq!(limiter.try_acquire().retry_after(), fresh, "idle {idle:?}");
+            // And it refills from there, not stuck on an old time.
+            clock.advance(Duration::from_secs(60));
+            assert_eq!(limiter.remaining(), 1_000, "idle {idle:?}, a minute later");
+        }
+    }
+    // A clock set back an hour, within the stretch: nothing is created.
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(10 * DAY));
+    let limiter = RateLimiter::from_parts(w, clock.clone());
+    assert!(limiter.try_acquire_n(1_000).unwrap().is_allowed());
+    clock.set(Duration::from_secs(10 * DAY - 3_600));
+    assert_eq!(limiter.remaining(), 0);
+    assert!(!limiter.try_acquire().is_allowed());
+}

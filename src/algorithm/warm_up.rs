@@ -22,6 +22,10 @@ const TANGENT_SPAN: u64 = 3;
 /// The narrowest time field a warm-up word keeps: half its span is at least
 /// `2^39` time units (6.4 days at 1 µs).
 const MIN_TIME_BITS: u32 = 40;
+/// The shortest stretch behind a warm-up word's time (in its time units,
+/// 2^32: 71.6 minutes at 1 µs) that a reading is taken as behind, not as one
+/// after a long idle (see `WarmUp::forward`).
+const BEHIND_FLOOR: u64 = 1 << 32;
 /// The time field a refund needs to recognize its word: a span of at least
 /// `2^47` units, beyond twice the refund horizon (`2^45` µs).
 const REFUND_TIME_BITS: u32 = 47;
@@ -120,13 +124,23 @@ const REFUND_TIME_BITS: u32 = 47;
 /// The time field keeps at least 40 bits, so `w + v <= 24`
 /// ([`WarmUpError::WarmUpTooLong`] names the longest warm-up a capacity
 /// allows): a capacity of 100 (7 bits) warms up over at most 131,071
-/// periods. Half the time field's span, at least `2^39` units (6.4 days),
-/// is how far back a clock may be set, or how long a word not full may stay
-/// idle, and still be read exactly ([`Clock`](crate::Clock#readings-years-off));
-/// the cold fill time plus the warm-up period must be within it
-/// ([`WarmUpError::ColdFillTooLong`]). A reading behind the stored time
-/// refills nothing, cools nothing and never moves the time back, as in the
-/// token bucket.
+/// periods. The cold fill time plus the warm-up period must be within half
+/// the time field's span, at least `2^39` units (6.4 days at 1 µs)
+/// ([`WarmUpError::ColdFillTooLong`]): a word idle that long is fresh.
+///
+/// An elapsed time is read forwards up to the span less a stretch *behind*:
+/// the larger of that idle time and `2^32` units (71.6 minutes at 1 µs), at
+/// most half the span. A reading behind the stored time by less than the
+/// stretch refills nothing, cools nothing and never moves the time back, as
+/// in the token bucket; one further back is taken as a reading after a long
+/// idle, and finds the bucket fresh (a clock set back that far, which
+/// [`RealClock`](crate::RealClock) and the other clocks of the crate never
+/// are, refills it: [`Clock`](crate::Clock#readings-years-off)). So a word
+/// idle any time up to the span less the stretch (12.7 days less 71.6 minutes,
+/// at 40 bits) is read exactly, and comes back fresh. One idle longer is read
+/// modulo the span: within the stretch below a multiple of it as behind,
+/// within the idle time above one as a shorter idle; either under-credits
+/// (admits less, never more) for at most the stretch and one cold fill.
 ///
 /// # Refunds
 ///
@@ -164,7 +178,12 @@ pub struct WarmUp {
     /// In time units, at least 1.
     period: NonZeroU64,
     half: u64,
-    /// `half - period`, as in the token bucket.
+    /// Elapsed times below this are read forwards, the rest as readings
+    /// behind the stored time: `half` with no warm-up (the token bucket's
+    /// rule, word for word), else the span less the larger of the cold fill
+    /// plus the warm-up and [`BEHIND_FLOOR`] units, that at most `half`.
+    forward: u64,
+    /// `forward - period`, as the token bucket's `half - period`.
     refill_window: u64,
     /// `⌊B(N)⌋`.
     ramp: u64,
@@ -314,6 +333,7 @@ impl WarmUp {
             amount: NonZeroU64::new(u64::from(quota.amount())).unwrap_or(NonZeroU64::MIN),
             period: NonZeroU64::new(period).unwrap_or(NonZeroU64::MIN),
             half: layout.half_range(),
+            forward: layout.half_range(),
             // Saturating: the heat bits can leave a half range shorter than
             // the period, a warm-up refused below (`ColdFillTooLong`) before
             // this is read; subtracted, it overflowed first (a panic in a
@@ -340,6 +360,14 @@ impl WarmUp {
                 max: Duration::from_micros(w.half.saturating_mul(unit_micros)),
             });
         }
+        // A word idle for `idle` is fresh, however much longer: read an
+        // elapsed time forwards up to the span less a short stretch behind,
+        // so that a word idle past half the span (6.4 days at 40 bits) is
+        // taken as fresh, not as a reading behind it that refills nothing
+        // until the clock comes round (days of denials).
+        let behind = idle.max(BEHIND_FLOOR).min(w.half);
+        w.forward = 2 * w.half - behind;
+        w.refill_window = w.forward - w.period.get();
         Ok(w)
     }
 
@@ -531,7 +559,7 @@ impl WarmUp {
             // Full: cools a degree each whole period; the fraction is
             // dropped. Behind the stored time nothing changes (a fresh word,
             // time 0, takes any reading, as the token bucket's does).
-            let forward = elapsed < self.half;
+            let forward = elapsed < self.forward;
             let heat = if forward {
                 heat.saturating_sub(elapsed / self.period)
             } else {

@@ -47,10 +47,14 @@ pub use tick::TickClock;
 /// forwards, one above it as a reading behind. Half the span is at least
 /// `2^47` µs (4.46 years) for a [`TokenBucket`](crate::TokenBucket),
 /// [`FixedWindow`](crate::FixedWindow) and [`SlidingWindow`](crate::SlidingWindow),
-/// `2^46` µs (2.2 years) for a [`LiveTokenBucket`](crate::LiveTokenBucket),
-/// and `2^39` µs (6.4 days) for a [`WarmUp`](crate::WarmUp), whose heat
-/// takes bits from its time field (its [word](crate::WarmUp#the-packed-word)
-/// gives the exact span; a warm-up of zero is a token bucket's). So:
+/// and `2^46` µs (2.2 years) for a [`LiveTokenBucket`](crate::LiveTokenBucket).
+/// A [`WarmUp`](crate::WarmUp), whose heat takes bits from its time field,
+/// keeps a span of at least `2^40` µs (12.7 days) and reads forwards all of
+/// it but a stretch behind of at least `2^32` µs (71.6 minutes), so that a
+/// word idle past half its span comes back fresh (its
+/// [word](crate::WarmUp#the-packed-word) gives the exact figures; a warm-up
+/// of zero is a token bucket's). So, with "half the span" read as that
+/// stretch for a warm-up:
 ///
 /// - a reading *behind* the word's time by less than half the span creates no
 ///   permits; one further back is indistinguishable from a reading that far
