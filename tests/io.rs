@@ -612,3 +612,73 @@ async fn a_writer_on_an_algorithm_that_holds_nothing_fails_instead_of_spinning()
         "{error:?}"
     );
 }
+
+/// A write that sleeps many times under contention (another writer takes
+/// each byte as it comes) fails at its deadline, as `wait_n_async` does: the
+/// timer's rounding of each sleep is waiting too. It failed 39 ms late of a
+/// 200 ms deadline, having discounted up to a millisecond a sleep.
+#[tokio::test(start_paused = true)]
+async fn a_deadline_holds_across_many_sleeps_under_contention() {
+    use turnstile::WaitOptions;
+
+    let clock = TokioClock::new();
+    // 1 byte each 1.5 ms, bursts of 8.
+    let limiter = Arc::new(RateLimiter::with_clock(
+        Quota::new(8, 1, Duration::from_micros(1_500)).unwrap(),
+        clock.clone(),
+    ));
+    assert!(limiter.try_acquire_n(8).unwrap().is_allowed());
+    let other = Arc::clone(&limiter);
+    let competitor = tokio::spawn(async move {
+        let mut w = ShapedWrite::new(tokio::io::sink(), other).chunk(1);
+        loop {
+            w.write_all(&[0]).await.unwrap();
+        }
+    });
+    tokio::task::yield_now().await;
+    let deadline = Duration::from_millis(200);
+    let mut out = ShapedWrite::new(tokio::io::sink(), Arc::clone(&limiter))
+        .with_options(WaitOptions::new().deadline(deadline));
+    let began = tokio::time::Instant::now();
+    let result = out.write(&[0; 2]).await;
+    let waited = began.elapsed();
+    competitor.abort();
+    let err = result.expect_err("the competitor takes every byte");
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+    assert!(
+        waited <= deadline + Duration::from_millis(2),
+        "failed after {waited:?}, deadline {deadline:?}"
+    );
+}
+
+/// After a short write and a pause, a writer moves at one instant at most a
+/// full bucket and its credit, which is at most one chunk, as the module
+/// documents (it once claimed a burst never exceeds the bucket).
+#[tokio::test(start_paused = true)]
+async fn a_burst_after_a_short_write_is_at_most_the_bucket_and_one_chunk() {
+    let clock = TokioClock::new();
+    let limiter = RateLimiter::with_clock(
+        Quota::new(400, 1, Duration::from_millis(1)).unwrap(),
+        clock.clone(),
+    );
+    // The default chunk, held to a quarter of the capacity: 100.
+    let mut out = ShapedWrite::new(Short { max: 1, written: 0 }, &limiter);
+    assert_eq!(out.write(&[0; 1_000]).await.unwrap(), 1);
+    assert_eq!(out.credit(), 99);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    out.get_mut().max = usize::MAX;
+    let before = clock.now();
+    let mut at_once = 0;
+    while clock.now() == before {
+        let mut write = std::pin::pin!(out.write(&[0; 1_000]));
+        match write
+            .as_mut()
+            .poll(&mut Context::from_waker(std::task::Waker::noop()))
+        {
+            Poll::Ready(written) => at_once += written.unwrap(),
+            Poll::Pending => break,
+        }
+    }
+    assert_eq!(at_once, 400 + 99, "the bucket and the credit, and no more");
+    assert!(at_once <= 400 + 100);
+}

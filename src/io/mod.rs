@@ -51,8 +51,9 @@
 //! between the abandoned wait's end and the next poll).
 //!
 //! **Large items and large buffers are split.** One decision takes at most
-//! the limiter's capacity, so a burst never exceeds the bucket: an item whose
-//! cost is larger is paid in instalments of at most a bucketful, and a read
+//! the limiter's capacity, so no decision asks for more than the bucket: an
+//! item whose cost is larger is paid in instalments of at most a bucketful,
+//! and a read
 //! or write asks for at most [`chunk`](ShapedWrite::chunk) bytes (64 KiB by
 //! default, never more than a quarter of the capacity (and at least one
 //! byte, for a capacity below 4), so that a wake-up
@@ -62,7 +63,10 @@
 //! **Every byte is paid for once.** A writer takes permits for the bytes
 //! it offers the inner writer; when that writes fewer (a short write), the
 //! rest is credit for the next write (credit left when the writer is
-//! dropped stays spent: at most one chunk). A reader pays after it reads,
+//! dropped stays spent: at most one chunk). Credit does not expire, so
+//! after a short write and a pause a writer can move, at one instant, a full
+//! bucket and its credit: at most the capacity and one chunk (a quarter of
+//! the capacity), as a reader can run one read ahead. A reader pays after it reads,
 //! for the bytes that arrived: at once when the permits are there, else
 //! the next read waits for them before reading more. An idle connection
 //! holds no permits, and a reader is at most one read (one chunk) ahead of

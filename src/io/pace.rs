@@ -17,6 +17,12 @@ use crate::wait::{Step, WaitError, WaitOptions, Waitable, skip, step};
 /// instead: thirty years, which no retry-after of a validated quota reaches.
 const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 86_400);
 
+/// How late past its timer's end a wait may be polled and still be the
+/// wait that slept: tokio's timer rounds a sleep up to its next millisecond,
+/// and the woken task waits for a worker. A wait polled later than this was
+/// abandoned (see [`Pacer::poll_wait`]).
+const TIMER_SLACK: Duration = Duration::from_millis(5);
+
 /// A wait kept between polls: at most one armed timer, re-armed (never
 /// reallocated) for each sleep.
 ///
@@ -103,15 +109,21 @@ impl Pacer {
                     if sleep.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
-                    // Time past the timer's end before this poll was nobody's
-                    // wait: a wait abandoned (its future dropped by a timeout
-                    // or a `select!`) and taken up by a later call counts
-                    // toward the deadline only what it waited.
+                    // Time past the timer's end before this poll, beyond what
+                    // a wake-up takes, was nobody's wait: a wait abandoned
+                    // (its future dropped by a timeout or a `select!`) and
+                    // taken up by a later call counts toward the deadline
+                    // only what it waited. A wake-up's own lateness (the
+                    // timer's rounding, a busy worker) is waiting, and
+                    // counts: discounted, it let a wait of many sleeps run
+                    // past its deadline by up to a millisecond a sleep.
                     let late =
                         tokio::time::Instant::now().saturating_duration_since(sleep.deadline());
-                    if let Some(start) = self.start.as_mut() {
-                        *start = start
-                            .saturating_add(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+                    if late > TIMER_SLACK {
+                        if let Some(start) = self.start.as_mut() {
+                            *start = start
+                                .saturating_add(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+                        }
                     }
                 }
                 self.sleeping = false;
