@@ -119,11 +119,11 @@ impl Pacer {
                     // past its deadline by up to a millisecond a sleep.
                     let late =
                         tokio::time::Instant::now().saturating_duration_since(sleep.deadline());
-                    if late > TIMER_SLACK {
-                        if let Some(start) = self.start.as_mut() {
-                            *start = start
-                                .saturating_add(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
-                        }
+                    if late > TIMER_SLACK
+                        && let Some(start) = self.start.as_mut()
+                    {
+                        *start = start
+                            .saturating_add(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
                     }
                 }
                 self.sleeping = false;
