@@ -162,6 +162,12 @@ fn decide(stages: &[&dyn Stage], n: u32) -> Chained {
         };
     };
     let (decision, receipt) = first.take_within(n);
+    // Given back if a later stage panics (user code runs there: a key's
+    // `Hash` or `Eq`, a hasher, a clock), so that no path leaks it.
+    let mut held = Held {
+        stage: *first,
+        receipt,
+    };
     let KeyedDecision::Allowed { remaining } = decision else {
         return Chained {
             decision: longest_wait(decision, rest, n),
@@ -171,6 +177,7 @@ fn decide(stages: &[&dyn Stage], n: u32) -> Chained {
     // The rest of the chain, recursively: receipts live on the stack, one frame
     // per stage, and are given back in reverse order of taking.
     let rest = decide(rest, n);
+    let receipt = held.receipt.take();
     match (rest.decision, rest.denied_by) {
         (KeyedDecision::Allowed { remaining: left }, _) => Chained {
             decision: KeyedDecision::Allowed {
@@ -187,6 +194,35 @@ fn decide(stages: &[&dyn Stage], n: u32) -> Chained {
                 decision: denied,
                 denied_by: by.map(|i| i + 1),
             }
+        }
+    }
+}
+
+/// A stage's receipt, given back if dropped while still held: a panic in a
+/// later stage unwinds through it. The paths that return take it first.
+struct Held<'a> {
+    stage: &'a dyn Stage,
+    receipt: Option<Receipt>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(receipt) = self.receipt.take() {
+            // Declined or not: the chain admitted nothing.
+            let _ = self.stage.give_back(receipt);
+        }
+    }
+}
+
+/// Receipts taken so far by [`decide_keeping`], given back in reverse order
+/// if dropped while still held (a denial, or a panic in a later stage).
+struct Taken<'a>(Vec<(&'a dyn Stage, Receipt)>);
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        for (stage, receipt) in self.0.drain(..).rev() {
+            // As in `decide`: the denial is the same either way.
+            let _ = stage.give_back(receipt);
         }
     }
 }
@@ -292,21 +328,19 @@ pub fn try_acquire_n_refundable<'a>(
 }
 
 fn decide_keeping<'a>(stages: &[&'a dyn Stage], n: u32) -> Result<ChainAdmission<'a>, Chained> {
-    let mut taken: Vec<(&'a dyn Stage, Receipt)> = Vec::with_capacity(stages.len());
+    let mut taken = Taken(Vec::with_capacity(stages.len()));
     let mut remaining = u32::MAX;
     for (i, &stage) in stages.iter().enumerate() {
         match stage.take_within(n) {
             (KeyedDecision::Allowed { remaining: left }, receipt) => {
                 remaining = remaining.min(left);
                 if let Some(receipt) = receipt {
-                    taken.push((stage, receipt));
+                    taken.0.push((stage, receipt));
                 }
             }
             (denied, _) => {
-                for (stage, receipt) in taken.into_iter().rev() {
-                    // As in `decide`: the denial is the same either way.
-                    let _ = stage.give_back(receipt);
-                }
+                // The earlier stages' permits, given back last first.
+                drop(taken);
                 return Err(Chained {
                     decision: longest_wait(denied, &stages[i + 1..], n),
                     denied_by: Some(i),
@@ -315,7 +349,7 @@ fn decide_keeping<'a>(stages: &[&'a dyn Stage], n: u32) -> Result<ChainAdmission
         }
     }
     Ok(ChainAdmission {
-        taken,
+        taken: core::mem::take(&mut taken.0),
         n,
         remaining,
     })

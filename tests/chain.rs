@@ -345,3 +345,50 @@ fn a_stage_refuses_zero_and_beyond_its_capacity_without_touching_it() {
         assert_eq!(s.peek(5), Ok(KeyedDecision::Allowed { remaining: 0 }));
     }
 }
+
+/// A key whose `Hash` panics when asked to: user code a keyed stage runs.
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct Panicky(u32);
+
+static PANIC_ON_HASH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl std::hash::Hash for Panicky {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        assert!(
+            !PANIC_ON_HASH.load(std::sync::atomic::Ordering::SeqCst),
+            "the key's Hash panicked"
+        );
+        self.0.hash(state);
+    }
+}
+
+/// A panic in a later stage (a key's `Hash`, here) gives back what the
+/// earlier stages took, on the stack and in the refundable form alike: the
+/// chain admitted nothing. They stayed spent until they refilled.
+#[test]
+fn a_panic_in_a_later_stage_gives_the_earlier_stages_back() {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::sync::atomic::Ordering;
+    let clock = ManualClock::new();
+    let global = RateLimiter::with_clock(
+        Quota::new(1, 1, Duration::from_secs(3_600)).unwrap(),
+        clock.clone(),
+    );
+    let per_key =
+        KeyedLimiter::<Panicky>::builder(Quota::new(5, 1, Duration::from_secs(1)).unwrap())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+    let key = Panicky(7);
+    PANIC_ON_HASH.store(true, Ordering::SeqCst);
+    let on_the_stack = catch_unwind(AssertUnwindSafe(|| {
+        chain::try_acquire(&[&global, &per_key.stage(&key)])
+    }));
+    let kept = catch_unwind(AssertUnwindSafe(|| {
+        chain::try_acquire_refundable(&[&global, &per_key.stage(&key)]).is_ok()
+    }));
+    PANIC_ON_HASH.store(false, Ordering::SeqCst);
+    assert!(on_the_stack.is_err() && kept.is_err());
+    assert_eq!(global.remaining(), 1, "the earlier stage's permit");
+    assert!(chain::try_acquire(&[&global, &per_key.stage(&key)]).is_allowed());
+}

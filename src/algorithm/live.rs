@@ -69,7 +69,11 @@ const MICROSECOND_CEILING: u32 = 65_535;
 /// in a full bucket, raised to the new capacity. In any interval `[a, b]`
 /// containing one change at `t`, the permits admitted are at most what the
 /// old quota allows in `[a, t]` plus what a bucket of the new quota, holding
-/// what the rules above give at `t`, allows in `(t, b]`. Each decision is
+/// what the rules above give at `t`, allows in `(t, b]`. The bound is per
+/// change: a bucket clamped by a lower capacity is full in it, and so full
+/// again, at the higher capacity, when the quota goes back up. A bucket of
+/// 10 holding 5, changed to a capacity of 5 and back to 10, holds 10: a
+/// quota switched back and forth refills its non-full buckets. Each decision is
 /// exactly the old quota's decision on the old bucket or the new quota's on
 /// the converted one (`tests/live.rs` checks this against a model, decision
 /// for decision, on direct and keyed limiters with sweeps). A decision that
