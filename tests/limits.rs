@@ -1155,3 +1155,69 @@ fn a_smaller_real_cost_is_never_forgiven_in_process() {
         );
     }
 }
+
+/// A panic in a later limit's user code (here its key's `Hash`, run when
+/// that limit takes) gives back what the earlier limits took: the request
+/// was admitted by none. They stayed spent until they refilled.
+#[test]
+fn a_panic_in_a_later_limit_gives_the_earlier_limits_back() {
+    use std::borrow::Cow;
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use turnstile::tower::{KeyExtractor, RequestHead};
+
+    static PANIC_ON_HASH: AtomicBool = AtomicBool::new(false);
+    #[derive(Clone, PartialEq, Eq, Debug)]
+    struct Panicky(u32);
+    impl std::hash::Hash for Panicky {
+        fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+            assert!(
+                !PANIC_ON_HASH.load(Ordering::SeqCst),
+                "the key's Hash panicked"
+            );
+            self.0.hash(state);
+        }
+    }
+    #[derive(Clone)]
+    struct One;
+    impl KeyExtractor for One {
+        type Key = Panicky;
+        type Lookup = Panicky;
+        fn extract<'r>(&self, _: &RequestHead<'r>) -> Option<Cow<'r, Panicky>> {
+            Some(Cow::Owned(Panicky(7)))
+        }
+    }
+
+    let clock = ManualClock::new();
+    // One permit an hour: one spent by the panicking request would refuse
+    // the next.
+    let global = Arc::new(RateLimiter::with_clock(
+        Quota::new(1, 1, Duration::from_secs(3_600)).unwrap(),
+        clock.clone(),
+    ));
+    let per_key =
+        KeyedLimiter::<Panicky>::builder(Quota::new(5, 1, Duration::from_secs(1)).unwrap())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+    let layer = Limits::builder()
+        .limit_shared("all", Global, Arc::clone(&global))
+        .unwrap()
+        .limit("key", One, per_key)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(echo());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    PANIC_ON_HASH.store(true, Ordering::SeqCst);
+    let panicked = catch_unwind(AssertUnwindSafe(|| {
+        runtime.block_on(send(&mut service, Request::new(())))
+    }));
+    PANIC_ON_HASH.store(false, Ordering::SeqCst);
+    assert!(panicked.is_err(), "the key's Hash ran in the decision");
+    assert_eq!(global.remaining(), 1, "the earlier limit's permit");
+    let status = runtime.block_on(async { send(&mut service, Request::new(())).await.status() });
+    assert_eq!(status, 200);
+}

@@ -308,7 +308,16 @@ where
             );
         }
         cx.depth += 1;
+        // Given back should a later limit's user code (a key's `Hash`, an
+        // extractor asked again for a refusal's wait) panic: the request is
+        // then admitted by none, as by a refusal.
+        let mut unwinding = GiveBackOnUnwind {
+            entry,
+            key,
+            receipt,
+        };
         let verdict = self.then.go(cx);
+        let receipt = unwinding.receipt.take();
         match (&verdict, receipt) {
             // Kept even when the admission wrote nothing (so took nothing):
             // its limit is still told after the response.
@@ -318,6 +327,29 @@ where
             (_, None) => {}
         }
         verdict
+    }
+}
+
+/// An admission's receipt while the limits after it decide: given back if
+/// they panic (taken out, so left alone, once they return).
+struct GiveBackOnUnwind<'a, X: KeyExtractor, L>
+where
+    L: GateLimiter<X::Lookup> + Send + Sync + 'static,
+{
+    entry: &'a Entry<X, L>,
+    key: &'a X::Lookup,
+    receipt: Option<Receipt>,
+}
+
+impl<X, L> Drop for GiveBackOnUnwind<'_, X, L>
+where
+    X: KeyExtractor,
+    L: GateLimiter<X::Lookup> + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(receipt) = self.receipt.take() {
+            give_back(self.entry, self.key, receipt);
+        }
     }
 }
 
