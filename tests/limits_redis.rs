@@ -538,12 +538,13 @@ async fn a_refusing_redis_limit_advertises_its_own_wait() {
         .await
         .unwrap();
     assert_eq!(first.status(), StatusCode::OK);
-    // The next: `all` 2 -> 1; while Redis answers, another request takes
-    // `all`'s last permit; Redis refuses; `all`'s give-back declines.
+    // The next: `all` 2 -> 1 in `call` (the in-process limits decide
+    // there; the Redis phase runs when the future is polled); before Redis
+    // answers, another request takes `all`'s last permit; Redis refuses;
+    // `all`'s give-back declines.
     service.ready().await.unwrap();
-    let mut future = Box::pin(service.call(with_key("a")));
-    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-    assert!(future.as_mut().poll(&mut context).is_pending());
+    let future = service.call(with_key("a"));
+    assert_eq!(global.remaining(), 1, "the in-process take, in `call`");
     assert!(global.try_acquire().is_allowed(), "the other request");
     let denied = future.await.unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
