@@ -557,3 +557,109 @@ async fn a_refusing_redis_limit_advertises_its_own_wait() {
         "the Redis limit's own wait is under a second"
     );
 }
+
+/// Script calls Redis has run so far (`EVAL` and `EVALSHA`, from `INFO
+/// commandstats`).
+fn script_calls(client: &Client) -> u64 {
+    let mut con = client.get_connection().unwrap();
+    let commands: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut con)
+        .unwrap();
+    commands
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .map(|l| {
+            l.split_once("calls=")
+                .and_then(|(_, rest)| rest.split(',').next())
+                .and_then(|calls| calls.parse::<u64>().ok())
+                .expect("a calls count")
+        })
+        .sum()
+}
+
+/// A real cost below the charge taken up front is settled in a limit in
+/// Redis by one call, which gives back only the permits not used (exact or
+/// declined): nothing is given back that another replica could take before
+/// the real cost is charged, so nothing of it is forgiven, and the charge
+/// is never taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_smaller_real_cost_in_redis_gives_back_the_unused_permits_in_one_call() {
+    let Some(server) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let fleet = exact("smaller", 10);
+    let layer = Limits::builder()
+        .redis_limit(
+            "fleet",
+            Global,
+            Arc::clone(&fleet),
+            connection(server.client()),
+        )
+        .unwrap()
+        .cost(5)
+        .cost_from_response(|parts| {
+            parts
+                .headers
+                .get("x-tokens-used")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()
+        })
+        .build()
+        .unwrap();
+    // Answers with the cost the request names in `x-cost`.
+    let service = layer
+        .clone()
+        .layer(service_fn(|request: Request<()>| async move {
+            let mut response = Response::new(String::new());
+            if let Some(cost) = request.headers().get("x-cost") {
+                response.headers_mut().insert("x-tokens-used", cost.clone());
+            }
+            Ok::<_, Infallible>(response)
+        }));
+    let costing = |cost: u32| {
+        let mut request = with_key("k");
+        request
+            .headers_mut()
+            .insert("x-cost", cost.to_string().parse().unwrap());
+        request
+    };
+    let settled = |n: u64| {
+        let layer = layer.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while layer.stats().refunded + layer.stats().refund_declined < n {
+                assert!(Instant::now() < deadline, "the settlement never ran");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    // The first request loads both scripts (the take's and the refund's).
+    let r = service.clone().oneshot(costing(2)).await.unwrap();
+    assert_eq!(r.status(), 200);
+    settled(1).await;
+    let before = script_calls(&server.client());
+    let r = service.clone().oneshot(costing(2)).await.unwrap();
+    assert_eq!(r.status(), 200);
+    settled(2).await;
+    assert_eq!(
+        script_calls(&server.client()) - before,
+        2,
+        "the take, then one call giving back 3 of its 5"
+    );
+    let stats = layer.stats();
+    assert_eq!((stats.refunded, stats.refund_declined), (2, 0), "{stats:?}");
+    assert_eq!((stats.charged, stats.forgiven), (0, 0), "{stats:?}");
+    // 10 - 2 - 2: 6 left, so one more charge of 5 is admitted (its real
+    // cost all of it) and the next refused.
+    assert_eq!(
+        service.clone().oneshot(costing(5)).await.unwrap().status(),
+        200
+    );
+    assert_eq!(
+        service.clone().oneshot(costing(5)).await.unwrap().status(),
+        429
+    );
+}

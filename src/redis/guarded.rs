@@ -320,6 +320,22 @@ impl GuardedReceipt {
     pub fn permits(&self) -> u32 {
         self.n
     }
+
+    /// The same receipt for `n` of the permits the admission took (at most
+    /// those): its refund gives back only those, leaving the key (in Redis
+    /// or in the local share) as if the admission had taken the rest.
+    #[cfg(all(feature = "tokio", feature = "tower"))]
+    pub(crate) fn for_permits(self, n: u32) -> Self {
+        let n = self.n.min(n);
+        let by = match self.by {
+            Taker::Redis(receipt) => Taker::Redis(receipt.for_permits(n)),
+            Taker::Local { key, receipt } => Taker::Local {
+                key,
+                receipt: receipt.map(|receipt| Receipt { n, ..receipt }),
+            },
+        };
+        GuardedReceipt { n, by, ..self }
+    }
 }
 
 impl<A: fmt::Debug, C: fmt::Debug> fmt::Debug for Guarded<A, C> {

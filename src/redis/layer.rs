@@ -187,7 +187,11 @@ where
             match this.try_acquire_n_refundable_async(&mut con, &key, n).await {
                 Ok((decision, receipt)) => {
                     let refund = receipt.map(|receipt| -> Refund {
-                        Box::new(move || -> BoxFuture<bool> {
+                        Box::new(move |back| -> BoxFuture<bool> {
+                            // Fewer permits than the admission took: the
+                            // refund scripts give back the receipt's count,
+                            // leaving the key as if only the rest was taken.
+                            let receipt = receipt.for_permits(back);
                             Box::pin(async move { this.refund_async(&mut con, receipt).await })
                         })
                     });

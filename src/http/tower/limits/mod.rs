@@ -292,9 +292,7 @@ pub struct LimitsStats {
     /// Refunds a limit declined, keeping the permits spent (never more than
     /// was taken is given back).
     pub refund_declined: u64,
-    /// Permits taken after the response: beyond the cost taken up front, and,
-    /// in a limit in Redis, for a real cost below it whose refund went back
-    /// exactly, the real cost taken again after that refund.
+    /// Permits taken after the response, beyond the cost taken up front.
     pub charged: u64,
     /// Permits charged after the response from a token bucket's next
     /// refills, beyond what it held (it lends at most one fill ahead): the
@@ -483,8 +481,8 @@ impl LimitsBuilder {
     ///
     /// In each limit: a real cost above the charge takes the difference
     /// (what the limit holds of it: see below); one below it gives the
-    /// charge back (exact or declined, as a refund) and takes the real cost.
-    /// A declined refund keeps the charge: a request is never charged less
+    /// part of the charge it did not use back (exact or declined, as a
+    /// refund). A declined refund keeps the charge: a request is never charged less
     /// than it used because of a refund.
     ///
     /// **The bound.** The difference is taken from what the limit holds
@@ -498,14 +496,11 @@ impl LimitsBuilder {
     /// ([`LimitsStats::forgiven`]), not carried. So each limit admits, over
     /// any interval, no more permits than its own bound allows plus the
     /// permits forgiven in it, and each request can have at most its real
-    /// cost less the up-front charge forgiven in an in-process limit. A real
-    /// cost below the charge gives back, in process, only the permits it did
-    /// not use, in one exact-or-decline step, so nothing of it is forgiven
-    /// (or, declined, the whole charge stays). In a
-    /// limit in Redis a real cost below the charge is settled in two calls
-    /// (the charge given back, then the real cost taken): other replicas
-    /// can take the permits given back in between, and the real cost is
-    /// then forgiven, up to all of it (counted the same way).
+    /// cost less the up-front charge forgiven. A real cost below the charge
+    /// gives back only the permits it did not use, in one exact-or-decline
+    /// step (in process, or one call for a limit in Redis in exact mode), so
+    /// nothing of it is forgiven (or, declined, the whole charge stays; a
+    /// leased limit has no refunds and always keeps it).
     /// Charge up front the cost you expect ([`cost`](Self::cost)) to keep
     /// the forgiven share small.
     ///

@@ -7,8 +7,10 @@ use super::*;
 /// A boxed future that can move between threads.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// Gives back what a remote limit's admission took: `true` when exact.
-pub(crate) type Refund = Box<dyn FnOnce() -> BoxFuture<bool> + Send + Sync>;
+/// Gives back `n` of the permits a remote limit's admission took (at most
+/// those), exactly or not at all: `true` when exact. Fewer than it took
+/// leaves the key as if the admission had taken only the rest.
+pub(crate) type Refund = Box<dyn FnOnce(u32) -> BoxFuture<bool> + Send + Sync>;
 
 /// A limit decided by a call (one of the crate's limits in Redis), asked
 /// only once every in-process limit admitted.
@@ -73,7 +75,7 @@ pub(super) fn remote_phase(
                     let mut back = Vec::with_capacity(taken.len());
                     for earlier in taken.into_iter().rev() {
                         let exact = match earlier.refund {
-                            Some(refund) => refund().await,
+                            Some(refund) => refund(n).await,
                             None => false,
                         };
                         back.push((earlier.index, earlier.remaining, exact));

@@ -310,16 +310,17 @@ pub(super) async fn settle_one(
     n: u32,
     total: &mut Settled,
 ) {
-    let refund = |refund: Option<Refund>| async move {
+    // Give back `back` of the `n` permits taken.
+    let refund = |refund: Option<Refund>, back: u32| async move {
         match refund {
-            Some(refund) => refund().await,
+            Some(refund) => refund(back).await,
             None => false,
         }
     };
     match how {
         Settle::Keep => {}
         Settle::Refund => {
-            if refund(taken.refund).await {
+            if refund(taken.refund, n).await {
                 total.refunded += 1;
             } else {
                 total.refund_declined += 1;
@@ -334,11 +335,12 @@ pub(super) async fn settle_one(
             total.forgiven += u64::from(short);
         }
         Settle::Cost(real) if real < n => {
-            if refund(taken.refund).await {
+            // Give back only what was over-charged, in one call: nothing is
+            // given back that another replica could take before the real
+            // cost is charged. Declined, the charge stays: more than used,
+            // never less.
+            if refund(taken.refund, n - real).await {
                 total.refunded += 1;
-                let (charged, short) = remote_take_up_to(limit, &taken.key, real).await;
-                total.charged += u64::from(charged);
-                total.forgiven += u64::from(short);
             } else {
                 total.refund_declined += 1;
             }
