@@ -2201,3 +2201,59 @@ fn a_waiter_on_a_fetch_that_timed_out_is_answered_by_the_policy() {
     assert_eq!(waited, by_policy, "{stats:?}");
     assert_eq!(stats.fallbacks, 2, "{stats:?}");
 }
+
+/// A fetch wait beyond what a clock reading can hold (`Duration::MAX`) is
+/// no deadline but the fetch's own end: the request that waits for another's
+/// fetch panicked adding it to the clock.
+#[test]
+fn a_fetch_wait_of_duration_max_waits_for_the_fetch_without_a_panic() {
+    /// Every call takes its duration, then fails.
+    struct Slow(Duration);
+    impl ConnectionLike for Slow {
+        fn req_packed_command(&mut self, _: &[u8]) -> redis::RedisResult<redis::Value> {
+            thread::sleep(self.0);
+            Err(std::io::Error::other("slow").into())
+        }
+        fn req_packed_commands(
+            &mut self,
+            _: &[u8],
+            _: usize,
+            _: usize,
+        ) -> redis::RedisResult<Vec<redis::Value>> {
+            thread::sleep(self.0);
+            Err(std::io::Error::other("slow").into())
+        }
+        fn get_db(&self) -> i64 {
+            0
+        }
+        fn check_connection(&mut self) -> bool {
+            true
+        }
+        fn is_open(&self) -> bool {
+            true
+        }
+    }
+    let global = bucket("fetch-wait-max", 100, 100, Duration::from_secs(1));
+    let limiter = Arc::new(
+        LeasedBuilder::new(global, 10)
+            .unwrap()
+            .fetch_wait(Duration::MAX)
+            .build()
+            .unwrap(),
+    );
+    let fetcher = {
+        let limiter = Arc::clone(&limiter);
+        thread::spawn(move || limiter.try_acquire(&mut Slow(Duration::from_millis(500)), "k"))
+    };
+    // The fetcher's call (500 ms) is in flight: this request waits for it.
+    thread::sleep(Duration::from_millis(100));
+    let waiter = {
+        let limiter = Arc::clone(&limiter);
+        thread::spawn(move || limiter.try_acquire(&mut Slow(Duration::ZERO), "k"))
+    };
+    let waited = waiter.join();
+    let fetched = fetcher.join();
+    assert!(waited.is_ok(), "the waiting request panicked");
+    assert!(fetched.is_ok());
+    assert!(limiter.stats().fetch_waits >= 1, "{:?}", limiter.stats());
+}

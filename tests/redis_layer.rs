@@ -668,3 +668,107 @@ async fn an_axum_server_keyed_by_peer_address_over_real_http() {
         .unwrap();
     assert!(key.is_some(), "the peer address is the key in Redis");
 }
+
+/// A connection whose every call fails at once (Redis unreachable).
+struct Failing;
+
+impl redis::ConnectionLike for Failing {
+    fn req_packed_command(&mut self, _: &[u8]) -> redis::RedisResult<redis::Value> {
+        Err(std::io::Error::other("unreachable").into())
+    }
+    fn req_packed_commands(
+        &mut self,
+        _: &[u8],
+        _: usize,
+        _: usize,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        Err(std::io::Error::other("unreachable").into())
+    }
+    fn get_db(&self) -> i64 {
+        0
+    }
+    fn check_connection(&mut self) -> bool {
+        true
+    }
+    fn is_open(&self) -> bool {
+        true
+    }
+}
+
+/// A leased layer decides in `call`: a response future dropped before its
+/// first poll (a `select!`, a client gone) claimed the key's fetch there,
+/// and must release it. It left the key claimed for good: every later
+/// request waited out the fetch wait and was refused by the failure policy,
+/// with Redis up and the bucket full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_response_future_dropped_unpolled_leaves_the_key_free() {
+    let Some(server) = server() else { return };
+    let global = RedisLimiter::new(
+        "dropped-unpolled",
+        TokenBucket::new(Quota::new(1_000, 1, Duration::from_secs(3_600)).unwrap()),
+    )
+    .unwrap();
+    let limiter = LeasedBuilder::new(global, 10).unwrap().build().unwrap();
+    let layer = RedisRateLimitLayer::new(limiter, connection(server.client()), Global);
+    let inner = Inner::new();
+    let mut service = layer.layer(inner.service());
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    drop(service.call(Request::new(())));
+    for _ in 0..5 {
+        let status = service
+            .clone()
+            .oneshot(Request::new(()))
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, StatusCode::OK, "{:?}", layer.limit().stats());
+    }
+    assert_eq!(layer.limit().stats().fallbacks, 0);
+}
+
+/// The same for a debt: permits the local share admitted while Redis
+/// failed are owed to Redis, and the request that claims the debt in
+/// `call` must give the claim back if its future never runs. It was
+/// forgotten: those admissions were never charged to Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_response_future_dropped_unpolled_keeps_the_debt_owed() {
+    let Some(server) = server() else { return };
+    let quota = Quota::new(100, 1, Duration::from_millis(1)).unwrap();
+    let global = RedisLimiter::new("debt-unpolled", TokenBucket::new(quota)).unwrap();
+    let limiter = LeasedBuilder::new(global, 10)
+        .unwrap()
+        .on_failure(
+            OnFailure::local_share(quota, 1).unwrap(),
+            Duration::from_millis(20),
+        )
+        .build()
+        .unwrap();
+    let layer = RedisRateLimitLayer::new(limiter, connection(server.client()), Global);
+    let limit = Arc::clone(layer.limit());
+    // Redis fails; the local share admits, and those admissions are owed.
+    let _ = limit.try_acquire(&mut Failing, b"".as_slice());
+    // The local share starts empty at the failure and refills at its rate.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut admitted = 0;
+    for _ in 0..5 {
+        if limit
+            .try_acquire(&mut Failing, b"".as_slice())
+            .unwrap()
+            .is_allowed()
+        {
+            admitted += 1;
+        }
+    }
+    let owed = limit.stats().owed;
+    assert!(admitted > 0 && owed > 0, "admitted {admitted}, owed {owed}");
+    // The backoff over, the next request claims the debt in `call`.
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    let mut service = layer.layer(Inner::new().service());
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    drop(service.call(Request::new(())));
+    assert_eq!(limit.stats().owed, owed, "the debt is still owed");
+}

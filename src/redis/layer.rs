@@ -205,6 +205,25 @@ where
     }
 }
 
+/// A leased limit's step decided in `call`, owned until its future first
+/// runs: dropped before then (the response future dropped unpolled, the
+/// prefetch's task never run), it undoes the step's claims, which would
+/// otherwise leave the key's fetch claimed for good (every later request
+/// waiting out the fetch wait) or forget a debt owed to Redis.
+struct Pending<C: Clock> {
+    limiter: Arc<LeasedLimiter<C>>,
+    key: Vec<u8>,
+    step: Option<super::leased::Step>,
+}
+
+impl<C: Clock> Drop for Pending<C> {
+    fn drop(&mut self) {
+        if let Some(step) = self.step.take() {
+            self.limiter.abandon(&self.key, step);
+        }
+    }
+}
+
 impl<C: Clock + Send + Sync + 'static> sealed::Decide for LeasedLimiter<C> {
     fn decide(self: &Arc<Self>, con: &AnyAsyncConnection, key: &[u8]) -> Decided {
         let Ok(step) = self.step(key, 1) else {
@@ -214,8 +233,22 @@ impl<C: Clock + Send + Sync + 'static> sealed::Decide for LeasedLimiter<C> {
         if !step.calls() {
             return Decided::Now(decided.unwrap_or_else(unreachable_denial));
         }
-        let (this, mut con, key) = (Arc::clone(self), con.clone(), key.to_vec());
-        let call = async move { this.complete_async(&mut con, &key, 1, step).await };
+        // The step's claims (the key's fetch, a debt) are held by `pending`
+        // until the call begins, and undone if it never does.
+        let mut pending = Pending {
+            limiter: Arc::clone(self),
+            key: key.to_vec(),
+            step: Some(step),
+        };
+        let mut con = con.clone();
+        let call = async move {
+            let step = pending.step.take();
+            let Pending { limiter, key, .. } = &pending;
+            match step {
+                Some(step) => limiter.complete_async(&mut con, key, 1, step).await,
+                None => unreachable_denial(),
+            }
+        };
         match decided {
             // A prefetch: the request is decided, and the next lease is
             // fetched beside it, by a task of its own.

@@ -198,7 +198,9 @@ impl<C: Clock> LeasedBuilder<C> {
     /// to the response deadline of the connections the fetches run on, so
     /// that a request waits no longer for another's call than for its own. A
     /// fetch not back by then answers the request by the failure policy, as
-    /// a call of its own that timed out would; zero answers it so at once.
+    /// a call of its own that timed out would; zero answers it so at once,
+    /// and a wait too long for a clock reading to hold (`Duration::MAX`)
+    /// waits for the fetch's own end, however long its call takes.
     pub fn fetch_wait(mut self, fetch_wait: Duration) -> Self {
         self.fetch_wait = fetch_wait;
         self

@@ -581,6 +581,19 @@ impl<C: Clock> LeasedLimiter<C> {
         }
     }
 
+    /// Undo what `step` claimed for `key`, when it will never be made (a
+    /// layer's response future dropped before its first poll, a prefetch
+    /// task dropped unrun by a runtime shutting down): a fetch claim is
+    /// released, and a debt claimed is owed again.
+    #[cfg(all(feature = "tower", feature = "tokio"))]
+    pub(crate) fn abandon(&self, key: &[u8], step: Step) {
+        match step {
+            Step::Lease(_) => self.release_fetch(key),
+            Step::Exact(_, claimed) => drop(Debt::claimed(&self.ledger, key, claimed)),
+            Step::Done(_) | Step::Wait => {}
+        }
+    }
+
     /// Decide what the request does: spend, fall back, or call Redis (for the
     /// layer, which makes the call in a task of its own, and the unit tests;
     /// the calls above spend first and go on with `step_after`).

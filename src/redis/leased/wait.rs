@@ -94,7 +94,9 @@ impl<C: Clock> LeasedLimiter<C> {
     /// Wait until `key`'s fetch ends or the fetch wait runs out.
     pub(super) fn wait_for_fetch(&self, key: &[u8]) {
         Counters::add(&self.counters.fetch_waits, 1);
-        let deadline = Instant::now() + self.fetch_wait;
+        // `None`: a fetch wait beyond what a clock reading can hold, taken
+        // as no deadline but the fetch's own end.
+        let deadline = Instant::now().checked_add(self.fetch_wait);
         let _waiter = Waiter::new(&self.signal);
         let mut ended = self
             .signal
@@ -102,6 +104,14 @@ impl<C: Clock> LeasedLimiter<C> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         while self.fetching(key) {
+            let Some(deadline) = deadline else {
+                ended = self
+                    .signal
+                    .woken
+                    .wait(ended)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            };
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 return;
             };
@@ -121,7 +131,8 @@ impl<C: Clock> LeasedLimiter<C> {
     #[cfg(feature = "tokio")]
     pub(super) async fn wait_for_fetch_async(&self, key: &[u8]) {
         Counters::add(&self.counters.fetch_waits, 1);
-        let deadline = tokio::time::Instant::now() + self.fetch_wait;
+        // `None`: no deadline but the fetch's own end, as above.
+        let deadline = tokio::time::Instant::now().checked_add(self.fetch_wait);
         let _waiter = Waiter::new(&self.signal);
         loop {
             let notified = self.signal.notify.notified();
@@ -132,8 +143,13 @@ impl<C: Clock> LeasedLimiter<C> {
             if !self.fetching(key) {
                 return;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return;
+            match deadline {
+                Some(deadline) => {
+                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                        return;
+                    }
+                }
+                None => notified.await,
             }
         }
     }
