@@ -58,8 +58,8 @@
 //!   exact or leased.
 //! - **Bytes per second and streams**: the `io` module (feature `io`):
 //!   streams and sinks at a rate, tokio readers and writers shaped to a
-//!   rate with a burst, per connection or shared; rates up to 10^10 per
-//!   second with [`Quota::per_second_with_burst`].
+//!   rate with a burst, per connection or shared; rates of 10^10 per
+//!   second and more with [`Quota::per_second_with_burst`].
 //!
 //! The [`guide`] is the manual, one chapter per topic, in reading order:
 //! [`algorithms`](guide::algorithms) (the semantics and bounds of each),

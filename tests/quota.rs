@@ -388,6 +388,63 @@ fn large_rate_refills_round_down_within_a_thousandth_where_they_are_not_exact() 
     assert_eq!((q.amount(), q.period()), (999, Duration::from_micros(1)));
 }
 
+/// `per_second_with_burst` finds the shortest refill that fits the bucket
+/// and keeps the rate (never above it, within 0.1%), checked against a
+/// search of every batch: for a burst below 65,536 (a 1 µs unit) every
+/// refill that keeps the rate, `a` tokens every `p` µs, has one at least as
+/// short among `a` tokens every `ceil(a / rate)`, for `a` up to the burst.
+/// 5,001 per second in a bucket of 5 is one token every 200 µs (0.02% slow);
+/// it was refused, naming 6 as the smallest burst.
+#[test]
+fn small_bursts_get_the_shortest_refill_that_keeps_the_rate() {
+    let q = Quota::per_second_with_burst(5_001, 5).unwrap();
+    assert_eq!((q.amount(), q.period()), (1, Duration::from_micros(200)));
+    let q = Quota::per_second_with_burst(5_001, 1).unwrap();
+    assert_eq!((q.amount(), q.period()), (1, Duration::from_micros(200)));
+    let rates = (1..=20_000u64)
+        .step_by(97)
+        .chain(4_990..=5_010)
+        .chain(65_530..=65_540)
+        .chain([99_999, 123_457, 299_999, 1_000_003]);
+    for rate in rates {
+        for burst in [1u32, 2, 5, 64, 1_000] {
+            let shortest = (1..=u64::from(burst))
+                .map(|a| (a, (a * 1_000_000).div_ceil(rate)))
+                .filter(|&(a, p)| {
+                    let (tokens, asked) =
+                        (u128::from(a) * 1_000_000, u128::from(rate) * u128::from(p));
+                    tokens <= asked && tokens * 1_000 >= asked * 999
+                })
+                .map(|(_, p)| p)
+                .min();
+            match (shortest, Quota::per_second_with_burst(rate, burst)) {
+                (Some(p), Ok(q)) => {
+                    assert_eq!(
+                        q.period(),
+                        Duration::from_micros(p),
+                        "{rate}/s, burst {burst}: {q:?}"
+                    );
+                    let (tokens, micros) = rate_of(&q);
+                    let asked = u128::from(rate) * micros;
+                    assert!(tokens <= asked && tokens * 1_000 >= asked * 999, "{q:?}");
+                    assert!(q.amount() <= burst, "{q:?}");
+                }
+                (None, Err(QuotaError::BurstBelowRate { min_burst, .. })) => {
+                    assert!(min_burst > u64::from(burst), "{rate}/s: {min_burst}");
+                    let min = u32::try_from(min_burst).unwrap();
+                    assert!(
+                        Quota::per_second_with_burst(rate, min).is_ok(),
+                        "{rate}/s, {min}"
+                    );
+                }
+                (shortest, got) => {
+                    panic!("{rate}/s, burst {burst}: shortest {shortest:?}, got {got:?}")
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn rates_that_are_whole_tokens_per_millisecond_are_exact() {
     for (rate, burst) in [
