@@ -244,11 +244,54 @@ impl<'a> Iterator for Fields<'a> {
                 self.0 = rest;
                 payload
             }
-            // Groups (3, 4) are not in these messages; anything else is
-            // malformed.
+            // A group: not in these messages, but the decoder skips an
+            // unknown one and decodes what follows, so it is skipped here
+            // too and the fields after it are counted (stopping here let
+            // millions of descriptors behind an empty group through).
+            START_GROUP => {
+                skip_group(&mut self.0, number, 0)?;
+                &[]
+            }
+            // An end of group with no start, or no wire type: malformed.
             _ => return None,
         };
         Some(((number, wire), payload))
+    }
+}
+
+/// The wire type that starts a group.
+const START_GROUP: u8 = 3;
+/// The wire type that ends one.
+const END_GROUP: u8 = 4;
+/// Groups nested deeper are malformed here; the decoder's own limit on
+/// nesting (prost's recursion limit) is 100.
+const MAX_GROUP_DEPTH: u32 = 100;
+
+/// Skip the rest of group `number` (its start already read), nested groups
+/// included, as the decoder skips an unknown one. `None` when malformed.
+fn skip_group(bytes: &mut &[u8], number: u64, depth: u32) -> Option<()> {
+    if depth >= MAX_GROUP_DEPTH {
+        return None;
+    }
+    loop {
+        let key = varint(bytes)?;
+        let (wire, inner) = ((key & 7) as u8, key >> 3);
+        match wire {
+            0 => {
+                varint(bytes)?;
+            }
+            1 | 5 => {
+                let size = if wire == 1 { 8 } else { 4 };
+                *bytes = bytes.get(size..)?;
+            }
+            LEN => {
+                let length = usize::try_from(varint(bytes)?).ok()?;
+                *bytes = bytes.get(length..)?;
+            }
+            START_GROUP => skip_group(bytes, inner, depth + 1)?,
+            END_GROUP if inner == number => return Some(()),
+            _ => return None,
+        }
     }
 }
 
@@ -269,6 +312,68 @@ fn varint(bytes: &mut &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A group (absent from these messages, skipped by the decoder) hides
+    /// nothing after it: 2,000 descriptors behind an empty group of an
+    /// unknown field, at the top and inside a descriptor, are counted as
+    /// the decoder would decode them. The count stopped at the group, and a
+    /// request of millions of descriptors was decoded whole.
+    #[test]
+    fn descriptors_behind_a_group_are_counted() {
+        let bounds = Bounds::default();
+        // Domain "d", then field 15 as an empty group (start 0x7b, end 0x7c).
+        let mut bytes = vec![0x0a, 0x01, b'd', 0x7b, 0x7c];
+        for _ in 0..2_000 {
+            bytes.extend_from_slice(&[0x12, 0x00]);
+        }
+        let decoded = RateLimitRequest::decode(&bytes[..]).unwrap();
+        assert_eq!(decoded.descriptors.len(), 2_000);
+        assert!(matches!(
+            check_encoded(&bytes, &bounds),
+            Err(RequestError::TooManyDescriptors { count: 2_000, .. })
+        ));
+        // Nested groups, then the descriptors.
+        let mut nested = vec![
+            0x0a, 0x01, b'd', 0x7b, 0x83, 0x01, 0x08, 0x01, 0x84, 0x01, 0x7c,
+        ];
+        nested.extend_from_slice(&bytes[5..]);
+        assert_eq!(
+            RateLimitRequest::decode(&nested[..])
+                .unwrap()
+                .descriptors
+                .len(),
+            2_000
+        );
+        assert!(check_encoded(&nested, &bounds).is_err());
+        // Entries behind a group inside one descriptor.
+        let mut inner = vec![0x7b, 0x7c];
+        for _ in 0..1_000 {
+            inner.extend_from_slice(&[0x0a, 0x00]);
+        }
+        let mut one = vec![0x0a, 0x01, b'd', 0x12];
+        one.extend_from_slice(&prost_len(inner.len()));
+        one.extend_from_slice(&inner);
+        let decoded = RateLimitRequest::decode(&one[..]).unwrap();
+        assert_eq!(decoded.descriptors[0].entries.len(), 1_000);
+        assert!(matches!(
+            check_encoded(&one, &bounds),
+            Err(RequestError::TooManyEntries { count: 1_000, .. })
+        ));
+    }
+
+    /// `length` as a protobuf varint.
+    fn prost_len(mut length: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        loop {
+            let byte = (length & 0x7f) as u8;
+            length >>= 7;
+            if length == 0 {
+                out.push(byte);
+                return out;
+            }
+            out.push(byte | 0x80);
+        }
+    }
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
         Entry, RateLimitOverride,
