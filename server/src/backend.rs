@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use turnstile::chain::Stage;
 use turnstile::{
     Algorithm, Clock, FixedWindow, Gcra, KeyedBuilder, KeyedDecision, KeyedLimiter,
     LiveFixedWindow, LiveGcra, LiveSlidingWindow, LiveTokenBucket, Quota, QuotaError,
@@ -599,16 +600,25 @@ impl<A: Algorithm> Keyed<A> {
                 .until_whole(u64::from(capacity.saturating_sub(remaining)), now)
         };
         if hits == 0 {
-            let remaining = self.limiter.remaining(key);
-            return if remaining == 0 {
-                Verdict::Denied {
-                    retry_after: Some(self.next_permit()),
+            // The decision one permit would get, taking nothing: its exact
+            // wait (a sliding window's is past the window's end while the
+            // previous window still counts) and the key bound (a new key
+            // with the map full is refused as a request would be).
+            return match self.limiter.stage(key).peek(1) {
+                Ok(KeyedDecision::Allowed { .. }) => {
+                    let remaining = self.limiter.remaining(key);
+                    Verdict::Admitted {
+                        remaining,
+                        reset: whole(remaining),
+                    }
                 }
-            } else {
-                Verdict::Admitted {
-                    remaining,
-                    reset: whole(remaining),
-                }
+                Ok(
+                    KeyedDecision::Denied { retry_after } | KeyedDecision::KeyLimit { retry_after },
+                ) => Verdict::Denied {
+                    retry_after: Some(retry_after.duration()),
+                },
+                // A capacity of 0 is never built; never admitted.
+                Err(_) => Verdict::Denied { retry_after: None },
             };
         }
         match self.limiter.try_acquire_n(key, hits) {
@@ -623,19 +633,6 @@ impl<A: Algorithm> Keyed<A> {
             }
             // More hits than the capacity: never admitted.
             Err(_) => Verdict::Denied { retry_after: None },
-        }
-    }
-
-    /// An upper bound on the wait for one permit of a key that has none:
-    /// one refill period, one emission interval, or the window's end.
-    fn next_permit(&self) -> Duration {
-        let now = self.limiter.clock().now();
-        match self.reset {
-            Reset::Bucket { period, .. } => Duration::from_nanos(period),
-            Reset::Gcra { interval } => Duration::from_nanos(interval),
-            Reset::Fixed { window } | Reset::Sliding { window } => {
-                Duration::from_nanos(window - now % window.max(1))
-            }
         }
     }
 }

@@ -1055,3 +1055,68 @@ async fn the_shutdown_signal_turns_grpc_health_not_serving() {
 
 const SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
 const NOT_SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+
+/// A check (`hits_addend: 0`) on a sliding window over its limit answers
+/// the wait a request would get: past the window's end, while the previous
+/// window still counts. It answered the window's end, when the same check
+/// (and a request) was still refused.
+#[tokio::test]
+async fn a_sliding_window_check_waits_as_long_as_a_request() {
+    let yaml = "\
+domain: s
+descriptors:
+  - key: k
+    rate_limit: { unit: minute, requests_per_unit: 2, algorithm: sliding_window }
+";
+    let mut rls = start(&[("s.yaml", yaml)], Options::default()).await;
+    let spend = || request("s", vec![descriptor(&[("k", "v")])]);
+    let check = || request("s", vec![with_hits(descriptor(&[("k", "v")]), 0)]);
+    assert!(overall_ok(&rls.decide(spend()).await));
+    assert!(overall_ok(&rls.decide(spend()).await));
+    rls.clock.advance(Duration::from_secs(1));
+    let r = rls.decide(check()).await;
+    assert!(!overall_ok(&r));
+    let wait = reset_nanos(&r.statuses[0]).expect("a wait");
+    // Not before the wait: refused a nanosecond short of it.
+    rls.clock.advance(Duration::from_nanos(wait - 1));
+    assert!(!overall_ok(&rls.decide(check()).await));
+    rls.clock.advance(Duration::from_nanos(1));
+    assert!(overall_ok(&rls.decide(check()).await), "after {wait} ns");
+    assert!(overall_ok(&rls.decide(spend()).await), "after {wait} ns");
+    rls.stop().await;
+}
+
+/// A check on a new key while the limit holds `--max-keys` keys is refused
+/// as a request for it is (the key bound), never answered OK with a full
+/// allowance that nothing would grant.
+#[tokio::test]
+async fn a_check_on_a_new_key_at_the_key_bound_is_refused_as_a_request_is() {
+    let yaml = "\
+domain: b
+descriptors:
+  - key: user
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+";
+    let mut rls = start(
+        &[("b.yaml", yaml)],
+        Options {
+            max_keys: 1,
+            ..Options::default()
+        },
+    )
+    .await;
+    assert!(overall_ok(
+        &rls.decide(request("b", vec![descriptor(&[("user", "a")])]))
+            .await
+    ));
+    let check = rls
+        .decide(request("b", vec![with_hits(descriptor(&[("user", "b")]), 0)]))
+        .await;
+    let real = rls
+        .decide(request("b", vec![descriptor(&[("user", "b")])]))
+        .await;
+    assert!(!overall_ok(&real), "the key bound refuses b");
+    assert!(!overall_ok(&check), "{:?}", check.statuses[0]);
+    assert_eq!(check.statuses[0].limit_remaining, 0);
+    rls.stop().await;
+}
