@@ -85,7 +85,7 @@ struct JsonRequest {
 struct JsonDescriptor {
     #[serde(default, deserialize_with = "bounded::entries")]
     entries: Vec<JsonEntry>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded::object_or_null")]
     limit: Option<JsonOverride>,
     #[serde(default, alias = "hits_addend", rename = "hitsAddend")]
     hits_addend: Option<Uint64>,
@@ -395,10 +395,12 @@ mod bounded {
     use std::cell::Cell;
     use std::fmt;
 
+    use serde::Deserialize as _;
     use serde::Deserializer;
-    use serde::de::{Error as _, IgnoredAny, SeqAccess, Visitor};
+    use serde::de::value::MapAccessDeserializer;
+    use serde::de::{Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-    use super::{JsonDescriptor, JsonEntry, JsonRequest};
+    use super::{JsonDescriptor, JsonEntry, JsonOverride, JsonRequest};
     use crate::service::{Bounds, RequestError};
 
     thread_local! {
@@ -411,7 +413,39 @@ mod bounded {
     /// Parse `body` under `bounds`.
     pub(super) fn parse(body: &[u8], bounds: Bounds) -> Result<JsonRequest, serde_json::Error> {
         PARSING.with(|p| p.set((bounds, 0)));
-        serde_json::from_slice(body)
+        serde_json::from_slice::<Object<JsonRequest>>(body).map(|o| o.0)
+    }
+
+    /// A message read only from a JSON object, as protojson reads one:
+    /// serde's derived structs also take an array of the fields in order
+    /// (`["d", [...], 3]` was read as a request).
+    pub(super) struct Object<T>(pub(super) T);
+
+    impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Object<T> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Fields<T>(std::marker::PhantomData<T>);
+            impl<'de, T: serde::Deserialize<'de>> Visitor<'de> for Fields<T> {
+                type Value = T;
+
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("an object")
+                }
+
+                fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                    T::deserialize(MapAccessDeserializer::new(map))
+                }
+            }
+            deserializer
+                .deserialize_map(Fields(std::marker::PhantomData))
+                .map(Object)
+        }
+    }
+
+    /// A message field: an object, or `null` for none.
+    pub(super) fn object_or_null<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<JsonOverride>, D::Error> {
+        Ok(Option::<Object<JsonOverride>>::deserialize(deserializer)?.map(|o| o.0))
     }
 
     /// Read a list, keeping at most `max` items and counting the rest.
@@ -469,19 +503,20 @@ mod bounded {
         deserializer: D,
     ) -> Result<Vec<JsonDescriptor>, D::Error> {
         let (bounds, _) = PARSING.with(Cell::get);
-        deserializer.deserialize_option(Bounded {
+        let list = deserializer.deserialize_option(Bounded::<Object<JsonDescriptor>> {
             max: bounds.max_descriptors,
             each: |index| PARSING.with(|p| p.set((p.get().0, index))),
             over: |count, max| RequestError::TooManyDescriptors { count, max },
             item: std::marker::PhantomData,
-        })
+        })?;
+        Ok(list.into_iter().map(|o| o.0).collect())
     }
 
     pub(super) fn entries<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Vec<JsonEntry>, D::Error> {
         let (bounds, _) = PARSING.with(Cell::get);
-        deserializer.deserialize_option(Bounded {
+        let list = deserializer.deserialize_option(Bounded::<Object<JsonEntry>> {
             max: bounds.max_entries,
             each: |_| {},
             over: |count, max| RequestError::TooManyEntries {
@@ -490,6 +525,7 @@ mod bounded {
                 max,
             },
             item: std::marker::PhantomData,
-        })
+        })?;
+        Ok(list.into_iter().map(|o| o.0).collect())
     }
 }

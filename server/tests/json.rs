@@ -235,3 +235,27 @@ async fn the_request_is_read_as_protojson_reads_it() {
     assert_eq!(status, 400);
     rls.stop().await;
 }
+
+/// A message is read only from a JSON object, as protojson reads it: an
+/// array of the fields in order (which serde's derived structs take) is a
+/// body it cannot read, 400, at every level. `["d", [[[["user", "a"]]]], 3]`
+/// was read as a request and decided.
+#[tokio::test]
+async fn a_message_written_as_an_array_is_refused() {
+    let yaml = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n";
+    let rls = start(&[("d.yaml", yaml)], Options::default()).await;
+    for body in [
+        r#"["d",[[[["user","a"]]]],3]"#,
+        r#"{"domain":"d","descriptors":[[[["user","a"]]]]}"#,
+        r#"{"domain":"d","descriptors":[{"entries":[["user","a"]]}]}"#,
+        r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"a"}],"limit":[5,"MINUTE"]}]}"#,
+    ] {
+        let (status, message) = http(rls.http, "POST", "/json", body).await;
+        assert_eq!(status, 400, "{body}: {message}");
+    }
+    // The same as objects, and `null` for the override: decided.
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"a"}],"limit":null}],"hitsAddend":1}"#;
+    let (status, message) = http(rls.http, "POST", "/json", body).await;
+    assert_eq!(status, 200, "{message}");
+    rls.stop().await;
+}

@@ -1110,7 +1110,10 @@ descriptors:
             .await
     ));
     let check = rls
-        .decide(request("b", vec![with_hits(descriptor(&[("user", "b")]), 0)]))
+        .decide(request(
+            "b",
+            vec![with_hits(descriptor(&[("user", "b")]), 0)],
+        ))
         .await;
     let real = rls
         .decide(request("b", vec![descriptor(&[("user", "b")])]))
