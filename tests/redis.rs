@@ -1879,3 +1879,77 @@ fn ping_and_the_degraded_gauge_follow_an_outage() {
     });
     assert_eq!(guarded.stats().degraded_periods, 2);
 }
+
+/// A token bucket's quota changed across a burst of 65,535, where its time
+/// unit changes (1 µs to 2 µs), reads the time Redis stored as the same
+/// instant: the tokens left stay what they were (never more than the new
+/// capacity) and refill under the new quota. The time was stored in the
+/// writer's units: raised, a used-up key was refused with a wait of 57
+/// years (until its key expired); lowered, it came back full.
+#[test]
+fn a_token_bucket_whose_time_unit_changes_reads_its_stored_time_the_same() {
+    let Some(server) = server() else { return };
+    let mut con = server.plain();
+    let small = |prefix| {
+        RedisLimiter::new(
+            prefix,
+            TokenBucket::new(Quota::new(100, 1, Duration::from_secs(36)).unwrap()),
+        )
+        .unwrap()
+    };
+    // 100,000 at once, one more a millisecond: a 2 µs time unit.
+    let large = |prefix| {
+        RedisLimiter::new(
+            prefix,
+            TokenBucket::new(Quota::new(100_000, 1, Duration::from_millis(1)).unwrap()),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        Quota::new(100_000, 1, Duration::from_millis(1))
+            .unwrap()
+            .time_unit(),
+        Duration::from_micros(2)
+    );
+    // Raised: the used-up key has what the new quota refilled since its
+    // first admission (one a millisecond), then waits for the next token.
+    let began = Instant::now();
+    let before = small("unit-raised");
+    for _ in 0..100 {
+        assert!(before.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    let after = large("unit-raised");
+    let mut refilled = 0;
+    let wait = loop {
+        match after.try_acquire(&mut con, "k").unwrap() {
+            Decision::Allowed { .. } => refilled += 1,
+            Decision::Denied { retry_after } => break retry_after.duration(),
+        }
+    };
+    let elapsed = began.elapsed().as_millis();
+    assert!(
+        refilled <= elapsed + 1,
+        "{refilled} refilled in {elapsed} ms"
+    );
+    assert!(wait <= Duration::from_millis(1), "{wait:?}");
+    thread::sleep(Duration::from_millis(3));
+    assert!(after.try_acquire(&mut con, "k").unwrap().is_allowed());
+    // Lowered: the used-up key stays used up, and waits one new period.
+    let before = large("unit-lowered");
+    assert!(
+        before
+            .try_acquire_n(&mut con, "k", 100_000)
+            .unwrap()
+            .is_allowed()
+    );
+    let after = small("unit-lowered");
+    match after.try_acquire(&mut con, "k").unwrap() {
+        Decision::Denied { retry_after } => {
+            assert!(
+                retry_after.duration() <= Duration::from_secs(36),
+                "{retry_after:?}"
+            )
+        }
+        admitted => panic!("a used-up key came back full: {admitted:?}"),
+    }
+}

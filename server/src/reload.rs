@@ -27,10 +27,7 @@
 //!   holds, never above the new quota (a window's count counts against the
 //!   new limit, so raising it lets a key that used up the old one spend the
 //!   difference in the same window; leased mode's leases under the old
-//!   quota are dropped). Not handled yet: a token bucket's burst that
-//!   crosses 65,535 changes its time unit, and the time Redis stored is
-//!   misread (raised, a key not full is refused until its old fill time
-//!   has passed; lowered, it comes back full).
+//!   quota are dropped).
 //! - **A changed algorithm** starts the limit fresh: every key at its full
 //!   allowance (one algorithm's state says nothing about another's).
 //!

@@ -9,5 +9,5 @@ if back >= capacity then
     return {capacity, 0, 0, 0}
 end
 local full = base + idiv(capacity - back + amount - 1, amount) * period
-store_state(full * unit - now, back, base)
+store_state(full * unit - now, back, base * unit)
 return {back, 0, 0, 0}

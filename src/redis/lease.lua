@@ -17,5 +17,5 @@ if level < grant then
 end
 local left = level - grant
 local full = base + idiv(capacity - left + amount - 1, amount) * period
-store_state(full * unit - now, left, base)
+store_state(full * unit - now, left, base * unit)
 return {grant, left, 0, 0}

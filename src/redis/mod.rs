@@ -339,7 +339,8 @@ impl RedisAlgorithm {
                         max: Duration::from_micros(MAX_MICROS),
                     });
                 }
-                // Whole time units, as the in-process word keeps them.
+                // Whole time units, as the in-process word keeps them (the
+                // state's time is stored in microseconds, read in these).
                 let unit = micros(quota.time_unit());
                 Ok((
                     &TOKEN_BUCKET,

@@ -14,5 +14,5 @@ if amount ~= 1 then
     missing = idiv(missing + amount - 1, amount)
 end
 local full = base + missing * period
-store_state(full * unit - now, left, base)
+store_state(full * unit - now, left, base * unit)
 return {1, left, 0, 0}

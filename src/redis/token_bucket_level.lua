@@ -1,6 +1,7 @@
 -- The token bucket's refill (turnstile's `TokenBucket`), shared by its decision,
 -- its lease and its give-back scripts. State 'tokens:time': the
--- tokens at the last refill and its time, in whole time units.
+-- tokens at the last refill and its time, in microseconds (a whole number
+-- of the time units of the quota that wrote it).
 -- ARGV[4..8]: capacity, amount, period (units), fill time (units), unit (us).
 local capacity, amount = ARGV[4] + 0, ARGV[5] + 0
 local period, fill, unit = ARGV[6] + 0, ARGV[7] + 0, ARGV[8] + 0
@@ -13,6 +14,15 @@ end
 local tokens, last = load_state(2)
 if not tokens then
     tokens, last = capacity, 0
+elseif unit ~= 1 then
+    -- In this quota's units, rounded up: written by a quota with another
+    -- unit (a burst changed across 65,535), it is the same instant or a
+    -- later one, never an earlier (which would refill early).
+    local whole, part = idiv(last, unit)
+    if part > 0 then
+        whole = whole + 1
+    end
+    last = whole
 end
 -- The bucket now: `level` tokens, refilled at `base`.
 local level, base

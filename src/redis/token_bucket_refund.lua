@@ -22,6 +22,8 @@ if level >= capacity then
     return 1
 end
 -- The expiry the state without the admission had: when it is full again.
-local full = base + idiv(capacity - level + amount - 1, amount) * period
+-- `base` is stored in microseconds, a whole number of this quota's units
+-- (a receipt of another quota's is declined before the call).
+local full = idiv(base, unit) + idiv(capacity - level + amount - 1, amount) * period
 store_state(full * unit - now, level, base)
 return 1
