@@ -2207,32 +2207,7 @@ fn a_waiter_on_a_fetch_that_timed_out_is_answered_by_the_policy() {
 /// fetch panicked adding it to the clock.
 #[test]
 fn a_fetch_wait_of_duration_max_waits_for_the_fetch_without_a_panic() {
-    /// Every call takes its duration, then fails.
-    struct Slow(Duration);
-    impl ConnectionLike for Slow {
-        fn req_packed_command(&mut self, _: &[u8]) -> redis::RedisResult<redis::Value> {
-            thread::sleep(self.0);
-            Err(std::io::Error::other("slow").into())
-        }
-        fn req_packed_commands(
-            &mut self,
-            _: &[u8],
-            _: usize,
-            _: usize,
-        ) -> redis::RedisResult<Vec<redis::Value>> {
-            thread::sleep(self.0);
-            Err(std::io::Error::other("slow").into())
-        }
-        fn get_db(&self) -> i64 {
-            0
-        }
-        fn check_connection(&mut self) -> bool {
-            true
-        }
-        fn is_open(&self) -> bool {
-            true
-        }
-    }
+    use redis_server::FailingAfter as Slow;
     let global = bucket("fetch-wait-max", 100, 100, Duration::from_secs(1));
     let limiter = Arc::new(
         LeasedBuilder::new(global, 10)

@@ -29,7 +29,7 @@ use turnstile::redis::{
 use turnstile::tower::{ApiKeyHeader, Global, Layer, PeerIp};
 use turnstile::{FixedWindow, Quota, TokenBucket};
 
-use redis_server::{Server, spawn_on};
+use redis_server::{FailingAfter, Server, spawn_on};
 
 fn server() -> Option<Server> {
     redis_server::server("redis_layer")
@@ -669,32 +669,6 @@ async fn an_axum_server_keyed_by_peer_address_over_real_http() {
     assert!(key.is_some(), "the peer address is the key in Redis");
 }
 
-/// A connection whose every call fails at once (Redis unreachable).
-struct Failing;
-
-impl redis::ConnectionLike for Failing {
-    fn req_packed_command(&mut self, _: &[u8]) -> redis::RedisResult<redis::Value> {
-        Err(std::io::Error::other("unreachable").into())
-    }
-    fn req_packed_commands(
-        &mut self,
-        _: &[u8],
-        _: usize,
-        _: usize,
-    ) -> redis::RedisResult<Vec<redis::Value>> {
-        Err(std::io::Error::other("unreachable").into())
-    }
-    fn get_db(&self) -> i64 {
-        0
-    }
-    fn check_connection(&mut self) -> bool {
-        true
-    }
-    fn is_open(&self) -> bool {
-        true
-    }
-}
-
 /// A leased layer decides in `call`: a response future dropped before its
 /// first poll (a `select!`, a client gone) claimed the key's fetch there,
 /// and must release it. It left the key claimed for good: every later
@@ -748,13 +722,13 @@ async fn a_leased_response_future_dropped_unpolled_keeps_the_debt_owed() {
     let layer = RedisRateLimitLayer::new(limiter, connection(server.client()), Global);
     let limit = Arc::clone(layer.limit());
     // Redis fails; the local share admits, and those admissions are owed.
-    let _ = limit.try_acquire(&mut Failing, b"".as_slice());
+    let _ = limit.try_acquire(&mut FailingAfter(Duration::ZERO), b"".as_slice());
     // The local share starts empty at the failure and refills at its rate.
     tokio::time::sleep(Duration::from_millis(10)).await;
     let mut admitted = 0;
     for _ in 0..5 {
         if limit
-            .try_acquire(&mut Failing, b"".as_slice())
+            .try_acquire(&mut FailingAfter(Duration::ZERO), b"".as_slice())
             .unwrap()
             .is_allowed()
         {

@@ -180,3 +180,33 @@ pub fn server(suite: &str) -> Option<Server> {
     }
     panic!("redis-server did not start on any of 5 ports");
 }
+
+/// A connection to a Redis that never answers well: every call takes its
+/// duration (zero: fails at once, as an unreachable server), then fails
+/// with an I/O error.
+pub struct FailingAfter(pub Duration);
+
+impl redis::ConnectionLike for FailingAfter {
+    fn req_packed_command(&mut self, _: &[u8]) -> redis::RedisResult<redis::Value> {
+        thread::sleep(self.0);
+        Err(std::io::Error::other("unreachable").into())
+    }
+    fn req_packed_commands(
+        &mut self,
+        _: &[u8],
+        _: usize,
+        _: usize,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        thread::sleep(self.0);
+        Err(std::io::Error::other("unreachable").into())
+    }
+    fn get_db(&self) -> i64 {
+        0
+    }
+    fn check_connection(&mut self) -> bool {
+        true
+    }
+    fn is_open(&self) -> bool {
+        true
+    }
+}
