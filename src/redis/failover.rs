@@ -390,7 +390,14 @@ impl<'a> Debt<'a> {
 
 impl Drop for Debt<'_> {
     fn drop(&mut self) {
-        self.ledger.unpaid(self.key, self.claimed.amount);
+        let Claimed { amount, convert } = self.claimed;
+        self.ledger.unpaid(self.key, amount);
+        // A claim that took the whole debt ended the pay-as-it-goes mode;
+        // abandoned (a future dropped mid-call, a failure), the key owes
+        // again and pays as it goes again, as before the claim.
+        if convert {
+            self.ledger.convert(self.key);
+        }
     }
 }
 
@@ -489,6 +496,19 @@ mod tests {
         assert_eq!(ledger.total(), 1);
         let debt = Debt::claim(&ledger, b"k", 3, 10);
         assert_eq!(debt.ask(3), 1, "paying as it goes still");
+        assert!(debt.settle(allowed).is_denied());
+        assert_eq!(ledger.total(), 0);
+        // Abandoned while paying the whole debt as it goes: owed again and
+        // still paid as it goes, not asked for beside the next request.
+        ledger.owe(b"k", 1);
+        ledger.convert(b"k");
+        {
+            let debt = Debt::claim(&ledger, b"k", 3, 10);
+            assert_eq!(debt.ask(3), 1);
+        }
+        assert_eq!(ledger.total(), 1, "dropped: owed again");
+        let debt = Debt::claim(&ledger, b"k", 3, 10);
+        assert_eq!(debt.ask(3), 1, "paying as it goes still, after a drop");
         assert!(debt.settle(allowed).is_denied());
         assert_eq!(ledger.total(), 0);
         assert_eq!(Debt::claim(&ledger, b"k", 1, 10).settle(allowed), allowed);
