@@ -195,6 +195,16 @@ impl fmt::Display for QuotaError {
                 rate,
                 burst,
                 min_burst,
+            } if u64::from(*burst) > *min_burst && *min_burst <= 65_535 => write!(
+                f,
+                "a burst of {burst} tokens cannot keep {rate} tokens per second: a burst \
+                 above 65535 counts time in coarser units, and one unit's refill would \
+                 overflow it; a burst between {min_burst} and 65535 keeps it"
+            ),
+            QuotaError::BurstBelowRate {
+                rate,
+                burst,
+                min_burst,
             } => write!(
                 f,
                 "a burst of {burst} tokens cannot keep {rate} tokens per second: the bucket \
@@ -208,7 +218,11 @@ impl fmt::Display for QuotaError {
                 period,
             } => write!(
                 f,
-                "a refill of {amount} tokens every {period:?} into a bucket of {capacity}:                  the tokens past the capacity would be dropped and the rate silently                  lowered; make the capacity at least {amount}, or for a rate per second                  with a small burst use Quota::per_second_with_burst, which picks a refill                  that fits"
+                "a refill of {amount} tokens every {period:?} into a bucket of {capacity}: \
+                 the tokens past the capacity would be dropped and the rate silently \
+                 lowered; make the capacity at least {amount}, or for a rate per second \
+                 with a small burst use Quota::per_second_with_burst, which picks a refill \
+                 that fits"
             ),
             QuotaError::ZeroLimit => {
                 f.write_str("limit is 0; it must be between 1 and 4294967295 permits")
@@ -231,7 +245,8 @@ impl fmt::Display for QuotaError {
             ),
             QuotaError::LimitTooLarge { limit, max } => write!(
                 f,
-                "a limit of {limit} leaves the packed word no room for a window of any                  length; this algorithm keeps limits of at most {max}"
+                "a limit of {limit} leaves the packed word no room for a window of any \
+                 length; this algorithm keeps limits of at most {max}"
             ),
             QuotaError::WindowTooLong { window, max } => write!(
                 f,

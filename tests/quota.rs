@@ -549,3 +549,42 @@ fn a_refill_larger_than_the_bucket_is_refused() {
     // A refill as large as the bucket is a fixed window's: accepted.
     assert!(Quota::new(10, 10, Duration::from_secs(1)).is_ok());
 }
+
+#[test]
+fn a_burst_too_large_for_its_time_unit_names_the_bursts_that_work() {
+    // 5 × 10^10 per second: 50,000 tokens a microsecond. A burst of 10^8
+    // counts time in units of 2^11 µs, whose refill overflows it; the
+    // bursts of the microsecond unit keep the rate.
+    let err = Quota::per_second_with_burst(50_000_000_000, 100_000_000).unwrap_err();
+    let QuotaError::BurstBelowRate { min_burst, .. } = err else {
+        panic!("{err:?}");
+    };
+    assert!(min_burst < 65_535, "{min_burst}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("between {min_burst} and 65535")),
+        "{message}"
+    );
+    assert!(!message.contains("smallest burst"), "{message}");
+    for burst in [min_burst as u32, 60_000, 65_535] {
+        assert!(
+            Quota::per_second_with_burst(50_000_000_000, burst).is_ok(),
+            "{burst}"
+        );
+    }
+}
+
+#[test]
+fn quota_errors_read_as_one_sentence_without_runs_of_spaces() {
+    let errors = [
+        Quota::new(5, 10, Duration::from_millis(1)).unwrap_err(),
+        Quota::per_second_with_burst(50_000_000_000, 100_000_000).unwrap_err(),
+        Quota::per_second_with_burst(10_000_000_000, 1).unwrap_err(),
+        Quota::per_second_with_burst(u64::MAX, u32::MAX).unwrap_err(),
+        turnstile::SlidingWindow::new(u32::MAX, Duration::from_secs(1)).unwrap_err(),
+    ];
+    for err in errors {
+        let message = err.to_string();
+        assert!(!message.contains("  "), "{message:?}");
+    }
+}
