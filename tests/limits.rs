@@ -18,7 +18,9 @@ use http::header::HeaderName;
 use http::{Request, Response, StatusCode};
 use proptest::prelude::*;
 use tower::{Layer, Service, ServiceExt, service_fn};
-use turnstile::tower::{ApiKeyHeader, Global, Limits, LimitsError, PeerIp, RateLimitLayer};
+use turnstile::tower::{
+    ApiKeyHeader, Global, Limits, LimitsBuilder, LimitsError, PeerIp, RateLimitLayer,
+};
 use turnstile::{Gate, KeyedLimiter, ManualClock, Quota, RateLimiter, Tiered};
 
 fn request(key: Option<&str>, peer: &str) -> Request<()> {
@@ -94,14 +96,16 @@ fn three(key: u32, ip: u32, global: u32) -> Three {
 
 impl Three {
     fn layer(&self) -> Limits {
+        self.builder().build().unwrap()
+    }
+
+    fn builder(&self) -> LimitsBuilder {
         Limits::builder()
             .limit_shared("key", api_key(), Arc::clone(&self.per_key))
             .unwrap()
             .limit_shared("ip", PeerIp::new(), Arc::clone(&self.per_ip))
             .unwrap()
             .limit_shared("all", Global, Arc::clone(&self.global))
-            .unwrap()
-            .build()
             .unwrap()
     }
 
@@ -535,6 +539,43 @@ async fn drain_when_empties_the_allowance() {
         refused.headers().contains_key("retry-after"),
         "refused by the layer"
     );
+}
+
+/// One client's 429 from the upstream empties that client's allowances, not
+/// the one every client shares: a `Global` limit is never drained (it let
+/// one client over its own limit refuse every other client).
+#[tokio::test]
+async fn a_drain_spares_the_global_limit() {
+    let t = three(10, 100, 100);
+    let layer = t
+        .builder()
+        .drain_when(|parts| parts.status == StatusCode::TOO_MANY_REQUESTS)
+        .build()
+        .unwrap();
+    let mut service = layer.clone().layer(echo());
+    let mut upstream_429 = request(Some("mallory"), "10.0.0.1:1");
+    upstream_429
+        .headers_mut()
+        .insert("x-answer", "429".parse().unwrap());
+    let r = send(&mut service, upstream_429).await;
+    assert_eq!(r.status(), 429, "the upstream's own answer");
+    assert_eq!(
+        t.per_key.remaining("mallory"),
+        0,
+        "the client's own: drained"
+    );
+    let ip: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+    assert_eq!(t.per_ip.remaining(&ip), 0, "and its address's");
+    assert_eq!(
+        t.global.remaining(),
+        99,
+        "the request's one permit, no more"
+    );
+    assert_eq!(param(&list(r.headers(), "ratelimit"), "all", "r"), Some(99));
+    assert_eq!(layer.stats().drained, 9 + 99);
+    let other = send(&mut service, request(Some("alice"), "10.0.0.2:1")).await;
+    assert_eq!(other.status(), 200, "another client is not refused");
+    assert_eq!(t.global.remaining(), 98);
 }
 
 /// A drain empties a tiered key's own allowance, whatever its tier's size:

@@ -250,6 +250,62 @@ async fn responses_settle_redis_limits_beside_the_response() {
     );
 }
 
+/// An upstream's 429 to one client drains that client's Redis limit, never
+/// the one every client shares (`Global`), nor advertises it as drained.
+#[tokio::test]
+async fn a_drain_spares_a_global_redis_limit() {
+    let Some(server) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let fleet = exact("drain-fleet", 5);
+    let per_key = exact("drain-key", 5);
+    let layer = Limits::builder()
+        .redis_limit(
+            "fleet",
+            Global,
+            Arc::clone(&fleet),
+            connection(server.client()),
+        )
+        .unwrap()
+        .redis_limit(
+            "key",
+            api_key(),
+            Arc::clone(&per_key),
+            connection(server.client()),
+        )
+        .unwrap()
+        .drain_when(|parts| parts.status == StatusCode::TOO_MANY_REQUESTS)
+        .build()
+        .unwrap();
+    let service = layer.clone().layer(inner(Arc::new(AtomicU64::new(0))));
+    let mut request = with_key("mallory");
+    request
+        .headers_mut()
+        .insert("x-answer", "429".parse().unwrap());
+    let r = service.clone().oneshot(request).await.unwrap();
+    assert_eq!(r.status(), 429, "the upstream's own answer");
+    let items = list(&r, "ratelimit");
+    assert!(items.contains(&("fleet".to_owned(), 4)), "{items:?}");
+    assert!(items.contains(&("key".to_owned(), 0)), "{items:?}");
+    // The drain is a call made beside the response: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while layer.stats().drained < 4 {
+        assert!(Instant::now() < deadline, "the drain never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        layer.stats().drained,
+        4,
+        "the client's 4 left, not the fleet's"
+    );
+    let refused = service.clone().oneshot(with_key("mallory")).await.unwrap();
+    assert_eq!(refused.status(), 429, "mallory's own allowance is empty");
+    for who in ["alice", "bob", "carol"] {
+        let r = service.clone().oneshot(with_key(who)).await.unwrap();
+        assert_eq!(r.status(), 200, "{who} is not refused for mallory");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leased_limit_joins_a_combined_layer_too() {
     let Some(server) = redis_server::server("limits_redis") else {

@@ -60,6 +60,10 @@ where
         Some(self.limit.redis_limiter().algorithm().advertised_quota())
     }
 
+    fn one_key_for_all(&self) -> bool {
+        crate::http::tower::one_key_for_all::<X>()
+    }
+
     fn take(&self, key: Vec<u8>, n: u32) -> BoxFuture<(Decision, Option<Refund>)> {
         self.limit.take_owned(self.con.clone(), key, n)
     }

@@ -117,6 +117,13 @@ impl KeyExtractor for Global {
     }
 }
 
+/// Whether `X` keys every request alike (its key is `()`, as [`Global`]'s):
+/// one allowance shared by every client, which a response about one client
+/// (an upstream's 429 to it) must not empty for all.
+pub(crate) fn one_key_for_all<X: KeyExtractor>() -> bool {
+    core::any::TypeId::of::<X::Key>() == core::any::TypeId::of::<()>()
+}
+
 type Validator = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// The value of an API-key header: the key to use once the request is

@@ -230,6 +230,7 @@ mod limits;
 #[cfg(all(feature = "redis", feature = "tokio"))]
 pub(crate) use denial::close_if_body_unread;
 pub use denial::{Denial, DenialResponse, DenyWith, PlainDenial};
+pub(crate) use extract::one_key_for_all;
 pub use extract::{
     ApiKeyHeader, DEFAULT_IPV6_PREFIX, ExtractorConfigError, Global, KeyExtractor, PeerIp,
     RequestHead,

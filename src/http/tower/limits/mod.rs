@@ -188,7 +188,8 @@ type CostOf = Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>;
 /// only failed logins), [`cost_from_response`](LimitsBuilder::cost_from_response)
 /// settles the real cost (an LLM's tokens, read from a response header), and
 /// [`drain_when`](LimitsBuilder::drain_when) empties the key's allowance (the
-/// upstream answered 429). The fields of such a response are read after the
+/// upstream answered 429; a [`Global`](crate::tower::Global) limit is
+/// never drained). The fields of such a response are read after the
 /// settlement, so they tell what is left then.
 pub struct Limits<R = PlainDenial> {
     shared: Arc<Shared>,
@@ -461,10 +462,21 @@ impl LimitsBuilder {
         }
     }
 
-    /// Empty the key's allowance, in every limit, when a response matches:
+    /// Empty the key's allowance, in every limit but a
+    /// [`Global`](crate::tower::Global) one, when a response matches:
     /// `|parts| parts.status == 429` stops sending a key's requests upstream
     /// once the upstream refuses them. The permits taken are counted
     /// ([`LimitsStats::drained`]).
+    ///
+    /// A limit whose every request has the one key
+    /// ([`Global`](crate::tower::Global), in process or in Redis) is not
+    /// drained: it is every client's allowance, and a response to one client
+    /// emptying it would let any client refuse all the others. A limit keyed
+    /// by something many clients share (a tenant, an address behind a NAT)
+    /// is emptied for all of them. The predicate sees every response the
+    /// layer passes back, a 429 from a layer or handler inside it among
+    /// them; where only the upstream's should drain, match what only the
+    /// upstream sends.
     pub fn drain_when<F>(self, when: F) -> Self
     where
         F: Fn(&Parts) -> bool + Send + Sync + 'static,

@@ -26,6 +26,8 @@ pub(crate) trait Remote: Send + Sync {
     fn key(&self, head: &RequestHead<'_>) -> Option<Vec<u8>>;
     /// What the limit may advertise.
     fn advertise(&self) -> Option<(u32, Duration)>;
+    /// Whether every request has the one key ([`Global`]): never drained.
+    fn one_key_for_all(&self) -> bool;
     /// Take `n` permits for `key`, and what gives them back (`None` when
     /// they cannot be).
     fn take(&self, key: Vec<u8>, n: u32) -> BoxFuture<(crate::decision::Decision, Option<Refund>)>;

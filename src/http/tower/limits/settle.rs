@@ -4,6 +4,7 @@
 use super::items::{Items, State};
 use super::remote::{RemoteTaken, push_remote};
 use super::*;
+use crate::http::tower::one_key_for_all;
 
 /// The permits `key` has left in `limiter` now.
 pub(super) fn now_remaining<L, Q>(limiter: &L, key: &Q) -> u32
@@ -106,6 +107,9 @@ where
                     settled.refund_declined = 1;
                 }
             }
+            // One allowance for every client is not emptied by a response
+            // to one of them.
+            Settle::Drain if one_key_for_all::<X>() => {}
             Settle::Drain => settled.drained = take_up_to(&*limiter, key, u32::MAX).0.into(),
             Settle::Cost(cost) if cost > n => charge(&*limiter, key, cost - n, &mut settled),
             Settle::Cost(cost) if cost < n => {
@@ -235,7 +239,7 @@ impl Settlement {
         // What each remote limit is left with once settled, at most: its
         // item never promises more.
         let after = |taken: &RemoteTaken| match how {
-            Settle::Drain => 0,
+            Settle::Drain if !shared.remote[taken.index].one_key_for_all() => 0,
             Settle::Cost(real) if real > cost => taken.remaining.saturating_sub(real - cost),
             _ => taken.remaining,
         };
@@ -326,6 +330,7 @@ pub(super) async fn settle_one(
                 total.refund_declined += 1;
             }
         }
+        Settle::Drain if limit.one_key_for_all() => {}
         Settle::Drain => {
             total.drained += u64::from(remote_take_up_to(limit, &taken.key, u32::MAX).await.0)
         }
@@ -441,6 +446,9 @@ mod tests {
         }
         fn advertise(&self) -> Option<(u32, Duration)> {
             None
+        }
+        fn one_key_for_all(&self) -> bool {
+            false
         }
         fn take(&self, _: Vec<u8>, n: u32) -> BoxFuture<(Decision, Option<Refund>)> {
             // Relaxed: one task calls, in order.
