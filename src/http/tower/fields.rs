@@ -46,7 +46,7 @@ fn formatted(policy: &RateLimitPolicy, outcome: &Outcome) -> Fields {
 /// Add one policy's items to the `RateLimit-Policy` and `RateLimit` fields.
 ///
 /// Both fields are structured-field Lists (draft-ietf-httpapi-ratelimit-headers,
-/// -07 onwards), one item per policy: an item is appended to what a layer
+/// -08 onwards), one item per policy: an item is appended to what a layer
 /// closer to the service already set, never written over it, so that every
 /// limit a request met is told. The items go on one field line each (a List
 /// split across lines means the same, but not every client joins them).
@@ -59,16 +59,27 @@ pub(crate) fn add_policy_fields(headers: &mut HeaderMap, fields: Fields) {
 }
 
 /// Append `item` to the List field `name`, joining its lines into one.
+///
+/// Empty lines are dropped (joined, they would make the List invalid). A
+/// line already there that is not a List of this draft's items (a String
+/// first: an earlier draft's Dictionary, `limit=100, remaining=50`, say) is
+/// left as it is and `item` is not added: joined, neither would parse.
 pub(crate) fn append_item(headers: &mut HeaderMap, name: HeaderName, item: HeaderValue) {
-    let mut lines = headers.get_all(&name).iter().peekable();
-    if lines.peek().is_none() {
+    let mut joined = Vec::with_capacity(64);
+    for line in headers.get_all(&name) {
+        let line = line.as_bytes().trim_ascii();
+        if line.is_empty() {
+            continue;
+        }
+        if line[0] != b'"' {
+            return;
+        }
+        joined.extend_from_slice(line);
+        joined.extend_from_slice(b", ");
+    }
+    if joined.is_empty() {
         headers.insert(name, item);
         return;
-    }
-    let mut joined = Vec::with_capacity(64);
-    for line in lines {
-        joined.extend_from_slice(line.as_bytes());
-        joined.extend_from_slice(b", ");
     }
     joined.extend_from_slice(item.as_bytes());
     // Valid values joined by ", " make a valid value; were it not, the item
@@ -90,6 +101,36 @@ pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 mod tests {
     use super::*;
     use crate::decision::{KeyedDecision, RetryAfter};
+
+    #[test]
+    fn an_item_is_appended_to_a_list_never_to_an_empty_line_or_another_form() {
+        let item = HeaderValue::from_static("\"api\";r=4");
+        let joined = |lines: &[&'static str]| {
+            let mut headers = HeaderMap::new();
+            for line in lines {
+                headers.append(RATELIMIT, HeaderValue::from_static(line));
+            }
+            append_item(&mut headers, RATELIMIT, item.clone());
+            headers
+                .get_all(RATELIMIT)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(joined(&[]), ["\"api\";r=4"]);
+        assert_eq!(joined(&[""]), ["\"api\";r=4"], "no leading comma");
+        assert_eq!(joined(&["  ", ""]), ["\"api\";r=4"]);
+        assert_eq!(joined(&["\"edge\";r=9", ""]), ["\"edge\";r=9, \"api\";r=4"]);
+        assert_eq!(
+            joined(&["\"a\";r=1, \"b\";r=2", " \"c\";r=3 "]),
+            ["\"a\";r=1, \"b\";r=2, \"c\";r=3, \"api\";r=4"]
+        );
+        // An earlier draft's Dictionary is left alone, without the item.
+        assert_eq!(
+            joined(&["limit=100, remaining=50, reset=5"]),
+            ["limit=100, remaining=50, reset=5"]
+        );
+    }
 
     #[test]
     fn items_written_by_hand_are_the_policy_s_own_strings() {

@@ -154,7 +154,7 @@ type CostOf = Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>;
 ///    may still find one of them refusing when it comes back.
 /// 4. **Told honestly.** Every 429 and 503, and every admission, carries an
 ///    item in the `RateLimit-Policy` and `RateLimit` fields
-///    (structured-field Lists, draft-ietf-httpapi-ratelimit-headers -07
+///    (structured-field Lists, draft-ietf-httpapi-ratelimit-headers -08
 ///    onwards) for each in-process limit and for each limit in Redis that
 ///    was asked (not those after a refusing one, nor any after an
 ///    in-process refusal), appended to any a layer closer to the service
