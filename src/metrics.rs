@@ -158,6 +158,10 @@ pub fn describe() {
             "Permits a layer settled after responses, by kind (charged, lent, forgiven, drained)."
         );
         metrics::describe_counter!(
+            "turnstile_unsettled_total",
+            "Admissions of a layer settling responses whose response never came (an error, or the future dropped)."
+        );
+        metrics::describe_counter!(
             "turnstile_denied_by_total",
             "Denials of a combined layer, by the limit that refused first."
         );
@@ -248,8 +252,10 @@ impl crate::http::tower::LimitsStats {
     /// Publish a combined layer's answers (`turnstile_responses_total` by
     /// status), its denials by limit (`turnstile_denied_by_total{limit}`),
     /// its refunds (`turnstile_refunds_total{result="exact"|"declined"}`)
-    /// and its settled permits (`turnstile_settled_permits_total{kind=
-    /// "charged"|"lent"|"forgiven"|"drained"}`), with the label `limiter`.
+    /// its settled permits (`turnstile_settled_permits_total{kind=
+    /// "charged"|"lent"|"forgiven"|"drained"}`) and its admissions whose
+    /// response never came (`turnstile_unsettled_total`), with the label
+    /// `limiter`.
     pub fn publish(&self, limiter: &str) {
         responses(limiter, "200", self.admitted);
         responses(limiter, "401", self.unauthorized);
@@ -270,6 +276,11 @@ impl crate::http::tower::LimitsStats {
         settled_permits(limiter, "lent", self.lent);
         settled_permits(limiter, "forgiven", self.forgiven);
         settled_permits(limiter, "drained", self.drained);
+        counter!(
+            "turnstile_unsettled_total",
+            "limiter" => limiter.to_owned()
+        )
+        .absolute(self.unsettled);
     }
 }
 

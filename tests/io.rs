@@ -185,6 +185,47 @@ async fn a_waiting_writer_wakes_once_per_wait_exactly_when_its_bytes_are_due() {
     assert_eq!(out.credit(), 0);
 }
 
+/// Writers sharing one limiter are not queued: each sleeps until the bucket
+/// could serve it, and one that finds another took the bytes first sleeps
+/// again. The documented bound: each of `n` waiting writers wakes at most
+/// once per chunk admitted to any of them, and the rate holds.
+#[tokio::test(start_paused = true)]
+async fn writers_sharing_a_limiter_wake_at_most_once_each_per_chunk_admitted() {
+    for n in [2usize, 8, 32] {
+        let clock = TokioClock::new();
+        let quota = Quota::per_second_with_burst(1_000_000, 40_000).unwrap();
+        let shared = Arc::new(RateLimiter::with_clock(quota, clock.clone()));
+        assert!(shared.try_acquire_n(40_000).unwrap().is_allowed());
+        let writers: Vec<_> = (0..n)
+            .map(|_| {
+                let limiter = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    let mut out = ShapedWrite::new(tokio::io::sink(), limiter).chunk(1_000);
+                    let data = vec![0u8; 100_000 / n];
+                    let (written, _, wakes) = counted(out.write_all(&data)).await;
+                    written.unwrap();
+                    wakes
+                })
+            })
+            .collect();
+        let mut wakes = 0;
+        for writer in writers {
+            wakes += writer.await.unwrap();
+        }
+        // 100,000 bytes in chunks of at most 1,000: at least 100 admitted,
+        // a partial last chunk per writer at most.
+        let chunks = 100 + n;
+        assert!(wakes <= n * chunks, "{n} writers: {wakes} wake-ups");
+        assert!(wakes >= 100, "{n} writers: {wakes} wake-ups");
+        // An empty bucket at 1 MB/s: 100,000 bytes take 100 ms.
+        let elapsed = Duration::from_nanos(clock.now());
+        assert!(
+            elapsed >= Duration::from_millis(100) && elapsed <= Duration::from_millis(102),
+            "{n} writers: {elapsed:?}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_waiting_reader_wakes_once_per_wait_and_pays_for_what_it_read() {
     let clock = TokioClock::new();

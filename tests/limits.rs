@@ -578,6 +578,62 @@ async fn a_drain_spares_the_global_limit() {
     assert_eq!(t.global.remaining(), 98);
 }
 
+/// A response that never comes settles nothing and says so: the service's
+/// error, or the response future dropped before the service answered,
+/// leaves the up-front charge spent and counts the request as unsettled.
+#[tokio::test]
+async fn a_response_that_never_comes_is_counted_unsettled() {
+    let t = three(10, 100, 100);
+    let layer = t
+        .builder()
+        .refund_when(|parts| parts.status.is_server_error())
+        .build()
+        .unwrap();
+    // The service fails: no response to settle by.
+    let failing = layer.clone().layer(service_fn(|_: Request<()>| async {
+        Err::<Response<String>, &'static str>("down")
+    }));
+    let answer = failing.oneshot(request(Some("a"), "10.0.0.1:1")).await;
+    assert_eq!(answer.unwrap_err(), "down");
+    let stats = layer.stats();
+    assert_eq!(
+        (stats.unsettled, stats.refunded, stats.refund_declined),
+        (1, 0, 0)
+    );
+    assert_eq!(t.per_key.remaining("a"), 9, "the up-front charge stays");
+    // The service never answers, and the caller gives up.
+    let mut hanging = layer.clone().layer(service_fn(|_: Request<()>| {
+        std::future::pending::<Result<Response<String>, Infallible>>()
+    }));
+    {
+        let call = hanging
+            .ready()
+            .await
+            .unwrap()
+            .call(request(Some("a"), "10.0.0.1:1"));
+        let timed_out = tokio::time::timeout(Duration::from_millis(10), call).await;
+        assert!(timed_out.is_err());
+    }
+    assert_eq!(layer.stats().unsettled, 2);
+    assert_eq!(t.per_key.remaining("a"), 8);
+    // Settled responses are not counted.
+    let mut service = layer.clone().layer(echo());
+    assert_eq!(
+        send(&mut service, request(Some("a"), "10.0.0.1:1"))
+            .await
+            .status(),
+        200
+    );
+    let mut failed = request(Some("a"), "10.0.0.1:1");
+    failed
+        .headers_mut()
+        .insert("x-answer", "503".parse().unwrap());
+    assert_eq!(send(&mut service, failed).await.status(), 503);
+    let stats = layer.stats();
+    // The 503 refunded in each of the three limits.
+    assert_eq!((stats.unsettled, stats.refunded), (2, 3), "{stats:?}");
+}
+
 /// A drain empties a tiered key's own allowance, whatever its tier's size:
 /// a paid key holding 99 after its request holds nothing after the upstream's
 /// 429 (each take was capped at the smallest tier's capacity, 10, four
@@ -728,6 +784,7 @@ async fn the_metrics_series_carry_refunds_settled_permits_and_denials_by_limit()
         r#"turnstile_refunds_total{limiter="edge",result="exact"} 2"#,
         r#"turnstile_refunds_total{limiter="edge",result="declined"} 0"#,
         r#"turnstile_settled_permits_total{limiter="edge",kind="forgiven"} 0"#,
+        r#"turnstile_unsettled_total{limiter="edge"} 0"#,
     ] {
         assert!(
             text.lines().any(|l| l.starts_with(line)),

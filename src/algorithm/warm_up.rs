@@ -94,8 +94,8 @@ const REFUND_TIME_BITS: u32 = 47;
 /// - **From cold, under full demand** (the bucket drained and kept below
 ///   capacity), the permits admitted in the first `j` periods are
 ///   `C + A · ⌊B(j)⌋`: `C + A · ⌊N · (1 + c) / (2c)⌋` by the end of the
-///   warm-up (two thirds of the stable rate's `C + A · N` for `c = 3`), and
-///   exactly `A` in every period after it.
+///   warm-up (the refills two thirds of the stable rate's `A · N` for
+///   `c = 3`), and exactly `A` in every period after it.
 /// - **Cooling.** Each whole period that passes while the bucket is full
 ///   lowers the heat by one (to no less than 0); the fraction is dropped,
 ///   as the grid is. A full bucket at heat 0 is fresh: a bucket left idle

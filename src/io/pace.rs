@@ -28,8 +28,9 @@ const TIMER_SLACK: Duration = Duration::from_millis(5);
 ///
 /// A poll that finds the permits takes them and returns `Ready`; one that
 /// does not sleeps for the limiter's exact retry-after, so the task is woken
-/// once, when the permits are due (tokio's timer rounds the sleep up to its
-/// next millisecond). Nothing is taken before the permits are admitted:
+/// when the permits are due (tokio's timer rounds the sleep up to its next
+/// millisecond), and sleeps again if another adapter of the same limiter
+/// took them first. Nothing is taken before the permits are admitted:
 /// dropping the adapter, or the future polling it, while it sleeps spends
 /// nothing.
 #[derive(Debug, Default)]

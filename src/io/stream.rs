@@ -102,8 +102,10 @@ where
             .poll_pay(cx, this.limiter, this.owed, &NO_OPTIONS)
         {
             Poll::Ready(Ok(())) => Poll::Ready(this.item.take()),
-            // Without a deadline a wait fails only on a simulated clock that
-            // cannot move any more, which never admits again.
+            // Without a deadline a wait fails only where nothing can ever be
+            // admitted (a limiter of capacity 0, a simulated clock that
+            // cannot move any more): the stream has no error to give, and
+            // stays pending (the module's docs say so).
             Poll::Ready(Err(_)) | Poll::Pending => Poll::Pending,
         }
     }

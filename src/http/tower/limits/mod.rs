@@ -265,7 +265,8 @@ const CHARGED: usize = 6;
 const FORGIVEN: usize = 7;
 const DRAINED: usize = 8;
 const LENT: usize = 9;
-const COUNTERS: usize = 10;
+const UNSETTLED: usize = 10;
+const COUNTERS: usize = 11;
 
 /// What a [`Limits`] layer and its clones answered ([`Limits::stats`]). Each
 /// counter is read in turn, not all at one instant.
@@ -305,6 +306,12 @@ pub struct LimitsStats {
     pub forgiven: u64,
     /// Permits taken by [`drain_when`](LimitsBuilder::drain_when).
     pub drained: u64,
+    /// Admitted requests of a layer that settles by the response whose
+    /// response never came to be settled: the service answered with an
+    /// error, or the response future was dropped first (the client went
+    /// away, a timeout outside the layer). Their up-front charge stays:
+    /// nothing is refunded, charged or drained for them.
+    pub unsettled: u64,
 }
 
 /// Builds a [`Limits`] layer ([`Limits::builder`]).
@@ -666,6 +673,7 @@ impl<R> Limits<R> {
             lent: sum(LENT),
             forgiven: sum(FORGIVEN),
             drained: sum(DRAINED),
+            unsettled: sum(UNSETTLED),
         }
     }
 }

@@ -203,6 +203,16 @@ pub(super) struct Settlement {
     pub(super) remote: Vec<RemoteTaken>,
 }
 
+impl Drop for Settlement {
+    fn drop(&mut self) {
+        // Settled, the tickets were taken; still here, the response never
+        // came (the service's error, or the future dropped first).
+        if !self.tickets.is_empty() || !self.remote.is_empty() {
+            self.shared.counts.add(UNSETTLED, thread_slot());
+        }
+    }
+}
+
 impl Settlement {
     /// Settle every limit by the response, and say what each holds now.
     pub(super) fn settle(mut self, parts: &Parts) -> Option<Fields> {
