@@ -31,6 +31,9 @@ pub struct Receipt {
     /// [`REFUND_HORIZON_NANOS`](crate::algorithm::REFUND_HORIZON_NANOS) after
     /// it declines.
     pub(crate) at: u64,
+    /// The stage that took it (a direct limiter's word; a keyed limiter's
+    /// table and the key's hash): given to another stage, it declines.
+    pub(crate) owner: u64,
 }
 
 /// One stage of a chain: a [`RateLimiter`](crate::RateLimiter), or one key of a [`KeyedLimiter`](crate::KeyedLimiter)
@@ -169,7 +172,10 @@ impl<T: Stage> Admission<T> {
     /// - **one key of a keyed limiter**: as its algorithm, on the key's word.
     ///   A key evicted since (its word fresh-equivalent, the permits spent or
     ///   not) declines: while it is not held, and once it is created again
-    ///   (its new word is a later one, on which every algorithm declines).
+    ///   (its new word is a later one, on which every algorithm declines,
+    ///   unless the clock was set back behind the admission's reading
+    ///   between the eviction and the new word: see
+    ///   [`ManualClock::set`](crate::ManualClock::set)).
     ///
     /// Whatever the algorithm, a refund asked when the clock reads `2^45` µs
     /// (1.1 years) or more past the admission's reading declines: a word

@@ -445,8 +445,18 @@ impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
                 n,
                 epoch,
                 at: now,
+                owner: self.owner(),
             }),
         )
+    }
+
+    /// Who this limiter's receipts belong to: its word's address, so that a
+    /// receipt given to another limiter (whose word can be this one's bit
+    /// for bit) declines. A limiter moved after an admission declines its
+    /// receipt too: it keeps the permits spent, as a declined refund does.
+    #[inline(always)]
+    fn owner(&self) -> u64 {
+        core::ptr::from_ref(self.cell()) as usize as u64
     }
 }
 
@@ -468,7 +478,7 @@ impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
     }
 
     fn give_back(&self, receipt: Receipt) -> bool {
-        if !within_refund_horizon(receipt.at, self.clock().now()) {
+        if receipt.owner != self.owner() || !within_refund_horizon(receipt.at, self.clock().now()) {
             return false;
         }
         let cell = self.cell();

@@ -679,3 +679,60 @@ fn a_refund_is_exact_up_to_the_horizon_and_declines_from_it() {
     clock.set_nanos(MICRO);
     assert!(one.refund(), "a reading behind the admission's");
 }
+
+/// A receipt belongs to the stage that took it: given back for another key,
+/// or to another limiter, whose word can be bit for bit the same, it
+/// declines (it gave back permits the other stage never spent).
+#[test]
+fn a_receipt_given_to_another_key_or_limiter_declines() {
+    use turnstile::chain::Stage;
+
+    let clock = ManualClock::new();
+    let quota = Quota::new(10, 1, Duration::from_secs(1)).unwrap();
+    let keyed = KeyedLimiter::<String>::builder(quota)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // bob and alice hold the same word: 4 tokens, refilled at 5 s.
+    assert!(keyed.try_acquire_n("bob", 10).unwrap().is_allowed());
+    clock.set(Duration::from_secs(5));
+    assert!(keyed.try_acquire("bob").is_allowed());
+    let (decision, receipt) = keyed.stage("alice").take(6).unwrap();
+    assert!(decision.is_allowed());
+    assert_eq!(keyed.remaining("alice"), keyed.remaining("bob"));
+    assert!(
+        !keyed.stage("bob").give_back(receipt.unwrap()),
+        "bob's word is not alice's"
+    );
+    assert_eq!(keyed.remaining("bob"), 4);
+    // Its own key takes it.
+    let (_, receipt) = keyed.stage("alice").take(2).unwrap();
+    assert!(keyed.stage("alice").give_back(receipt.unwrap()));
+    assert_eq!(keyed.remaining("alice"), 4);
+
+    // Two direct limiters of one quota on one clock hold the same words.
+    let a = RateLimiter::with_clock(quota, clock.clone());
+    let b = RateLimiter::with_clock(quota, clock.clone());
+    assert!(b.try_acquire_n(6).unwrap().is_allowed());
+    let (_, receipt) = a.take(6).unwrap();
+    assert!(!b.give_back(receipt.unwrap()), "a's receipt, given to b");
+    assert_eq!(b.remaining(), 4);
+    let (_, receipt) = a.take(2).unwrap();
+    assert!(a.give_back(receipt.unwrap()));
+    assert_eq!(a.remaining(), 4, "its own limiter takes it back");
+
+    // GCRA words decided at one reading are alike for any two keys.
+    let gcra: KeyedLimiter<String, Gcra, ManualClock> =
+        KeyedBuilder::new(Gcra::new(Quota::new(2, 1, Duration::from_secs(1)).unwrap()))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+    let (_, receipt) = gcra.stage("alice").take(1).unwrap();
+    assert!(gcra.try_acquire("bob").is_allowed());
+    assert!(!gcra.stage("bob").give_back(receipt.unwrap()));
+    assert!(gcra.try_acquire("bob").is_allowed());
+    assert!(
+        gcra.try_acquire("bob").is_denied(),
+        "bob keeps a capacity of 2"
+    );
+}

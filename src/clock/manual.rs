@@ -35,9 +35,15 @@ impl ManualClock {
         }
     }
 
-    /// Set the time to `since_epoch`. Setting it backwards is allowed (limiters
-    /// create no permits from it); times beyond `u64::MAX` nanoseconds (584
-    /// years) saturate.
+    /// Set the time to `since_epoch`. Setting it backwards is allowed: a
+    /// word's time never moves back, so a limiter creates no permits from
+    /// it, with one exception. A key of a keyed limiter swept at the later
+    /// time comes back fresh at the earlier one, where its old word would
+    /// still have counted: the spread of readings of [`Clock`]'s "Readings
+    /// that disagree", here as large as the step back, once per such sweep
+    /// (and a refund of an admission made before the sweep can then find
+    /// the re-created key's word alike and take it). Times beyond `u64::MAX`
+    /// nanoseconds (584 years) saturate.
     pub fn set(&self, since_epoch: Duration) {
         self.set_nanos(saturating_nanos(since_epoch));
     }

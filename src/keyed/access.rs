@@ -22,12 +22,33 @@ where
     /// Decide for `key`, also returning the word an admission wrote and a
     /// clock reading no later than the decision's (what a refund needs).
     #[inline]
-    pub(crate) fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>, u64)
+    ///
+    /// The last is the key's [`owner`](Self::owner): what its receipts carry.
+    pub(crate) fn take<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>, u64, u64)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.take(key, n, true)
+        let (decision, written, at, hash) = self.inner.take(key, n, true);
+        (decision, written, at, self.owner_of_hash(hash))
+    }
+
+    /// Who a receipt for `key` belongs to: this limiter's table and the
+    /// key's hash, so that a receipt given back for another key, or to
+    /// another limiter, declines (their words can be bit for bit alike).
+    pub(crate) fn owner<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.owner_of_hash(self.inner.hasher.hash_one(key))
+    }
+
+    #[inline(always)]
+    fn owner_of_hash(&self, hash: u64) -> u64 {
+        // The table's address tells limiters apart (it lives as long as the
+        // limiter, behind its `Arc`); the hash tells keys apart.
+        hash ^ (core::ptr::from_ref(&*self.inner) as usize as u64).rotate_left(29)
     }
 
     /// [`take`](Self::take) without counting it in the limiter's stats: a
@@ -46,13 +67,20 @@ where
     /// one reading for all its limits. Any reading is sound for a key found
     /// in the table; a new key reads this limiter's clock under its shard's
     /// lock, as `take` does.
-    pub(crate) fn take_at<Q>(&self, key: &Q, n: u32, now: u64) -> (KeyedDecision, Option<u64>, u64)
+    pub(crate) fn take_at<Q>(
+        &self,
+        key: &Q,
+        n: u32,
+        now: u64,
+    ) -> (KeyedDecision, Option<u64>, u64, u64)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner
-            .take_with_at(&self.inner.algorithm, key, n, true, now)
+        let (decision, written, at, hash) =
+            self.inner
+                .take_with_at(&self.inner.algorithm, key, n, true, now);
+        (decision, written, at, self.owner_of_hash(hash))
     }
 
     /// Note that a reservation stamps a word `ahead` nanoseconds ahead of the
@@ -76,7 +104,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.inner.take_with(algorithm, key, n, counted)
+        let (decision, written, at, _) = self.inner.take_with(algorithm, key, n, counted);
+        (decision, written, at)
     }
 
     /// Replace `key`'s word by `next(word)` if the key is linked and `next`
@@ -138,7 +167,8 @@ where
     /// linked (waiting in limbo, or freed) the refund declines; created again,
     /// its word is a later one than `written` (a later refill time, window or
     /// theoretical arrival time), and every algorithm declines a refund
-    /// against it.
+    /// against it, on a clock not set back behind the admission's reading
+    /// meanwhile.
     pub(crate) fn refund<Q>(&self, key: &Q, written: u64, n: u32) -> bool
     where
         K: Borrow<Q>,
@@ -161,7 +191,7 @@ where
     /// As [`decide`](Self::decide), also returning the word an admission
     /// wrote; counted in the tally only when `counted` (a wait counts its
     /// outcome once, not every try).
-    fn take<Q>(&self, key: &Q, n: u32, counted: bool) -> (KeyedDecision, Option<u64>, u64)
+    fn take<Q>(&self, key: &Q, n: u32, counted: bool) -> (KeyedDecision, Option<u64>, u64, u64)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -179,7 +209,7 @@ where
         key: &Q,
         n: u32,
         counted: bool,
-    ) -> (KeyedDecision, Option<u64>, u64)
+    ) -> (KeyedDecision, Option<u64>, u64, u64)
     where
         B: Algorithm,
         K: Borrow<Q>,
@@ -198,7 +228,7 @@ where
         n: u32,
         counted: bool,
         now: u64,
-    ) -> (KeyedDecision, Option<u64>, u64)
+    ) -> (KeyedDecision, Option<u64>, u64, u64)
     where
         B: Algorithm,
         K: Borrow<Q>,
@@ -210,12 +240,12 @@ where
             let guard = self.collector.pin();
             if let Some(cell) = shard.find(hash, key, &guard) {
                 let (decision, written) = self.decide_on(algorithm, cell, now, n, counted);
-                return (decision, written, now);
+                return (decision, written, now, hash);
             }
         }
         let (decision, written) =
             self.insert_and_decide(algorithm, key, hash, shard, now, n, counted);
-        (decision, written, now)
+        (decision, written, now, hash)
     }
 
     /// `f(word, now, linked)` on `key`'s word (linked, or in limbo) and a

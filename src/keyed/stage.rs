@@ -45,19 +45,20 @@ where
     #[inline]
     pub(crate) fn take_at(&self, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
         let epoch = self.limiter.algorithm().epoch();
-        let (decision, written, at) = self.limiter.take_at(self.key, n, now);
-        (decision, receipt(written, n, epoch, at))
+        let (decision, written, at, owner) = self.limiter.take_at(self.key, n, now);
+        (decision, receipt(written, n, epoch, at, owner))
     }
 }
 
 /// The receipt of an admission that wrote `written`.
 #[inline(always)]
-fn receipt(written: Option<u64>, n: u32, epoch: u64, at: u64) -> Option<Receipt> {
+fn receipt(written: Option<u64>, n: u32, epoch: u64, at: u64, owner: u64) -> Option<Receipt> {
     written.map(|written| Receipt {
         written,
         n,
         epoch,
         at,
+        owner,
     })
 }
 
@@ -77,8 +78,8 @@ where
     fn take_within(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
         // The limiter reads the clock itself, and says when.
         let epoch = self.limiter.algorithm().epoch();
-        let (decision, written, at) = self.limiter.take(self.key, n);
-        (decision, receipt(written, n, epoch, at))
+        let (decision, written, at, owner) = self.limiter.take(self.key, n);
+        (decision, receipt(written, n, epoch, at, owner))
     }
 
     fn peek_within(&self, n: u32) -> KeyedDecision {
@@ -87,6 +88,11 @@ where
 
     fn give_back(&self, receipt: Receipt) -> bool {
         let (limiter, key) = (self.limiter, self.key);
+        // Another key's receipt, or another limiter's, declines: its word
+        // can be this key's bit for bit.
+        if receipt.owner != limiter.owner(key) {
+            return false;
+        }
         if !within_refund_horizon(receipt.at, limiter.clock().now()) {
             return false;
         }

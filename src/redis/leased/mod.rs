@@ -618,7 +618,7 @@ impl<C: Clock> LeasedLimiter<C> {
         if n.wrapping_sub(1) >= self.max_lease {
             return Err(Spend::Unchecked);
         }
-        let (decision, written, now) = self.local.take(key, n);
+        let (decision, written, now, _) = self.local.take(key, n);
         if let KeyedDecision::Allowed { remaining } = decision
             && written.is_none_or(|w| !self.below_mark(w, remaining, now))
         {

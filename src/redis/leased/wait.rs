@@ -163,7 +163,7 @@ impl<C: Clock> LeasedLimiter<C> {
     /// policy too); one that brought too few tokens for this request, or
     /// none (the bucket is dry and a denial is kept), leaves a denial.
     pub(super) fn after_wait(&self, key: &[u8], n: u32) -> Decision {
-        let (decision, _, _) = self.local.take(key, n);
+        let (decision, _, _, _) = self.local.take(key, n);
         match decision {
             KeyedDecision::Allowed { remaining } => Decision::Allowed { remaining },
             KeyedDecision::Denied { retry_after } if retry_after.as_nanos() > 0 => {
