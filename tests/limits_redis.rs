@@ -139,6 +139,10 @@ async fn redis_is_asked_only_after_every_in_process_limit_and_gives_nothing_away
         stats.denied_by,
         vec![("key".to_string(), 1), ("fleet".to_string(), 1)]
     );
+    assert_eq!(
+        stats.unsettled, 0,
+        "a layer that settles nothing leaves nothing unsettled"
+    );
     assert_eq!(fleet.stats().failures, 0);
 }
 
@@ -227,6 +231,7 @@ async fn responses_settle_redis_limits_beside_the_response() {
         }
     }
     assert_eq!(layer.stats().refunded, 10);
+    assert_eq!(layer.stats().unsettled, 0, "every response came");
     assert_eq!(fleet.stats().refund_declined, 0);
     for _ in 0..3 {
         assert_eq!(

@@ -206,8 +206,10 @@ pub(super) struct Settlement {
 impl Drop for Settlement {
     fn drop(&mut self) {
         // Settled, the tickets were taken; still here, the response never
-        // came (the service's error, or the future dropped first).
-        if !self.tickets.is_empty() || !self.remote.is_empty() {
+        // came (the service's error, or the future dropped first). A layer
+        // that settles nothing (its remote admissions kept here only to be
+        // reported) has nothing left unsettled.
+        if self.shared.settles() && (!self.tickets.is_empty() || !self.remote.is_empty()) {
             self.shared.counts.add(UNSETTLED, thread_slot());
         }
     }
