@@ -18,7 +18,7 @@ pub(crate) mod sealed {
 /// Neither `Clone` nor `Copy`: a receipt is given back at most once, so an
 /// admission is never refunded twice. (Held together with its stage, it is an
 /// [`Admission`].)
-#[derive(Debug, PartialEq, Eq)]
+#[derive(PartialEq, Eq)]
 #[must_use = "a receipt is what gives the permits back; dropping it keeps them spent"]
 pub struct Receipt {
     /// The word the admission wrote.
@@ -34,6 +34,18 @@ pub struct Receipt {
     /// The stage that took it (a direct limiter's word; a keyed limiter's
     /// table and the key's hash): given to another stage, it declines.
     pub(crate) owner: u64,
+}
+
+impl fmt::Debug for Receipt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the owner: for a direct limiter, an address.
+        f.debug_struct("Receipt")
+            .field("written", &self.written)
+            .field("n", &self.n)
+            .field("epoch", &self.epoch)
+            .field("at", &self.at)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One stage of a chain: a [`RateLimiter`](crate::RateLimiter), or one key of a [`KeyedLimiter`](crate::KeyedLimiter)
@@ -95,6 +107,14 @@ pub trait Stage: sealed::Sealed {
     /// Give back what an admission took: `true` when the permits went back
     /// exactly, `false` when the stage declined (see the module's notes on
     /// when a refund can be exact) and keeps them spent.
+    ///
+    /// Only the stage that took the receipt takes it back: another key's, or
+    /// another limiter's, declines (their words can be alike bit for bit).
+    /// A direct limiter is named by where it lives: one moved since the take
+    /// (into a `Vec` that grew, into an `Arc`) declines too, and a receipt
+    /// must not outlive its limiter, since a new limiter made at the same
+    /// address would take it. [`Admission`] and the chain's admissions
+    /// borrow their stage, so neither can happen to them.
     fn give_back(&self, receipt: Receipt) -> bool;
 }
 

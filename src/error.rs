@@ -198,8 +198,9 @@ impl fmt::Display for QuotaError {
             } if u64::from(*burst) > *min_burst && *min_burst <= 65_535 => write!(
                 f,
                 "a burst of {burst} tokens cannot keep {rate} tokens per second: a burst \
-                 above 65535 counts time in coarser units, and one unit's refill would \
-                 overflow it; a burst between {min_burst} and 65535 keeps it"
+                 of this size counts time in coarser units, and one unit's refill would \
+                 overflow it; a burst between {min_burst} and 65535 keeps it (as do \
+                 larger ones in proportion to their coarser units)"
             ),
             QuotaError::BurstBelowRate {
                 rate,

@@ -454,6 +454,9 @@ impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
     /// receipt given to another limiter (whose word can be this one's bit
     /// for bit) declines. A limiter moved after an admission declines its
     /// receipt too: it keeps the permits spent, as a declined refund does.
+    /// (A number of the limiter's own would name it wherever it moves, but
+    /// the default limiter has no byte to spare for one: 128 bytes would
+    /// become 256.)
     #[inline(always)]
     fn owner(&self) -> u64 {
         core::ptr::from_ref(self.cell()) as usize as u64

@@ -578,6 +578,31 @@ async fn a_drain_spares_the_global_limit() {
     assert_eq!(t.global.remaining(), 98);
 }
 
+/// A direct limiter is one allowance whatever key it is asked for: keyed
+/// by API key in the layer, it is still every client's, and not drained.
+#[tokio::test]
+async fn a_drain_spares_a_direct_limiter_under_any_key() {
+    let t = three(10, 100, 100);
+    let layer = Limits::builder()
+        .limit_shared("key", api_key(), Arc::clone(&t.per_key))
+        .unwrap()
+        .limit_shared("all", api_key(), Arc::clone(&t.global))
+        .unwrap()
+        .drain_when(|parts| parts.status == StatusCode::TOO_MANY_REQUESTS)
+        .build()
+        .unwrap();
+    let mut service = layer.clone().layer(echo());
+    let mut upstream_429 = request(Some("mallory"), "10.0.0.1:1");
+    upstream_429
+        .headers_mut()
+        .insert("x-answer", "429".parse().unwrap());
+    assert_eq!(send(&mut service, upstream_429).await.status(), 429);
+    assert_eq!(t.per_key.remaining("mallory"), 0);
+    assert_eq!(t.global.remaining(), 99);
+    let other = send(&mut service, request(Some("alice"), "10.0.0.2:1")).await;
+    assert_eq!(other.status(), 200);
+}
+
 /// A response that never comes settles nothing and says so: the service's
 /// error, or the response future dropped before the service answered,
 /// leaves the up-front charge spent and counts the request as unsettled.

@@ -164,6 +164,12 @@ pub trait GateLimiter<Q: ?Sized>: LimiterStats {
         let _ = key;
         self.min_capacity()
     }
+    /// Whether every key shares one allowance (a direct limiter, whatever
+    /// key it is asked for): a response about one client must not drain it.
+    #[doc(hidden)]
+    fn one_allowance(&self) -> bool {
+        false
+    }
     /// `n` permits for `key` (`1 <= n <= min_capacity()`), and the receipt
     /// that gives them back.
     #[doc(hidden)]
@@ -515,6 +521,10 @@ where
 
     fn min_capacity(&self) -> u32 {
         self.capacity()
+    }
+
+    fn one_allowance(&self) -> bool {
+        true
     }
 
     #[inline]

@@ -53,26 +53,42 @@ fn formatted(policy: &RateLimitPolicy, outcome: &Outcome) -> Fields {
 pub(crate) fn add_policy_fields(headers: &mut HeaderMap, fields: Fields) {
     let [policy, value] = fields;
     if let (Some(policy), Some(value)) = (policy, value) {
-        append_item(headers, RATELIMIT_POLICY, policy);
-        append_item(headers, RATELIMIT, value);
+        append_items(headers, policy, value);
     }
 }
 
-/// Append `item` to the List field `name`, joining its lines into one.
+/// Append one policy's `RateLimit-Policy` item and its `RateLimit` item,
+/// both or neither: when either field already holds a line in another form
+/// (not a List of Strings: an earlier draft's Dictionary or Integer items,
+/// `limit=100, remaining=50`), neither is added, so the two never disagree
+/// and a client of the other draft reads what it was sent.
+pub(crate) fn append_items(headers: &mut HeaderMap, policy: HeaderValue, value: HeaderValue) {
+    if another_form(headers, &RATELIMIT_POLICY) || another_form(headers, &RATELIMIT) {
+        return;
+    }
+    append_item(headers, RATELIMIT_POLICY, policy);
+    append_item(headers, RATELIMIT, value);
+}
+
+/// Whether field `name` has a line that is not a List of this draft's
+/// items (each a String first).
+fn another_form(headers: &HeaderMap, name: &HeaderName) -> bool {
+    headers.get_all(name).iter().any(|line| {
+        let line = line.as_bytes().trim_ascii();
+        !line.is_empty() && line[0] != b'"'
+    })
+}
+
+/// Append `item` to the List field `name`, joining its lines into one
+/// (through [`append_items`], which leaves a field of another form alone).
 ///
-/// Empty lines are dropped (joined, they would make the List invalid). A
-/// line already there that is not a List of this draft's items (a String
-/// first: an earlier draft's Dictionary, `limit=100, remaining=50`, say) is
-/// left as it is and `item` is not added: joined, neither would parse.
-pub(crate) fn append_item(headers: &mut HeaderMap, name: HeaderName, item: HeaderValue) {
+/// Empty lines are dropped: joined, they would make the List invalid.
+fn append_item(headers: &mut HeaderMap, name: HeaderName, item: HeaderValue) {
     let mut joined = Vec::with_capacity(64);
     for line in headers.get_all(&name) {
         let line = line.as_bytes().trim_ascii();
         if line.is_empty() {
             continue;
-        }
-        if line[0] != b'"' {
-            return;
         }
         joined.extend_from_slice(line);
         joined.extend_from_slice(b", ");
@@ -105,17 +121,21 @@ mod tests {
     #[test]
     fn an_item_is_appended_to_a_list_never_to_an_empty_line_or_another_form() {
         let item = HeaderValue::from_static("\"api\";r=4");
+        let policy = HeaderValue::from_static("\"api\";q=5;w=1");
+        let lines_of = |headers: &HeaderMap, name| {
+            headers
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
         let joined = |lines: &[&'static str]| {
             let mut headers = HeaderMap::new();
             for line in lines {
                 headers.append(RATELIMIT, HeaderValue::from_static(line));
             }
-            append_item(&mut headers, RATELIMIT, item.clone());
-            headers
-                .get_all(RATELIMIT)
-                .iter()
-                .map(|v| v.to_str().unwrap().to_owned())
-                .collect::<Vec<_>>()
+            append_items(&mut headers, policy.clone(), item.clone());
+            lines_of(&headers, RATELIMIT)
         };
         assert_eq!(joined(&[]), ["\"api\";r=4"]);
         assert_eq!(joined(&[""]), ["\"api\";r=4"], "no leading comma");
@@ -125,11 +145,21 @@ mod tests {
             joined(&["\"a\";r=1, \"b\";r=2", " \"c\";r=3 "]),
             ["\"a\";r=1, \"b\";r=2, \"c\";r=3, \"api\";r=4"]
         );
-        // An earlier draft's Dictionary is left alone, without the item.
+        // An earlier draft's Dictionary is left alone, and neither item is
+        // added, nor the policy's: the two fields never disagree.
         assert_eq!(
             joined(&["limit=100, remaining=50, reset=5"]),
             ["limit=100, remaining=50, reset=5"]
         );
+        let mut headers = HeaderMap::new();
+        headers.append(RATELIMIT_POLICY, HeaderValue::from_static("100;w=60"));
+        append_items(&mut headers, policy.clone(), item.clone());
+        assert_eq!(lines_of(&headers, RATELIMIT_POLICY), ["100;w=60"]);
+        assert!(lines_of(&headers, RATELIMIT).is_empty());
+        let mut headers = HeaderMap::new();
+        headers.append(RATELIMIT, HeaderValue::from_static("limit=100"));
+        append_items(&mut headers, policy.clone(), item.clone());
+        assert!(lines_of(&headers, RATELIMIT_POLICY).is_empty());
     }
 
     #[test]

@@ -23,9 +23,7 @@ use http::{Request, Response};
 
 use super::denial::{Denial, DenialResponse, DenyWith, PlainDenial, close_if_body_unread};
 use super::extract::{KeyExtractor, RequestHead};
-use super::fields::{
-    Fields, RATELIMIT, RATELIMIT_POLICY, append_item, push_decimal, push_name, push_policy,
-};
+use super::fields::{Fields, append_items, push_decimal, push_name, push_policy};
 use super::layer::{Reported, deny};
 use super::{Layer, Service};
 use crate::admission::Receipt;
@@ -476,8 +474,9 @@ impl LimitsBuilder {
     /// ([`LimitsStats::drained`]).
     ///
     /// A limit whose every request has the one key
-    /// ([`Global`](crate::tower::Global), in process or in Redis) is not
-    /// drained: it is every client's allowance, and a response to one client
+    /// ([`Global`](crate::tower::Global), in process or in Redis), or whose
+    /// limiter is a direct [`RateLimiter`](crate::RateLimiter) (one
+    /// allowance, whatever the key), is not drained: it is every client's allowance, and a response to one client
     /// emptying it would let any client refuse all the others. A limit keyed
     /// by something many clients share (a tenant, an address behind a NAT)
     /// is emptied for all of them. The predicate sees every response the

@@ -526,8 +526,7 @@ where
                                 None => this.fields.take(),
                             };
                             if let Some([Some(policy), Some(value)]) = fields {
-                                append_item(&mut parts.headers, RATELIMIT_POLICY, policy);
-                                append_item(&mut parts.headers, RATELIMIT, value);
+                                append_items(&mut parts.headers, policy, value);
                             }
                             Poll::Ready(Ok(Response::from_parts(parts, body)))
                         }

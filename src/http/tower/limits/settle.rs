@@ -109,7 +109,7 @@ where
             }
             // One allowance for every client is not emptied by a response
             // to one of them.
-            Settle::Drain if one_key_for_all::<X>() => {}
+            Settle::Drain if one_key_for_all::<X>() || limiter.one_allowance() => {}
             Settle::Drain => settled.drained = take_up_to(&*limiter, key, u32::MAX).0.into(),
             Settle::Cost(cost) if cost > n => charge(&*limiter, key, cost - n, &mut settled),
             Settle::Cost(cost) if cost < n => {
