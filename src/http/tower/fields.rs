@@ -63,36 +63,39 @@ pub(crate) fn add_policy_fields(headers: &mut HeaderMap, fields: Fields) {
 /// `limit=100, remaining=50`), neither is added, so the two never disagree
 /// and a client of the other draft reads what it was sent.
 pub(crate) fn append_items(headers: &mut HeaderMap, policy: HeaderValue, value: HeaderValue) {
-    if another_form(headers, &RATELIMIT_POLICY) || another_form(headers, &RATELIMIT) {
+    let (Some(policy_lines), Some(value_lines)) = (
+        joined_lines(headers, &RATELIMIT_POLICY),
+        joined_lines(headers, &RATELIMIT),
+    ) else {
         return;
-    }
-    append_item(headers, RATELIMIT_POLICY, policy);
-    append_item(headers, RATELIMIT, value);
+    };
+    append_item(headers, RATELIMIT_POLICY, policy_lines, policy);
+    append_item(headers, RATELIMIT, value_lines, value);
 }
 
-/// Whether field `name` has a line that is not a List of this draft's
-/// items (each a String first).
-fn another_form(headers: &HeaderMap, name: &HeaderName) -> bool {
-    headers.get_all(name).iter().any(|line| {
+/// The lines field `name` holds, joined by ", " with a trailing separator
+/// (empty lines dropped: joined, they would make the List invalid): an
+/// empty vector, with no allocation, when there is none; `None` when a line
+/// is not a List of this draft's items (each a String first).
+fn joined_lines(headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
+    let mut joined = Vec::new();
+    for line in headers.get_all(name) {
         let line = line.as_bytes().trim_ascii();
-        !line.is_empty() && line[0] != b'"'
-    })
-}
-
-/// Append `item` to the List field `name`, joining its lines into one
-/// (through [`append_items`], which leaves a field of another form alone).
-///
-/// Empty lines are dropped: joined, they would make the List invalid.
-fn append_item(headers: &mut HeaderMap, name: HeaderName, item: HeaderValue) {
-    let mut joined = Vec::with_capacity(64);
-    for line in headers.get_all(&name) {
-        let line = line.as_bytes().trim_ascii();
-        if line.is_empty() {
-            continue;
+        match line.first() {
+            None => {}
+            Some(b'"') => {
+                joined.extend_from_slice(line);
+                joined.extend_from_slice(b", ");
+            }
+            Some(_) => return None,
         }
-        joined.extend_from_slice(line);
-        joined.extend_from_slice(b", ");
     }
+    Some(joined)
+}
+
+/// Set field `name` to the `joined` lines it held ([`joined_lines`]) and
+/// `item` after them.
+fn append_item(headers: &mut HeaderMap, name: HeaderName, mut joined: Vec<u8>, item: HeaderValue) {
     if joined.is_empty() {
         headers.insert(name, item);
         return;
