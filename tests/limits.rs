@@ -35,6 +35,13 @@ fn request(key: Option<&str>, peer: &str) -> Request<()> {
     request
 }
 
+/// A request the test service answers with `status` (see [`echo`]).
+fn answered(key: &str, peer: &str, status: &str) -> Request<()> {
+    let mut r = request(Some(key), peer);
+    r.headers_mut().insert("x-answer", status.parse().unwrap());
+    r
+}
+
 fn api_key() -> ApiKeyHeader {
     ApiKeyHeader::new(HeaderName::from_static("x-api-key"))
 }
@@ -524,10 +531,7 @@ async fn drain_when_empties_the_allowance() {
         .build()
         .unwrap();
     let mut service = layer.clone().layer(echo());
-    let mut upstream_429 = request(Some("a"), "10.0.0.1:1");
-    upstream_429
-        .headers_mut()
-        .insert("x-answer", "429".parse().unwrap());
+    let upstream_429 = answered("a", "10.0.0.1:1", "429");
     let r = send(&mut service, upstream_429).await;
     assert_eq!(r.status(), 429, "the upstream's own answer");
     assert_eq!(param(&list(r.headers(), "ratelimit"), "up", "r"), Some(0));
@@ -553,10 +557,7 @@ async fn a_drain_spares_the_global_limit() {
         .build()
         .unwrap();
     let mut service = layer.clone().layer(echo());
-    let mut upstream_429 = request(Some("mallory"), "10.0.0.1:1");
-    upstream_429
-        .headers_mut()
-        .insert("x-answer", "429".parse().unwrap());
+    let upstream_429 = answered("mallory", "10.0.0.1:1", "429");
     let r = send(&mut service, upstream_429).await;
     assert_eq!(r.status(), 429, "the upstream's own answer");
     assert_eq!(
@@ -592,10 +593,7 @@ async fn a_drain_spares_a_direct_limiter_under_any_key() {
         .build()
         .unwrap();
     let mut service = layer.clone().layer(echo());
-    let mut upstream_429 = request(Some("mallory"), "10.0.0.1:1");
-    upstream_429
-        .headers_mut()
-        .insert("x-answer", "429".parse().unwrap());
+    let upstream_429 = answered("mallory", "10.0.0.1:1", "429");
     assert_eq!(send(&mut service, upstream_429).await.status(), 429);
     assert_eq!(t.per_key.remaining("mallory"), 0);
     assert_eq!(t.global.remaining(), 99);
@@ -649,10 +647,7 @@ async fn a_response_that_never_comes_is_counted_unsettled() {
             .status(),
         200
     );
-    let mut failed = request(Some("a"), "10.0.0.1:1");
-    failed
-        .headers_mut()
-        .insert("x-answer", "503".parse().unwrap());
+    let failed = answered("a", "10.0.0.1:1", "503");
     assert_eq!(send(&mut service, failed).await.status(), 503);
     let stats = layer.stats();
     // The 503 refunded in each of the three limits.
@@ -672,10 +667,7 @@ async fn drain_when_empties_a_tiered_keys_own_allowance() {
         .build()
         .unwrap();
     let mut service = layer.clone().layer(echo());
-    let mut upstream_429 = request(Some("paid_1"), "10.0.0.1:1");
-    upstream_429
-        .headers_mut()
-        .insert("x-answer", "429".parse().unwrap());
+    let upstream_429 = answered("paid_1", "10.0.0.1:1", "429");
     let r = send(&mut service, upstream_429).await;
     assert_eq!(r.status(), 429, "the upstream's own answer");
     // 99 held after the request (the tiers run on the real clock: a refill
@@ -1085,8 +1077,7 @@ async fn settling_is_not_counted_as_decisions_in_the_limiters_stats() {
     let mut r = request(Some("a"), "10.0.0.1:1");
     r.headers_mut().insert("x-cost", "1000".parse().unwrap());
     assert_eq!(send(&mut service, r).await.status(), 200);
-    let mut r = request(Some("b"), "10.0.0.1:1");
-    r.headers_mut().insert("x-answer", "429".parse().unwrap());
+    let r = answered("b", "10.0.0.1:1", "429");
     assert_eq!(send(&mut service, r).await.status(), 429);
     let stats = layer.stats();
     assert!(

@@ -47,6 +47,15 @@ fn with_key(key: &str) -> Request<()> {
         .unwrap()
 }
 
+/// A request for `key` that the test service answers with `status`.
+fn answered(key: &str, status: &str) -> Request<()> {
+    let mut request = with_key(key);
+    request
+        .headers_mut()
+        .insert("x-answer", status.parse().unwrap());
+    request
+}
+
 /// A service answering 200, or the status a request asks for in
 /// `x-answer`; counts the requests that reach it.
 fn inner(
@@ -216,10 +225,7 @@ async fn responses_settle_redis_limits_beside_the_response() {
     let service = layer.clone().layer(inner(Arc::new(AtomicU64::new(0))));
     // Ten upstream failures: each refunded, so the fleet still holds 3.
     for _ in 0..10 {
-        let mut request = with_key("k");
-        request
-            .headers_mut()
-            .insert("x-answer", "503".parse().unwrap());
+        let request = answered("k", "503");
         let r = service.clone().oneshot(request).await.unwrap();
         assert_eq!(r.status(), 503, "the upstream's own answer");
         // Each refund is a call made beside the response: wait for it
@@ -283,10 +289,7 @@ async fn a_drain_spares_a_global_redis_limit() {
         .build()
         .unwrap();
     let service = layer.clone().layer(inner(Arc::new(AtomicU64::new(0))));
-    let mut request = with_key("mallory");
-    request
-        .headers_mut()
-        .insert("x-answer", "429".parse().unwrap());
+    let request = answered("mallory", "429");
     let r = service.clone().oneshot(request).await.unwrap();
     assert_eq!(r.status(), 429, "the upstream's own answer");
     let items = list(&r, "ratelimit");
