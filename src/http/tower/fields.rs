@@ -84,6 +84,11 @@ fn joined_lines(headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
         match line.first() {
             None => {}
             Some(b'"') => {
+                // Once, room for what a few items take: growing from
+                // nothing would reallocate as each layer's items are added.
+                if joined.capacity() == 0 {
+                    joined.reserve(64 + line.len());
+                }
                 joined.extend_from_slice(line);
                 joined.extend_from_slice(b", ");
             }
