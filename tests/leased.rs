@@ -1255,6 +1255,63 @@ fn a_local_debt_is_paid_before_leases_resume_on_a_limit_never_reached() {
     drop(server);
 }
 
+/// A limit of capacity 1 (so leases of 1): the exact call that pays a debt
+/// asks for the whole capacity, and no debt fits beside it. What the local
+/// share admitted while Redis was out is paid all the same, as it goes:
+/// every request is denied until the debt is paid, and then leases resume.
+/// (Claimed beside the request, the debt was 0 every time: each exact call
+/// was admitted alone, and the key owed for good.)
+#[test]
+fn a_debt_is_paid_by_requests_for_the_whole_capacity() {
+    let Some(server) = server() else { return };
+    // One token, refilled every 20 ms, in Redis and in the local share.
+    let quota = Quota::new(1, 1, 20 * MS).unwrap();
+    let global = RedisLimiter::new("whole", TokenBucket::new(quota)).unwrap();
+    // No backoff: each request tries Redis, as a probe.
+    let limiter = LeasedBuilder::new(global, 1)
+        .unwrap()
+        .on_failure(OnFailure::local_share(quota, 1).unwrap(), Duration::ZERO)
+        .build()
+        .unwrap();
+    let mut con = server.connection();
+    assert!(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+
+    // Redis is out: the local share starts empty, then admits its refill.
+    let mut down = redis_server::FailingAfter(Duration::ZERO);
+    let mut local_admitted = 0;
+    let start = Instant::now();
+    while start.elapsed() < 150 * MS {
+        local_admitted += u64::from(limiter.try_acquire(&mut down, "k").unwrap().is_allowed());
+        thread::sleep(2 * MS);
+    }
+    assert!(local_admitted >= 2, "{local_admitted}");
+    assert_eq!(limiter.stats().owed, local_admitted);
+
+    // Redis answers again: each token it gives the key pays the debt, and
+    // no request is admitted until nothing is owed.
+    let start = Instant::now();
+    while limiter.stats().owed > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the debt is never paid: {:?}",
+            limiter.stats()
+        );
+        let decision = limiter.try_acquire(&mut con, "k").unwrap();
+        assert!(
+            decision.is_denied(),
+            "admitted while the key owes: {:?}",
+            limiter.stats()
+        );
+        thread::sleep(5 * MS);
+    }
+    assert!(!limiter.is_degraded());
+    // Paid: the key's next token admits, from a lease.
+    thread::sleep(25 * MS);
+    let leases = limiter.stats().lease_calls;
+    assert!(limiter.try_acquire(&mut con, "k").unwrap().is_allowed());
+    assert_eq!(limiter.stats().lease_calls, leases + 1);
+}
+
 /// With a refresher thread, prefetches are made on its connection, and idle
 /// leases go back by themselves.
 /// Dropping a refresher's handle wakes its thread: it does not wait out the

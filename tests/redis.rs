@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{Client, ConnectionLike};
-use redis_server::{Server, spawn_on};
+use redis_server::{FailingAfter, Server, spawn_on};
 use turnstile::redis::{
     AdmittedBy, Deadlines, Guarded, GuardedStats, OnFailure, RedisAlgorithm, RedisConfigError,
     RedisLimitError, RedisLimiter,
@@ -720,6 +720,66 @@ fn while_redis_is_down_a_local_limit_answers_and_redis_is_tried_after_the_backof
     assert!(!guarded.is_backing_off());
     let stats = guarded.stats();
     assert_eq!((stats.failures, stats.fallbacks), (1, 3));
+}
+
+/// A limit of capacity 1: every request asks for the whole capacity, so no
+/// debt fits beside it. What the local share admitted while Redis was out
+/// is paid all the same, as it goes: every request is denied until the debt
+/// is paid. (Claimed beside the request, the debt was 0 every time: each
+/// request was admitted alone, and the key owed for good.)
+#[test]
+fn a_debt_is_paid_by_requests_for_the_whole_capacity() {
+    let Some(server) = server() else { return };
+    // One token, refilled every 20 ms, in Redis and in the local share.
+    let quota = Quota::new(1, 1, 20 * MS).unwrap();
+    let global = RedisLimiter::new("whole", TokenBucket::new(quota)).unwrap();
+    let clock = turnstile::ManualClock::new();
+    let local = KeyedLimiter::builder(quota)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // No backoff: each request tries Redis, as a probe.
+    let guarded = Guarded::new(global, OnFailure::Local(local), Duration::ZERO);
+    let mut con = server.connection();
+    assert!(guarded.try_acquire(&mut con, "k").unwrap().is_allowed());
+
+    // Redis is out: the local share starts empty, then admits its refill.
+    let mut down = FailingAfter(Duration::ZERO);
+    let mut local_admitted = 0;
+    for _ in 0..5 {
+        let decision = guarded.try_acquire(&mut down, "k").unwrap();
+        local_admitted += u64::from(decision.is_allowed());
+        clock.advance(20 * MS);
+    }
+    assert_eq!(local_admitted, 4);
+    assert_eq!(guarded.stats().owed, 4);
+
+    // Redis answers again: each token it gives the key pays the debt, and
+    // no request is admitted until nothing is owed.
+    let start = Instant::now();
+    let mut calls = 0;
+    while guarded.stats().owed > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the debt is never paid: {:?}",
+            guarded.stats()
+        );
+        let decision = guarded.try_acquire(&mut con, "k").unwrap();
+        assert!(
+            decision.is_denied(),
+            "admitted while the key owes: {:?}",
+            guarded.stats()
+        );
+        calls += 1;
+        thread::sleep(5 * MS);
+    }
+    assert!(calls >= 4, "{calls} calls paid 4");
+    assert!(!guarded.is_degraded());
+    // Paid: the key's next token admits, and nothing is left here.
+    thread::sleep(25 * MS);
+    assert!(guarded.try_acquire(&mut con, "k").unwrap().is_allowed());
+    clock.advance(Duration::from_secs(1));
+    assert!(guarded.holds_nothing(), "{:?}", guarded.stats());
 }
 
 #[test]

@@ -28,7 +28,10 @@
 //!   pays as it goes: each of its calls asks for the debt alone, no more
 //!   than the request's own permits, and an admission pays it instead of
 //!   admitting the request (denied, with the least wait), until nothing is
-//!   owed.
+//!   owed. A request that leaves no room beside it within the capacity (one
+//!   for the whole capacity, as every request of a capacity-1 limit is)
+//!   pays as it goes at once: it could never carry the debt beside it, nor
+//!   so be denied with a debt.
 
 use core::fmt;
 use core::hash::BuildHasher;
@@ -246,9 +249,9 @@ impl Ledger {
 
     /// Take some of `key`'s debt for a call that asks for `n` permits, with
     /// `room` more within the capacity: up to `room`, asked for beside the
-    /// request, or up to `n` when the key pays as it goes (see the module's
-    /// rule). Give it back with [`unpaid`](Self::unpaid) unless the call
-    /// admitted.
+    /// request, or up to `n` when the key pays as it goes or `room` is 0
+    /// (see the module's rule). Give it back with [`unpaid`](Self::unpaid)
+    /// unless the call admitted.
     #[inline]
     pub(crate) fn claim(&self, key: &[u8], n: u32, room: u32) -> Claimed {
         if self.total() == 0 {
@@ -263,7 +266,11 @@ impl Ledger {
         let Some(entry) = shard.get_mut(key) else {
             return Claimed::NONE;
         };
-        let convert = entry.converting;
+        // A request that leaves no room beside it (one for the whole
+        // capacity: every request of a capacity-1 limit) could never carry
+        // any of the debt, and, never denied with a debt beside it, would
+        // never start paying as it goes: it pays as it goes at once.
+        let convert = entry.converting || (room == 0 && entry.owed > 0);
         let most = if convert { n } else { room };
         // At most `room` or `n`, so it fits a u32.
         let take = entry.owed.min(u64::from(most)) as u32;
@@ -394,7 +401,9 @@ impl Drop for Debt<'_> {
         self.ledger.unpaid(self.key, amount);
         // A claim that took the whole debt ended the pay-as-it-goes mode;
         // abandoned (a future dropped mid-call, a failure), the key owes
-        // again and pays as it goes again, as before the claim.
+        // again and pays as it goes again, as before the claim. (A claim
+        // that paid as it goes for want of room leaves the key paying as it
+        // goes from now on, as a denial would: that only admits less.)
         if convert {
             self.ledger.convert(self.key);
         }
@@ -451,6 +460,48 @@ mod tests {
             0,
             "emptied, not a full burst"
         );
+    }
+
+    /// A request for the whole capacity leaves no room beside it: asked
+    /// beside it, the debt was claimed as 0 every time, the request was
+    /// admitted alone, and the key owed for good.
+    #[test]
+    fn a_request_that_leaves_no_room_pays_the_debt_as_it_goes() {
+        let ledger = Ledger::default();
+        let allowed = Decision::Allowed { remaining: 0 };
+        let denied = Decision::Denied {
+            retry_after: RetryAfter::from_nanos(5),
+        };
+        ledger.owe(b"k", 4);
+        // Capacity 1: every request asks for it all.
+        let debt = Debt::claim(&ledger, b"k", 1, 0);
+        assert_eq!(debt.ask(1), 1, "the debt, up to the request's permits");
+        assert!(debt.settle(allowed).is_denied(), "its admission pays");
+        assert_eq!(ledger.total(), 3);
+        // Denied: owed again, and still paid as it goes.
+        assert_eq!(Debt::claim(&ledger, b"k", 1, 0).settle(denied), denied);
+        assert_eq!(ledger.total(), 3);
+        // A larger capacity, asked for whole: the debt alone, at most `n`.
+        let debt = Debt::claim(&ledger, b"k", 2, 0);
+        assert_eq!(debt.ask(2), 2);
+        assert!(debt.settle(allowed).is_denied());
+        assert_eq!(ledger.total(), 1);
+        let debt = Debt::claim(&ledger, b"k", 3, 0);
+        assert_eq!(debt.ask(3), 1, "the debt alone, not the request");
+        assert!(debt.settle(allowed).is_denied());
+        assert_eq!(ledger.total(), 0);
+        // Nothing owed: the request alone, and its admission admits.
+        let debt = Debt::claim(&ledger, b"k", 1, 0);
+        assert_eq!(debt.ask(1), 1);
+        assert_eq!(debt.settle(allowed), allowed);
+        // Abandoned for want of room: owed again, paid as it goes after.
+        ledger.owe(b"k", 1);
+        drop(Debt::claim(&ledger, b"k", 1, 0));
+        assert_eq!(ledger.total(), 1);
+        let debt = Debt::claim(&ledger, b"k", 1, 5);
+        assert_eq!(debt.ask(1), 1, "paying as it goes, with room now");
+        assert!(debt.settle(allowed).is_denied());
+        assert_eq!(ledger.total(), 0);
     }
 
     #[test]
