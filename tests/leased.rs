@@ -1312,6 +1312,71 @@ fn a_debt_is_paid_by_requests_for_the_whole_capacity() {
     assert_eq!(limiter.stats().lease_calls, leases + 1);
 }
 
+/// A key that holds something other than this limiter's state fails its
+/// own calls only: Redis answered, so no backoff starts and no degraded
+/// period opens, other keys still take leases, and a give-back pass that
+/// meets such a key goes on to the others.
+#[test]
+fn a_key_holding_a_foreign_value_fails_alone() {
+    let Some(server) = server() else { return };
+    let global = bucket("p3", 100_000, 100, MS);
+    let backoff = Duration::from_secs(5);
+    let limiter = LeasedBuilder::new(global.clone(), 16)
+        .unwrap()
+        .on_failure(OnFailure::Deny, backoff)
+        .build()
+        .unwrap();
+    let mut con = server.connection();
+    let mut plain = server.plain();
+    let _: () = redis::cmd("SET")
+        .arg(global.redis_key("evil"))
+        .arg("x")
+        .query(&mut plain)
+        .unwrap();
+    let _: () = redis::cmd("LPUSH")
+        .arg(global.redis_key("list"))
+        .arg("x")
+        .query(&mut plain)
+        .unwrap();
+    assert!(limiter.try_acquire(&mut con, "alice").unwrap().is_allowed());
+    for (at, key) in ["evil", "list"].into_iter().enumerate() {
+        // Its own request is answered by the policy (fail closed: denied,
+        // until Redis is tried again), and counted as a failure.
+        let denied = limiter.try_acquire(&mut con, key).unwrap();
+        assert_eq!(denied.retry_after().map(|w| w.duration()), Some(backoff));
+        let stats = limiter.stats();
+        assert_eq!(
+            (stats.failures, stats.fallbacks),
+            (at as u64 + 1, at as u64 + 1)
+        );
+        assert!(!limiter.is_backing_off(), "{key}");
+        assert!(!limiter.is_degraded(), "{key}");
+        assert_eq!(stats.degraded_periods, 0);
+        // A key that holds no lease yet still takes one from Redis.
+        let leases = limiter.stats().lease_calls;
+        let other = format!("bob{at}");
+        assert!(limiter.try_acquire(&mut con, &other).unwrap().is_allowed());
+        assert_eq!(limiter.stats().lease_calls, leases + 1);
+    }
+
+    // Leases on 10 keys, one of which something else then overwrites: the
+    // give-back fails for that key alone, and the others go back.
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    warm(&limiter, &mut con, &keys, 4);
+    let _: () = redis::cmd("SET")
+        .arg(global.redis_key("k3"))
+        .arg("x")
+        .query(&mut plain)
+        .unwrap();
+    let failures = limiter.stats().failures;
+    limiter.give_back_all(&mut con);
+    assert_eq!(limiter.stats().failures, failures + 1);
+    assert!(!limiter.is_backing_off() && !limiter.is_degraded());
+    for key in &keys {
+        assert_eq!(limiter.held(key), 0, "{key} kept its lease");
+    }
+}
+
 /// With a refresher thread, prefetches are made on its connection, and idle
 /// leases go back by themselves.
 /// Dropping a refresher's handle wakes its thread: it does not wait out the

@@ -782,6 +782,69 @@ fn a_debt_is_paid_by_requests_for_the_whole_capacity() {
     assert!(guarded.holds_nothing(), "{:?}", guarded.stats());
 }
 
+/// A key that holds something other than this limiter's state fails its
+/// own calls only: Redis answered, so no backoff starts and no degraded
+/// period opens, and the other keys decide in Redis as before.
+#[test]
+fn a_key_holding_a_foreign_value_fails_alone() {
+    let Some(server) = server() else { return };
+    let global =
+        RedisLimiter::new("p3", TokenBucket::new(Quota::per_second(100).unwrap())).unwrap();
+    let backoff = Duration::from_secs(5);
+    let guarded = Guarded::fail_closed(global.clone(), backoff);
+    let mut con = server.connection();
+    let mut plain = server.plain();
+    let _: () = redis::cmd("SET")
+        .arg(global.redis_key("evil"))
+        .arg("x")
+        .query(&mut plain)
+        .unwrap();
+    let _: () = redis::cmd("LPUSH")
+        .arg(global.redis_key("list"))
+        .arg("x")
+        .query(&mut plain)
+        .unwrap();
+    assert!(guarded.try_acquire(&mut con, "alice").unwrap().is_allowed());
+    for (at, key) in ["evil", "list"].into_iter().enumerate() {
+        // Its own request is answered by the policy (fail closed: denied,
+        // until Redis is tried again), and counted as a failure.
+        let denied = guarded.try_acquire(&mut con, key).unwrap();
+        assert_eq!(denied.retry_after().map(|w| w.duration()), Some(backoff));
+        let stats = guarded.stats();
+        assert_eq!(
+            (stats.failures, stats.fallbacks),
+            (at as u64 + 1, at as u64 + 1)
+        );
+        assert!(!guarded.is_backing_off(), "{key}");
+        assert!(!guarded.is_degraded(), "{key}");
+        assert_eq!(stats.degraded_periods, 0);
+        // The other keys still decide in Redis.
+        assert!(guarded.try_acquire(&mut con, "alice").unwrap().is_allowed());
+        assert!(guarded.try_acquire(&mut con, "bob").unwrap().is_allowed());
+    }
+    // The foreign values stay as they were.
+    let kept: String = redis::cmd("GET")
+        .arg(global.redis_key("evil"))
+        .query(&mut plain)
+        .unwrap();
+    assert_eq!(kept, "x");
+
+    // After a real outage, a probe that meets such a key ends the backoff
+    // all the same: Redis answers.
+    let short = Guarded::fail_closed(global, 10 * MS);
+    assert!(
+        short
+            .try_acquire(&mut FailingAfter(Duration::ZERO), "alice")
+            .unwrap()
+            .is_denied()
+    );
+    assert!(short.is_backing_off() && short.is_degraded());
+    thread::sleep(20 * MS);
+    assert!(short.try_acquire(&mut con, "evil").unwrap().is_denied());
+    assert!(!short.is_backing_off() && !short.is_degraded());
+    assert!(short.try_acquire(&mut con, "alice").unwrap().is_allowed());
+}
+
 #[test]
 fn failing_closed_denies_until_redis_is_tried_again() {
     let Some(server) = server() else { return };

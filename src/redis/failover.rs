@@ -11,6 +11,12 @@
 //!   once one has started it, until a call is answered (a probe after the
 //!   backoff that times out backs off again). A failed call is always
 //!   answered by the failure policy and never sent again.
+//! - **A key's own error is no failure of Redis.** An error reply about the
+//!   call's key alone (it holds a value that is not this limiter's state, or
+//!   one of another type: `WRONGTYPE`) shows that Redis answers: the request
+//!   is answered by the policy and the failure counted, but it is no strike,
+//!   starts no backoff and no degraded period (and ends those, as an answer
+//!   does), so that one such key never turns away the others.
 //! - **The local share starts empty.** Each degraded period (from a failed call
 //!   to the next answered one) empties a key's local bucket before its first
 //!   local decision of the period, so a process admits locally only what its
@@ -53,21 +59,51 @@ const SHARDS: usize = 16;
 /// periods that owe nothing, and refuses a new key if none is left to drop.
 const SHARD_KEYS: usize = 4_096;
 
-/// A failed call's error: whether it was a timeout.
+/// A failed call's error: whether it was a timeout, and whether it was
+/// about its key alone.
 pub(crate) trait Failure: fmt::Display {
     /// `true` when the call gave up at its deadline.
     fn timed_out(&self) -> bool;
+
+    /// `true` when Redis answered, with an error about the call's key alone
+    /// ([`key_error`]): no failure of Redis, to be answered for that key
+    /// only, with no strike, backoff or degraded period.
+    fn per_key(&self) -> bool;
 }
 
 impl Failure for super::RedisLimitError {
     fn timed_out(&self) -> bool {
         self.is_timeout()
     }
+
+    fn per_key(&self) -> bool {
+        matches!(self, super::RedisLimitError::Redis(e) if key_error(e))
+    }
 }
 
 impl Failure for ::redis::RedisError {
     fn timed_out(&self) -> bool {
         self.is_timeout()
+    }
+
+    fn per_key(&self) -> bool {
+        key_error(self)
+    }
+}
+
+/// Whether `error` is Redis' answer that the call's key holds something
+/// other than this limiter's state: a string that is not a state (the
+/// scripts' error, `turnstile: … not this limiter's state`) or a value of
+/// another type (`WRONGTYPE`). Redis answered, so it is up; the other keys
+/// decide as before. Read from the code, and from the text for a Redis
+/// before 7, which wraps a script's errors in `ERR Error running script`.
+pub(crate) fn key_error(error: &::redis::RedisError) -> bool {
+    match error.code() {
+        Some("WRONGTYPE") => true,
+        Some(_) => error.detail().is_some_and(|detail| {
+            detail.contains("not this limiter's state") || detail.contains("WRONGTYPE")
+        }),
+        None => false,
     }
 }
 

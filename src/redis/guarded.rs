@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use ::redis::ConnectionLike;
 
-use super::failover::{DEFAULT_TIMEOUTS_TO_BACK_OFF, Debt, Ledger, Strikes};
+use super::failover::{DEFAULT_TIMEOUTS_TO_BACK_OFF, Debt, Failure, Ledger, Strikes};
 use super::health::{Counts, Health, Source};
 use super::{RedisAlgorithm, RedisLimitError, RedisLimiter, RedisReceipt};
 use crate::admission::{Receipt, Stage};
@@ -184,7 +184,9 @@ fn window_micros(window: Duration) -> u64 {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GuardedStats {
-    /// Calls to Redis that failed (no connection, a timeout, an error reply).
+    /// Calls to Redis that failed (no connection, a timeout, an error reply),
+    /// including those that failed for their key alone (it holds something
+    /// other than this limiter's state), which start no degraded period.
     pub failures: u64,
     /// Decisions made by the failure policy instead of Redis.
     pub fallbacks: u64,
@@ -196,7 +198,8 @@ pub struct GuardedStats {
     /// backing off, or a receipt of another limiter.
     pub refund_declined: u64,
     /// Whether Redis is failing now: from a failed call until a call
-    /// succeeds ([`Guarded::is_degraded`]).
+    /// succeeds ([`Guarded::is_degraded`]). A call that failed for its key
+    /// alone is answered, and counts as a success here.
     pub degraded: bool,
     /// Degraded periods so far: each begins with a failed call while none
     /// was open, and ends when a call succeeds.
@@ -214,7 +217,11 @@ pub struct GuardedStats {
 /// [`timeouts_to_back_off`](Self::timeouts_to_back_off)) it does not call
 /// Redis at all, so a dead Redis costs the requests in flight one call's
 /// deadlines ([`Deadlines`](super::Deadlines) names the longer cases) and the
-/// rest nothing. A local share starts empty in each degraded period, and what
+/// rest nothing. A call that fails for its key alone (the key holds a value
+/// that is not this limiter's state, or one of another type: `WRONGTYPE`)
+/// is answered by the policy too, but Redis answered it: it starts no
+/// backoff and no degraded period, and the other keys decide in Redis as
+/// before. A local share starts empty in each degraded period, and what
 /// it admitted is charged to Redis by the key's next call there: over any
 /// interval of length `T` holding a failure and its recovery, all processes
 /// admit at most `B + r(T)` plus what was admitted locally and not yet
@@ -601,8 +608,16 @@ impl<A, C> Guarded<A, C> {
     /// A call that failed with `error`: counted, a degraded period opens if
     /// none is (logged once), and Redis is not called for a backoff if this
     /// is not a timeout or the last of the timeouts in a row that start one
-    /// ([`timeouts_to_back_off`](Self::timeouts_to_back_off)).
+    /// ([`timeouts_to_back_off`](Self::timeouts_to_back_off)). An error about
+    /// the call's key alone ([`Failure::per_key`]) is only counted: Redis
+    /// answered, as a success shows.
     fn failed(&self, error: &RedisLimitError) {
+        if error.per_key() {
+            // Relaxed: a counter.
+            self.failures.fetch_add(1, Ordering::Relaxed);
+            self.succeeded(&Turn::Call);
+            return;
+        }
         let counts = self.counts();
         // Relaxed: a counter, and `retry_at` publishes no other data (see
         // `turn`).

@@ -71,7 +71,14 @@ impl<C: Clock> LeasedLimiter<C> {
     /// none is (logged once), and Redis is not called for a backoff unless
     /// this is a timeout short of the run that starts one
     /// ([`timeouts_to_back_off`](super::LeasedBuilder::timeouts_to_back_off)).
+    /// An error about the call's key alone ([`Failure::per_key`]) is only
+    /// counted: Redis answered, as a success shows.
     pub(super) fn fail<E: Failure + ?Sized>(&self, error: &E) {
+        if error.per_key() {
+            Counters::add(&self.counters.failures, 1);
+            self.succeed();
+            return;
+        }
         let counts = self.counts();
         Counters::add(&self.counters.failures, 1);
         self.health

@@ -11,6 +11,7 @@ use super::local::LeaseWord;
 use super::stats::Counters;
 use super::{LeasedLimiter, saturating_nanos, word};
 use crate::clock::Clock;
+use crate::redis::failover::Failure;
 
 impl<C: Clock> LeasedLimiter<C> {
     /// Give back the leases not topped up for the idle time (one script call
@@ -47,7 +48,7 @@ impl<C: Clock> LeasedLimiter<C> {
                 .give_back_invocation(&key, tokens, window)
                 .invoke_async(con)
                 .await;
-            let failed = result.is_err();
+            let failed = stops(&result);
             total += self.settle_give_back(tokens, result);
             if failed {
                 break;
@@ -68,7 +69,7 @@ impl<C: Clock> LeasedLimiter<C> {
                 continue;
             };
             let result = self.give_back_invocation(&key, tokens, window).invoke(con);
-            let failed = result.is_err();
+            let failed = stops(&result);
             total += self.settle_give_back(tokens, result);
             // A timeout need not start the backoff (a strike): the pass
             // stops at its own first failure all the same.
@@ -206,6 +207,13 @@ impl<C: Clock> LeasedLimiter<C> {
             }
         }
     }
+}
+
+/// Whether a give-back's `result` stops the pass: a failure of Redis does,
+/// an error about its key alone ([`Failure::per_key`]: Redis answered) does
+/// not, so that one such key keeps no other key's lease from going back.
+fn stops(result: &RedisResult<Value>) -> bool {
+    result.as_ref().is_err_and(|e| !e.per_key())
 }
 
 /// The keys that may hold a lease here, for give-back passes, each with the

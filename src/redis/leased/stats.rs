@@ -28,12 +28,15 @@ pub struct LeasedStats {
     /// Redis instead: one in every largest lease `L` of them, so that a
     /// process's calls to a dry key follow its demand.
     pub probes: u64,
-    /// Calls to Redis that failed (no connection, a timeout, an error reply).
+    /// Calls to Redis that failed (no connection, a timeout, an error reply),
+    /// including those that failed for their key alone (it holds something
+    /// other than this limiter's state), which start no degraded period.
     pub failures: u64,
     /// Decisions made by the failure policy instead of Redis.
     pub fallbacks: u64,
     /// Whether Redis is failing now: from a failed call until a call
-    /// succeeds ([`LeasedLimiter::is_degraded`]).
+    /// succeeds ([`LeasedLimiter::is_degraded`]). A call that failed for
+    /// its key alone is answered, and counts as a success here.
     pub degraded: bool,
     /// Degraded periods so far: each begins with a failed call while none
     /// was open, and ends when a call succeeds.
