@@ -782,6 +782,44 @@ fn a_debt_is_paid_by_requests_for_the_whole_capacity() {
     assert!(guarded.holds_nothing(), "{:?}", guarded.stats());
 }
 
+/// The failover ledger keeps a line for every key its local share could
+/// hold: in one outage 100,000 keys each fail open once their share has
+/// refilled. (Its room was 65,536 keys, fewer with an uneven spread, and a
+/// key past it was denied: fail-open turned fail-closed for new keys.)
+#[test]
+fn an_outage_over_many_keys_fails_open_for_every_key_the_share_holds() {
+    let global =
+        RedisLimiter::new("many", TokenBucket::new(Quota::per_second(1).unwrap())).unwrap();
+    let clock = turnstile::ManualClock::new();
+    // A key each: room for 200,000 of them.
+    let local = KeyedLimiter::builder(Quota::per_second(1).unwrap())
+        .clock(clock.clone())
+        .max_keys(200_000)
+        .build()
+        .unwrap();
+    let guarded = Guarded::new(global, OnFailure::Local(local), Duration::from_secs(600));
+    let mut down = FailingAfter(Duration::ZERO);
+    let keys: Vec<String> = (0..100_000).map(|i| format!("user:{i}")).collect();
+    // Each key's share starts empty in the degraded period.
+    for key in &keys {
+        assert!(guarded.try_acquire(&mut down, key).unwrap().is_denied());
+    }
+    assert!(guarded.is_backing_off());
+    clock.advance(Duration::from_secs(1));
+    let denied: Vec<&String> = keys
+        .iter()
+        .filter(|key| guarded.try_acquire(&mut down, key).unwrap().is_denied())
+        .collect();
+    assert!(
+        denied.is_empty(),
+        "{} keys denied after their share refilled, the first {:?}",
+        denied.len(),
+        denied.first()
+    );
+    assert_eq!(guarded.stats().owed, keys.len() as u64);
+    assert_eq!(guarded.stats().failures, 1);
+}
+
 /// A key that holds something other than this limiter's state fails its
 /// own calls only: Redis answered, so no backoff starts and no degraded
 /// period opens, and the other keys decide in Redis as before.

@@ -55,8 +55,9 @@ pub(crate) const DEFAULT_TIMEOUTS_TO_BACK_OFF: u32 = 3;
 
 /// The ledger's shards (a key's shard is its hash's).
 const SHARDS: usize = 16;
-/// The keys a shard keeps; a shard that is full drops the entries of past
-/// periods that owe nothing, and refuses a new key if none is left to drop.
+/// The fewest keys a shard keeps; a shard that is full drops the entries of
+/// past periods that owe nothing, and refuses a new key if none is left to
+/// drop. A ledger for a local share keeps more: see [`Ledger::for_keys`].
 const SHARD_KEYS: usize = 4_096;
 
 /// A failed call's error: whether it was a timeout, and whether it was
@@ -185,17 +186,15 @@ type Shard = HashMap<Vec<u8>, Entry>;
 pub(crate) struct Ledger {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
+    /// The keys a shard keeps (at least [`SHARD_KEYS`]).
+    shard_keys: usize,
     /// All keys' debts together: 0 lets a call skip the lookup.
     owed: AtomicU64,
 }
 
 impl Default for Ledger {
     fn default() -> Self {
-        Ledger {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
-            owed: AtomicU64::new(0),
-        }
+        Ledger::for_keys(0)
     }
 }
 
@@ -208,6 +207,29 @@ impl fmt::Debug for Ledger {
 }
 
 impl Ledger {
+    /// A ledger for a local share that holds up to `max_keys` keys
+    /// ([`KeyedLimiter::max_keys`]): room for each of them, so that the
+    /// ledger never refuses a key the share could admit, with an eighth
+    /// more per shard for an uneven spread of the keys' hashes (each shard
+    /// keeps at least [`SHARD_KEYS`]). Entries take memory only once used.
+    pub(crate) fn for_keys(max_keys: usize) -> Self {
+        let per_shard = max_keys.div_ceil(SHARDS);
+        Ledger {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            shard_keys: per_shard.saturating_add(per_shard / 8).max(SHARD_KEYS),
+            owed: AtomicU64::new(0),
+        }
+    }
+
+    /// A ledger for `on_failure`: sized for its local share's keys, if any.
+    pub(crate) fn for_policy<A, C>(on_failure: &super::OnFailure<A, C>) -> Self {
+        match on_failure {
+            super::OnFailure::Local(local) => Ledger::for_keys(local.max_keys()),
+            super::OnFailure::Deny => Ledger::default(),
+        }
+    }
+
     fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
         // The remainder is below SHARDS, so it fits.
         &self.shards[(self.hasher.hash_one(key) % SHARDS as u64) as usize]
@@ -233,9 +255,9 @@ impl Ledger {
         period: u64,
     ) -> bool {
         let mut shard = lock(self.shard(key));
-        if !shard.contains_key(key) && shard.len() >= SHARD_KEYS {
+        if !shard.contains_key(key) && shard.len() >= self.shard_keys {
             shard.retain(|_, e| e.owed > 0 || e.drained == period);
-            if shard.len() >= SHARD_KEYS {
+            if shard.len() >= self.shard_keys {
                 return false;
             }
         }

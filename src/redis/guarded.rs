@@ -31,6 +31,13 @@ pub enum OnFailure<A = TokenBucket, C = crate::clock::RealClock> {
     /// this keyed limiter, which should hold this process's share of the
     /// global quota (the quota divided by the processes that share it, say),
     /// so that all of them together stay near the global limit.
+    ///
+    /// Fail-open reaches as many keys as the limiter's
+    /// [`max_keys`](KeyedLimiter::max_keys) (an eighth more, for an uneven
+    /// spread): each key the share answers in a degraded period takes a line
+    /// in the ledger of what it owes Redis, kept for the period. A key past
+    /// that room, or one the limiter itself has no room for, is denied, as
+    /// failing closed would: what it admitted could not be charged.
     Local(KeyedLimiter<Vec<u8>, A, C>),
 }
 
@@ -406,6 +413,7 @@ impl<A, C> Guarded<A, C> {
     pub fn new(limiter: RedisLimiter, on_failure: OnFailure<A, C>, backoff: Duration) -> Self {
         Guarded {
             limiter,
+            ledger: Ledger::for_policy(&on_failure),
             on_failure,
             backoff,
             epoch: Instant::now(),
@@ -416,7 +424,6 @@ impl<A, C> Guarded<A, C> {
             refund_declined: AtomicU64::new(0),
             health: Health::default(),
             strikes: Strikes::new(DEFAULT_TIMEOUTS_TO_BACK_OFF),
-            ledger: Ledger::default(),
             // Relaxed: only unique values are needed, which any order of
             // read-modify-writes on one atomic gives.
             id: NEXT_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed),

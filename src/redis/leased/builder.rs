@@ -334,7 +334,6 @@ impl<C: Clock> LeasedBuilder<C> {
                 prune_at: MIN_PRUNE,
             }),
             refresher: OnceLock::new(),
-            on_failure: self.on_failure,
             backoff: self.backoff,
             fetch_wait: self.fetch_wait,
             fetch_latency: AtomicU64::new(0),
@@ -344,7 +343,8 @@ impl<C: Clock> LeasedBuilder<C> {
             counters: Counters::default(),
             health: Health::default(),
             strikes: Strikes::new(self.timeouts),
-            ledger: Ledger::default(),
+            ledger: Ledger::for_policy(&self.on_failure),
+            on_failure: self.on_failure,
         })
     }
 }
