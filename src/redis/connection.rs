@@ -161,7 +161,10 @@ impl Deadlines {
     /// A multiplexed tokio connection to `client`'s server with these
     /// deadlines (feature `tokio` too). It matches replies to requests itself,
     /// so a reply that arrives after its request timed out is dropped, never
-    /// taken for the next one's; share it by cloning.
+    /// taken for the next one's; share it by cloning. It never connects
+    /// again: once its server restarts, every call on it fails. For a
+    /// connection kept for long (a refresher's, a layer's) use
+    /// [`reconnecting`](Self::reconnecting).
     ///
     /// # Errors
     ///

@@ -115,8 +115,9 @@
 //! a connection, take any of them through one sealed trait,
 //! [`RedisConnection`] (blocking) or [`AsyncRedisConnection`] (tokio); the
 //! per-call methods and the asynchronous refresher take any `ConnectionLike`
-//! (the refresher: one of these, or a single server's
-//! [`Deadlines::multiplexed`], never redis-rs's own cluster connection).
+//! (the refresher: one of these, which connect again after a Redis restart;
+//! not [`Deadlines::multiplexed`], which never does, nor redis-rs's own
+//! cluster connection).
 //!
 //! # Behind a tower layer
 //!

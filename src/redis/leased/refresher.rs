@@ -233,13 +233,32 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
     /// 10 ms), until the returned handle is aborted. `None` when a refresher
     /// was started already. Must be called within a tokio runtime.
     ///
-    /// Give it one of the crate's connections
-    /// ([`AsyncRedisConnection`](crate::redis::AsyncRedisConnection)) or a
-    /// single server's multiplexed one
-    /// ([`Deadlines::multiplexed`](crate::redis::Deadlines::multiplexed)),
-    /// none of which sends a call again; not redis-rs's own cluster
-    /// connection, which retries a timed-out command: a lease or a give-back
-    /// script run twice takes or returns its tokens twice.
+    /// Give it one of the crate's reconnecting connections
+    /// ([`AsyncRedisConnection`](crate::redis::AsyncRedisConnection): for
+    /// one server [`Deadlines::reconnecting`](crate::redis::Deadlines::reconnecting)),
+    /// none of which sends a call again. The refresher keeps its connection
+    /// for as long as it runs, so it must connect again by itself: on
+    /// [`Deadlines::multiplexed`](crate::redis::Deadlines::multiplexed),
+    /// which never does, every prefetch and give-back after a Redis restart
+    /// fails, and each failure starts the backoff again, so the limiter
+    /// answers by its failure policy for good. Never redis-rs's own cluster
+    /// connection either, which retries a timed-out command: a lease or a
+    /// give-back script run twice takes or returns its tokens twice.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use turnstile::redis::{Deadlines, LeasedLimiter, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(1_000)?))?;
+    /// let limiter = Arc::new(LeasedLimiter::builder(global, 50)?.build()?);
+    /// // Connects again after a Redis restart, by itself.
+    /// let con = Deadlines::default().reconnecting(redis::Client::open("redis://127.0.0.1/")?);
+    /// let _refresher = limiter.start_refresher_async(con);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn start_refresher_async<Con>(
         self: &Arc<Self>,
         mut con: Con,
