@@ -171,7 +171,10 @@ impl<C: Clock> LeasedBuilder<C> {
 
     /// A lease not topped up for `idle` is given back by
     /// [`give_back_idle`](LeasedLimiter::give_back_idle) (default 250 ms, or
-    /// the lifetime if that is shorter).
+    /// the lifetime if that is shorter). The time counts from the lease's
+    /// grant (or last top-up), not from its last spend: the lease word keeps
+    /// only the expiry, so a lease still being spent, slowly enough not to
+    /// reach its prefetch mark within `idle`, is given back too.
     ///
     /// # Errors
     ///
