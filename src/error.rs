@@ -120,13 +120,16 @@ pub enum QuotaError {
         /// The longest window.
         max: Duration,
     },
-    /// A [`LiveTokenBucket`](crate::LiveTokenBucket) was given a quota whose
-    /// capacity is above the ceiling it was built with: its word's token field
-    /// is only as wide as the ceiling needs.
+    /// A live form ([`LiveTokenBucket`](crate::LiveTokenBucket),
+    /// [`LiveFixedWindow`](crate::LiveFixedWindow) or
+    /// [`LiveSlidingWindow`](crate::LiveSlidingWindow)) was given a quota
+    /// whose capacity (a window's limit) is above the ceiling it was built
+    /// with: its word's token (or count) field is only as wide as the ceiling
+    /// needs.
     AboveCeiling {
-        /// The capacity asked for.
+        /// The capacity (a window's limit) asked for.
         capacity: u32,
-        /// The largest capacity this bucket can take.
+        /// The largest capacity (limit) this live form can take.
         ceiling: u32,
     },
 }
@@ -255,8 +258,10 @@ impl fmt::Display for QuotaError {
             ),
             QuotaError::AboveCeiling { capacity, ceiling } => write!(
                 f,
-                "a capacity of {capacity} is above this live bucket's ceiling of {ceiling}; \
-                 build it with `LiveTokenBucket::with_ceiling` and a ceiling of at least {capacity}"
+                "a capacity (or window limit) of {capacity} is above this live limiter's \
+                 ceiling of {ceiling}; build it with a ceiling of at least {capacity} through \
+                 its form's `with_ceiling` (`LiveTokenBucket::with_ceiling`, \
+                 `LiveFixedWindow::with_ceiling` or `LiveSlidingWindow::with_ceiling`)"
             ),
         }
     }

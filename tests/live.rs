@@ -278,6 +278,10 @@ fn a_refused_change_leaves_the_limiter_as_it_was() {
         }
     );
     assert!(err.to_string().contains("ceiling of 100"), "{err}");
+    assert!(
+        err.to_string().contains("`LiveTokenBucket::with_ceiling`"),
+        "{err}"
+    );
     assert_eq!(limiter.quota(), Quota::per_second(10).unwrap());
     assert_eq!(limiter.remaining(), 6);
     assert_eq!(limiter.algorithm().changes(), 0);

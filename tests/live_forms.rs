@@ -619,6 +619,49 @@ fn a_refused_change_leaves_the_limiter_as_it_was() {
     assert_eq!(limiter.remaining(), 10);
 }
 
+/// A window's limit above its live form's ceiling is refused with a message
+/// that names the window's `with_ceiling`, not only the token bucket's.
+#[test]
+fn a_limit_above_the_ceiling_names_the_windows_with_ceiling() {
+    let clock = ManualClock::new();
+    let second = Duration::from_secs(1);
+    let fixed = RateLimiter::from_parts(
+        LiveFixedWindow::with_ceiling(FixedWindow::new(10, second).unwrap(), 100).unwrap(),
+        clock.clone(),
+    );
+    let sliding = RateLimiter::from_parts(
+        LiveSlidingWindow::with_ceiling(SlidingWindow::new(10, second).unwrap(), 100).unwrap(),
+        clock,
+    );
+    for (err, form) in [
+        (
+            fixed
+                .set_quota(FixedWindow::new(500, second).unwrap())
+                .unwrap_err(),
+            "`LiveFixedWindow::with_ceiling`",
+        ),
+        (
+            sliding
+                .set_quota(SlidingWindow::new(500, second).unwrap())
+                .unwrap_err(),
+            "`LiveSlidingWindow::with_ceiling`",
+        ),
+    ] {
+        assert_eq!(
+            err,
+            QuotaError::AboveCeiling {
+                capacity: 500,
+                ceiling: 100
+            }
+        );
+        let message = err.to_string();
+        assert!(message.contains(form), "{message}");
+        assert!(message.contains("window limit) of 500"), "{message}");
+        assert!(message.contains("ceiling of 100"), "{message}");
+        assert!(message.contains("at least 500"), "{message}");
+    }
+}
+
 #[test]
 fn a_tier_of_windows_is_changed_alone() {
     let clock = ManualClock::new();
