@@ -14,7 +14,9 @@ pub enum QuotaError {
     ZeroCapacity,
     /// The refill amount was 0; a bucket that never refills is not a rate.
     ZeroAmount,
-    /// A rate constructor such as [`Quota::per_second`](crate::Quota::per_second) got 0.
+    /// A rate constructor such as [`Quota::per_second`](crate::Quota::per_second)
+    /// or [`Quota::per_second_with_burst`](crate::Quota::per_second_with_burst)
+    /// got 0.
     ZeroRate,
     /// The refill period was zero.
     ZeroPeriod,
@@ -143,9 +145,11 @@ impl fmt::Display for QuotaError {
             QuotaError::ZeroAmount => f.write_str(
                 "quota refill amount is 0; it must be between 1 and 4294967295 tokens per period",
             ),
-            QuotaError::ZeroRate => {
-                f.write_str("quota rate is 0; it must be between 1 and 4294967295 per interval")
-            }
+            QuotaError::ZeroRate => f.write_str(
+                "quota rate is 0; it must be at least 1 per interval (up to 4294967295 for \
+                 Quota::per_second, per_minute, per_hour and per_day; up to about \
+                 6.56 × 10^10 per second for Quota::per_second_with_burst)",
+            ),
             QuotaError::ZeroPeriod => {
                 f.write_str("quota refill period is zero; it must be at least 1 microsecond")
             }

@@ -45,6 +45,26 @@ fn zero_rates_are_refused() {
     assert_eq!(Quota::per_second(0), Err(QuotaError::ZeroRate));
     assert_eq!(Quota::per_minute(0), Err(QuotaError::ZeroRate));
     assert_eq!(Quota::per_hour(0), Err(QuotaError::ZeroRate));
+    assert_eq!(Quota::per_day(0), Err(QuotaError::ZeroRate));
+}
+
+/// The message is true of every constructor that refuses a zero rate: the
+/// `u32` ones go up to 4,294,967,295 per interval, `per_second_with_burst`
+/// (a `u64`) up to about 6.56 × 10^10 per second.
+#[test]
+fn a_zero_rate_is_told_each_constructors_range() {
+    let message = Quota::per_second_with_burst(0, 5).unwrap_err().to_string();
+    assert_eq!(message, Quota::per_second(0).unwrap_err().to_string());
+    assert!(message.contains("at least 1 per interval"), "{message}");
+    assert!(!message.contains("between 1 and 4294967295"), "{message}");
+    assert!(
+        message.contains("6.56 × 10^10 per second for Quota::per_second_with_burst"),
+        "{message}"
+    );
+    assert!(
+        message.contains("4294967295 for Quota::per_second, per_minute, per_hour and per_day"),
+        "{message}"
+    );
 }
 
 #[test]
