@@ -614,6 +614,45 @@ fn a_swept_key_comes_back_cold() {
     assert_eq!(again, cold_run, "the swept key is cold again");
 }
 
+/// A capacity of 2^23 or more leaves the word no bits for a warm-up: the
+/// error says that only a lower capacity makes room, not a shorter warm-up or
+/// a longer refill period; one bit less leaves room for one period.
+#[test]
+fn a_capacity_with_no_room_for_a_warm_up_is_told_so() {
+    let millisecond = Duration::from_millis(1);
+    for quota in [
+        Quota::new(1 << 23, 1, Duration::from_micros(256)).unwrap(),
+        Quota::new(u32::MAX, u32::MAX, Duration::from_micros(65_536)).unwrap(),
+    ] {
+        let err = WarmUp::new(quota, millisecond, 3.0).unwrap_err();
+        assert_eq!(
+            err,
+            WarmUpError::WarmUpTooLong {
+                warm_up: millisecond,
+                max: Duration::ZERO
+            }
+        );
+        let message = err.to_string();
+        assert!(message.contains("at any refill period"), "{message}");
+        assert!(message.contains("below 8388608"), "{message}");
+        assert!(!message.contains("at most 0ns"), "{message}");
+        assert!(!message.contains("lengthen the refill period"), "{message}");
+    }
+    // 23 bits: a warm-up of one period (128 µs, the unit), and no more.
+    let below = Quota::new((1 << 23) - 1, 1, Duration::from_micros(128)).unwrap();
+    assert!(WarmUp::new(below, Duration::from_micros(128), 3.0).is_ok());
+    let err = WarmUp::new(below, millisecond, 3.0).unwrap_err();
+    assert_eq!(
+        err,
+        WarmUpError::WarmUpTooLong {
+            warm_up: millisecond,
+            max: Duration::from_micros(128)
+        }
+    );
+    assert!(err.to_string().contains("at most 128µs"), "{err}");
+    assert!(err.to_string().contains("shorten the warm-up"), "{err}");
+}
+
 #[test]
 fn bad_parameters_are_typed_errors() {
     let quota = Quota::new(100, 1, Duration::from_millis(10)).unwrap();

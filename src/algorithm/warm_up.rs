@@ -216,8 +216,9 @@ pub enum WarmUpError {
     WarmUpTooLong {
         /// The warm-up period asked for.
         warm_up: Duration,
-        /// The longest warm-up period this quota allows (zero when the
-        /// capacity leaves no room for one).
+        /// The longest warm-up period this quota allows: zero when the
+        /// capacity leaves no room for one (a capacity of 2^23, 8,388,608,
+        /// or more), whatever the refill period.
         max: Duration,
     },
     /// Filling an empty cold bucket and cooling it from warm takes longer
@@ -238,6 +239,14 @@ impl fmt::Display for WarmUpError {
                 f,
                 "a cold factor of {cold_factor} is out of range; it must be a number from 1 \
                  (no warm-up) to 1000 (a cold bucket refills at 1/1000 of the stable rate)"
+            ),
+            WarmUpError::WarmUpTooLong { warm_up, max } if max.is_zero() => write!(
+                f,
+                "a warm-up period of {warm_up:?} does not fit this quota at any refill period: \
+                 a capacity of 8388608 (2^23) or more leaves the packed word no bits for a \
+                 warm-up; lower the capacity below 8388608 (a capacity of w bits leaves \
+                 24 - w bits for the warm-up, counted in refill periods), or use a warm-up of \
+                 zero (the token bucket of the quota)"
             ),
             WarmUpError::WarmUpTooLong { warm_up, max } => write!(
                 f,
