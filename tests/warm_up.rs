@@ -454,6 +454,29 @@ fn stable_rate_is_reached_exactly_at_the_end_of_the_warm_up() {
     }
 }
 
+/// The figures of the comparison with Guava's `SmoothWarmingUp` in the
+/// documentation: 100 per second, a 30 s warm-up, full demand from cold; the
+/// permits admitted from 0 s to 30 s inclusive, the burst of 100 among them,
+/// are `100 + ⌊3000·(1 + c)/(2c)⌋`: the rate rises linearly in time. (Guava's
+/// cost per permit, linear in its stored permits, admits `1 + ⌊6000/(1 + c)⌋`:
+/// 1501, 546, 60 and 6.)
+#[test]
+fn the_ramp_admits_the_documented_permits_over_the_warm_up() {
+    let quota = Quota::per_second(100).unwrap();
+    for (cold, expected) in [
+        (3.0, 2_100),
+        (10.0, 1_750),
+        (100.0, 1_615),
+        (1_000.0, 1_601),
+    ] {
+        let w = WarmUp::new(quota, Duration::from_secs(30), cold).unwrap();
+        let counts = admitted_per_period(w, 3_000);
+        assert_eq!(counts.iter().sum::<u64>(), expected, "cold {cold}");
+        // The refill at 30 s itself is one of them.
+        assert_eq!(counts[3_000], 1, "cold {cold}");
+    }
+}
+
 /// Full demand at a finer grain than the period (a request every
 /// millisecond) admits the same as full demand at each refill.
 #[test]

@@ -31,23 +31,47 @@ const BEHIND_FLOOR: u64 = 1 << 32;
 const REFUND_TIME_BITS: u32 = 47;
 
 /// A token bucket that warms up: a cold bucket refills at `1 / cold_factor`
-/// of its quota's rate, and the rate rises linearly to the quota's over the
-/// warm-up period while the bucket is in use; it cools down again while
-/// idle. The peer is Guava's `SmoothWarmingUp`, without two of its defects: a
-/// zero warm-up is exactly a [`TokenBucket`] of the same quota (Guava #2730:
-/// a zero warm-up there disabled the limit), and under full demand the stable
-/// rate is reached exactly at the end of the warm-up period and kept
-/// (Guava #3552: there it could be missed).
+/// of its quota's rate, and the rate rises linearly in time to the quota's
+/// over the warm-up period. It warms in each period the bucket is below
+/// capacity (refilling after a burst counts, idle or not) and cools in each
+/// period it stays full ([Semantics](#semantics)).
 ///
 /// A service that has just started (cold caches, a new replica, a key seen
 /// for the first time) is not sent its full rate at once.
+///
+/// The warm-up is like Guava's `SmoothWarmingUp`, on another curve: here the
+/// refill rate is linear in time (in the heat, which under full demand rises
+/// a period at a time); there the *cost per permit* is linear in the permits
+/// stored, so the rate, its inverse, rises slowly at first and steeply at the
+/// end (under full demand, `1 / √(c² - (c² - 1)·t/T)` of the stable rate at
+/// time `t` of a warm-up `T`). Over the warm-up, under full demand, this
+/// bucket's refills average `(1 + c) / (2c)` of the stable rate and Guava's
+/// permits `2 / (1 + c)` of it. At 100 per second with a 30 s warm-up, from
+/// cold under full demand, the permits admitted from 0 s to 30 s inclusive
+/// (this bucket's with its full burst of 100) are:
+///
+/// | cold factor `c` | `WarmUp` | Guava's `SmoothWarmingUp` |
+/// |---|---|---|
+/// | 3 | 2,100 | 1,501 |
+/// | 10 | 1,750 | 546 |
+/// | 100 | 1,615 | 60 |
+/// | 1,000 | 1,601 | 6 |
+///
+/// (`100 + ⌊3000·(1 + c)/(2c)⌋` here; `1 + ⌊6000/(1 + c)⌋` in Guava's model,
+/// whose first permit is free and whose next 6,000/(1 + c) cost the warm-up
+/// period.) Two of Guava's defects are avoided: a zero warm-up is exactly a
+/// [`TokenBucket`] of the same quota (Guava #2730: a zero warm-up there
+/// disabled the limit), and under full demand the stable rate is reached
+/// exactly at the end of the warm-up period and kept (Guava #3552: there it
+/// could be missed).
 ///
 /// ```
 /// use std::time::Duration;
 /// use turnstile::{Algorithm, ManualClock, Quota, RateLimiter, WarmUp};
 ///
 /// let clock = ManualClock::new();
-/// // 1 per 100 ms when warm, a burst of 1; cold, a third of that; warm after 1.2 s of use.
+/// // 1 per 100 ms when warm, a burst of 1; cold, a third of that; warm after
+/// // 1.2 s below capacity.
 /// let quota = Quota::new(1, 1, Duration::from_millis(100))?;
 /// let warm_up = WarmUp::new(quota, Duration::from_millis(1_200), 3.0)?;
 /// let limiter = RateLimiter::from_parts(warm_up, clock.clone());
@@ -87,10 +111,11 @@ const REFUND_TIME_BITS: u32 = 47;
 /// - **Warming.** Each whole period that ends while the bucket is below
 ///   capacity raises the heat from `h` to `h + 1` and refills
 ///   `A · (⌊B(h + 1)⌋ - ⌊B(h)⌋)` tokens: 0 or `A`. `B` is the integral of a
-///   rate that rises linearly from `1 / c` batch per period at heat 0 to 1
-///   at heat `N` (Guava's cost per permit, likewise linear from `c` stable
-///   intervals to one); from heat `N` on, every period refills `A`, the
-///   quota's rate. The heat stops at `N`.
+///   rate that rises linearly in the heat from `1 / c` batch per period at
+///   heat 0 to 1 at heat `N` (Guava's `SmoothWarmingUp` makes the cost per
+///   permit linear instead, in the permits stored: another curve, compared
+///   above); from heat `N` on, every period refills `A`, the quota's rate.
+///   The heat stops at `N`.
 /// - **From cold, under full demand** (the bucket drained and kept below
 ///   capacity), the permits admitted in the first `j` periods are
 ///   `C + A · ⌊B(j)⌋`: `C + A · ⌊N · (1 + c) / (2c)⌋` by the end of the
