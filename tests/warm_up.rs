@@ -811,3 +811,45 @@ fn a_bucket_idle_past_half_its_span_comes_back_fresh() {
     assert_eq!(limiter.remaining(), 0);
     assert!(!limiter.try_acquire().is_allowed());
 }
+
+/// Readings far off, as the word's documentation (and `ManualClock::set`'s)
+/// says: a clock set back further than the stretch behind (here `2^32` µs,
+/// 71.6 minutes) is taken as a reading after a long idle and finds the
+/// bucket fresh; a warm word idle the span (`2^40` µs) and a second is read
+/// as idle a second, and comes back warm, not cold as a fresh bucket.
+#[test]
+fn readings_past_the_stretch_or_the_span_are_read_as_documented() {
+    const DAY: u64 = 86_400;
+    let quota = Quota::per_second(1_000).unwrap();
+    let w = WarmUp::new(quota, Duration::from_secs(10), 3.0).unwrap();
+    let fresh = {
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::from_parts(w, clock.clone());
+        assert!(limiter.try_acquire_n(1_000).unwrap().is_allowed());
+        limiter.try_acquire().retry_after().unwrap()
+    };
+    // Set back 72 minutes, past the stretch: refilled.
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(10 * DAY));
+    let limiter = RateLimiter::from_parts(w, clock.clone());
+    assert!(limiter.try_acquire_n(1_000).unwrap().is_allowed());
+    assert_eq!(limiter.remaining(), 0);
+    clock.set(Duration::from_secs(10 * DAY - 72 * 60));
+    assert_eq!(limiter.remaining(), 1_000);
+    // Warmed under full demand for 12 s, then idle the span and a second.
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1_000));
+    let limiter = RateLimiter::from_parts(w, clock.clone());
+    assert!(limiter.try_acquire_n(1_000).unwrap().is_allowed());
+    for _ in 0..12_000 {
+        clock.advance(Duration::from_millis(1));
+        while limiter.try_acquire().is_allowed() {}
+    }
+    let warm = limiter.try_acquire().retry_after().unwrap();
+    assert!(warm < fresh, "warm {warm:?}, fresh {fresh:?}");
+    clock.advance(Duration::from_micros(1 << 40) + Duration::from_secs(1));
+    assert_eq!(limiter.remaining(), 1_000);
+    assert!(limiter.try_acquire_n(1_000).unwrap().is_allowed());
+    let after = limiter.try_acquire().retry_after().unwrap();
+    assert!(after < fresh, "after {after:?}, fresh {fresh:?}");
+}

@@ -44,7 +44,10 @@ pub(crate) fn within_refund_horizon(at: u64, now: u64) -> bool {
 /// Times are the clock's nanoseconds ([`Clock::now`](crate::Clock::now)); a time
 /// may be *behind* one the word has already seen, and must then never create
 /// permits (within half the span of the word's time field, as
-/// [`Clock`](crate::Clock#readings-years-off) says).
+/// [`Clock`](crate::Clock#readings-years-off) says; for a [`WarmUp`](crate::WarmUp)
+/// of a nonzero warm-up, within its stretch behind, the larger of its cold fill
+/// time plus warm-up period and `2^32` time units, 71.6 minutes at 1 µs: a time
+/// further behind is taken as one after a long idle, and finds the bucket fresh).
 pub trait Algorithm {
     /// The word of a bucket that has never been used.
     fn fresh(&self) -> u64;

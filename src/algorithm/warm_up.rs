@@ -163,9 +163,16 @@ const REFUND_TIME_BITS: u32 = 47;
 /// are, refills it: [`Clock`](crate::Clock#readings-years-off)). So a word
 /// idle any time up to the span less the stretch (12.7 days less 71.6 minutes,
 /// at 40 bits) is read exactly, and comes back fresh. One idle longer is read
-/// modulo the span: within the stretch below a multiple of it as behind,
-/// within the idle time above one as a shorter idle; either under-credits
-/// (admits less, never more) for at most the stretch and one cold fill.
+/// modulo the span: within the stretch below a multiple of it as behind
+/// (nothing refills or cools until the clock comes round), within the idle
+/// time above one as a shorter idle. Either way the word is read as it was
+/// left, aged only by that shorter reading, not as fresh: a word left below
+/// capacity is short of a fresh bucket's tokens for at most the stretch and
+/// one cold fill, and a word left warm can come back warm instead of cold (a
+/// word idle the span and `δ`, for `δ` below the idle time, is read as one
+/// idle `δ`), refilling faster than the fresh, cold bucket it should be and
+/// so able to admit more than that bucket would; never more than the stable
+/// quota allows, since no heat refills faster than the quota's token bucket.
 ///
 /// # Refunds
 ///

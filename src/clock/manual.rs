@@ -35,13 +35,19 @@ impl ManualClock {
         }
     }
 
-    /// Set the time to `since_epoch`. Setting it backwards is allowed: a
-    /// word's time never moves back, so a limiter creates no permits from
-    /// it, with one exception. A key of a keyed limiter swept at the later
-    /// time comes back fresh at the earlier one, where its old word would
-    /// still have counted: the spread of readings of [`Clock`]'s "Readings
-    /// that disagree", here as large as the step back, once per such sweep
-    /// (and a refund of an admission made before the sweep can then find
+    /// Set the time to `since_epoch`. Setting it backwards is allowed: a word's
+    /// time never moves back, so a limiter creates no permits from it, with two
+    /// exceptions. A [`WarmUp`](crate::WarmUp) word (of a nonzero warm-up)
+    /// takes a reading further behind it than its stretch behind, the larger of
+    /// its cold fill time plus warm-up period and `2^32` time units (71.6
+    /// minutes at 1 µs), as one after a long idle, and finds the bucket fresh:
+    /// setting the clock back 72 minutes refills it (the other words do so only
+    /// for a step back beyond half their span, years, and GCRA's never:
+    /// [`Clock`](Clock#readings-years-off)). And a key of a keyed limiter swept
+    /// at the later time comes back fresh at the earlier one, where its old
+    /// word would still have counted: the spread of readings of [`Clock`]'s
+    /// "Readings that disagree", here as large as the step back, once per such
+    /// sweep (and a refund of an admission made before the sweep can then find
     /// the re-created key's word alike and take it). Times beyond `u64::MAX`
     /// nanoseconds (584 years) saturate.
     pub fn set(&self, since_epoch: Duration) {

@@ -16,9 +16,14 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// clock turns into nanoseconds: `floor(ticks * 10^9 / ticks_per_second)`,
 /// exactly, saturating at `u64::MAX` nanoseconds (584 years). Readings should
 /// not go back ([`Clock`] says what a limiter makes of one that does): a
-/// counter narrower than 64 bits must be extended by the application, since
-/// a wrap to zero reads as a clock set back, and the limiter then admits
-/// nothing new until the clock has caught up with the word's time.
+/// counter narrower than 64 bits must be extended by the application, since a
+/// wrap to zero reads as a clock set back, and the limiter then admits
+/// nothing new until the clock has caught up with the word's time; a
+/// [`WarmUp`](crate::WarmUp) word (of a nonzero warm-up) instead takes a wrap
+/// further back than its stretch behind (the larger of its cold fill time
+/// plus warm-up period and `2^32` time units, 71.6 minutes at 1 µs) as a long
+/// idle, and finds the bucket fresh, refilled
+/// ([`Clock`](Clock#readings-years-off)).
 ///
 /// ```
 /// use core::sync::atomic::{AtomicU64, Ordering};
