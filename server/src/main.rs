@@ -39,9 +39,14 @@ usage: turnstile-server --config DIR [options]
                           LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER); off
                           (default: envoy with LIMIT_RESPONSE_HEADERS_ENABLED=true, else off)
 
-  --redis URL             share the limits with other replicas in Redis: redis://HOST:PORT[/DB],
-                          redis+cluster://HOST:PORT,HOST:PORT... or
-                          redis+sentinel://HOST:PORT,.../PRIMARY_NAME (default: in process)
+  --shadow-mode           answer OK where a limit is over (counted; the descriptors' statuses say it)
+                          (default: SHADOW_MODE)
+
+  --redis URL|off         share the limits with other replicas in Redis: redis://HOST:PORT[/DB],
+                          redis+unix:///PATH, redis+cluster://HOST:PORT,HOST:PORT... or
+                          redis+sentinel://HOST:PORT,.../PRIMARY_NAME; off: in process
+                          (default: the Redis REDIS_URL, REDIS_TYPE, REDIS_SOCKET_TYPE and REDIS_AUTH
+                          name, else in process)
   --redis-mode MODE       leased (default: leases spent in process) or exact (a script per decision)
   --on-redis-failure P    open (default: this replica's share of each limit) or closed (deny)
   --redis-deadline MS     deadline of each Redis reply, in milliseconds (default 5)
@@ -50,7 +55,7 @@ usage: turnstile-server --config DIR [options]
 
 envoyproxy/ratelimit's environment variables give the defaults above (HOST, PORT, GRPC_HOST,
 GRPC_PORT, RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY, LIMIT_RESPONSE_HEADERS_ENABLED,
-LIMIT_*_HEADER); a flag wins over a variable.
+LIMIT_*_HEADER, SHADOW_MODE, BACKEND_TYPE and REDIS_*); a flag wins over a variable.
 ";
 
 struct Args {
@@ -61,6 +66,7 @@ struct Args {
     max_overrides: usize,
     bounds: Bounds,
     headers: ResponseHeaders,
+    shadow_mode: bool,
     redis: Option<String>,
     redis_options: RedisOptions,
     warnings: Vec<String>,
@@ -83,6 +89,9 @@ fn parse_args() -> Result<Args, String> {
         "LIMIT_RESPONSE_HEADERS_ENABLED" => {
             given.iter().any(|a| a.starts_with("--response-headers"))
         }
+        "SHADOW_MODE" => has("--shadow-mode"),
+        "BACKEND_TYPE" => has("--redis"),
+        name if name.starts_with("REDIS_") => has("--redis"),
         _ => false,
     };
     let env = settings::from_env(|name| {
@@ -99,7 +108,8 @@ fn parse_args() -> Result<Args, String> {
     let mut max_overrides = DEFAULT_MAX_OVERRIDE_LIMITS;
     let mut bounds = Bounds::default();
     let mut headers = env.response_headers;
-    let mut redis = None;
+    let mut shadow_mode = env.shadow_mode;
+    let mut redis = env.redis;
     let mut redis_options = RedisOptions::default();
     let mut args = given.iter().cloned();
     while let Some(flag) = args.next() {
@@ -114,6 +124,10 @@ fn parse_args() -> Result<Args, String> {
                     ));
                 }
             };
+            continue;
+        }
+        if flag == "--shadow-mode" {
+            shadow_mode = true;
             continue;
         }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -139,6 +153,7 @@ fn parse_args() -> Result<Args, String> {
             "--max-descriptors" => bounds.max_descriptors = count(&value)?,
             "--max-entries" => bounds.max_entries = count(&value)?,
             "--max-length" => bounds.max_length = count(&value)?,
+            "--redis" if value == "off" => redis = None,
             "--redis" => redis = Some(value),
             "--redis-mode" => {
                 redis_options.mode = RedisMode::parse(&value)
@@ -175,6 +190,7 @@ fn parse_args() -> Result<Args, String> {
         max_overrides,
         bounds,
         headers,
+        shadow_mode,
         redis,
         warnings: env.warnings,
         redis_options: RedisOptions {
@@ -247,6 +263,7 @@ async fn main() -> ExitCode {
     let service = Arc::new(
         RateLimitService::new(config, args.bounds, false)
             .with_response_headers(args.headers)
+            .with_shadow_mode(args.shadow_mode)
             .with_overrides(Arc::clone(&backend), args.max_overrides),
     );
     let grpc = match tokio::net::TcpListener::bind(args.grpc).await {

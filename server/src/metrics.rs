@@ -9,6 +9,7 @@
 //! | `turnstile_rls_requests_total`, `turnstile_rls_invalid_requests_total` | none |
 //! | `turnstile_rls_config_reloads_total`, `turnstile_rls_config_reload_errors_total` | none |
 //! | `turnstile_rls_override_refused_total` | none: descriptors whose `limit` override was a new quota past the bound of override limits, answered `OVER_LIMIT` |
+//! | `turnstile_rls_global_shadow_mode_total` | none: requests over a limit answered `OK` by the global shadow mode (`--shadow-mode`, `SHADOW_MODE`) |
 //!
 //! **Never an unbounded number of series**: no label takes a value from a
 //! request except the detailed series, which keep at most
@@ -121,6 +122,7 @@ pub struct Metrics {
     reloads: AtomicU64,
     reload_errors: AtomicU64,
     override_refused: AtomicU64,
+    global_shadow: AtomicU64,
 }
 
 impl Metrics {
@@ -158,6 +160,17 @@ impl Metrics {
     /// of override limits (answered `OVER_LIMIT`).
     pub fn override_refused(&self) {
         add(&self.override_refused);
+    }
+
+    /// A request over a limit was answered `OK` by the global shadow mode.
+    pub fn global_shadow(&self) {
+        add(&self.global_shadow);
+    }
+
+    /// Requests answered so far ([`global_shadow`](Self::global_shadow)).
+    pub fn global_shadowed(&self) -> u64 {
+        // Reporting only: orders nothing.
+        self.global_shadow.load(Ordering::Relaxed)
     }
 
     /// Requests refused as invalid so far ([`invalid`](Self::invalid)).
@@ -305,6 +318,12 @@ impl Metrics {
             "turnstile_rls_override_refused_total",
             "Descriptors whose limit override was a new quota past the bound of override limits (answered OVER_LIMIT).",
             &self.override_refused,
+        );
+        scalar(
+            &mut out,
+            "turnstile_rls_global_shadow_mode_total",
+            "Requests over a limit answered OK by the global shadow mode.",
+            &self.global_shadow,
         );
         let limits = self.limits.read().unwrap_or_else(PoisonError::into_inner);
         let mut names: Vec<&String> = limits.keys().collect();

@@ -58,8 +58,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::IntoConnectionInfo;
 use redis::cluster::ClusterClientBuilder;
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use turnstile::redis::{
     AnyAsyncConnection, AsyncRedisConnection, Deadlines, Guarded, LeasedBuilder, LeasedLimiter,
     MAX_LEASE, OnFailure, RedisAlgorithm, RedisLimiter,
@@ -184,7 +185,7 @@ impl fmt::Display for RedisBackendError {
             RedisBackendError::Url { url, message } => write!(
                 f,
                 "--redis {url}: {message} (give redis://HOST:PORT[/DB], \
-                 redis+cluster://HOST:PORT[,HOST:PORT…] or \
+                 redis+unix:///PATH, redis+cluster://HOST:PORT[,HOST:PORT…] or \
                  redis+sentinel://HOST:PORT[,HOST:PORT…]/PRIMARY_NAME)"
             ),
             RedisBackendError::Cluster { message } => {
@@ -214,10 +215,13 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// A backend on `url`: `redis://HOST:PORT[/DB]` (one server),
-    /// `redis+cluster://HOST:PORT,HOST:PORT…` (a Redis Cluster, from any of
-    /// its nodes) or `redis+sentinel://HOST:PORT,…/NAME` (the primary named
-    /// `NAME` by those Sentinels, found again after a failover). A single
+    /// A backend on `url`: `redis://[USER:PASSWORD@]HOST:PORT[/DB]` (one
+    /// server), `redis+unix:///PATH[?user=USER&pass=PASSWORD]` (one server on
+    /// a Unix socket), `redis+cluster://[USER:PASSWORD@]HOST:PORT,…` (a Redis
+    /// Cluster, from any of its nodes, each node's credentials before it) or
+    /// `redis+sentinel://[USER:PASSWORD@]HOST:PORT,…/NAME` (the primary named
+    /// `NAME` by those Sentinels, found again after a failover; the
+    /// credentials are the primary's). A single
     /// server or Sentinel connects on its first call, so a Redis that is
     /// down at start is a failure like any other (the policy decides); a
     /// cluster is asked for its slots here.
@@ -249,6 +253,23 @@ impl RedisBackend {
                 })?
                 .into_any()
         } else if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            // `USER:PASSWORD@` before the Sentinels: the primary's credentials.
+            let (auth, rest) = match rest.split_once('@') {
+                Some((auth, rest)) if !auth.contains('/') => (Some(auth), rest),
+                _ => (None, rest),
+            };
+            let node = match auth {
+                None => None,
+                Some(auth) => {
+                    let info = format!("redis://{auth}@localhost")
+                        .into_connection_info()
+                        .map_err(|e| bad(format!("its credentials: {e}")))?;
+                    Some(
+                        SentinelNodeConnectionInfo::default()
+                            .set_redis_connection_info(info.redis_settings().clone()),
+                    )
+                }
+            };
             let (hosts, name) = rest
                 .split_once('/')
                 .filter(|(_, name)| !name.is_empty())
@@ -264,12 +285,15 @@ impl RedisBackend {
             let client = SentinelClient::build(
                 sentinels,
                 name.to_string(),
-                None,
+                node,
                 SentinelServerType::Master,
             )
             .map_err(|e| bad(e.to_string()))?;
             deadlines.reconnecting_sentinel(client).into_any()
-        } else if url.starts_with("redis://") {
+        } else if ["redis://", "redis+unix://", "unix://"]
+            .iter()
+            .any(|scheme| url.starts_with(scheme))
+        {
             let client = redis::Client::open(url).map_err(|e| bad(e.to_string()))?;
             deadlines.reconnecting(client).into_any()
         } else {

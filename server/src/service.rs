@@ -396,6 +396,8 @@ pub struct RateLimitService {
     stats: Stats,
     metrics: Metrics,
     overrides: Option<Overrides>,
+    /// The global shadow mode: a request over a limit is answered `OK`.
+    shadow_mode: bool,
     /// Whether the health checks answer serving: true from the start, false
     /// once the service is shutting down.
     serving: tokio::sync::watch::Sender<bool>,
@@ -538,6 +540,7 @@ impl RateLimitService {
             stats: Stats::default(),
             metrics: Metrics::default(),
             overrides: None,
+            shadow_mode: false,
             serving: tokio::sync::watch::Sender::new(true),
         }
     }
@@ -587,6 +590,56 @@ impl RateLimitService {
     #[must_use]
     pub fn with_response_headers(mut self, headers: ResponseHeaders) -> RateLimitService {
         self.headers = headers;
+        self
+    }
+
+    /// The global shadow mode, as envoyproxy/ratelimit's `SHADOW_MODE`: a
+    /// request over a limit is answered `OK` overall (its descriptors'
+    /// statuses are left `OVER_LIMIT`, as there, and no `Retry-After` is
+    /// added) and counted in `turnstile_rls_global_shadow_mode_total`. The
+    /// limits still count what they admit, so turning the mode off enforces
+    /// them from where they stand.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    /// use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    /// use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    /// use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    /// use turnstile::ManualClock;
+    /// use turnstile_server::backend::InProcess;
+    /// use turnstile_server::clock::ServiceClock;
+    /// use turnstile_server::config::Config;
+    /// use turnstile_server::service::{Bounds, RateLimitService};
+    ///
+    /// let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    /// let backend = InProcess::new(ServiceClock::manual(ManualClock::new()), 1_000);
+    /// let config = Config::from_files(&[("d.yaml".to_string(), yaml.to_string())], &backend)?;
+    /// let service = RateLimitService::new(config, Bounds::default(), false).with_shadow_mode(true);
+    /// let request = RateLimitRequest {
+    ///     domain: "d".to_string(),
+    ///     descriptors: vec![RateLimitDescriptor {
+    ///         entries: vec![Entry { key: "k".to_string(), value: "v".to_string() }],
+    ///         ..RateLimitDescriptor::default()
+    ///     }],
+    ///     hits_addend: 0,
+    /// };
+    /// let first = service.should_rate_limit(&request).await?;
+    /// assert_eq!(first.overall_code, Code::Ok as i32);
+    /// // Over the limit: answered OK; the descriptor's status still says so.
+    /// let over = service.should_rate_limit(&request).await?;
+    /// assert_eq!(over.overall_code, Code::Ok as i32);
+    /// assert_eq!(over.statuses[0].code, Code::OverLimit as i32);
+    /// assert_eq!(service.metrics().global_shadowed(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_shadow_mode(mut self, shadow_mode: bool) -> RateLimitService {
+        self.shadow_mode = shadow_mode;
         self
     }
 
@@ -984,6 +1037,11 @@ impl RateLimitService {
                 values.extend(policy.value(&outcome));
             }
             response.statuses.push(status);
+        }
+        if self.shadow_mode && response.overall_code == Code::OverLimit as i32 {
+            response.overall_code = Code::Ok as i32;
+            retry_after = None;
+            self.metrics.global_shadow();
         }
         if let ResponseHeaders::Envoy(names) = &self.headers {
             response.response_headers_to_add = envoy_headers(&response.statuses, names);

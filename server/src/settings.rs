@@ -15,17 +15,32 @@
 //! - `LIMIT_RESPONSE_HEADERS_ENABLED` and `LIMIT_LIMIT_HEADER`,
 //!   `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`: envoyproxy/ratelimit's
 //!   response header fields ([`ResponseHeaders::Envoy`]).
+//! - `REDIS_URL`, with `REDIS_TYPE` (`SINGLE`, `CLUSTER` or `SENTINEL`),
+//!   `REDIS_SOCKET_TYPE` (`unix`, envoyproxy/ratelimit's default, or
+//!   `tcp`) and `REDIS_AUTH` (`password` or `user:password`): the Redis the
+//!   replicas share ([`Defaults::redis`], `--redis`), so a deployment that
+//!   counted in Redis still counts there, not once per replica.
+//!   `BACKEND_TYPE=memcache` and `REDIS_TLS=true` are refused (neither is
+//!   served: give `--redis URL`, or `--redis off` to count in this process).
+//! - `SHADOW_MODE`: every answer over a limit is turned into `OK` and
+//!   counted ([`Defaults::shadow_mode`], `--shadow-mode`), the descriptors'
+//!   statuses left as they are, as envoyproxy/ratelimit's global shadow
+//!   mode does.
 //!
 //! An empty variable is as an unset one, and the binary does not read the
 //! variables a flag given replaces (`--grpc-addr`: `GRPC_HOST`,
 //! `GRPC_PORT`, `GRPC_UDS`; `--http-addr`: `HOST`, `PORT`; `--config`: the
 //! `RUNTIME_*` three; `--response-headers`:
-//! `LIMIT_RESPONSE_HEADERS_ENABLED`), nor any for `--help`. What would make the service
-//! unreachable as the deployment expects (`GRPC_UDS`,
-//! `GRPC_SERVER_USE_TLS=true`) is refused; variables that change the
-//! decisions and are not read here (`REDIS_URL`, `SHADOW_MODE`, ...) are
-//! reported in [`Defaults::warnings`]. The rest (statsd, logging, tracing,
-//! `DEBUG_PORT`) are not read: metrics are served at `GET /metrics`.
+//! `LIMIT_RESPONSE_HEADERS_ENABLED`; `--redis`: `BACKEND_TYPE` and the
+//! `REDIS_*` variables; `--shadow-mode`: `SHADOW_MODE`), nor any for
+//! `--help`. What would make the service unreachable as the deployment
+//! expects (`GRPC_UDS`, `GRPC_SERVER_USE_TLS=true`), or count where it does
+//! not (`BACKEND_TYPE=memcache`, `REDIS_TLS=true`), is refused; variables
+//! that change the decisions and are not read here
+//! (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `MERGE_DOMAIN_CONFIG`,
+//! `REDIS_PERSECOND`, ...) are reported in [`Defaults::warnings`]. The rest
+//! (statsd, logging, tracing, `DEBUG_PORT`) are not read: metrics are served
+//! at `GET /metrics`.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -47,6 +62,13 @@ pub struct Defaults {
     /// The names the `LIMIT_*_HEADER` variables give (their defaults
     /// otherwise), for `--response-headers=envoy`.
     pub envoy_header_names: EnvoyHeaderNames,
+    /// The `--redis` URL that `REDIS_URL`, `REDIS_TYPE`, `REDIS_SOCKET_TYPE`
+    /// and `REDIS_AUTH` describe, when `REDIS_URL` is set: a deployment of
+    /// envoyproxy/ratelimit counts in Redis, and its replicas share the
+    /// counts there.
+    pub redis: Option<String>,
+    /// `SHADOW_MODE`: answers over a limit are turned into `OK`.
+    pub shadow_mode: bool,
     /// envoyproxy/ratelimit's variables that are set and change what it
     /// decides, but that this service does not read: one line each.
     pub warnings: Vec<String>,
@@ -80,7 +102,9 @@ pub struct Defaults {
 ///     ("RUNTIME_SUBDIRECTORY", "ratelimit"),
 ///     ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
 ///     ("LIMIT_RESET_HEADER", "X-RateLimit-Reset"),
+///     ("REDIS_SOCKET_TYPE", "tcp"),
 ///     ("REDIS_URL", "redis:6379"),
+///     ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
 /// ]);
 /// let defaults = from_env(|name| env.get(name).map(|value| value.to_string()))?;
 /// assert_eq!(defaults.http, "0.0.0.0:9090".parse::<SocketAddr>()?);
@@ -91,9 +115,11 @@ pub struct Defaults {
 ///     ..EnvoyHeaderNames::default()
 /// };
 /// assert_eq!(defaults.response_headers, ResponseHeaders::Envoy(names));
+/// // The replicas keep counting in that Redis.
+/// assert_eq!(defaults.redis.as_deref(), Some("redis://redis:6379"));
 /// // Not read here, but it changes what envoyproxy/ratelimit decides.
 /// assert_eq!(defaults.warnings.len(), 1);
-/// assert!(defaults.warnings[0].starts_with("REDIS_URL=redis:6379 is not read"));
+/// assert!(defaults.warnings[0].starts_with("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true is not read"));
 ///
 /// // Nothing set: envoyproxy/ratelimit's defaults.
 /// let none = from_env(|_| None)?;
@@ -168,21 +194,24 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Defaults, String
     } else {
         ResponseHeaders::Off
     };
+    let redis = redis_url(&get, &flag)?;
+    let shadow_mode = flag("SHADOW_MODE")?;
     let mut warnings = Vec::new();
-    if let Some(url) = get("REDIS_URL") {
-        warnings.push(format!(
-            "REDIS_URL={url} is not read: without --redis URL each replica keeps its own counts"
-        ));
-    }
-    if get("BACKEND_TYPE").is_some_and(|b| b.eq_ignore_ascii_case("memcache")) {
+    if flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
         warnings.push(
-            "BACKEND_TYPE=memcache is not read: limits are kept in this process, or in Redis with --redis URL"
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true is not read: a request's descriptors within \
+             their limits spend their hits even when another is over its limit"
                 .to_string(),
         );
     }
-    if flag("SHADOW_MODE")? {
+    if flag("MERGE_DOMAIN_CONFIG")? {
         warnings.push(
-            "SHADOW_MODE=true is not read: limits are enforced; set shadow_mode on each limit in the configuration"
+            "MERGE_DOMAIN_CONFIG=true is not read: each domain must be in one file".to_string(),
+        );
+    }
+    if redis.is_some() && flag("REDIS_PERSECOND")? {
+        warnings.push(
+            "REDIS_PERSECOND=true is not read: per-second limits are counted in REDIS_URL's Redis too"
                 .to_string(),
         );
     }
@@ -203,8 +232,130 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Defaults, String
         config,
         response_headers,
         envoy_header_names,
+        redis,
+        shadow_mode,
         warnings,
     })
+}
+
+/// The `--redis` URL of envoyproxy/ratelimit's Redis variables, `None`
+/// without `REDIS_URL`.
+fn redis_url(
+    get: &impl Fn(&str) -> Option<String>,
+    flag: &impl Fn(&str) -> Result<bool, String>,
+) -> Result<Option<String>, String> {
+    let not_served = |what: String| {
+        format!(
+            "{what}: give --redis URL to count in Redis, or --redis off to count in this process"
+        )
+    };
+    if let Some(backend) = get("BACKEND_TYPE") {
+        if backend.eq_ignore_ascii_case("memcache") {
+            return Err(not_served(format!(
+                "BACKEND_TYPE={backend}: memcached is not served"
+            )));
+        }
+        if !backend.eq_ignore_ascii_case("redis") {
+            return Err(format!("BACKEND_TYPE={backend}: give redis or memcache"));
+        }
+    }
+    let Some(url) = get("REDIS_URL") else {
+        return Ok(None);
+    };
+    if flag("REDIS_TLS")? {
+        return Err(not_served(
+            "REDIS_TLS=true: TLS to Redis is not served".to_string(),
+        ));
+    }
+    let socket = get("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".to_string());
+    let unix = match socket.to_ascii_lowercase().as_str() {
+        "unix" => true,
+        "tcp" => false,
+        _ => return Err(format!("REDIS_SOCKET_TYPE={socket}: give unix or tcp")),
+    };
+    let auth = get("REDIS_AUTH");
+    // `user:password`, or a password alone; each part percent-encoded.
+    let userinfo = auth.as_deref().map(|auth| match auth.split_once(':') {
+        Some((user, password)) => format!("{}:{}@", encode(user), encode(password)),
+        None => format!(":{}@", encode(auth)),
+    });
+    let userinfo = userinfo.unwrap_or_default();
+    let kind = get("REDIS_TYPE").unwrap_or_else(|| "SINGLE".to_string());
+    let tcp_only = |kind: &str| {
+        if unix {
+            Err(format!(
+                "REDIS_TYPE={kind} with REDIS_SOCKET_TYPE=unix: give REDIS_SOCKET_TYPE=tcp"
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let hosts = |list: &str| -> Result<Vec<String>, String> {
+        let hosts: Vec<String> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(str::to_string)
+            .collect();
+        if hosts.is_empty() {
+            return Err(format!("REDIS_URL={url}: no host named"));
+        }
+        Ok(hosts)
+    };
+    Ok(Some(match kind.to_ascii_lowercase().as_str() {
+        "single" if unix => match auth.as_deref() {
+            None => format!("redis+unix://{url}"),
+            Some(auth) => match auth.split_once(':') {
+                Some((user, password)) => format!(
+                    "redis+unix://{url}?user={}&pass={}",
+                    encode(user),
+                    encode(password)
+                ),
+                None => format!("redis+unix://{url}?pass={}", encode(auth)),
+            },
+        },
+        "single" => format!("redis://{userinfo}{url}"),
+        "cluster" => {
+            tcp_only(&kind)?;
+            let nodes: Vec<String> = hosts(&url)?
+                .into_iter()
+                .map(|host| format!("{userinfo}{host}"))
+                .collect();
+            format!("redis+cluster://{}", nodes.join(","))
+        }
+        "sentinel" => {
+            tcp_only(&kind)?;
+            // `PRIMARY_NAME,HOST:PORT,HOST:PORT…`.
+            let mut parts = hosts(&url)?.into_iter();
+            let name = parts.next().unwrap_or_default();
+            let sentinels: Vec<String> = parts.collect();
+            if sentinels.is_empty() {
+                return Err(format!(
+                    "REDIS_URL={url}: give the primary's name, then its Sentinels (NAME,HOST:PORT,…)"
+                ));
+            }
+            format!("redis+sentinel://{userinfo}{}/{name}", sentinels.join(","))
+        }
+        _ => {
+            return Err(format!(
+                "REDIS_TYPE={kind}: give SINGLE, CLUSTER or SENTINEL"
+            ));
+        }
+    }))
+}
+
+/// `text` percent-encoded for a URL's user information or query: every byte
+/// but RFC 3986's unreserved characters.
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 /// A boolean as Go's `strconv.ParseBool` reads it (envoyproxy/ratelimit's

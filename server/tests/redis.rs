@@ -610,3 +610,73 @@ async fn an_override_is_one_limit_across_replicas() {
         replica.stop().await;
     }
 }
+
+/// The binary started from envoyproxy/ratelimit's environment counts in the
+/// Redis its variables name (they were reported as not read, and each
+/// replica counted on its own); `--redis off` keeps the counts in process.
+#[test]
+fn the_binary_counts_in_the_redis_the_variables_name() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("turnstile-redis-env-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    std::fs::write(
+        dir.join("d.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
+    )
+    .expect("a file");
+    let keys = || -> Vec<String> {
+        let mut con = server.plain();
+        redis::cmd("KEYS").arg("*").query(&mut con).expect("KEYS")
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    for (extra, counted_in_redis) in [(&["--redis", "off"][..], false), (&[][..], true)] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
+            .env_clear()
+            .env("REDIS_SOCKET_TYPE", "tcp")
+            .env("REDIS_URL", format!("127.0.0.1:{}", server.port()))
+            .arg("--config")
+            .arg(&dir)
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--redis-mode", "exact"])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary");
+        let mut stderr = BufReader::new(child.stderr.take().expect("its stderr"));
+        let mut line = String::new();
+        stderr.read_line(&mut line).expect("a line");
+        let result = std::panic::catch_unwind(|| {
+            let http: std::net::SocketAddr = line
+                .trim_end()
+                .rsplit_once("HTTP on ")
+                .unwrap_or_else(|| panic!("{line}"))
+                .1
+                .parse()
+                .expect("an address");
+            let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+            let (status, text) = runtime.block_on(common::http(http, "POST", "/json", body));
+            assert_eq!(status, 200, "{text}");
+            assert_eq!(
+                !keys().is_empty(),
+                counted_in_redis,
+                "{extra:?}: {:?}",
+                keys()
+            );
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        if let Err(panic) = result {
+            let _ = std::fs::remove_dir_all(&dir);
+            std::panic::resume_unwind(panic);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

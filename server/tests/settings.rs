@@ -94,9 +94,144 @@ fn what_cannot_be_read_or_served_is_refused_by_name() {
         let error = env(vars).expect_err(says);
         assert!(error.contains(says), "{error}");
     }
-    let d = env(&[("REDIS_URL", "redis:6379"), ("SHADOW_MODE", "true")]).unwrap();
+    let d = env(&[
+        ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+        ("MERGE_DOMAIN_CONFIG", "1"),
+    ])
+    .unwrap();
     assert_eq!(d.warnings.len(), 2, "{:?}", d.warnings);
-    assert!(d.warnings[0].contains("--redis"), "{:?}", d.warnings);
+    assert!(
+        d.warnings[0].starts_with("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true is not read"),
+        "{:?}",
+        d.warnings
+    );
+    assert!(
+        d.warnings[1].starts_with("MERGE_DOMAIN_CONFIG=true is not read"),
+        "{:?}",
+        d.warnings
+    );
+}
+
+/// A deployment of envoyproxy/ratelimit counts in Redis (its default
+/// backend) and its replicas share the counts there: the variables that
+/// name that Redis give `--redis`, so a replica started from them does not
+/// count on its own (they were reported as not read, and each replica
+/// admitted the whole limit).
+#[test]
+fn the_redis_variables_name_the_redis_the_replicas_share() {
+    let redis = |vars: &[(&str, &str)]| env(vars).map(|d| d.redis);
+    assert_eq!(redis(&[]).unwrap(), None);
+    assert_eq!(redis(&[("REDIS_SOCKET_TYPE", "tcp")]).unwrap(), None);
+    // envoyproxy/ratelimit's socket type is `unix` unless told.
+    assert_eq!(
+        redis(&[("REDIS_URL", "/var/run/nutcracker/ratelimit.sock")]).unwrap(),
+        Some("redis+unix:///var/run/nutcracker/ratelimit.sock".to_string())
+    );
+    assert_eq!(
+        redis(&[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis:6379")]).unwrap(),
+        Some("redis://redis:6379".to_string())
+    );
+    assert_eq!(
+        redis(&[
+            ("REDIS_SOCKET_TYPE", "TCP"),
+            ("REDIS_URL", "redis:6379"),
+            ("REDIS_AUTH", "p@ss:w/rd"),
+            ("REDIS_TYPE", "single"),
+        ])
+        .unwrap(),
+        Some("redis://p%40ss:w%2Frd@redis:6379".to_string())
+    );
+    assert_eq!(
+        redis(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "a:7000, b:7001"),
+            ("REDIS_AUTH", "secret"),
+            ("REDIS_TYPE", "CLUSTER"),
+        ])
+        .unwrap(),
+        Some("redis+cluster://:secret@a:7000,:secret@b:7001".to_string())
+    );
+    assert_eq!(
+        redis(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+            ("REDIS_TYPE", "SENTINEL"),
+        ])
+        .unwrap(),
+        Some("redis+sentinel://s1:26379,s2:26379/mymaster".to_string())
+    );
+    assert_eq!(
+        redis(&[("REDIS_URL", "/run/redis.sock"), ("REDIS_AUTH", "u:p w")]).unwrap(),
+        Some("redis+unix:///run/redis.sock?user=u&pass=p%20w".to_string())
+    );
+    // `BACKEND_TYPE=redis` is the default, spelt out.
+    assert_eq!(
+        redis(&[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "r:1")
+        ])
+        .unwrap(),
+        Some("redis://r:1".to_string())
+    );
+    // What is not served, or cannot be read, is refused by name, with what to give.
+    for (vars, says) in [
+        (&[("BACKEND_TYPE", "memcache")][..], "BACKEND_TYPE=memcache"),
+        (&[("BACKEND_TYPE", "dynamo")][..], "BACKEND_TYPE=dynamo"),
+        (
+            &[("REDIS_URL", "r:1"), ("REDIS_TLS", "true")][..],
+            "REDIS_TLS=true",
+        ),
+        (
+            &[("REDIS_URL", "r:1"), ("REDIS_SOCKET_TYPE", "udp")][..],
+            "REDIS_SOCKET_TYPE=udp",
+        ),
+        (
+            &[("REDIS_URL", "r:1"), ("REDIS_TYPE", "CLUSTER")][..],
+            "REDIS_SOCKET_TYPE=tcp",
+        ),
+        (
+            &[
+                ("REDIS_URL", "mymaster"),
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+            ][..],
+            "REDIS_URL=mymaster",
+        ),
+        (
+            &[("REDIS_URL", "r:1"), ("REDIS_TYPE", "ring")][..],
+            "REDIS_TYPE=ring",
+        ),
+    ] {
+        let error = env(vars).expect_err(says);
+        assert!(error.contains(says), "{error}");
+    }
+    let error = env(&[("BACKEND_TYPE", "memcache")]).unwrap_err();
+    assert!(
+        error.contains("--redis URL") && error.contains("--redis off"),
+        "{error}"
+    );
+    // Per-second limits in a Redis of their own are not served: counted in
+    // `REDIS_URL`'s, and said so.
+    let d = env(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "r:1"),
+        ("REDIS_PERSECOND", "true"),
+    ])
+    .unwrap();
+    assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
+    assert!(
+        d.warnings[0].starts_with("REDIS_PERSECOND=true"),
+        "{:?}",
+        d.warnings
+    );
+}
+
+#[test]
+fn shadow_mode_is_read() {
+    assert!(!env(&[]).unwrap().shadow_mode);
+    assert!(env(&[("SHADOW_MODE", "true")]).unwrap().shadow_mode);
+    assert!(env(&[("SHADOW_MODE", "on")]).is_err());
 }
 
 /// A configuration directory at `dir`: domain `d`, five a minute per `k`.
@@ -127,6 +262,7 @@ fn the_binary_starts_from_envoyproxy_ratelimits_environment() {
         .env("RUNTIME_SUBDIRECTORY", "ratelimit")
         .env("LIMIT_RESPONSE_HEADERS_ENABLED", "true")
         .env("LIMIT_LIMIT_HEADER", "X-Limit")
+        .env("SHADOW_MODE", "true")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -155,6 +291,20 @@ fn the_binary_starts_from_envoyproxy_ratelimits_environment() {
             assert!(
                 text.contains(r#""responseHeadersToAdd":[{"key":"X-Limit","value":"5"},{"key":"RateLimit-Remaining","value":"4"},{"key":"RateLimit-Reset","value":"#),
                 "{text}"
+            );
+            // `SHADOW_MODE=true`: the sixth of five a minute is answered OK,
+            // its descriptor's status over the limit.
+            for _ in 0..4 {
+                assert_eq!(common::http(http, "POST", "/json", body).await.0, 200);
+            }
+            let (status, text) = common::http(http, "POST", "/json", body).await;
+            assert_eq!(status, 200, "{text}");
+            assert!(text.contains(r#""overallCode":"OK""#), "{text}");
+            assert!(text.contains(r#""code":"OVER_LIMIT""#), "{text}");
+            let (_, metrics) = common::http(http, "GET", "/metrics", "").await;
+            assert!(
+                metrics.contains("turnstile_rls_global_shadow_mode_total 1\n"),
+                "{metrics}"
             );
         });
     });
