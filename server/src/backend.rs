@@ -541,7 +541,10 @@ pub(crate) enum Reset {
 
 impl Reset {
     pub(crate) fn until_whole(self, missing: u64, now: u64) -> Duration {
-        if missing == 0 {
+        // A fixed window's reset is its end however much of it is used, as
+        // envoyproxy/ratelimit answers (a check of 0 hits on a key not yet
+        // seen included); every other form's is when nothing is missing.
+        if missing == 0 && !matches!(self, Reset::Fixed { .. }) {
             return Duration::ZERO;
         }
         let nanos = match self {

@@ -213,6 +213,9 @@ impl Config {
                 line,
                 message,
             };
+            // A byte order mark, as editors on Windows save one: skipped, as
+            // gopkg.in/yaml.v2 skips it.
+            let text = text.strip_prefix('\u{feff}').unwrap_or(text);
             let root = yaml::parse(text).map_err(|e| at(e.line, e.message))?;
             let fields = mapping(&root, &["domain", "descriptors"]).map_err(|(l, m)| at(l, m))?;
             let domain = match fields.get("domain") {
@@ -226,7 +229,8 @@ impl Config {
                 return Err(at(
                     root.line,
                     format!(
-                        "duplicate domain '{domain}' (first in {other}:{line}): give each file its own domain"
+                        "duplicate domain '{domain}' (first in {other}:{line}): give each file its own domain \
+                         (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG is not served)"
                     ),
                 ));
             }
@@ -388,12 +392,33 @@ fn mapping<'a>(node: &'a Node, allowed: &[&str]) -> Located<HashMap<&'a str, &'a
             return Err((key.line, "a key must be a string".to_string()));
         };
         if !allowed.contains(&name.as_str()) {
+            // A key of the format out of place: envoyproxy/ratelimit checks
+            // names against one list for every level and ignores one out of
+            // place, so a file moved from it may hold one that never had an
+            // effect there. Say where it belongs.
+            let belongs = [
+                (&["domain"][..], "at the top of the file"),
+                (DESCRIPTOR_KEYS, "in a descriptor"),
+                (RATE_LIMIT_KEYS, "in a descriptor's `rate_limit`"),
+            ]
+            .into_iter()
+            .filter(|(keys, _)| *keys != allowed && keys.contains(&name.as_str()))
+            .map(|(_, place)| place)
+            .next();
+            let shown = name.escape_debug();
             return Err((
                 key.line,
-                format!(
-                    "unknown key '{name}': expected one of {}",
-                    allowed.join(", ")
-                ),
+                match belongs {
+                    Some(place) => format!(
+                        "'{shown}' belongs {place}, not here (envoyproxy/ratelimit ignores it \
+                         here: it had no effect); expected one of {}",
+                        allowed.join(", ")
+                    ),
+                    None => format!(
+                        "unknown key '{shown}': expected one of {}",
+                        allowed.join(", ")
+                    ),
+                },
             ));
         }
         if fields.insert(name.as_str(), value).is_some() {

@@ -144,6 +144,7 @@ fn a_domain_in_two_files_is_an_error() {
         .to_string();
     assert!(message.starts_with("b.yaml:3:"), "{message}");
     assert!(message.contains("first in a.yaml:1"), "{message}");
+    assert!(message.contains("MERGE_DOMAIN_CONFIG"), "{message}");
 }
 
 /// Domain `api` with `v1` above `user` and domain `api.v1` with `user` both
@@ -543,4 +544,54 @@ fn composite_keys_and_wildcards_match_as_envoyproxy_ratelimit() {
     assert_eq!(rpu(&[("path", "/api/health")]), Some(4));
     assert_eq!(rpu(&[("path", "/api/users")]), Some(2));
     assert_eq!(rpu(&[("path", "/web")]), Some(3));
+}
+
+/// A key of the format out of place (envoyproxy/ratelimit checks names
+/// against one list for every level and ignores one out of place) is
+/// refused with where it belongs, so a file moved from there is fixed
+/// rather than guessed at.
+#[test]
+fn a_known_key_out_of_place_is_told_where_it_belongs() {
+    for (yaml, line, says) in [
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      shadow_mode: true\n",
+            "limits.yaml:7:",
+            "'shadow_mode' belongs in a descriptor, not here",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    unit: second\n",
+            "limits.yaml:4:",
+            "'unit' belongs in a descriptor's `rate_limit`, not here",
+        ),
+        (
+            "domain: d\nkey: a\n",
+            "limits.yaml:2:",
+            "'key' belongs in a descriptor, not here",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    domain: e\n",
+            "limits.yaml:4:",
+            "'domain' belongs at the top of the file, not here",
+        ),
+    ] {
+        let error = error_of(yaml);
+        assert!(error.starts_with(line), "{error}");
+        assert!(error.contains(says), "{error}");
+    }
+    // A key of no level is unknown, shown with what it holds escaped.
+    let error = error_of("domain: d\ndescriptors:\n  - key: a\n    col\u{7}our: blue\n");
+    assert!(error.contains(r"unknown key 'col\u{7}our'"), "{error}");
+}
+
+/// A byte order mark, as editors on Windows save one, is skipped, as
+/// gopkg.in/yaml.v2 skips it: the file was refused with an "unknown key"
+/// whose name looked right.
+#[test]
+fn a_byte_order_mark_is_skipped() {
+    let config = load(&[(
+        "limits.yaml",
+        "\u{feff}domain: d\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 5 }\n",
+    )])
+    .expect("loads");
+    assert_eq!(config.domains().collect::<Vec<_>>(), ["d"]);
 }

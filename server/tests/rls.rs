@@ -375,6 +375,33 @@ descriptors:
     rls.stop().await;
 }
 
+/// A check (`hits_addend: 0`) on a fixed window's key not yet seen answers
+/// the window's end, as envoyproxy/ratelimit does and as every other
+/// answer of a fixed window does; it answered 0 s (nothing missing).
+#[tokio::test]
+async fn a_fixed_window_check_on_a_new_key_answers_the_windows_end() {
+    let yaml = "\
+domain: f
+descriptors:
+  - key: k
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+";
+    let mut rls = start(&[("f.yaml", yaml)], Options::default()).await;
+    let window = 60_000_000_000_u64;
+    let end = window - rls.clock.now() % window;
+    let check = |value: &str| request("f", vec![with_hits(descriptor(&[("k", value)]), 0)]);
+    let r = rls.decide(check("new")).await;
+    assert!(ok(&r.statuses[0]));
+    assert_eq!(r.statuses[0].limit_remaining, 5);
+    assert_eq!(reset_nanos(&r.statuses[0]), Some(end));
+    // The same as a request's answer in that window.
+    let r = rls
+        .decide(request("f", vec![descriptor(&[("k", "other")])]))
+        .await;
+    assert_eq!(reset_nanos(&r.statuses[0]), Some(end));
+    rls.stop().await;
+}
+
 #[tokio::test]
 async fn each_unit_is_its_window() {
     let mut yaml = String::from("domain: units\ndescriptors:\n");
