@@ -22,7 +22,8 @@ usage: turnstile-server --config DIR [options]
 
   --config DIR            the *.yaml files of envoyproxy/ratelimit's format, one domain each;
                           reloaded when a file changes (polled each second) and on SIGHUP
-                          (default: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY)
+                          (default: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, the
+                          root /srv/runtime_data/current where that is)
   --grpc-addr ADDR        gRPC listener (default GRPC_HOST:GRPC_PORT, 0.0.0.0:8081)
   --http-addr ADDR|off    HTTP listener for /json, /healthcheck, /healthz, /metrics
                           (default HOST:PORT, 0.0.0.0:8080)
@@ -181,7 +182,10 @@ fn parse_args() -> Result<Args, String> {
             _ => return Err(format!("unknown option {flag}")),
         }
     }
-    let config = config.ok_or("--config DIR (or RUNTIME_ROOT) is required")?;
+    let config = config.ok_or(
+        "--config DIR (or RUNTIME_ROOT) is required: envoyproxy/ratelimit's default, \
+         /srv/runtime_data/current/config, is not there",
+    )?;
     Ok(Args {
         config,
         grpc,

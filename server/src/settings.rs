@@ -7,7 +7,8 @@
 //!   (`--http-addr`); `GRPC_HOST`, `GRPC_PORT` (`0.0.0.0`, `8081`): the
 //!   gRPC listener (`--grpc-addr`). A host may be a name, resolved once at
 //!   start.
-//! - `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY`
+//! - `RUNTIME_ROOT` (default `/srv/runtime_data/current`, taken where that
+//!   directory is), `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY`
 //!   (default `config`): the configuration directory
 //!   `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY` (`--config`),
 //!   where envoyproxy/ratelimit reads its files with either
@@ -47,6 +48,9 @@ use std::path::PathBuf;
 
 use crate::service::{EnvoyHeaderNames, ResponseHeaders};
 
+/// envoyproxy/ratelimit's `RUNTIME_ROOT` when none is given.
+pub const DEFAULT_RUNTIME_ROOT: &str = "/srv/runtime_data/current";
+
 /// The defaults the environment gives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Defaults {
@@ -54,7 +58,9 @@ pub struct Defaults {
     pub grpc: SocketAddr,
     /// `HOST:PORT`.
     pub http: SocketAddr,
-    /// The configuration directory, when `RUNTIME_ROOT` is set.
+    /// The configuration directory: under `RUNTIME_ROOT` when it is set,
+    /// else under envoyproxy/ratelimit's default root,
+    /// [`DEFAULT_RUNTIME_ROOT`], when that directory is there.
     pub config: Option<PathBuf>,
     /// envoyproxy/ratelimit's header fields when
     /// `LIMIT_RESPONSE_HEADERS_ENABLED` is true, else none.
@@ -124,7 +130,10 @@ pub struct Defaults {
 /// // Nothing set: envoyproxy/ratelimit's defaults.
 /// let none = from_env(|_| None)?;
 /// assert_eq!(none.grpc, "0.0.0.0:8081".parse::<SocketAddr>()?);
-/// assert_eq!((none.config, none.response_headers), (None, ResponseHeaders::Off));
+/// assert_eq!(none.response_headers, ResponseHeaders::Off);
+/// // The configuration under envoyproxy/ratelimit's root, where that is.
+/// let default = Path::new("/srv/runtime_data/current/config");
+/// assert_eq!(none.config, default.is_dir().then(|| default.to_path_buf()));
 ///
 /// // A value that cannot be read, or asks for what is not served, is refused.
 /// let port = from_env(|name| (name == "GRPC_PORT").then(|| "grpc".to_string()));
@@ -166,14 +175,20 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Defaults, String
     };
     let grpc = address("GRPC_HOST", "GRPC_PORT", 8081)?;
     let http = address("HOST", "PORT", 8080)?;
-    let config = get("RUNTIME_ROOT").map(|root| {
+    let runtime_dir = |root: String| {
         let mut dir = PathBuf::from(root);
         if let Some(sub) = get("RUNTIME_SUBDIRECTORY") {
             dir.push(sub);
         }
         dir.push(get("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".to_string()));
         dir
-    });
+    };
+    let config = match get("RUNTIME_ROOT") {
+        Some(root) => Some(runtime_dir(root)),
+        // envoyproxy/ratelimit's default root, where a deployment that
+        // relied on it mounts its files; taken only where it is.
+        None => Some(runtime_dir(DEFAULT_RUNTIME_ROOT.to_string())).filter(|dir| dir.is_dir()),
+    };
     let name = |var_name: &str, default: String| -> Result<String, String> {
         match get(var_name) {
             None => Ok(default),

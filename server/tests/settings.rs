@@ -26,7 +26,11 @@ fn envoyproxy_ratelimits_defaults() {
     let defaults = env(&[]).unwrap();
     assert_eq!(defaults.grpc, "0.0.0.0:8081".parse::<SocketAddr>().unwrap());
     assert_eq!(defaults.http, "0.0.0.0:8080".parse::<SocketAddr>().unwrap());
-    assert_eq!(defaults.config, None);
+    let runtime = std::path::Path::new("/srv/runtime_data/current/config");
+    assert_eq!(
+        defaults.config,
+        runtime.is_dir().then(|| runtime.to_path_buf())
+    );
     assert_eq!(defaults.response_headers, ResponseHeaders::Off);
     assert!(defaults.warnings.is_empty());
     // Empty is unset.
@@ -381,4 +385,18 @@ fn the_binary_refuses_what_it_cannot_read() {
         assert_eq!(out.status.code(), Some(2), "{stderr}");
         assert!(stderr.contains(says), "{stderr}");
     }
+}
+
+/// Without `RUNTIME_ROOT`, envoyproxy/ratelimit reads
+/// `/srv/runtime_data/current`: the directory is taken from there when it
+/// is, and otherwise none is (the binary then asks for `--config`).
+#[test]
+fn the_default_runtime_root_is_taken_where_it_is() {
+    let default = std::path::Path::new(turnstile_server::settings::DEFAULT_RUNTIME_ROOT);
+    let expected = default.join("config");
+    let d = env(&[]).unwrap();
+    assert_eq!(d.config, expected.is_dir().then_some(expected));
+    let d = env(&[("RUNTIME_SUBDIRECTORY", "ratelimit")]).unwrap();
+    let expected = default.join("ratelimit").join("config");
+    assert_eq!(d.config, expected.is_dir().then_some(expected));
 }
