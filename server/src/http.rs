@@ -42,26 +42,41 @@ pub fn router(service: Arc<RateLimitService>, max_body: usize) -> Router {
 }
 
 /// A `uint32` or `uint64` in proto3's JSON mapping: a number or a decimal
-/// string.
+/// string, in either an exponent or a fraction where the value is whole
+/// (`1e3`, `5.0`), as protojson reads them.
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Uint64 {
     Number(u64),
+    Float(f64),
     Text(String),
 }
 
+/// `value` as a `u64` when it is whole and in range.
+fn whole(value: f64) -> Option<u64> {
+    // 2^64, exactly representable: every whole f64 below it fits.
+    const END: f64 = 18_446_744_073_709_551_616.0;
+    (value.is_finite() && value.fract() == 0.0 && (0.0..END).contains(&value))
+        // Whole and below 2^64: the conversion is exact.
+        .then(|| value as u64)
+}
+
 impl Uint64 {
-    fn value(&self) -> Result<u64, String> {
+    fn value(&self, field: &str) -> Result<u64, String> {
+        let bad = || format!("{field} is not a whole number from 0");
         match self {
             Uint64::Number(n) => Ok(*n),
+            Uint64::Float(f) => whole(*f).ok_or_else(bad),
             Uint64::Text(text) => text
                 .parse()
-                .map_err(|_| format!("not a whole number: {text:?}")),
+                .ok()
+                .or_else(|| text.parse::<f64>().ok().and_then(whole))
+                .ok_or_else(|| format!("{field} is not a whole number from 0: {text:?}")),
         }
     }
 
     fn value_u32(&self, field: &str) -> Result<u32, String> {
-        u32::try_from(self.value()?).map_err(|_| format!("{field} is a uint32"))
+        u32::try_from(self.value(field)?).map_err(|_| format!("{field} is a uint32"))
     }
 }
 
@@ -276,7 +291,9 @@ fn to_request(json: JsonRequest) -> Result<RateLimitRequest, String> {
     let mut descriptors = Vec::with_capacity(json.descriptors.len());
     for d in json.descriptors {
         let hits_addend = match &d.hits_addend {
-            Some(n) => Some(UInt64Value { value: n.value()? }),
+            Some(n) => Some(UInt64Value {
+                value: n.value("hitsAddend")?,
+            }),
             None => None,
         };
         descriptors.push(RateLimitDescriptor {

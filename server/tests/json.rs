@@ -259,3 +259,42 @@ async fn a_message_written_as_an_array_is_refused() {
     assert_eq!(status, 200, "{message}");
     rls.stop().await;
 }
+
+/// protojson reads an integer written with an exponent or a fraction when
+/// its value is whole (`1e0`, `2.0`, `"3e0"`), as envoyproxy/ratelimit's
+/// `/json` does: they were refused with "data did not match any variant".
+/// A value that is not whole, or below 0, is refused naming its field.
+#[tokio::test]
+async fn integers_in_an_exponent_or_a_fraction_are_read_when_whole() {
+    let yaml = "\
+domain: d
+descriptors:
+  - key: k
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+";
+    let rls = start(&[("d.yaml", yaml)], Options::default()).await;
+    let body = |hits: &str| {
+        format!(
+            r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"k","value":"v"}}],"hitsAddend":{hits}}}]}}"#
+        )
+    };
+    for (hits, left) in [("1e0", 9), ("2.0", 7), (r#""3e0""#, 4), ("0.1e1", 3)] {
+        let (status, text) = http(rls.http, "POST", "/json", &body(hits)).await;
+        assert_eq!(status, 200, "{hits}: {text}");
+        let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            answer["statuses"][0]["limitRemaining"], left,
+            "{hits}: {text}"
+        );
+    }
+    let request_level =
+        r#"{"domain":"d","hitsAddend":1e0,"descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    let (status, text) = http(rls.http, "POST", "/json", request_level).await;
+    assert_eq!(status, 200, "{text}");
+    for hits in ["1.5", "-1", "1e20", r#""1.5""#] {
+        let (status, text) = http(rls.http, "POST", "/json", &body(hits)).await;
+        assert_eq!(status, 400, "{hits}: {text}");
+        assert!(text.contains("hitsAddend"), "{hits}: {text}");
+    }
+    rls.stop().await;
+}
