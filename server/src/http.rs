@@ -58,7 +58,7 @@ fn whole(value: f64) -> Option<u64> {
     const END: f64 = 18_446_744_073_709_551_616.0;
     (value.is_finite() && value.fract() == 0.0 && (0.0..END).contains(&value))
         // Whole and below 2^64: the conversion is exact.
-        .then(|| value as u64)
+        .then_some(value as u64)
 }
 
 impl Uint64 {
