@@ -167,7 +167,8 @@ impl Metrics {
         add(&self.global_shadow);
     }
 
-    /// Requests answered so far ([`global_shadow`](Self::global_shadow)).
+    /// Requests over a limit answered `OK` by the global shadow mode so far
+    /// ([`global_shadow`](Self::global_shadow)).
     pub fn global_shadowed(&self) -> u64 {
         // Reporting only: orders nothing.
         self.global_shadow.load(Ordering::Relaxed)

@@ -369,6 +369,30 @@ async fn a_url_of_another_form_is_refused_with_what_to_give() {
     }
 }
 
+/// The forms the environment's Redis variables give are taken: a Unix
+/// socket, and credentials before a Sentinel list (the primary's). Neither
+/// connects before its first call.
+#[tokio::test]
+async fn a_unix_socket_and_a_sentinels_credentials_are_taken() {
+    for url in [
+        "redis+unix:///nonexistent/redis.sock",
+        "redis+unix:///nonexistent/redis.sock?user=u&pass=p%20w",
+        "redis+sentinel://u:p%40ss@127.0.0.1:1,127.0.0.1:2/mymaster",
+        "redis+sentinel://:secret@127.0.0.1:1/mymaster",
+    ] {
+        assert!(
+            RedisBackend::connect(url, RedisOptions::default())
+                .await
+                .is_ok(),
+            "{url}"
+        );
+    }
+    let error = RedisBackend::connect("redis+sentinel://u:p@/mymaster", RedisOptions::default())
+        .await
+        .expect_err("no Sentinel named");
+    assert!(error.to_string().contains("no Sentinel named"), "{error}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_limit_has_keys_of_its_own_under_the_prefix() {
     let Some(server) = redis_server::server(SUITE) else {
