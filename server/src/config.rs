@@ -119,6 +119,8 @@ struct Tree {
     share_threshold: bool,
     /// The line of the descriptor, for an error naming its duplicate.
     line: usize,
+    /// Its file, for the same (domains merged across files).
+    file: String,
 }
 
 /// The limit a descriptor matches, and how its values key the limit's
@@ -137,6 +139,26 @@ pub struct Matched<'a> {
     /// `value: ba*` under `key: foo` matches the key `foo_bar` too), so
     /// the limit's key holds them, as envoyproxy/ratelimit's does.
     pub wild: Vec<usize>,
+}
+
+/// How a configuration's files are read together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LoadOptions {
+    /// Files that name one domain add their descriptors to it (in file
+    /// name order), as envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG=true`
+    /// does; a descriptor of one composite key in two of them is still an
+    /// error. Off (the default): a domain in two files is an error.
+    pub merge_domains: bool,
+}
+
+impl LoadOptions {
+    /// The options with [`merge_domains`](LoadOptions::merge_domains) set.
+    #[must_use]
+    pub fn merge_domains(mut self, merge: bool) -> LoadOptions {
+        self.merge_domains = merge;
+        self
+    }
 }
 
 /// A loaded configuration: every domain's descriptors and their limits.
@@ -158,6 +180,19 @@ impl Config {
     /// key, a missing or invalid field, a duplicate domain or descriptor.
     pub fn load_dir(dir: &Path, backend: &dyn Backend) -> Result<Config, ConfigError> {
         Config::from_files(&read_dir(dir)?, backend)
+    }
+
+    /// [`load_dir`](Config::load_dir), with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`load_dir`](Config::load_dir).
+    pub fn load_dir_with(
+        dir: &Path,
+        backend: &dyn Backend,
+        options: LoadOptions,
+    ) -> Result<Config, ConfigError> {
+        Config::from_files_with(&read_dir(dir)?, backend, options)
     }
 
     /// Load `(file name, content)` pairs.
@@ -202,6 +237,39 @@ impl Config {
         files: &[(String, String)],
         backend: &dyn Backend,
     ) -> Result<Config, ConfigError> {
+        Config::from_files_with(files, backend, LoadOptions::default())
+    }
+
+    /// [`from_files`](Config::from_files), with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_files`](Config::from_files).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use turnstile_server::backend::InProcess;
+    /// use turnstile_server::config::{Config, LoadOptions};
+    ///
+    /// let files = [
+    ///     ("a.yaml".to_string(), "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n".to_string()),
+    ///     ("b.yaml".to_string(), "domain: api\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 9}\n".to_string()),
+    /// ];
+    /// let backend = InProcess::default();
+    /// // One domain in two files: an error, unless merged.
+    /// assert!(Config::from_files(&files, &backend).is_err());
+    /// let merged = LoadOptions::default().merge_domains(true);
+    /// let config = Config::from_files_with(&files, &backend, merged)?;
+    /// assert_eq!(config.lookup("api", [("user", "u")]).map(|r| r.requests_per_unit), Some(5));
+    /// assert_eq!(config.lookup("api", [("ip", "i")]).map(|r| r.requests_per_unit), Some(9));
+    /// # Ok::<(), turnstile_server::config::ConfigError>(())
+    /// ```
+    pub fn from_files_with(
+        files: &[(String, String)],
+        backend: &dyn Backend,
+        options: LoadOptions,
+    ) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         let mut first_seen: HashMap<String, (String, usize)> = HashMap::new();
         // Across files: domain `api` with `v1` above `user` and domain
@@ -225,17 +293,22 @@ impl Config {
             if domain.is_empty() {
                 return Err(at(root.line, "`domain` must not be empty".to_string()));
             }
-            if let Some((other, line)) = first_seen.get(&domain) {
+            if let Some((other, line)) = first_seen.get(&domain)
+                && !options.merge_domains
+            {
                 return Err(at(
                     root.line,
                     format!(
-                        "duplicate domain '{domain}' (first in {other}:{line}): give each file its own domain \
-                         (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG is not served)"
+                        "duplicate domain '{domain}' (first in {other}:{line}): give each file its own domain, \
+                         or merge them with --merge-domain-config (MERGE_DOMAIN_CONFIG=true)"
                     ),
                 ));
             }
-            first_seen.insert(domain.clone(), (file.clone(), root.line));
-            let mut level = Level::default();
+            first_seen
+                .entry(domain.clone())
+                .or_insert_with(|| (file.clone(), root.line));
+            // Merged: this file's descriptors join the domain's.
+            let mut level = config.domains.remove(&domain).unwrap_or_default();
             if let Some(descriptors) = fields.get("descriptors") {
                 let loader = Loader {
                     backend,
@@ -593,6 +666,7 @@ impl Loader<'_> {
             let mut tree = Tree {
                 share_threshold,
                 line: item.line,
+                file: self.file.to_owned(),
                 ..Tree::default()
             };
             if let Some(node) = fields.get("rate_limit")
@@ -613,11 +687,16 @@ impl Loader<'_> {
             let named = tree.rule.is_some();
             match level.nodes.entry(composite.clone()) {
                 MapEntry::Occupied(first) => {
+                    let first = first.get();
+                    let at = if first.file == self.file {
+                        format!("line {}", first.line)
+                    } else {
+                        format!("{}:{}", first.file, first.line)
+                    };
                     return Err((
                         item.line,
                         format!(
-                            "duplicate descriptor composite key '{path}' (first at line {}): a descriptor is known by its `key` and `value` joined with `_`, as envoyproxy/ratelimit keys it, so merge the two or rename one",
-                            first.get().line
+                            "duplicate descriptor composite key '{path}' (first at {at}): a descriptor is known by its `key` and `value` joined with `_`, as envoyproxy/ratelimit keys it, so merge the two or rename one"
                         ),
                     ));
                 }

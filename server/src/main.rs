@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use turnstile_server::backend::{Backend, DEFAULT_MAX_KEYS_PER_LIMIT, InProcess};
 use turnstile_server::clock::ServiceClock;
+use turnstile_server::config::LoadOptions;
 use turnstile_server::redis_backend::{FailurePolicy, RedisBackend, RedisMode, RedisOptions};
 use turnstile_server::reload::{DEFAULT_POLL, Reloader};
 use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
@@ -42,6 +43,8 @@ usage: turnstile-server --config DIR [options]
 
   --shadow-mode           answer OK where a limit is over (counted; the descriptors' statuses say it)
                           (default: SHADOW_MODE)
+  --merge-domain-config   files that name one domain add their descriptors to it
+                          (default: MERGE_DOMAIN_CONFIG; else a domain in two files is an error)
 
   --redis URL|off         share the limits with other replicas in Redis: redis://HOST:PORT[/DB],
                           redis+unix:///PATH, redis+cluster://HOST:PORT,HOST:PORT... or
@@ -56,7 +59,8 @@ usage: turnstile-server --config DIR [options]
 
 envoyproxy/ratelimit's environment variables give the defaults above (HOST, PORT, GRPC_HOST,
 GRPC_PORT, RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY, LIMIT_RESPONSE_HEADERS_ENABLED,
-LIMIT_*_HEADER, SHADOW_MODE, BACKEND_TYPE and REDIS_*); a flag wins over a variable.
+LIMIT_*_HEADER, SHADOW_MODE, MERGE_DOMAIN_CONFIG, BACKEND_TYPE and REDIS_*); a flag wins over a
+variable.
 ";
 
 struct Args {
@@ -68,6 +72,7 @@ struct Args {
     bounds: Bounds,
     headers: ResponseHeaders,
     shadow_mode: bool,
+    merge_domains: bool,
     redis: Option<String>,
     redis_options: RedisOptions,
     warnings: Vec<String>,
@@ -91,6 +96,7 @@ fn parse_args() -> Result<Args, String> {
             given.iter().any(|a| a.starts_with("--response-headers"))
         }
         "SHADOW_MODE" => has("--shadow-mode"),
+        "MERGE_DOMAIN_CONFIG" => has("--merge-domain-config"),
         "BACKEND_TYPE" => has("--redis"),
         name if name.starts_with("REDIS_") => has("--redis"),
         _ => false,
@@ -110,6 +116,7 @@ fn parse_args() -> Result<Args, String> {
     let mut bounds = Bounds::default();
     let mut headers = env.response_headers;
     let mut shadow_mode = env.shadow_mode;
+    let mut merge_domains = env.merge_domains;
     let mut redis = env.redis;
     let mut redis_options = RedisOptions::default();
     let mut args = given.iter().cloned();
@@ -129,6 +136,10 @@ fn parse_args() -> Result<Args, String> {
         }
         if flag == "--shadow-mode" {
             shadow_mode = true;
+            continue;
+        }
+        if flag == "--merge-domain-config" {
+            merge_domains = true;
             continue;
         }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -195,6 +206,7 @@ fn parse_args() -> Result<Args, String> {
         bounds,
         headers,
         shadow_mode,
+        merge_domains,
         redis,
         warnings: env.warnings,
         redis_options: RedisOptions {
@@ -253,7 +265,10 @@ async fn main() -> ExitCode {
             }
         },
     };
-    let reloader = Arc::new(Reloader::new(&args.config, Arc::clone(&backend)));
+    let reloader = Arc::new(
+        Reloader::new(&args.config, Arc::clone(&backend))
+            .with_options(LoadOptions::default().merge_domains(args.merge_domains)),
+    );
     let config = match reloader.load() {
         Ok(config) => config,
         Err(error) => {

@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::backend::{Backend, LimitSpec, LimitState};
-use crate::config::{Config, ConfigError, read_dir};
+use crate::config::{Config, ConfigError, LoadOptions, read_dir};
 use crate::service::RateLimitService;
 
 /// How often [`Reloader::watch`] polls the directory by default.
@@ -61,6 +61,7 @@ type Issued = HashMap<String, (LimitSpec, Arc<dyn LimitState>)>;
 pub struct Reloader {
     dir: PathBuf,
     backend: Arc<dyn Backend>,
+    options: LoadOptions,
     /// The last load's states, and the fingerprint of the last version of
     /// the directory tried (loaded or refused).
     last: Mutex<(Issued, Option<u64>)>,
@@ -82,8 +83,16 @@ impl Reloader {
         Reloader {
             dir: dir.into(),
             backend,
+            options: LoadOptions::default(),
             last: Mutex::new((HashMap::new(), None)),
         }
+    }
+
+    /// Read the files with `options` (domains merged across files, say).
+    #[must_use]
+    pub fn with_options(mut self, options: LoadOptions) -> Reloader {
+        self.options = options;
+        self
     }
 
     /// Load the directory as it is now, reusing the state of every limit
@@ -101,12 +110,12 @@ impl Reloader {
         last.1 = Some(fingerprint);
         // First pass: validate, with side effects on nothing that serves.
         let dry = Reusing::new(&*self.backend, &last.0, false);
-        let config = Config::from_files(&files, &dry)?;
+        let config = Config::from_files_with(&files, &dry, self.options)?;
         let config = if dry.wants_requota() {
             // Second pass, on the same text, which the first has accepted:
             // change the quotas of the limits that can keep their state.
             let commit = Reusing::new(&*self.backend, &last.0, true);
-            let config = Config::from_files(&files, &commit)?;
+            let config = Config::from_files_with(&files, &commit, self.options)?;
             last.0 = commit.into_issued();
             config
         } else {

@@ -23,6 +23,9 @@
 //!   counted in Redis still counts there, not once per replica.
 //!   `BACKEND_TYPE=memcache` and `REDIS_TLS=true` are refused (neither is
 //!   served: give `--redis URL`, or `--redis off` to count in this process).
+//! - `MERGE_DOMAIN_CONFIG`: files that name one domain add their
+//!   descriptors to it ([`Defaults::merge_domains`],
+//!   `--merge-domain-config`).
 //! - `SHADOW_MODE`: every answer over a limit is turned into `OK` and
 //!   counted ([`Defaults::shadow_mode`], `--shadow-mode`), the descriptors'
 //!   statuses left as they are, as envoyproxy/ratelimit's global shadow
@@ -33,13 +36,13 @@
 //! `GRPC_PORT`, `GRPC_UDS`; `--http-addr`: `HOST`, `PORT`; `--config`: the
 //! `RUNTIME_*` three; `--response-headers`:
 //! `LIMIT_RESPONSE_HEADERS_ENABLED`; `--redis`: `BACKEND_TYPE` and the
-//! `REDIS_*` variables; `--shadow-mode`: `SHADOW_MODE`), nor any for
+//! `REDIS_*` variables; `--shadow-mode`: `SHADOW_MODE`;
+//! `--merge-domain-config`: `MERGE_DOMAIN_CONFIG`), nor any for
 //! `--help`. What would make the service unreachable as the deployment
 //! expects (`GRPC_UDS`, `GRPC_SERVER_USE_TLS=true`), or count where it does
 //! not (`BACKEND_TYPE=memcache`, `REDIS_TLS=true`), is refused; variables
 //! that change the decisions and are not read here
-//! (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `MERGE_DOMAIN_CONFIG`,
-//! `REDIS_PERSECOND`, ...) are reported in [`Defaults::warnings`]. The rest
+//! (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `REDIS_PERSECOND`, ...) are reported in [`Defaults::warnings`]. The rest
 //! (statsd, logging, tracing, `DEBUG_PORT`) are not read: metrics are served
 //! at `GET /metrics`.
 
@@ -75,6 +78,9 @@ pub struct Defaults {
     pub redis: Option<String>,
     /// `SHADOW_MODE`: answers over a limit are turned into `OK`.
     pub shadow_mode: bool,
+    /// `MERGE_DOMAIN_CONFIG`: files that name one domain add their
+    /// descriptors to it ([`LoadOptions`](crate::config::LoadOptions)).
+    pub merge_domains: bool,
     /// envoyproxy/ratelimit's variables that are set and change what it
     /// decides, but that this service does not read: one line each.
     pub warnings: Vec<String>,
@@ -211,17 +217,13 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Defaults, String
     };
     let redis = redis_url(&get, &flag)?;
     let shadow_mode = flag("SHADOW_MODE")?;
+    let merge_domains = flag("MERGE_DOMAIN_CONFIG")?;
     let mut warnings = Vec::new();
     if flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
         warnings.push(
             "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true is not read: a request's descriptors within \
              their limits spend their hits even when another is over its limit"
                 .to_string(),
-        );
-    }
-    if flag("MERGE_DOMAIN_CONFIG")? {
-        warnings.push(
-            "MERGE_DOMAIN_CONFIG=true is not read: each domain must be in one file".to_string(),
         );
     }
     if redis.is_some() && flag("REDIS_PERSECOND")? {
@@ -249,6 +251,7 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Defaults, String
         envoy_header_names,
         redis,
         shadow_mode,
+        merge_domains,
         warnings,
     })
 }

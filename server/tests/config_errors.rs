@@ -595,3 +595,47 @@ fn a_byte_order_mark_is_skipped() {
     .expect("loads");
     assert_eq!(config.domains().collect::<Vec<_>>(), ["d"]);
 }
+
+/// `MERGE_DOMAIN_CONFIG=true` (`LoadOptions::merge_domains`): files naming
+/// one domain add their descriptors to it, as envoyproxy/ratelimit merges
+/// them; one composite key in two of them is still an error, naming the
+/// other file. Without it the second file is refused (above).
+#[test]
+fn files_naming_one_domain_merge_when_asked() {
+    use turnstile_server::config::LoadOptions;
+    let files = |b: &str| {
+        vec![
+            (
+                "a.yaml".to_string(),
+                "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n  - key: path\n    value: /login*\n    rate_limit: { unit: minute, requests_per_unit: 3 }\n".to_string(),
+            ),
+            ("b.yaml".to_string(), b.to_string()),
+        ]
+    };
+    let merged = LoadOptions::default().merge_domains(true);
+    let b = "domain: api\ndescriptors:\n  - key: ip\n    rate_limit: { unit: second, requests_per_unit: 9 }\n  - key: path\n    value: /log*\n    rate_limit: { unit: minute, requests_per_unit: 7 }\n";
+    let config = Config::from_files_with(&files(b), &InProcess::default(), merged).unwrap();
+    assert_eq!(config.domains().collect::<Vec<_>>(), ["api"]);
+    let limit = |entries: &[(&str, &str)]| {
+        config
+            .lookup("api", entries.iter().copied())
+            .map(|r| r.requests_per_unit)
+    };
+    assert_eq!(limit(&[("user", "u")]), Some(5));
+    assert_eq!(limit(&[("ip", "1.2.3.4")]), Some(9));
+    // Wildcards keep the files' order: a.yaml's first.
+    assert_eq!(limit(&[("path", "/login/x")]), Some(3));
+    assert_eq!(limit(&[("path", "/logout")]), Some(7));
+    // One composite key in both files.
+    let b = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: second, requests_per_unit: 1 }\n";
+    let error = Config::from_files_with(&files(b), &InProcess::default(), merged)
+        .unwrap_err()
+        .to_string();
+    assert!(error.starts_with("b.yaml:3:"), "{error}");
+    assert!(error.contains("first at a.yaml:3"), "{error}");
+    // Not asked: the domain in two files is refused, with how to merge.
+    let error = Config::from_files(&files(b), &InProcess::default())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("--merge-domain-config"), "{error}");
+}

@@ -103,17 +103,15 @@ fn what_cannot_be_read_or_served_is_refused_by_name() {
         ("MERGE_DOMAIN_CONFIG", "1"),
     ])
     .unwrap();
-    assert_eq!(d.warnings.len(), 2, "{:?}", d.warnings);
+    assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
     assert!(
         d.warnings[0].starts_with("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true is not read"),
         "{:?}",
         d.warnings
     );
-    assert!(
-        d.warnings[1].starts_with("MERGE_DOMAIN_CONFIG=true is not read"),
-        "{:?}",
-        d.warnings
-    );
+    // Read: files naming one domain are merged.
+    assert!(d.merge_domains);
+    assert!(!env(&[]).unwrap().merge_domains);
 }
 
 /// A deployment of envoyproxy/ratelimit counts in Redis (its default
@@ -256,8 +254,15 @@ fn the_binary_starts_from_envoyproxy_ratelimits_environment() {
     let root = std::env::temp_dir().join(format!("turnstile-env-{}", std::process::id()));
     let dir = root.join("ratelimit").join("config");
     write_config(&dir);
+    // A second file for the same domain, merged by `MERGE_DOMAIN_CONFIG`.
+    std::fs::write(
+        dir.join("e.yaml"),
+        "domain: d\ndescriptors:\n  - key: k2\n    rate_limit: { unit: hour, requests_per_unit: 7 }\n",
+    )
+    .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
         .env_clear()
+        .env("MERGE_DOMAIN_CONFIG", "true")
         .env("HOST", "127.0.0.1")
         .env("PORT", "0")
         .env("GRPC_HOST", "127.0.0.1")
@@ -296,6 +301,10 @@ fn the_binary_starts_from_envoyproxy_ratelimits_environment() {
                 text.contains(r#""responseHeadersToAdd":[{"key":"X-Limit","value":"5"},{"key":"RateLimit-Remaining","value":"4"},{"key":"RateLimit-Reset","value":"#),
                 "{text}"
             );
+            let merged = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k2","value":"v"}]}]}"#;
+            let (status, text) = common::http(http, "POST", "/json", merged).await;
+            assert_eq!(status, 200, "{text}");
+            assert!(text.contains(r#""requestsPerUnit":7"#), "{text}");
             // `SHADOW_MODE=true`: the sixth of five a minute is answered OK,
             // its descriptor's status over the limit.
             for _ in 0..4 {
