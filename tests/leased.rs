@@ -2354,3 +2354,72 @@ fn a_fetch_wait_of_duration_max_waits_for_the_fetch_without_a_panic() {
     assert!(fetched.is_ok());
     assert!(limiter.stats().fetch_waits >= 1, "{:?}", limiter.stats());
 }
+
+/// A refresher's give-back pass makes the prefetches queued meanwhile
+/// between its calls: a key in use whose prefetch was queued behind a pass
+/// over thousands of idle keys (one call each) ran dry and was answered by
+/// the failure policy, with Redis healthy (the pass made every give-back
+/// before it looked at its queue again).
+#[test]
+fn a_give_back_pass_makes_the_prefetches_queued_meanwhile() {
+    let Some(server) = server() else { return };
+    let global = bucket(
+        "give-back-pass",
+        1_000_000,
+        1_000_000,
+        Duration::from_secs(1),
+    );
+    let limiter = Arc::new(
+        LeasedBuilder::new(global, 64)
+            .unwrap()
+            // Leases that last the test, given back once idle 30 ms.
+            .lifetime(Duration::from_secs(60))
+            .idle(30 * MS)
+            // A request that finds the hot key dry with its fetch queued
+            // waits up to 200 ms for it: a pass makes its prefetches within
+            // a call or two (200 ms leaves room for a loaded machine), and
+            // the pass itself takes far longer (6,000 calls).
+            .fetch_wait(200 * MS)
+            .on_failure(OnFailure::Deny, 100 * MS)
+            .build()
+            .unwrap(),
+    );
+    let mut con = server.connection();
+    // Cold keys, each holding a lease the pass will give back.
+    let cold: Vec<String> = (0..6_000).map(|i| format!("cold{i}")).collect();
+    warm(&limiter, &mut con, &cold, 1);
+    let refresher = limiter
+        .start_refresher(server.connection())
+        .unwrap()
+        .expect("the first refresher");
+    thread::sleep(40 * MS);
+    // A hot key spent while the pass runs: each crossing of its low-water
+    // mark queues a prefetch behind the pass.
+    let before = limiter.stats();
+    let began = Instant::now();
+    let mut denied = 0;
+    // Until no give-back has been made for 200 ms (the cold keys are back).
+    let mut last = (0, Instant::now());
+    while began.elapsed() < Duration::from_secs(20) {
+        denied += u32::from(!limiter.try_acquire(&mut con, "hot").unwrap().is_allowed());
+        thread::sleep(Duration::from_micros(20));
+        let calls = limiter.stats().give_back_calls - before.give_back_calls;
+        if calls != last.0 {
+            last = (calls, Instant::now());
+        } else if calls > 0 && last.1.elapsed() > 200 * MS {
+            break;
+        }
+    }
+    let after = limiter.stats();
+    drop(refresher);
+    assert!(
+        after.give_back_calls - before.give_back_calls >= 5_000,
+        "the pass did not run: {after:?}"
+    );
+    assert_eq!(after.failures, 0, "{after:?}");
+    assert_eq!(
+        (denied, after.fallbacks - before.fallbacks),
+        (0, 0),
+        "the hot key was answered by the policy: {after:?}"
+    );
+}

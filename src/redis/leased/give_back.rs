@@ -37,21 +37,9 @@ impl<C: Clock> LeasedLimiter<C> {
         let idle = Some(self.idle);
         let mut total = 0;
         for key in self.idle_keys(idle) {
-            // A failure starts a backoff: the rest wait for the next pass.
-            if self.is_backing_off() {
-                break;
-            }
-            let Some((tokens, window)) = self.take_lease(&key, idle) else {
-                continue;
-            };
-            let result = self
-                .give_back_invocation(&key, tokens, window)
-                .invoke_async(con)
-                .await;
-            let failed = stops(&result);
-            total += self.settle_give_back(tokens, result);
-            if failed {
-                break;
+            match self.give_back_key_async(&key, idle, con).await {
+                Step::Gave(tokens) => total += tokens,
+                Step::Stop => break,
             }
         }
         total
@@ -60,29 +48,65 @@ impl<C: Clock> LeasedLimiter<C> {
     fn give_back(&self, con: &mut dyn ConnectionLike, idle: Option<Duration>) -> u64 {
         let mut total = 0;
         for key in self.idle_keys(idle) {
-            // A failure starts a backoff: the rest wait for the next pass,
-            // so that a dead Redis costs one call's deadlines, not one per key.
-            if self.is_backing_off() {
-                break;
-            }
-            let Some((tokens, window)) = self.take_lease(&key, idle) else {
-                continue;
-            };
-            let result = self.give_back_invocation(&key, tokens, window).invoke(con);
-            let failed = stops(&result);
-            total += self.settle_give_back(tokens, result);
-            // A timeout need not start the backoff (a strike): the pass
-            // stops at its own first failure all the same.
-            if failed {
-                break;
+            match self.give_back_key(&key, idle, con) {
+                Step::Gave(tokens) => total += tokens,
+                Step::Stop => break,
             }
         }
         total
     }
 
+    /// Give back `key`'s lease if it is still idle: one step of a pass over
+    /// [`idle_keys`](Self::idle_keys), which a refresher interleaves with
+    /// the prefetches queued meanwhile.
+    pub(super) fn give_back_key(
+        &self,
+        key: &[u8],
+        idle: Option<Duration>,
+        con: &mut dyn ConnectionLike,
+    ) -> Step {
+        // A failure starts a backoff: the rest wait for the next pass, so
+        // that a dead Redis costs one call's deadlines, not one per key.
+        if self.is_backing_off() {
+            return Step::Stop;
+        }
+        let Some((tokens, window)) = self.take_lease(key, idle) else {
+            return Step::Gave(0);
+        };
+        let result = self.give_back_invocation(key, tokens, window).invoke(con);
+        let failed = stops(&result);
+        let gave = self.settle_give_back(tokens, result);
+        // A timeout need not start the backoff (a strike): the pass stops at
+        // its own first failure all the same.
+        if failed { Step::Stop } else { Step::Gave(gave) }
+    }
+
+    /// [`give_back_key`](Self::give_back_key) on an asynchronous connection.
+    #[cfg(feature = "tokio")]
+    pub(super) async fn give_back_key_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        key: &[u8],
+        idle: Option<Duration>,
+        con: &mut Con,
+    ) -> Step {
+        if self.is_backing_off() {
+            return Step::Stop;
+        }
+        let Some((tokens, window)) = self.take_lease(key, idle) else {
+            return Step::Gave(0);
+        };
+        let result = self
+            .give_back_invocation(key, tokens, window)
+            .invoke_async(con)
+            .await;
+        let failed = stops(&result);
+        let gave = self.settle_give_back(tokens, result);
+        if failed { Step::Stop } else { Step::Gave(gave) }
+    }
+
     /// The keys whose leases are idle (all that hold tokens, for `None`);
     /// forget those whose leases are spent or expired.
-    fn idle_keys(&self, idle: Option<Duration>) -> Vec<Vec<u8>> {
+    pub(super) fn idle_keys(&self, idle: Option<Duration>) -> Vec<Vec<u8>> {
         if self.is_backing_off() {
             return Vec::new();
         }
@@ -212,6 +236,15 @@ impl<C: Clock> LeasedLimiter<C> {
 /// Whether a give-back's `result` stops the pass: a failure of Redis does,
 /// an error about its key alone ([`Failure::per_key`]: Redis answered) does
 /// not, so that one such key keeps no other key's lease from going back.
+/// What one step of a give-back pass did.
+pub(super) enum Step {
+    /// The tokens given back (0: the lease was no longer idle, or the give
+    /// back declined); the pass goes on.
+    Gave(u64),
+    /// The call failed, or the limiter is backing off: the pass stops.
+    Stop,
+}
+
 fn stops(result: &RedisResult<Value>) -> bool {
     result.as_ref().is_err_and(|e| !e.per_key())
 }

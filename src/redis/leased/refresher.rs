@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use ::redis::ConnectionLike;
 
+use super::give_back::Step;
 use super::{Fetch, LeasedLimiter};
 use crate::clock::Clock;
 use crate::redis::RedisConnection;
@@ -102,7 +103,24 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
                         Err(RecvTimeoutError::Disconnected) => break,
                     }
                     if last_give_back.elapsed() >= tick {
-                        limiter.give_back_idle(&mut con);
+                        let idle = Some(limiter.idle);
+                        for key in limiter.idle_keys(idle) {
+                            // Relaxed: see `Refresher::drop`. A handle
+                            // dropped mid-pass waits for one call, not the
+                            // pass.
+                            if stopped.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            // The prefetches queued meanwhile first: a key in
+                            // use, about to run dry, does not wait for a pass
+                            // over every idle key (one call each).
+                            while let Ok(Some(mut queued)) = requests.try_recv() {
+                                queued.make(&limiter, &mut con);
+                            }
+                            if let Step::Stop = limiter.give_back_key(&key, idle, &mut con) {
+                                break;
+                            }
+                        }
                         last_give_back = Instant::now();
                     }
                 }
@@ -290,7 +308,19 @@ impl<C: Clock + 'static> LeasedLimiter<C> {
                     Err(_) => {}
                 }
                 if last_give_back.elapsed() >= tick {
-                    limiter.give_back_idle_async(&mut con).await;
+                    let idle = Some(limiter.idle);
+                    for key in limiter.idle_keys(idle) {
+                        // The prefetches queued meanwhile first (as the
+                        // thread's pass does). Aborted while this awaits,
+                        // `queued` is dropped unmade and releases its claim.
+                        while let Ok(mut queued) = requests.try_recv() {
+                            queued.make_async(&limiter, &mut con).await;
+                        }
+                        if let Step::Stop = limiter.give_back_key_async(&key, idle, &mut con).await
+                        {
+                            break;
+                        }
+                    }
                     last_give_back = Instant::now();
                 }
             }
