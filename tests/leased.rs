@@ -2423,3 +2423,33 @@ fn a_give_back_pass_makes_the_prefetches_queued_meanwhile() {
         "the hot key was answered by the policy: {after:?}"
     );
 }
+
+/// A give-back that Redis answers ends a degraded period, as any answered
+/// call does: it left the limiter degraded until the next lease or ping.
+/// (A timeout short of the run that backs off opens the period without a
+/// backoff, so the give-back pass still calls.)
+#[test]
+fn a_give_back_that_redis_answers_ends_the_degraded_period() {
+    let Some(server) = server() else { return };
+    let limiter = LeasedBuilder::new(
+        bucket("give-back-ends", 100, 100, Duration::from_secs(1)),
+        8,
+    )
+    .unwrap()
+    .on_failure(OnFailure::Deny, 100 * MS)
+    .build()
+    .unwrap();
+    let mut con = Deadlines::default()
+        .response(50 * MS)
+        .unwrap()
+        .blocking(server.client());
+    warm(&limiter, &mut con, &["k".to_string()], 2);
+    let paused = hang(&server, 0.3);
+    assert!(limiter.ping(&mut con).is_err());
+    assert!(limiter.is_degraded() && !limiter.is_backing_off());
+    paused.wait();
+    // The connection that timed out is dropped; a fresh one answers.
+    let mut con = server.connection();
+    assert!(limiter.give_back_all(&mut con) > 0, "{:?}", limiter.stats());
+    assert!(!limiter.is_degraded(), "{:?}", limiter.stats());
+}

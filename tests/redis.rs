@@ -2114,3 +2114,33 @@ fn a_token_bucket_whose_time_unit_changes_reads_its_stored_time_the_same() {
         admitted => panic!("a used-up key came back full: {admitted:?}"),
     }
 }
+
+/// A refund that Redis answers ends a degraded period, as any answered call
+/// does ("until a call succeeds"): it left the limiter degraded until the
+/// next decision or ping. (A timeout short of the run that backs off opens
+/// the period without a backoff, so the refund is sent.)
+#[test]
+fn a_refund_that_redis_answers_ends_the_degraded_period() {
+    let Some(server) = server() else { return };
+    let global = RedisLimiter::new(
+        "refund-ends",
+        TokenBucket::new(Quota::per_hour(100).unwrap()),
+    )
+    .unwrap();
+    let guarded = Guarded::fail_closed(global, 100 * MS);
+    let mut con = Deadlines::default()
+        .response(50 * MS)
+        .unwrap()
+        .blocking(server.client());
+    let (decision, receipt) = guarded.try_acquire_refundable(&mut con, "k").unwrap();
+    assert!(decision.is_allowed());
+    let receipt = receipt.expect("an admission's receipt");
+    let paused = server.pause(Duration::from_millis(300));
+    assert!(guarded.ping(&mut con).is_err());
+    assert!(guarded.is_degraded() && !guarded.is_backing_off());
+    paused.wait();
+    // The connection that timed out is dropped; a fresh one answers.
+    let mut con = server.connection();
+    assert!(guarded.refund(&mut con, receipt), "{:?}", guarded.stats());
+    assert!(!guarded.is_degraded(), "{:?}", guarded.stats());
+}

@@ -905,12 +905,19 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         }
     }
 
-    /// A Redis refund's outcome; a failure counts, and starts a backoff.
+    /// A Redis refund's outcome; a failure counts, and starts a backoff; an
+    /// answer, as any call's, ends the degraded period.
     fn end_refund(&self, result: Result<bool, RedisLimitError>) -> bool {
-        result.unwrap_or_else(|e| {
-            self.failed(&e);
-            false
-        })
+        match result {
+            Ok(given) => {
+                self.succeeded(&Turn::Call);
+                given
+            }
+            Err(e) => {
+                self.failed(&e);
+                false
+            }
+        }
     }
 
     fn count_refund(&self, given: bool) -> bool {

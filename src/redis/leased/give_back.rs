@@ -213,6 +213,9 @@ impl<C: Clock> LeasedLimiter<C> {
     fn settle_give_back(&self, tokens: u32, result: RedisResult<Value>) -> u64 {
         match result {
             Ok(reply) => {
+                // Redis answered: as any call's answer, the backoff and the
+                // degraded period end.
+                self.succeed();
                 Counters::add(&self.counters.give_back_calls, 1);
                 // A window's give-back declines once its window has passed
                 // (`{0, …}`): the tokens count nowhere any more.
@@ -233,9 +236,6 @@ impl<C: Clock> LeasedLimiter<C> {
     }
 }
 
-/// Whether a give-back's `result` stops the pass: a failure of Redis does,
-/// an error about its key alone ([`Failure::per_key`]: Redis answered) does
-/// not, so that one such key keeps no other key's lease from going back.
 /// What one step of a give-back pass did.
 pub(super) enum Step {
     /// The tokens given back (0: the lease was no longer idle, or the give
@@ -245,6 +245,9 @@ pub(super) enum Step {
     Stop,
 }
 
+/// Whether a give-back's `result` stops the pass: a failure of Redis does,
+/// an error about its key alone ([`Failure::per_key`]: Redis answered) does
+/// not, so that one such key keeps no other key's lease from going back.
 fn stops(result: &RedisResult<Value>) -> bool {
     result.as_ref().is_err_and(|e| !e.per_key())
 }
