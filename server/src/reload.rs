@@ -30,6 +30,20 @@
 //!   quota are dropped).
 //! - **A changed algorithm** starts the limit fresh: every key at its full
 //!   allowance (one algorithm's state says nothing about another's).
+//! - **A limit dropped and brought back keeps its state**: a limit that a
+//!   load drops (deleted, set to `requests_per_unit: 0`, its file removed or
+//!   read half written, the directory emptied) is *retired*, its state kept
+//!   aside, and a later load that brings the same limit back (domain,
+//!   descriptor path and algorithm) is handed that state as an unchanged
+//!   limit is, or converted as a changed quota is. An edit that drops a
+//!   limit for one load does not hand its keys a fresh allowance. Bounds: a
+//!   retired state is dropped once it holds nothing a fresh one would not
+//!   ([`LimitState::reclaimable`]: in process, every key back at its whole
+//!   allowance), looked at on every load and every poll; and at most
+//!   [`DEFAULT_MAX_RETIRED`] (10,000) limits are kept retired
+//!   ([`Reloader::with_max_retired`]), those retired longest ago forgotten
+//!   first (each holds at most the keys a limit in force may, `--max-keys`);
+//!   a limit forgotten starts fresh if it comes back.
 //!
 //! Polling rather than file-system events: a configuration directory holds a
 //! few small files, reading them once a second costs next to nothing, and it
@@ -38,8 +52,8 @@
 //! The poll compares the files' names and contents, not their times, so an
 //! edit within the file system's time resolution is not missed.
 
-use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -52,19 +66,131 @@ use crate::service::RateLimitService;
 /// How often [`Reloader::watch`] polls the directory by default.
 pub const DEFAULT_POLL: Duration = Duration::from_secs(1);
 
+/// How many limits that loads dropped a [`Reloader`] keeps the state of by
+/// default ([`Reloader::with_max_retired`]).
+pub const DEFAULT_MAX_RETIRED: usize = 10_000;
+
 /// The states handed out by the last configuration that loaded, by full key.
 type Issued = HashMap<String, (LimitSpec, Arc<dyn LimitState>)>;
 
 /// Loads a configuration directory, and loads it again when it changes,
-/// keeping the state of the limits that stay.
+/// keeping the state of the limits that stay, and of the limits that go, for
+/// a later load that brings them back (see the [module](self)).
 #[derive(Debug)]
 pub struct Reloader {
     dir: PathBuf,
     backend: Arc<dyn Backend>,
     options: LoadOptions,
-    /// The last load's states, and the fingerprint of the last version of
-    /// the directory tried (loaded or refused).
-    last: Mutex<(Issued, Option<u64>)>,
+    max_retired: usize,
+    last: Mutex<Kept>,
+}
+
+/// What a [`Reloader`] keeps from one load to the next.
+#[derive(Debug, Default)]
+struct Kept {
+    /// The last load's states: those of the configuration it made.
+    issued: Issued,
+    /// The states of limits that loads dropped, none of them in `issued`.
+    retired: Retired,
+    /// The fingerprint of the last version of the directory tried (loaded
+    /// or refused).
+    tried: Option<u64>,
+}
+
+impl Kept {
+    /// A load made `issued`, to be put in force: the limits it brought back
+    /// leave the retired ones, and the limits of the previous load it
+    /// dropped join them (oldest dropped first past `max_retired`), unless a
+    /// fresh state would do as well.
+    fn settle(&mut self, issued: Issued, max_retired: usize) {
+        let previous = std::mem::replace(&mut self.issued, issued);
+        if !self.retired.is_empty() {
+            for key in self.issued.keys() {
+                self.retired.remove(key);
+            }
+        }
+        let mut dropped: Vec<_> = previous
+            .into_iter()
+            .filter(|(key, _)| !self.issued.contains_key(key))
+            .collect();
+        // One load's in the order of their keys: which of them goes first
+        // past the bound does not depend on a hash map's order.
+        dropped.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (key, (spec, state)) in dropped {
+            if !state.reclaimable() {
+                self.retired.insert(key, spec, state);
+            }
+        }
+        self.retired.truncate(max_retired);
+    }
+}
+
+/// The states of limits that a load dropped (a limit deleted, set to
+/// `requests_per_unit: 0`, its file gone or caught half written), kept so
+/// that a later load that brings the same limit back hands its keys' counts
+/// back rather than a fresh allowance.
+#[derive(Debug, Default)]
+struct Retired {
+    /// By full key: when retired (a sequence number), the limit, its state.
+    limits: HashMap<String, (u64, LimitSpec, Arc<dyn LimitState>)>,
+    /// The full keys by when they were retired, oldest first.
+    order: BTreeMap<u64, String>,
+    /// The next sequence number.
+    next: u64,
+}
+
+impl Retired {
+    fn len(&self) -> usize {
+        self.limits.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.limits.is_empty()
+    }
+
+    fn get(&self, full_key: &str) -> Option<(&LimitSpec, &Arc<dyn LimitState>)> {
+        self.limits
+            .get(full_key)
+            .map(|(_, spec, state)| (spec, state))
+    }
+
+    fn insert(&mut self, full_key: String, spec: LimitSpec, state: Arc<dyn LimitState>) {
+        let at = self.next;
+        self.next += 1;
+        if let Some((before, _, _)) = self.limits.insert(full_key.clone(), (at, spec, state)) {
+            self.order.remove(&before);
+        }
+        self.order.insert(at, full_key);
+    }
+
+    fn remove(&mut self, full_key: &str) {
+        if let Some((at, _, _)) = self.limits.remove(full_key) {
+            self.order.remove(&at);
+        }
+    }
+
+    /// Drop the states that hold nothing a fresh one would not
+    /// ([`LimitState::reclaimable`]: every key back at its whole allowance).
+    fn reclaim(&mut self) {
+        let order = &mut self.order;
+        self.limits.retain(|_, (at, _, state)| {
+            let keep = !state.reclaimable();
+            if !keep {
+                order.remove(at);
+            }
+            keep
+        });
+    }
+
+    /// Drop the oldest until at most `most` are left.
+    fn truncate(&mut self, most: usize) {
+        while self.limits.len() > most {
+            let Some((_, full_key)) = self.order.pop_first() else {
+                break;
+            };
+            self.limits.remove(&full_key);
+        }
+    }
 }
 
 /// What [`Reloader::poll`] did.
@@ -84,7 +210,8 @@ impl Reloader {
             dir: dir.into(),
             backend,
             options: LoadOptions::default(),
-            last: Mutex::new((HashMap::new(), None)),
+            max_retired: DEFAULT_MAX_RETIRED,
+            last: Mutex::new(Kept::default()),
         }
     }
 
@@ -95,8 +222,28 @@ impl Reloader {
         self
     }
 
+    /// Keep the state of at most `most` limits that loads dropped (default
+    /// [`DEFAULT_MAX_RETIRED`]); past it, the ones dropped longest ago are
+    /// forgotten, and start fresh if a load brings them back. 0 keeps none.
+    #[must_use]
+    pub fn with_max_retired(mut self, most: usize) -> Reloader {
+        self.max_retired = most;
+        self
+    }
+
+    /// How many limits that loads dropped this reloader holds the state of,
+    /// for a later load that brings them back (see the [module](self)).
+    pub fn retired(&self) -> usize {
+        self.last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retired
+            .len()
+    }
+
     /// Load the directory as it is now, reusing the state of every limit
-    /// the last load made that is unchanged (see the [module](self)).
+    /// the last load made, or an earlier load dropped, that is unchanged
+    /// (see the [module](self)).
     ///
     /// # Errors
     ///
@@ -107,21 +254,22 @@ impl Reloader {
         let fingerprint = fingerprint(&files);
         // A poisoned lock: a load panicked; its data is a map of states, still whole.
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        last.1 = Some(fingerprint);
-        // First pass: validate, with side effects on nothing that serves.
-        let dry = Reusing::new(&*self.backend, &last.0, false);
+        last.tried = Some(fingerprint);
+        last.retired.reclaim();
+        // First pass: validate, with side effects on nothing that serves
+        // (the retired states included: read, never converted or taken).
+        let dry = Reusing::new(&*self.backend, &last.issued, &last.retired, false);
         let config = Config::from_files_with(&files, &dry, self.options)?;
-        let config = if dry.wants_requota() {
+        let (config, issued) = if dry.wants_requota() {
             // Second pass, on the same text, which the first has accepted:
             // change the quotas of the limits that can keep their state.
-            let commit = Reusing::new(&*self.backend, &last.0, true);
+            let commit = Reusing::new(&*self.backend, &last.issued, &last.retired, true);
             let config = Config::from_files_with(&files, &commit, self.options)?;
-            last.0 = commit.into_issued();
-            config
+            (config, commit.into_issued())
         } else {
-            last.0 = dry.into_issued();
-            config
+            (config, dry.into_issued())
         };
+        last.settle(issued, self.max_retired);
         Ok(config)
     }
 
@@ -175,11 +323,15 @@ impl Reloader {
             Err(error) => fingerprint(&[(String::new(), error.to_string())]),
         };
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.1 == Some(now) {
+        if last.tried == Some(now) {
+            // No load to do it: a retired limit whose keys have all refilled
+            // since is dropped at the poll.
+            last.retired.reclaim();
             return Ok(Reload::Unchanged);
         }
         if let Err(error) = read {
-            last.1 = Some(now);
+            last.tried = Some(now);
+            last.retired.reclaim();
             service.metrics().reload_failed();
             return Err(error);
         }
@@ -282,22 +434,31 @@ fn fingerprint(files: &[(String, String)]) -> u64 {
     hasher.finish()
 }
 
-/// A backend that hands out the previous load's state for an unchanged
-/// limit and, when `commit`, converts a limit whose quota changed.
+/// A backend that hands out the previous load's state, or a retired one,
+/// for an unchanged limit and, when `commit`, converts a limit whose quota
+/// changed. It only reads `previous` and `retired`: what a load keeps is
+/// settled once its configuration is made ([`Kept::settle`]).
 #[derive(Debug)]
 struct Reusing<'a> {
     inner: &'a dyn Backend,
     previous: &'a Issued,
+    retired: &'a Retired,
     commit: bool,
     issued: Mutex<Issued>,
     requota: Mutex<bool>,
 }
 
 impl<'a> Reusing<'a> {
-    fn new(inner: &'a dyn Backend, previous: &'a Issued, commit: bool) -> Reusing<'a> {
+    fn new(
+        inner: &'a dyn Backend,
+        previous: &'a Issued,
+        retired: &'a Retired,
+        commit: bool,
+    ) -> Reusing<'a> {
         Reusing {
             inner,
             previous,
+            retired,
             commit,
             issued: Mutex::new(HashMap::new()),
             requota: Mutex::new(false),
@@ -317,7 +478,11 @@ impl<'a> Reusing<'a> {
 
 impl Backend for Reusing<'_> {
     fn limit(&self, spec: &LimitSpec) -> Result<Arc<dyn LimitState>, String> {
-        let state = match self.previous.get(&spec.full_key) {
+        let found = match self.previous.get(&spec.full_key) {
+            Some((old, state)) => Some((old, state)),
+            None => self.retired.get(&spec.full_key),
+        };
+        let state = match found {
             Some((old, state)) if old == spec => Arc::clone(state),
             Some((old, state)) if old.algorithm == spec.algorithm => {
                 *self.requota.lock().unwrap_or_else(PoisonError::into_inner) = true;

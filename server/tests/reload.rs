@@ -18,7 +18,7 @@ use tonic::transport::Channel;
 use turnstile::ManualClock;
 use turnstile_server::backend::InProcess;
 use turnstile_server::clock::ServiceClock;
-use turnstile_server::reload::Reloader;
+use turnstile_server::reload::{DEFAULT_MAX_RETIRED, Reloader};
 use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
 use turnstile_server::service::{Bounds, RateLimitService};
 
@@ -75,23 +75,32 @@ fn write(dir: &Path, text: &str) {
 struct Served {
     client: RateLimitServiceClient<Channel>,
     service: Arc<RateLimitService>,
+    reloader: Arc<Reloader>,
     stop: oneshot::Sender<()>,
-    _clock: ManualClock,
+    clock: ManualClock,
 }
 
 async fn serve_dir(dir: &Path, poll: Duration) -> Served {
+    serve_dir_retiring(dir, poll, DEFAULT_MAX_RETIRED).await
+}
+
+/// [`serve_dir`], keeping the state of at most `max_retired` limits that
+/// loads dropped.
+async fn serve_dir_retiring(dir: &Path, poll: Duration, max_retired: usize) -> Served {
     let clock = ManualClock::new();
     let backend = InProcess::new(ServiceClock::manual(clock.clone()), 10_000);
-    let reloader = Arc::new(Reloader::new(dir, Arc::new(backend)));
+    let reloader = Arc::new(Reloader::new(dir, Arc::new(backend)).with_max_retired(max_retired));
     let config = reloader.load().expect("a valid configuration");
     let service = Arc::new(RateLimitService::new(config, Bounds::default(), false));
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = grpc.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let (watch_stop, watch_stopped) = oneshot::channel::<()>();
-    tokio::spawn(reloader.watch(Arc::clone(&service), poll, async move {
-        let _ = watch_stopped.await;
-    }));
+    tokio::spawn(
+        Arc::clone(&reloader).watch(Arc::clone(&service), poll, async move {
+            let _ = watch_stopped.await;
+        }),
+    );
     tokio::spawn(serve(
         Arc::clone(&service),
         grpc,
@@ -108,8 +117,9 @@ async fn serve_dir(dir: &Path, poll: Duration) -> Served {
     Served {
         client,
         service,
+        reloader,
         stop,
-        _clock: clock,
+        clock,
     }
 }
 
@@ -386,6 +396,222 @@ async fn an_unreadable_directory_keeps_the_configuration_and_counts_once() {
         one(&mut rls.client, "added").await.statuses[0].limit_remaining,
         0
     );
+    let _ = rls.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `domain: api` with a limit per `(key, requests_per_unit, algorithm)`,
+/// each a minute's.
+fn limits(limits: &[(&str, u32, &str)]) -> String {
+    let mut text = String::from("domain: api\ndescriptors:\n");
+    for (key, rate, algorithm) in limits {
+        text.push_str(&format!(
+            "  - key: {key}\n    rate_limit: {{ unit: minute, requests_per_unit: {rate}, algorithm: {algorithm} }}\n"
+        ));
+    }
+    text
+}
+
+/// Spend `n` of `key`'s allowance (value `x`), each admitted.
+async fn spend(client: &mut RateLimitServiceClient<Channel>, key: &str, n: usize) {
+    for _ in 0..n {
+        assert!(overall_ok(&one(client, key).await), "{key}");
+    }
+}
+
+/// Wait until `reloader` holds `retired` limits that loads dropped (at most
+/// 10 s).
+async fn wait_retired(reloader: &Reloader, retired: usize) {
+    let start = Instant::now();
+    while reloader.retired() != retired {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{} retired, waiting for {retired}",
+            reloader.retired()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A limit that one load drops (deleted, or set to `requests_per_unit: 0`)
+/// and the next brings back keeps its keys' counts: unchanged, the same
+/// state; with its quota changed, converted as a limit kept in force is.
+/// Before, each came back with every key at its full allowance.
+#[tokio::test]
+async fn a_limit_dropped_and_restored_keeps_its_counts() {
+    let dir = temp_dir("restored");
+    let before = limits(&[
+        ("gone", 4, "fixed_window"),
+        ("zeroed", 4, "fixed_window"),
+        ("bucket", 4, "token_bucket"),
+        ("gcra", 4, "gcra"),
+    ]);
+    write(&dir, &before);
+    let mut rls = serve_dir(&dir, Duration::from_millis(20)).await;
+    for key in ["gone", "zeroed", "bucket", "gcra"] {
+        spend(&mut rls.client, key, 3).await;
+    }
+
+    // One load drops them: `gone`, `bucket` and `gcra` deleted, `zeroed` at 0.
+    write(
+        &dir,
+        &limits(&[("zeroed", 0, "fixed_window"), ("kept", 4, "fixed_window")]),
+    );
+    wait_reloads(&rls.service, 1, 0).await;
+    assert!(!overall_ok(&one(&mut rls.client, "zeroed").await));
+    let r = one(&mut rls.client, "gone").await;
+    assert!(r.statuses[0].current_limit.is_none(), "no limit: {r:?}");
+
+    // The next brings them back: `gone` and `zeroed` as they were, the
+    // bucket's and GCRA's quota raised.
+    write(
+        &dir,
+        &limits(&[
+            ("gone", 4, "fixed_window"),
+            ("zeroed", 4, "fixed_window"),
+            ("bucket", 8, "token_bucket"),
+            ("gcra", 8, "gcra"),
+        ]),
+    );
+    wait_reloads(&rls.service, 2, 0).await;
+    for (key, limit) in [("gone", 4), ("zeroed", 4), ("bucket", 8), ("gcra", 8)] {
+        // 1 left before the first load: 1 left now, whatever the quota.
+        let r = one(&mut rls.client, key).await;
+        assert!(overall_ok(&r), "{key}: {r:?}");
+        assert_eq!(limit_and_left(&r), (limit, 0), "{key}");
+        assert!(!overall_ok(&one(&mut rls.client, key).await), "{key}");
+        // A value first seen now: the whole allowance.
+        let new = one_value(&mut rls.client, key, "new").await;
+        assert_eq!(limit_and_left(&new), (limit, limit - 1), "{key}");
+    }
+    assert_eq!(rls.reloader.retired(), 0, "every one restored");
+    let _ = rls.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same through a load of an empty directory (its file moved away and
+/// back, as a deployment that empties the directory before it writes the
+/// new files can do between two polls).
+#[tokio::test]
+async fn limits_keep_their_counts_through_an_empty_directory() {
+    let dir = temp_dir("emptied");
+    write(&dir, AFTER);
+    let mut rls = serve_dir(&dir, Duration::from_millis(20)).await;
+    spend(&mut rls.client, "kept", 7).await;
+    spend(&mut rls.client, "added", 2).await;
+
+    let away = dir.join("api.yaml.away");
+    std::fs::rename(dir.join("api.yaml"), &away).unwrap();
+    wait_reloads(&rls.service, 1, 0).await;
+    let r = one(&mut rls.client, "kept").await;
+    assert!(r.statuses[0].current_limit.is_none(), "no limit: {r:?}");
+    // The two that hold a count; the three no key used are not kept.
+    assert_eq!(rls.reloader.retired(), 2);
+
+    std::fs::rename(&away, dir.join("api.yaml")).unwrap();
+    wait_reloads(&rls.service, 2, 0).await;
+    assert_eq!(limit_and_left(&one(&mut rls.client, "kept").await), (10, 2));
+    assert_eq!(limit_and_left(&one(&mut rls.client, "added").await), (3, 0));
+    assert!(!overall_ok(&one(&mut rls.client, "added").await));
+    let _ = rls.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A retired limit is kept only while it holds a count: one whose keys have
+/// all refilled is dropped at the next poll, and one that held no key when
+/// its load dropped it is never kept. Brought back, either starts whole,
+/// which is what its keys would have had.
+#[tokio::test]
+async fn a_retired_limit_whose_keys_refilled_is_dropped() {
+    let dir = temp_dir("reclaimed");
+    let before = limits(&[
+        ("spent", 4, "fixed_window"),
+        ("unused", 4, "fixed_window"),
+        ("stays", 4, "fixed_window"),
+    ]);
+    write(&dir, &before);
+    let mut rls = serve_dir(&dir, Duration::from_millis(20)).await;
+    spend(&mut rls.client, "spent", 3).await;
+
+    write(&dir, &limits(&[("stays", 4, "fixed_window")]));
+    wait_reloads(&rls.service, 1, 0).await;
+    assert_eq!(rls.reloader.retired(), 1, "`unused` held no key");
+    // Polls while the window lasts keep it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rls.reloader.retired(), 1);
+
+    // The window passes: the key is whole again, and a poll drops the limit.
+    rls.clock.advance(Duration::from_secs(60));
+    wait_retired(&rls.reloader, 0).await;
+    write(&dir, &before);
+    wait_reloads(&rls.service, 2, 0).await;
+    assert_eq!(limit_and_left(&one(&mut rls.client, "spent").await), (4, 3));
+    let _ = rls.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// At most `with_max_retired` limits are kept retired: past it, the one
+/// retired longest ago is forgotten and comes back fresh; the others keep
+/// their counts.
+#[tokio::test]
+async fn retired_limits_are_bounded_oldest_first() {
+    let dir = temp_dir("bounded");
+    let all = [
+        ("a", 4, "fixed_window"),
+        ("b", 4, "fixed_window"),
+        ("c", 4, "fixed_window"),
+    ];
+    write(&dir, &limits(&all));
+    let mut rls = serve_dir_retiring(&dir, Duration::from_millis(20), 2).await;
+    for (key, _, _) in all {
+        spend(&mut rls.client, key, 3).await;
+    }
+    // Dropped one load after another: `a`, then `b`, then `c`.
+    for (loads, left) in [(1, 1), (2, 2), (3, 3)] {
+        write(&dir, &limits(&all[loads..]));
+        wait_reloads(&rls.service, loads as u64, 0).await;
+        assert_eq!(rls.reloader.retired(), left.min(2), "after {loads} loads");
+    }
+    write(&dir, &limits(&all));
+    wait_reloads(&rls.service, 4, 0).await;
+    // `a`, the oldest, forgotten: fresh. `b` and `c`: 1 left, as before.
+    assert_eq!(limit_and_left(&one(&mut rls.client, "a").await), (4, 3));
+    for key in ["b", "c"] {
+        assert_eq!(
+            limit_and_left(&one(&mut rls.client, key).await),
+            (4, 0),
+            "{key}"
+        );
+        assert!(!overall_ok(&one(&mut rls.client, key).await), "{key}");
+    }
+    let _ = rls.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A configuration refused leaves the retired limits as they were: one
+/// that brings a limit back with a lowered quota, refused for an error
+/// elsewhere, neither takes the state nor converts it (converted, 3 left of
+/// 4 would be 2 of 2, a full key, and 4 of 4 when raised back).
+#[tokio::test]
+async fn a_refused_configuration_leaves_retired_limits_alone() {
+    let dir = temp_dir("refused");
+    let before = limits(&[("gone", 4, "fixed_window"), ("stays", 4, "fixed_window")]);
+    write(&dir, &before);
+    let mut rls = serve_dir(&dir, Duration::from_millis(20)).await;
+    spend(&mut rls.client, "gone", 1).await;
+    write(&dir, &limits(&[("stays", 4, "fixed_window")]));
+    wait_reloads(&rls.service, 1, 0).await;
+    assert_eq!(rls.reloader.retired(), 1);
+
+    let refused = limits(&[("gone", 2, "fixed_window"), ("stays", 4, "fixed_window")])
+        + "  - key: broken\n    rate_limit: { unit: minute, requests_per_unit: lots }\n";
+    write(&dir, &refused);
+    wait_reloads(&rls.service, 1, 1).await;
+    assert_eq!(rls.reloader.retired(), 1);
+
+    write(&dir, &before);
+    wait_reloads(&rls.service, 2, 1).await;
+    assert_eq!(limit_and_left(&one(&mut rls.client, "gone").await), (4, 2));
     let _ = rls.stop.send(());
     let _ = std::fs::remove_dir_all(&dir);
 }
