@@ -176,8 +176,9 @@ impl Config {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`]: a file that cannot be read, a syntax error, an unknown
-    /// key, a missing or invalid field, a duplicate domain or descriptor.
+    /// [`ConfigError`]: a file that cannot be read (a symbolic link whose
+    /// target is missing included), a syntax error, an unknown key, a
+    /// missing or invalid field, a duplicate domain or descriptor.
     pub fn load_dir(dir: &Path, backend: &dyn Backend) -> Result<Config, ConfigError> {
         Config::from_files(&read_dir(dir)?, backend)
     }
@@ -878,7 +879,9 @@ impl Loader<'_> {
 }
 
 /// The YAML files of `dir` (`.yaml`/`.yml`, not hidden), by name, with their
-/// text: what [`Config::load_dir`] and the reloader read.
+/// text: what [`Config::load_dir`] and the reloader read. A directory so
+/// named is passed over; a symbolic link so named whose target cannot be
+/// read (dangling, a loop) is an error, as a file that cannot be read is.
 pub(crate) fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, ConfigError> {
     let io = |path: &Path, error: std::io::Error| ConfigError::Io {
         path: path.display().to_string(),
@@ -886,11 +889,30 @@ pub(crate) fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, ConfigError>
     };
     let mut paths = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
-        let path = entry.map_err(|e| io(dir, e))?.path();
+        let entry = entry.map_err(|e| io(dir, e))?;
+        let path = entry.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-        if yaml && !name.starts_with('.') && path.is_file() {
+        if !yaml || name.starts_with('.') {
+            continue;
+        }
+        if path.is_file() {
             paths.push(path);
+        } else if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+            // A link whose target cannot be read is a file meant to be read,
+            // as one whose permissions refuse it is: an error, not a
+            // configuration loaded without its limits.
+            if let Err(error) = std::fs::metadata(&path) {
+                let target = std::fs::read_link(&path)
+                    .map(|t| format!(" to {}", t.display()))
+                    .unwrap_or_default();
+                return Err(ConfigError::Io {
+                    path: path.display().to_string(),
+                    message: format!(
+                        "a symbolic link{target} whose target cannot be read ({error}): restore the target or remove the link"
+                    ),
+                });
+            }
         }
     }
     paths.sort();

@@ -194,6 +194,36 @@ fn the_binary_exits_non_zero_with_the_message() {
     assert!(stderr.contains(&expected), "{stderr}");
 }
 
+/// A `*.yaml` symbolic link whose target is missing is an error naming the
+/// link and its target, as a file that cannot be read is, not a file passed
+/// over (the configuration loaded without its limits). A hidden one (an
+/// editor's lock, `.#name.yaml`) and a directory so named are passed over.
+#[cfg(unix)]
+#[test]
+fn a_dangling_symbolic_link_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("turnstile-rls-link-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("nested.yaml")).unwrap();
+    let good = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    std::fs::write(dir.join("good.yaml"), good).unwrap();
+    std::os::unix::fs::symlink("nowhere", dir.join(".#good.yaml")).unwrap();
+    assert!(Config::load_dir(&dir, &InProcess::default()).is_ok());
+
+    std::os::unix::fs::symlink("missing.yaml", dir.join("limits.yaml")).unwrap();
+    let error = Config::load_dir(&dir, &InProcess::default()).expect_err("a dangling link");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let message = error.to_string();
+    let expected = format!(
+        "{}: a symbolic link to missing.yaml whose target cannot be read",
+        dir.join("limits.yaml").display()
+    );
+    assert!(message.starts_with(&expected), "{message}");
+    assert!(
+        message.ends_with("restore the target or remove the link"),
+        "{message}"
+    );
+}
+
 /// A file nested far deeper than the 64 levels allowed is refused with its
 /// line, not parsed by recursion until the stack overflows (which would abort
 /// the process, a running server reloading it included).

@@ -615,3 +615,27 @@ async fn a_refused_configuration_leaves_retired_limits_alone() {
     let _ = rls.stop.send(());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `*.yaml` link whose target is gone (a file renamed from under it) is
+/// a broken configuration: the limits stay in force with their counts, and
+/// it is counted once, not once per poll.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_dangling_link_keeps_the_configuration_and_counts_once() {
+    let dir = temp_dir("link");
+    let target = dir.join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("api.yaml"), AFTER).unwrap();
+    std::os::unix::fs::symlink("target/api.yaml", dir.join("api.yaml")).unwrap();
+    let mut rls = serve_dir(&dir, Duration::from_millis(20)).await;
+    spend(&mut rls.client, "added", 2).await;
+
+    std::fs::rename(target.join("api.yaml"), target.join("api.old")).unwrap();
+    wait_reloads(&rls.service, 0, 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(rls.service.metrics().reloads(), (0, 1), "once");
+    assert_eq!(limit_and_left(&one(&mut rls.client, "added").await), (3, 0));
+    assert!(!overall_ok(&one(&mut rls.client, "added").await));
+    let _ = rls.stop.send(());
+    let _ = std::fs::remove_dir_all(&dir);
+}
