@@ -222,14 +222,6 @@ impl Ledger {
         }
     }
 
-    /// A ledger for `on_failure`: sized for its local share's keys, if any.
-    pub(crate) fn for_policy<A, C>(on_failure: &super::OnFailure<A, C>) -> Self {
-        match on_failure {
-            super::OnFailure::Local(local) => Ledger::for_keys(local.max_keys()),
-            super::OnFailure::Deny => Ledger::default(),
-        }
-    }
-
     fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
         // The remainder is below SHARDS, so it fits.
         &self.shards[(self.hasher.hash_one(key) % SHARDS as u64) as usize]

@@ -64,6 +64,17 @@ impl<A: Algorithm, C: Clock> OnFailure<A, C> {
     }
 }
 
+impl<A, C> OnFailure<A, C> {
+    /// A ledger of the fail-open debts for this policy: sized for its local
+    /// share's keys, if any.
+    pub(crate) fn ledger(&self) -> Ledger {
+        match self {
+            OnFailure::Local(local) => Ledger::for_keys(local.max_keys()),
+            OnFailure::Deny => Ledger::default(),
+        }
+    }
+}
+
 impl OnFailure {
     /// Fail open to this process's share of `quota` when `processes` share
     /// it: a token bucket per key with `capacity / processes` tokens (at least
@@ -413,7 +424,7 @@ impl<A, C> Guarded<A, C> {
     pub fn new(limiter: RedisLimiter, on_failure: OnFailure<A, C>, backoff: Duration) -> Self {
         Guarded {
             limiter,
-            ledger: Ledger::for_policy(&on_failure),
+            ledger: on_failure.ledger(),
             on_failure,
             backoff,
             epoch: Instant::now(),

@@ -15,7 +15,7 @@ use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
 use crate::keyed::KeyedBuilder;
 use crate::redis::MAX_LEASE;
-use crate::redis::failover::{DEFAULT_TIMEOUTS_TO_BACK_OFF, Ledger, Strikes};
+use crate::redis::failover::{DEFAULT_TIMEOUTS_TO_BACK_OFF, Strikes};
 use crate::redis::guarded::OnFailure;
 use crate::redis::health::Health;
 use crate::redis::{RedisConfigError, RedisLimiter};
@@ -346,7 +346,7 @@ impl<C: Clock> LeasedBuilder<C> {
             counters: Counters::default(),
             health: Health::default(),
             strikes: Strikes::new(self.timeouts),
-            ledger: Ledger::for_policy(&self.on_failure),
+            ledger: self.on_failure.ledger(),
             on_failure: self.on_failure,
         })
     }
