@@ -10,7 +10,9 @@ use std::time::Duration;
 use turnstile_server::backend::{Backend, DEFAULT_MAX_KEYS_PER_LIMIT, InProcess};
 use turnstile_server::clock::ServiceClock;
 use turnstile_server::config::LoadOptions;
-use turnstile_server::redis_backend::{FailurePolicy, RedisBackend, RedisMode, RedisOptions};
+use turnstile_server::redis_backend::{
+    FailurePolicy, RedisBackend, RedisHealth, RedisMode, RedisOptions,
+};
 use turnstile_server::reload::{DEFAULT_POLL, Reloader};
 use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
 use turnstile_server::service::{
@@ -52,8 +54,9 @@ usage: turnstile-server --config DIR [options]
                           (default: the Redis REDIS_URL, REDIS_TYPE, REDIS_SOCKET_TYPE and REDIS_AUTH
                           name, else in process)
   --redis-mode MODE       leased (default: leases spent in process) or exact (a script per decision)
-  --on-redis-failure P    open (default: this replica's share of each limit) or closed (deny)
-  --redis-deadline MS     deadline of each Redis reply, in milliseconds (default 5)
+  --on-redis-failure P    open (default: this replica's share of each limit, starting empty in each
+                          outage) or closed (deny)
+  --redis-deadline MS     deadline of each Redis reply, in milliseconds (default 5; connecting: 50)
   --replicas N            replicas sharing the limits: sizes the share and the leases (default 1)
   --max-lease N           largest lease, in permits (default 64)
 
@@ -240,6 +243,60 @@ async fn shutdown_signal() {
     }
 }
 
+fn policy_name(policy: FailurePolicy) -> &'static str {
+    match policy {
+        FailurePolicy::Open => "open (this replica's share of each limit, starting empty)",
+        FailurePolicy::Closed => "closed (denied beyond the leases held here)",
+    }
+}
+
+/// Ping Redis at start-up (a Redis that is down then is a failure like any
+/// other, the policy decides, but the operator hears of it now), then log
+/// when the Redis limits start failing and when Redis answers them again,
+/// looking once a second.
+async fn watch_redis(redis: RedisBackend) {
+    let policy = redis.options().on_failure;
+    match redis.ping().await {
+        Ok(rtt) => eprintln!("turnstile-server: Redis answers (PING in {rtt:?})"),
+        Err(error) => eprintln!(
+            "turnstile-server: warning: Redis does not answer ({error}); decisions follow \
+             --on-redis-failure {} until it does",
+            policy_name(policy)
+        ),
+    }
+    let health: Arc<RedisHealth> = redis.health();
+    drop(redis);
+    let mut before = health.counts();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let now = health.counts();
+        let new_failures = now.failures - before.failures;
+        if before.failing_limits == 0 && now.failing_limits > 0 {
+            eprintln!(
+                "turnstile-server: warning: Redis is failing ({} limits; {new_failures} calls \
+                 failed in the last second): decisions follow --on-redis-failure {}",
+                now.failing_limits,
+                policy_name(policy)
+            );
+        } else if before.failing_limits > 0 && now.failing_limits == 0 {
+            eprintln!(
+                "turnstile-server: Redis answers again ({} decisions were the policy's so far)",
+                now.fallbacks
+            );
+        } else if now.failing_limits == 0 && new_failures > 0 {
+            // Failures that opened no degraded period: a key holding
+            // something else than a limit's state (WRONGTYPE), or a
+            // period that opened and closed within the second.
+            eprintln!(
+                "turnstile-server: warning: {new_failures} Redis calls failed in the last second"
+            );
+        }
+        before = now;
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = match parse_args() {
@@ -255,15 +312,19 @@ async fn main() -> ExitCode {
     for warning in &args.warnings {
         eprintln!("turnstile-server: warning: {warning}");
     }
-    let backend: Arc<dyn Backend> = match &args.redis {
-        None => Arc::new(InProcess::new(ServiceClock::real(), args.max_keys)),
+    let redis = match &args.redis {
+        None => None,
         Some(url) => match RedisBackend::connect(url, args.redis_options.clone()).await {
-            Ok(backend) => Arc::new(backend),
+            Ok(backend) => Some(backend),
             Err(error) => {
                 eprintln!("turnstile-server: {error}");
                 return ExitCode::FAILURE;
             }
         },
+    };
+    let backend: Arc<dyn Backend> = match &redis {
+        None => Arc::new(InProcess::new(ServiceClock::real(), args.max_keys)),
+        Some(redis) => Arc::new(redis.clone()),
     };
     let reloader = Arc::new(
         Reloader::new(&args.config, Arc::clone(&backend))
@@ -285,6 +346,9 @@ async fn main() -> ExitCode {
             .with_shadow_mode(args.shadow_mode)
             .with_overrides(Arc::clone(&backend), args.max_overrides),
     );
+    if let Some(redis) = &redis {
+        service.metrics().set_redis(redis.health());
+    }
     let grpc = match tokio::net::TcpListener::bind(args.grpc).await {
         Ok(listener) => listener,
         Err(error) => {
@@ -313,6 +377,10 @@ async fn main() -> ExitCode {
         http.as_ref()
             .map_or(String::new(), |l| format!(", HTTP on {}", bound(l)))
     );
+    if let Some(redis) = redis {
+        // After the line above, which names the listeners first.
+        tokio::spawn(watch_redis(redis));
+    }
     let (stop_watch, watch_stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(
         reloader.watch(Arc::clone(&service), DEFAULT_POLL, async move {

@@ -10,6 +10,7 @@
 //! | `turnstile_rls_config_reloads_total`, `turnstile_rls_config_reload_errors_total` | none |
 //! | `turnstile_rls_override_refused_total` | none: descriptors whose `limit` override was a new quota past the bound of override limits, answered `OVER_LIMIT` |
 //! | `turnstile_rls_global_shadow_mode_total` | none: requests over a limit answered `OK` by the global shadow mode (`--shadow-mode`, `SHADOW_MODE`) |
+//! | `turnstile_rls_redis_failures_total`, `turnstile_rls_redis_fallbacks_total`, `turnstile_rls_redis_degraded_periods_total`, `turnstile_rls_redis_failing_limits` (a gauge) | none; only with a Redis backend: calls to Redis that failed, decisions the failure policy made instead of Redis, degraded periods (a limit's failed call to its next answered one), limits failing now ([`RedisHealth`]) |
 //!
 //! **Never an unbounded number of series**: no label takes a value from a
 //! request except the detailed series, which keep at most
@@ -27,9 +28,10 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 use crate::config::Rule;
+use crate::redis_backend::RedisHealth;
 
 /// Values kept per `detailed_metric` limit.
 pub const DETAILED_PER_LIMIT: usize = 100;
@@ -123,9 +125,16 @@ pub struct Metrics {
     reload_errors: AtomicU64,
     override_refused: AtomicU64,
     global_shadow: AtomicU64,
+    redis: OnceLock<Arc<RedisHealth>>,
 }
 
 impl Metrics {
+    /// Serve the Redis backend's counts too (`turnstile_rls_redis_*`); the
+    /// first call sets them, and a later one changes nothing.
+    pub fn set_redis(&self, health: Arc<RedisHealth>) {
+        let _ = self.redis.set(health);
+    }
+
     /// A request was decided.
     pub fn request(&self) {
         add(&self.requests);
@@ -326,6 +335,40 @@ impl Metrics {
             "Requests over a limit answered OK by the global shadow mode.",
             &self.global_shadow,
         );
+        if let Some(redis) = self.redis.get() {
+            let counts = redis.counts();
+            for (name, kind, help, value) in [
+                (
+                    "turnstile_rls_redis_failures_total",
+                    "counter",
+                    "Calls to Redis that failed (no connection, a timeout, an error reply).",
+                    counts.failures,
+                ),
+                (
+                    "turnstile_rls_redis_fallbacks_total",
+                    "counter",
+                    "Decisions made by the Redis failure policy instead of Redis.",
+                    counts.fallbacks,
+                ),
+                (
+                    "turnstile_rls_redis_degraded_periods_total",
+                    "counter",
+                    "Degraded periods: from a limit's failed Redis call to its next answered one.",
+                    counts.degraded_periods,
+                ),
+                (
+                    "turnstile_rls_redis_failing_limits",
+                    "gauge",
+                    "Limits whose last call to Redis failed.",
+                    counts.failing_limits,
+                ),
+            ] {
+                let _ = write!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+                );
+            }
+        }
         let limits = self.limits.read().unwrap_or_else(PoisonError::into_inner);
         let mut names: Vec<&String> = limits.keys().collect();
         names.sort_unstable();

@@ -36,6 +36,20 @@
 //! answers again). A request is never answered with a gRPC error for a
 //! Redis failure.
 //!
+//! A replica's share starts empty in each outage (so that a failure and the
+//! recovery after it never let the replicas admit a second burst), so the
+//! first requests of an outage are denied until the share refills, at the
+//! limit's rate over the replicas: a token bucket of 100 a day shared by 4
+//! replicas gives its first permit after 57.6 minutes (a fixed window's
+//! share refills whole, after a window). A limit that must keep admitting
+//! through an outage needs a rate whose share refills within the outages
+//! it must ride.
+//!
+//! What Redis did is counted for `/metrics` ([`RedisHealth`]: failed calls,
+//! decisions made by the policy, degraded periods, limits failing now), and
+//! the binary pings Redis at start-up and logs when Redis starts failing
+//! and when it answers again.
+//!
 //! # Keys
 //!
 //! A limit's keys are `PREFIX:ALGORITHM:FULL_KEY:` followed by the
@@ -55,7 +69,7 @@
 //! add a thread hand-off to every decision, leased ones included.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use redis::IntoConnectionInfo;
@@ -204,6 +218,7 @@ pub struct RedisBackend {
     con: AnyAsyncConnection,
     options: RedisOptions,
     clock: ServiceClock,
+    health: Arc<RedisHealth>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -308,7 +323,32 @@ impl RedisBackend {
             con,
             options,
             clock: ServiceClock::real(),
+            health: Arc::new(RedisHealth::default()),
         }
+    }
+
+    /// What the limits of this backend met in Redis so far, for
+    /// `/metrics` and the log.
+    pub fn health(&self) -> Arc<RedisHealth> {
+        Arc::clone(&self.health)
+    }
+
+    /// Send Redis a `PING`, within the connection's deadlines: at start-up,
+    /// to say at once whether Redis answers (a single server or a Sentinel's
+    /// primary connects on its first call).
+    ///
+    /// # Errors
+    ///
+    /// The client's message when the `PING` fails or runs past its
+    /// deadline.
+    pub async fn ping(&self) -> Result<Duration, String> {
+        let start = std::time::Instant::now();
+        let mut con = self.con.clone();
+        redis::cmd("PING")
+            .query_async::<String>(&mut con)
+            .await
+            .map(|_| start.elapsed())
+            .map_err(|e| e.to_string())
     }
 
     /// The settings.
@@ -417,14 +457,17 @@ impl Backend for RedisBackend {
                 }
             }
         };
-        Ok(Arc::new(Shared {
+        let shared = Arc::new(Shared {
             decider,
             con: self.con.clone(),
             capacity,
             reset,
             policy,
             clock: self.clock.clone(),
-        }))
+            health: Arc::clone(&self.health),
+        });
+        self.health.register(&shared);
+        Ok(shared)
     }
 }
 
@@ -464,6 +507,113 @@ struct Shared {
     reset: Reset,
     policy: Option<RateLimitPolicy>,
     clock: ServiceClock,
+    health: Arc<RedisHealth>,
+}
+
+impl Shared {
+    /// This limit's counts: failures, fallbacks, degraded periods, and
+    /// whether it is failing now.
+    fn counts(&self) -> RedisCounts {
+        let (failures, fallbacks, degraded, degraded_periods) = match &self.decider {
+            Decider::Exact(guarded) => {
+                let s = guarded.stats();
+                (s.failures, s.fallbacks, s.degraded, s.degraded_periods)
+            }
+            Decider::Leased { leased, .. } => {
+                let s = leased.stats();
+                (s.failures, s.fallbacks, s.degraded, s.degraded_periods)
+            }
+        };
+        RedisCounts {
+            failures,
+            fallbacks,
+            degraded_periods,
+            failing_limits: u64::from(degraded),
+        }
+    }
+}
+
+impl Drop for Shared {
+    /// A limit dropped (replaced by a reload) leaves its counts to the
+    /// backend's totals, so that the counters never go back.
+    fn drop(&mut self) {
+        let mut counts = self.counts();
+        counts.failing_limits = 0;
+        self.health.retire(counts);
+    }
+}
+
+/// What a backend's limits met in Redis, summed over every limit it made
+/// (those a reload replaced included): `/metrics` serves it as
+/// `turnstile_rls_redis_failures_total`, `turnstile_rls_redis_fallbacks_total`,
+/// `turnstile_rls_redis_degraded_periods_total` and the gauge
+/// `turnstile_rls_redis_failing_limits`.
+#[derive(Debug, Default)]
+pub struct RedisHealth {
+    /// The limits alive, and the counts of those dropped.
+    limits: Mutex<(Vec<Weak<Shared>>, RedisCounts)>,
+    /// The counters last reported: a limit dropped while it is being read
+    /// could otherwise make a sum smaller than the one before.
+    reported: Mutex<RedisCounts>,
+}
+
+/// Counts of [`RedisHealth`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisCounts {
+    /// Calls to Redis that failed (no connection, a timeout, an error
+    /// reply), over every limit.
+    pub failures: u64,
+    /// Decisions made by the failure policy instead of Redis.
+    pub fallbacks: u64,
+    /// Degraded periods, each from a limit's failed call to the call of
+    /// that limit that Redis answered next.
+    pub degraded_periods: u64,
+    /// Limits whose last call to Redis failed (a gauge).
+    pub failing_limits: u64,
+}
+
+impl RedisCounts {
+    fn add(&mut self, other: RedisCounts) {
+        self.failures += other.failures;
+        self.fallbacks += other.fallbacks;
+        self.degraded_periods += other.degraded_periods;
+        self.failing_limits += other.failing_limits;
+    }
+}
+
+impl RedisHealth {
+    fn register(&self, shared: &Arc<Shared>) {
+        let mut limits = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
+        limits.0.retain(|weak| weak.strong_count() > 0);
+        limits.0.push(Arc::downgrade(shared));
+    }
+
+    fn retire(&self, counts: RedisCounts) {
+        let mut limits = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
+        limits.1.add(counts);
+    }
+
+    /// The counts now: those of the limits alive, and of those dropped.
+    pub fn counts(&self) -> RedisCounts {
+        let (mut sum, alive) = {
+            let limits = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
+            let alive: Vec<Arc<Shared>> = limits.0.iter().filter_map(Weak::upgrade).collect();
+            (limits.1, alive)
+        };
+        for shared in &alive {
+            sum.add(shared.counts());
+        }
+        // The limits upgraded above are released only now, outside the
+        // lock their `Drop` takes.
+        drop(alive);
+        let mut reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        reported.failures = reported.failures.max(sum.failures);
+        reported.fallbacks = reported.fallbacks.max(sum.fallbacks);
+        reported.degraded_periods = reported.degraded_periods.max(sum.degraded_periods);
+        reported.failing_limits = sum.failing_limits;
+        *reported
+    }
 }
 
 impl fmt::Debug for Shared {

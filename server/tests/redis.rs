@@ -349,6 +349,14 @@ async fn redis_killed_mid_run_is_answered_by_the_policy_within_the_deadline() {
                 );
             }
         }
+        // What Redis did is counted, for `/metrics`.
+        for replica in &replicas {
+            let counts = replica.backend.health().counts();
+            assert!(
+                counts.failures > 0 && counts.fallbacks > 0 && counts.degraded_periods > 0,
+                "{mode:?}/{policy:?}: {counts:?}"
+            );
+        }
         for replica in replicas {
             replica.stop().await;
         }
@@ -638,6 +646,107 @@ async fn an_override_is_one_limit_across_replicas() {
 /// The binary started from envoyproxy/ratelimit's environment counts in the
 /// Redis its variables name (they were reported as not read, and each
 /// replica counted on its own); `--redis off` keeps the counts in process.
+/// The binary pings Redis at start-up, says when Redis starts failing, and
+/// counts the failures and the policy's decisions in `/metrics`.
+#[test]
+fn the_binary_logs_and_counts_what_redis_does() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::sync::mpsc;
+
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("turnstile-redis-health-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    std::fs::write(
+        dir.join("d.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 100 }\n",
+    )
+    .expect("a file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
+        .env_clear()
+        .arg("--config")
+        .arg(&dir)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--redis", &url(&server), "--redis-mode", "exact"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary");
+    let stderr = BufReader::new(child.stderr.take().expect("its stderr"));
+    let (lines_tx, lines) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let result = std::panic::catch_unwind(move || {
+        let wait_for = |what: &str| -> String {
+            let end = Instant::now() + Duration::from_secs(10);
+            loop {
+                let left = end.saturating_duration_since(Instant::now());
+                match lines.recv_timeout(left) {
+                    Ok(line) if line.contains(what) => return line,
+                    Ok(_) => {}
+                    Err(e) => panic!("no line with {what:?} ({e})"),
+                }
+            }
+        };
+        let first = wait_for("HTTP on ");
+        let http: std::net::SocketAddr = first
+            .rsplit_once("HTTP on ")
+            .expect("the listener")
+            .1
+            .parse()
+            .expect("an address");
+        wait_for("Redis answers (PING in");
+        let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+        let (status, text) = runtime.block_on(common::http(http, "POST", "/json", body));
+        assert_eq!(status, 200, "{text}");
+        let value = |metrics: &str, name: &str| -> u64 {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+        };
+        let (_, metrics) = runtime.block_on(common::http(http, "GET", "/metrics", ""));
+        assert_eq!(value(&metrics, "turnstile_rls_redis_failures_total"), 0);
+        drop(server);
+        // Redis gone: answered by the policy (open: the share, from empty).
+        let (status, text) = runtime.block_on(common::http(http, "POST", "/json", body));
+        assert!(status == 200 || status == 429, "{status}: {text}");
+        let warning = wait_for("Redis is failing");
+        assert!(warning.contains("--on-redis-failure open"), "{warning}");
+        let (_, metrics) = runtime.block_on(common::http(http, "GET", "/metrics", ""));
+        assert!(
+            value(&metrics, "turnstile_rls_redis_failures_total") >= 1,
+            "{metrics}"
+        );
+        assert!(
+            value(&metrics, "turnstile_rls_redis_fallbacks_total") >= 1,
+            "{metrics}"
+        );
+        assert_eq!(
+            value(&metrics, "turnstile_rls_redis_failing_limits"),
+            1,
+            "{metrics}"
+        );
+        assert!(metrics.contains("# TYPE turnstile_rls_redis_failing_limits gauge"));
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 #[test]
 fn the_binary_counts_in_the_redis_the_variables_name() {
     use std::io::{BufRead, BufReader};
