@@ -8,11 +8,12 @@
 //! all), and `GET /metrics` (Prometheus text: [`metrics`](crate::metrics)).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -27,13 +28,38 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
 
+use crate::server::{HTTP_BODIES_AT_ONCE, ServeLimits};
 use crate::service::RateLimitService;
 
-/// The router of the HTTP endpoints, with bodies of at most `max_body` bytes.
+/// The router of the HTTP endpoints, with bodies of at most `max_body` bytes
+/// and the other [`ServeLimits`] by default.
 pub fn router(service: Arc<RateLimitService>, max_body: usize) -> Router {
+    let limits = ServeLimits {
+        max_message: max_body,
+        ..ServeLimits::default()
+    };
+    router_with(service, &limits)
+}
+
+/// The router of the HTTP endpoints, with bodies of at most
+/// `limits.max_message` bytes, at most [`HTTP_BODIES_AT_ONCE`] of them read
+/// at once, each within `limits.body_timeout`.
+pub fn router_with(service: Arc<RateLimitService>, limits: &ServeLimits) -> Router {
+    let bodies = Arc::new(Semaphore::new(HTTP_BODIES_AT_ONCE));
+    let body_timeout = limits.body_timeout;
+    let max_body = limits.max_message;
     Router::new()
-        .route("/json", any(json))
+        .route(
+            "/json",
+            any(
+                move |service: State<Arc<RateLimitService>>, request: Request| {
+                    let bodies = Arc::clone(&bodies);
+                    async move { json(service, request, &bodies, body_timeout).await }
+                },
+            ),
+        )
         .route("/healthcheck", any(healthcheck))
         .route("/healthz", get(|| async { "OK\n" }))
         .route("/metrics", get(metrics))
@@ -375,11 +401,41 @@ async fn metrics(State(service): State<Arc<RateLimitService>>) -> Response {
         .into_response()
 }
 
-async fn json(State(service): State<Arc<RateLimitService>>, body: Bytes) -> Response {
+async fn json(
+    State(service): State<Arc<RateLimitService>>,
+    request: Request,
+    bodies: &Semaphore,
+    body_timeout: Duration,
+) -> Response {
+    // The body is read in its turn among the bodies read at once, all
+    // within the deadline; its turn is kept until it is parsed.
+    let read = tokio::time::timeout(body_timeout, async {
+        let turn = bodies.acquire().await;
+        (turn, Bytes::from_request(request, &()).await)
+    })
+    .await;
+    let (turn, body) = match read {
+        Ok((turn, Ok(body))) => (turn, body),
+        // Too large (413), or a body that broke off (400).
+        Ok((_, Err(rejection))) => return rejection.into_response(),
+        Err(_) => {
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                [(header::CONNECTION, "close")],
+                format!(
+                    "the body did not arrive within {} s\n",
+                    body_timeout.as_secs_f64()
+                ),
+            )
+                .into_response();
+        }
+    };
     let request = match bounded::parse(&body, service.bounds()) {
         Ok(json) => to_request(json),
         Err(error) => Err(error.to_string()),
     };
+    drop(body);
+    drop(turn);
     let request = match request {
         Ok(request) => request,
         Err(message) => {

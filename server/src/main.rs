@@ -14,7 +14,9 @@ use turnstile_server::redis_backend::{
     FailurePolicy, RedisBackend, RedisHealth, RedisMode, RedisOptions,
 };
 use turnstile_server::reload::{DEFAULT_POLL, Reloader};
-use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
+use turnstile_server::server::{
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_MESSAGE, ServeLimits, serve_with,
+};
 use turnstile_server::service::{
     Bounds, DEFAULT_MAX_OVERRIDE_LIMITS, RateLimitService, ResponseHeaders,
 };
@@ -36,6 +38,7 @@ usage: turnstile-server --config DIR [options]
   --max-descriptors N     descriptors per request (default 64)
   --max-entries N         entries per descriptor (default 16)
   --max-length N          bytes in the domain (default 1024; keys and values: the message size)
+  --max-connections N     connections each listener holds at once; more wait for a slot (default 1024)
   --response-headers[=draft|envoy|off]
                           header fields for Envoy to add to its answers: draft (the flag alone):
                           RateLimit-Policy, RateLimit and Retry-After; envoy: envoyproxy/ratelimit's
@@ -72,6 +75,7 @@ struct Args {
     http: Option<SocketAddr>,
     max_keys: usize,
     max_overrides: usize,
+    max_connections: usize,
     bounds: Bounds,
     headers: ResponseHeaders,
     shadow_mode: bool,
@@ -116,6 +120,7 @@ fn parse_args() -> Result<Args, String> {
     let mut http = Some(env.http);
     let mut max_keys = DEFAULT_MAX_KEYS_PER_LIMIT;
     let mut max_overrides = DEFAULT_MAX_OVERRIDE_LIMITS;
+    let mut max_connections = DEFAULT_MAX_CONNECTIONS;
     let mut bounds = Bounds::default();
     let mut headers = env.response_headers;
     let mut shadow_mode = env.shadow_mode;
@@ -145,6 +150,18 @@ fn parse_args() -> Result<Args, String> {
             merge_domains = true;
             continue;
         }
+        if !flag.starts_with("--") {
+            return Err(format!(
+                "{flag}: not a flag{}",
+                if given.iter().any(|a| a == "--response-headers") {
+                    format!(
+                        " (--response-headers takes its value after `=`: --response-headers={flag})"
+                    )
+                } else {
+                    String::new()
+                }
+            ));
+        }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let count = |value: &str| {
             value
@@ -165,6 +182,7 @@ fn parse_args() -> Result<Args, String> {
             "--http-addr" => http = Some(addr(&value)?),
             "--max-keys" => max_keys = count(&value)?,
             "--max-override-limits" => max_overrides = count(&value)?,
+            "--max-connections" => max_connections = count(&value)?,
             "--max-descriptors" => bounds.max_descriptors = count(&value)?,
             "--max-entries" => bounds.max_entries = count(&value)?,
             "--max-length" => bounds.max_length = count(&value)?,
@@ -206,6 +224,7 @@ fn parse_args() -> Result<Args, String> {
         http,
         max_keys,
         max_overrides,
+        max_connections,
         bounds,
         headers,
         shadow_mode,
@@ -217,6 +236,14 @@ fn parse_args() -> Result<Args, String> {
             ..redis_options
         },
     })
+}
+
+/// The soft limit on open files, where the system tells it
+/// (`/proc/self/limits`): `None` where it is unlimited or unknown.
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// Resolves on ctrl-c or SIGTERM.
@@ -387,7 +414,24 @@ async fn main() -> ExitCode {
             let _ = watch_stopped.await;
         }),
     );
-    let served = serve(service, grpc, http, DEFAULT_MAX_MESSAGE, shutdown_signal()).await;
+    if let Some(open_files) = open_files_limit() {
+        // Two listeners' connections, and some room for the configuration's
+        // files, Redis and the process itself.
+        let needed = 2 * args.max_connections as u64 + 64;
+        if open_files < needed {
+            eprintln!(
+                "turnstile-server: warning: this process may open {open_files} files (ulimit -n), \
+                 and the listeners may hold {} connections each: raise the limit to {needed}, or \
+                 lower --max-connections to {}",
+                args.max_connections,
+                open_files.saturating_sub(64) / 2
+            );
+        }
+    }
+    let mut limits = ServeLimits::default();
+    limits.max_message = DEFAULT_MAX_MESSAGE;
+    limits.max_connections = args.max_connections;
+    let served = serve_with(service, grpc, http, limits, shutdown_signal()).await;
     let _ = stop_watch.send(());
     match served {
         Ok(()) => {

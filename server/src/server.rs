@@ -3,11 +3,18 @@
 
 use std::future::Future;
 use std::io;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use tonic_health::ServingStatus;
 
@@ -30,6 +37,57 @@ pub const DEFAULT_MAX_MESSAGE: usize = 4 << 20;
 /// another connection past it). tonic's default is none, so one connection
 /// could hold any number of requests of up to the message size at once.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
+
+/// Connections each listener (gRPC, HTTP) holds at once by default: past
+/// them a new connection waits in the kernel's backlog until one closes, so
+/// a flood of idle or slow connections on one port cannot take the file
+/// descriptors the other port and the configuration's reload need.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1_024;
+
+/// `POST /json` bodies read at once: with bodies of at most the message size
+/// (4 MiB by default), at most 64 MiB of bodies are held, however many
+/// connections send them. A body waits for its turn within the body
+/// timeout ([`ServeLimits::body_timeout`]).
+pub const HTTP_BODIES_AT_ONCE: usize = 16;
+
+/// The bytes an HTTP connection buffers for a request's head: a head past
+/// them is refused (`431`). 64 KiB: envoyproxy/ratelimit's requests and
+/// probes are a few hundred bytes.
+pub const HTTP_MAX_HEAD: usize = 64 << 10;
+
+/// What the listeners hold to: sizes, connections and the HTTP deadlines
+/// ([`serve_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServeLimits {
+    /// The largest gRPC message or HTTP body ([`DEFAULT_MAX_MESSAGE`]).
+    pub max_message: usize,
+    /// Connections each listener holds at once (at least 1;
+    /// [`DEFAULT_MAX_CONNECTIONS`]).
+    pub max_connections: usize,
+    /// How long an HTTP client may take to send a request's head (the
+    /// request line and header fields), from when the connection waits for
+    /// it (an idle keep-alive connection included): past it the connection
+    /// is closed. A client that sends its head a byte at a time (slowloris)
+    /// holds its connection no longer. 10 s by default.
+    pub header_timeout: Duration,
+    /// How long `POST /json` may take to receive its body (its turn among
+    /// the [`HTTP_BODIES_AT_ONCE`] included): past it the request is
+    /// answered `408 Request Timeout` and the connection closed. 10 s by
+    /// default.
+    pub body_timeout: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> ServeLimits {
+        ServeLimits {
+            max_message: DEFAULT_MAX_MESSAGE,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+        }
+    }
+}
 
 /// Serve `service` on `grpc` (and `http`, if given) until `shutdown`
 /// completes; requests in flight are answered before this returns.
@@ -94,6 +152,30 @@ pub async fn serve<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    let limits = ServeLimits {
+        max_message,
+        ..ServeLimits::default()
+    };
+    serve_with(service, grpc, http, limits, shutdown).await
+}
+
+/// [`serve`], the listeners held to `limits`.
+///
+/// # Errors
+///
+/// As [`serve`].
+pub async fn serve_with<F>(
+    service: Arc<RateLimitService>,
+    grpc: TcpListener,
+    http: Option<TcpListener>,
+    limits: ServeLimits,
+    shutdown: F,
+) -> io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let max_message = limits.max_message;
+    let max_connections = limits.max_connections.max(1);
     let (stop_tx, stop_rx) = watch::channel(false);
     let draining = Arc::clone(&service);
     tokio::spawn(async move {
@@ -146,27 +228,208 @@ where
     });
     let rls = GrpcService::new(Arc::clone(&service), max_message);
     let grpc_stop = stopped(stop_rx.clone());
+    let (incoming, accepting) = Incoming::new(grpc, max_connections);
     let grpc_task = tokio::spawn(async move {
-        tonic::transport::Server::builder()
+        let served = tonic::transport::Server::builder()
             .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
             .add_service(health_service)
             .add_service(rls)
-            .serve_with_incoming_shutdown(TcpIncoming::from(grpc), grpc_stop)
-            .await
+            .serve_with_incoming_shutdown(incoming, grpc_stop)
+            .await;
+        accepting.abort();
+        served
     });
     let http_task = http.map(|listener| {
-        let router = crate::http::router(Arc::clone(&service), max_message);
+        let router = crate::http::router_with(Arc::clone(&service), &limits);
         let http_stop = stopped(stop_rx.clone());
-        tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(http_stop)
-                .await
-        })
+        tokio::spawn(serve_http(
+            listener,
+            router,
+            max_connections,
+            limits.header_timeout,
+            http_stop,
+        ))
     });
     let grpc_result = grpc_task.await.map_err(io::Error::other)?;
     grpc_result.map_err(io::Error::other)?;
     if let Some(task) = http_task {
-        task.await.map_err(io::Error::other)??;
+        task.await.map_err(io::Error::other)?;
     }
     Ok(())
+}
+
+/// Accept on `listener` while fewer than `max` of its connections are open.
+/// An error that concerns one connection (reset before it was accepted) is
+/// skipped; one of the process (no file descriptor left) is waited out, as
+/// hyper's and axum's servers do, rather than ending the listener.
+async fn accept(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+) -> (TcpStream, OwnedSemaphorePermit) {
+    loop {
+        let Ok(slot) = Arc::clone(slots).acquire_owned().await else {
+            // The semaphore is never closed.
+            std::future::pending::<()>().await;
+            unreachable!();
+        };
+        match listener.accept().await {
+            Ok((stream, _)) => return (stream, slot),
+            Err(error) if is_connection_error(&error) => {}
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// The HTTP listener: HTTP/1.1 connections, at most `max_connections` at
+/// once, each given `header_timeout` for a request's head and
+/// [`HTTP_MAX_HEAD`] bytes for it; on `stop`, each connection finishes the
+/// request it is answering and closes.
+async fn serve_http<F>(
+    listener: TcpListener,
+    router: axum::Router,
+    max_connections: usize,
+    header_timeout: Duration,
+    stop: F,
+) where
+    F: Future<Output = ()>,
+{
+    let slots = Arc::new(Semaphore::new(max_connections));
+    let (closing, closed) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    let mut stop = pin!(stop);
+    loop {
+        let (stream, slot) = tokio::select! {
+            accepted = accept(&listener, &slots) => accepted,
+            () = &mut stop => break,
+        };
+        // Reap the connections that have closed, so the set holds only the
+        // open ones.
+        while connections.try_join_next().is_some() {}
+        let service = TowerToHyperService::new(router.clone());
+        let mut closed = closed.clone();
+        connections.spawn(async move {
+            let _slot = slot;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .max_buf_size(HTTP_MAX_HEAD);
+            let mut connection = pin!(builder.serve_connection(TokioIo::new(stream), service));
+            let mut closing = false;
+            loop {
+                tokio::select! {
+                    _ = connection.as_mut() => return,
+                    _ = closed.wait_for(|stop| *stop), if !closing => {
+                        closing = true;
+                        connection.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = closing.send(true);
+    while connections.join_next().await.is_some() {}
+}
+
+/// The gRPC listener's connections, at most a number of them open at once:
+/// an accepting task hands each to tonic with the slot it holds until it
+/// closes.
+struct Incoming {
+    accepted: mpsc::Receiver<io::Result<Limited>>,
+}
+
+impl Incoming {
+    fn new(listener: TcpListener, max: usize) -> (Incoming, tokio::task::JoinHandle<()>) {
+        let slots = Arc::new(Semaphore::new(max));
+        // One connection accepted ahead of tonic's taking it.
+        let (tx, accepted) = mpsc::channel(1);
+        let task = tokio::spawn(async move {
+            loop {
+                let (stream, slot) = accept(&listener, &slots).await;
+                if tx
+                    .send(Ok(Limited {
+                        stream,
+                        _slot: slot,
+                    }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        (Incoming { accepted }, task)
+    }
+}
+
+impl futures_core::Stream for Incoming {
+    type Item = io::Result<Limited>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.accepted.poll_recv(cx)
+    }
+}
+
+/// A gRPC connection and its slot among the listener's.
+struct Limited {
+    stream: TcpStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Connected for Limited {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Limited {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Limited {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
 }

@@ -26,7 +26,7 @@ use turnstile::ManualClock;
 use turnstile_server::backend::InProcess;
 use turnstile_server::clock::ServiceClock;
 use turnstile_server::config::Config;
-use turnstile_server::server::{DEFAULT_MAX_MESSAGE, serve};
+use turnstile_server::server::{ServeLimits, serve_with};
 use turnstile_server::service::{
     Bounds, DEFAULT_MAX_OVERRIDE_LIMITS, RateLimitService, ResponseHeaders,
 };
@@ -49,6 +49,8 @@ pub struct Options {
     pub max_overrides: usize,
     /// `with_response_headers`, when set (in place of `headers`).
     pub response_headers: Option<ResponseHeaders>,
+    /// What the listeners hold to.
+    pub limits: ServeLimits,
 }
 
 impl Default for Options {
@@ -59,6 +61,7 @@ impl Default for Options {
             max_keys: 10_000,
             max_overrides: DEFAULT_MAX_OVERRIDE_LIMITS,
             response_headers: None,
+            limits: ServeLimits::default(),
         }
     }
 }
@@ -89,11 +92,11 @@ pub async fn start(files: &[(&str, &str)], options: Options) -> Running {
         .expect("bind");
     let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(
+    let task = tokio::spawn(serve_with(
         Arc::clone(&service),
         grpc,
         Some(http),
-        DEFAULT_MAX_MESSAGE,
+        options.limits,
         async move {
             let _ = stopped.await;
         },

@@ -383,6 +383,17 @@ fn the_binary_refuses_what_it_cannot_read() {
             "--response-headers=ietf",
         ),
         (&["--config", "."][..], &[("PORT", "http")][..], "PORT=http"),
+        // A value given apart from the flag that takes it after `=`.
+        (
+            &["--config", ".", "--response-headers", "envoy"][..],
+            &[][..],
+            "--response-headers=envoy",
+        ),
+        (
+            &["--config", ".", "--max-connections", "0"][..],
+            &[][..],
+            "--max-connections 0: give a whole number from 1",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
             .env_clear()
