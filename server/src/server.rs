@@ -69,7 +69,9 @@ pub struct ServeLimits {
     /// request line and header fields), from when the connection waits for
     /// it (an idle keep-alive connection included): past it the connection
     /// is closed. A client that sends its head a byte at a time (slowloris)
-    /// holds its connection no longer. 10 s by default.
+    /// holds its connection no longer. The gRPC listener closes a
+    /// connection that sends nothing (not even HTTP/2's preface) within as
+    /// long of its accept. 10 s by default.
     pub header_timeout: Duration,
     /// How long `POST /json` may take to receive its body (its turn among
     /// the [`HTTP_BODIES_AT_ONCE`] included): past it the request is
@@ -228,7 +230,7 @@ where
     });
     let rls = GrpcService::new(Arc::clone(&service), max_message);
     let grpc_stop = stopped(stop_rx.clone());
-    let (incoming, accepting) = Incoming::new(grpc, max_connections);
+    let (incoming, accepting) = Incoming::new(grpc, max_connections, limits.header_timeout);
     let grpc_task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
@@ -343,13 +345,19 @@ async fn serve_http<F>(
 
 /// The gRPC listener's connections, at most a number of them open at once:
 /// an accepting task hands each to tonic with the slot it holds until it
-/// closes.
+/// closes. A connection that sends nothing within `first_byte` of its
+/// accept (not even HTTP/2's preface) is closed, so that idle connections
+/// cannot hold the slots.
 struct Incoming {
     accepted: mpsc::Receiver<io::Result<Limited>>,
 }
 
 impl Incoming {
-    fn new(listener: TcpListener, max: usize) -> (Incoming, tokio::task::JoinHandle<()>) {
+    fn new(
+        listener: TcpListener,
+        max: usize,
+        first_byte: Duration,
+    ) -> (Incoming, tokio::task::JoinHandle<()>) {
         let slots = Arc::new(Semaphore::new(max));
         // One connection accepted ahead of tonic's taking it.
         let (tx, accepted) = mpsc::channel(1);
@@ -359,6 +367,7 @@ impl Incoming {
                 if tx
                     .send(Ok(Limited {
                         stream,
+                        first_byte: Some(Box::pin(tokio::time::sleep(first_byte))),
                         _slot: slot,
                     }))
                     .await
@@ -383,6 +392,8 @@ impl futures_core::Stream for Incoming {
 /// A gRPC connection and its slot among the listener's.
 struct Limited {
     stream: TcpStream,
+    /// Until the first byte is read: when it must have come by.
+    first_byte: Option<Pin<Box<tokio::time::Sleep>>>,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -400,7 +411,22 @@ impl AsyncRead for Limited {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let this = &mut *self;
+        let filled = buf.filled().len();
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if let Some(deadline) = &mut this.first_byte {
+            match read {
+                Poll::Ready(Ok(())) if buf.filled().len() > filled => this.first_byte = None,
+                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "nothing sent within the first byte's deadline",
+                    )));
+                }
+                _ => {}
+            }
+        }
+        read
     }
 }
 

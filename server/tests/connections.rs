@@ -120,3 +120,44 @@ async fn connections_past_the_bound_wait_for_a_slot_and_grpc_is_untouched() {
     drop(holders);
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_connection_that_sends_nothing_gives_its_slot_back() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+    let timeout = Duration::from_millis(500);
+    // Two slots: the test's own client holds one, an idle connection the other.
+    let running = start(&[("d.yaml", YAML)], options(2, timeout)).await;
+    let mut idle = TcpStream::connect(running.grpc).await.expect("connect");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let began = Instant::now();
+    let asked = tokio::spawn({
+        let addr = running.grpc;
+        async move {
+            let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect");
+            client
+                .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+                .await
+                .expect("an answer")
+                .into_inner()
+        }
+    });
+    let answer = tokio::time::timeout(Duration::from_secs(10), asked)
+        .await
+        .expect("answered once the idle connection's slot came back")
+        .expect("the task");
+    assert!(overall_ok(&answer));
+    assert!(
+        began.elapsed() >= timeout / 2,
+        "served while both slots were held"
+    );
+    assert!(
+        until_closed(&mut idle, Duration::from_secs(5))
+            .await
+            .is_some(),
+        "the idle connection was closed"
+    );
+    running.stop().await;
+}
