@@ -14,9 +14,7 @@ use turnstile_server::redis_backend::{
     FailurePolicy, RedisBackend, RedisHealth, RedisMode, RedisOptions,
 };
 use turnstile_server::reload::{DEFAULT_POLL, Reloader};
-use turnstile_server::server::{
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_MESSAGE, ServeLimits, serve_with,
-};
+use turnstile_server::server::{DEFAULT_MAX_CONNECTIONS, ServeLimits, serve_with};
 use turnstile_server::service::{
     Bounds, DEFAULT_MAX_OVERRIDE_LIMITS, RateLimitService, ResponseHeaders,
 };
@@ -128,7 +126,9 @@ fn parse_args() -> Result<Args, String> {
     let mut redis = env.redis;
     let mut redis_options = RedisOptions::default();
     let mut args = given.iter().cloned();
+    let mut previous: Option<String> = None;
     while let Some(flag) = args.next() {
+        let before = previous.replace(flag.clone());
         if let Some(kind) = flag.strip_prefix("--response-headers") {
             headers = match kind {
                 "" | "=draft" => ResponseHeaders::Draft,
@@ -153,7 +153,7 @@ fn parse_args() -> Result<Args, String> {
         if !flag.starts_with("--") {
             return Err(format!(
                 "{flag}: not a flag{}",
-                if given.iter().any(|a| a == "--response-headers") {
+                if before.as_deref() == Some("--response-headers") {
                     format!(
                         " (--response-headers takes its value after `=`: --response-headers={flag})"
                     )
@@ -182,7 +182,15 @@ fn parse_args() -> Result<Args, String> {
             "--http-addr" => http = Some(addr(&value)?),
             "--max-keys" => max_keys = count(&value)?,
             "--max-override-limits" => max_overrides = count(&value)?,
-            "--max-connections" => max_connections = count(&value)?,
+            "--max-connections" => {
+                max_connections = count(&value)?;
+                if max_connections > MAX_CONNECTIONS {
+                    return Err(format!(
+                        "{flag} {value}: give at most {MAX_CONNECTIONS} (each connection takes a \
+                         file descriptor)"
+                    ));
+                }
+            }
             "--max-descriptors" => bounds.max_descriptors = count(&value)?,
             "--max-entries" => bounds.max_entries = count(&value)?,
             "--max-length" => bounds.max_length = count(&value)?,
@@ -237,6 +245,9 @@ fn parse_args() -> Result<Args, String> {
         },
     })
 }
+
+/// The largest `--max-connections`.
+const MAX_CONNECTIONS: usize = 1 << 20;
 
 /// The soft limit on open files, where the system tells it
 /// (`/proc/self/limits`): `None` where it is unlimited or unknown.
@@ -415,21 +426,22 @@ async fn main() -> ExitCode {
         }),
     );
     if let Some(open_files) = open_files_limit() {
-        // Two listeners' connections, and some room for the configuration's
-        // files, Redis and the process itself.
-        let needed = 2 * args.max_connections as u64 + 64;
+        // Each listener's connections, and some room for the
+        // configuration's files, Redis and the process itself.
+        let listeners: u64 = if args.http.is_some() { 2 } else { 1 };
+        let connections = u64::try_from(args.max_connections).unwrap_or(u64::MAX);
+        let needed = listeners.saturating_mul(connections).saturating_add(64);
         if open_files < needed {
             eprintln!(
                 "turnstile-server: warning: this process may open {open_files} files (ulimit -n), \
                  and the listeners may hold {} connections each: raise the limit to {needed}, or \
                  lower --max-connections to {}",
                 args.max_connections,
-                open_files.saturating_sub(64) / 2
+                open_files.saturating_sub(64) / listeners
             );
         }
     }
     let mut limits = ServeLimits::default();
-    limits.max_message = DEFAULT_MAX_MESSAGE;
     limits.max_connections = args.max_connections;
     let served = serve_with(service, grpc, http, limits, shutdown_signal()).await;
     let _ = stop_watch.send(());

@@ -70,8 +70,8 @@ pub struct ServeLimits {
     /// it (an idle keep-alive connection included): past it the connection
     /// is closed. A client that sends its head a byte at a time (slowloris)
     /// holds its connection no longer. The gRPC listener closes a
-    /// connection that sends nothing (not even HTTP/2's preface) within as
-    /// long of its accept. 10 s by default.
+    /// connection that has not sent HTTP/2's handshake within as long of its
+    /// accept. 10 s by default.
     pub header_timeout: Duration,
     /// How long `POST /json` may take to receive its body (its turn among
     /// the [`HTTP_BODIES_AT_ONCE`] included): past it the request is
@@ -234,6 +234,8 @@ where
     let grpc_task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+            .http2_keepalive_interval(Some(GRPC_KEEPALIVE.0))
+            .http2_keepalive_timeout(Some(GRPC_KEEPALIVE.1))
             .add_service(health_service)
             .add_service(rls)
             .serve_with_incoming_shutdown(incoming, grpc_stop)
@@ -345,9 +347,11 @@ async fn serve_http<F>(
 
 /// The gRPC listener's connections, at most a number of them open at once:
 /// an accepting task hands each to tonic with the slot it holds until it
-/// closes. A connection that sends nothing within `first_byte` of its
-/// accept (not even HTTP/2's preface) is closed, so that idle connections
-/// cannot hold the slots.
+/// closes. A connection that has not sent HTTP/2's handshake (its preface
+/// and the header of its first frame, [`HANDSHAKE_BYTES`]) within
+/// `first_byte` of its accept is closed, and tonic closes one that stops
+/// answering HTTP/2 pings ([`GRPC_KEEPALIVE`]), so that idle or half-open
+/// connections cannot hold the slots.
 struct Incoming {
     accepted: mpsc::Receiver<io::Result<Limited>>,
 }
@@ -363,16 +367,20 @@ impl Incoming {
         let (tx, accepted) = mpsc::channel(1);
         let task = tokio::spawn(async move {
             loop {
-                let (stream, slot) = accept(&listener, &slots).await;
-                if tx
-                    .send(Ok(Limited {
-                        stream,
-                        first_byte: Some(Box::pin(tokio::time::sleep(first_byte))),
-                        _slot: slot,
-                    }))
-                    .await
-                    .is_err()
-                {
+                // Once tonic drops the stream (the shutdown has begun), the
+                // listener closes at once: a new client is refused rather
+                // than accepted and left unanswered.
+                let (stream, slot) = tokio::select! {
+                    accepted = accept(&listener, &slots) => accepted,
+                    () = tx.closed() => return,
+                };
+                let limited = Limited {
+                    stream,
+                    handshake: Some(Box::pin(tokio::time::sleep(first_byte))),
+                    received: 0,
+                    _slot: slot,
+                };
+                if tx.send(Ok(limited)).await.is_err() {
                     return;
                 }
             }
@@ -389,11 +397,22 @@ impl futures_core::Stream for Incoming {
     }
 }
 
+/// HTTP/2's client preface (24 bytes) and the 9-byte header of the SETTINGS
+/// frame that must follow it: what a gRPC client sends first.
+const HANDSHAKE_BYTES: usize = 24 + 9;
+
+/// How often the gRPC listener pings an idle connection (HTTP/2 `PING`),
+/// and how long it waits for the answer before closing it. Envoy and every
+/// gRPC client answer pings; a socket nobody reads stops answering.
+pub const GRPC_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(10));
+
 /// A gRPC connection and its slot among the listener's.
 struct Limited {
     stream: TcpStream,
-    /// Until the first byte is read: when it must have come by.
-    first_byte: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Until [`HANDSHAKE_BYTES`] are read: when they must have come by.
+    handshake: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Bytes read so far, counted until the handshake's.
+    received: usize,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -414,13 +433,18 @@ impl AsyncRead for Limited {
         let this = &mut *self;
         let filled = buf.filled().len();
         let read = Pin::new(&mut this.stream).poll_read(cx, buf);
-        if let Some(deadline) = &mut this.first_byte {
+        if let Some(deadline) = &mut this.handshake {
             match read {
-                Poll::Ready(Ok(())) if buf.filled().len() > filled => this.first_byte = None,
+                Poll::Ready(Ok(())) => {
+                    this.received += buf.filled().len() - filled;
+                    if this.received >= HANDSHAKE_BYTES {
+                        this.handshake = None;
+                    }
+                }
                 Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
-                        "nothing sent within the first byte's deadline",
+                        "HTTP/2's handshake not sent within its deadline",
                     )));
                 }
                 _ => {}

@@ -122,13 +122,18 @@ async fn connections_past_the_bound_wait_for_a_slot_and_grpc_is_untouched() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grpc_connection_that_sends_nothing_gives_its_slot_back() {
+async fn a_grpc_connection_that_never_finishes_its_handshake_gives_its_slot_back() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
     let timeout = Duration::from_millis(500);
-    // Two slots: the test's own client holds one, an idle connection the other.
+    // Two slots: the test's own client holds one, a stalled connection the
+    // other.
     let running = start(&[("d.yaml", YAML)], options(2, timeout)).await;
+    // A part of HTTP/2's preface, then nothing.
     let mut idle = TcpStream::connect(running.grpc).await.expect("connect");
+    idle.write_all(b"PRI * HTTP/2.0\r\n")
+        .await
+        .expect("a part of the preface");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let began = Instant::now();
     let asked = tokio::spawn({

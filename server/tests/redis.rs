@@ -643,9 +643,6 @@ async fn an_override_is_one_limit_across_replicas() {
     }
 }
 
-/// The binary started from envoyproxy/ratelimit's environment counts in the
-/// Redis its variables name (they were reported as not read, and each
-/// replica counted on its own); `--redis off` keeps the counts in process.
 /// The binary pings Redis at start-up, says when Redis starts failing, and
 /// counts the failures and the policy's decisions in `/metrics`.
 #[test]
@@ -747,6 +744,9 @@ fn the_binary_logs_and_counts_what_redis_does() {
     }
 }
 
+/// The binary started from envoyproxy/ratelimit's environment counts in the
+/// Redis its variables name (they were reported as not read, and each
+/// replica counted on its own); `--redis off` keeps the counts in process.
 #[test]
 fn the_binary_counts_in_the_redis_the_variables_name() {
     use std::io::{BufRead, BufReader};

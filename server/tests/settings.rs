@@ -394,6 +394,11 @@ fn the_binary_refuses_what_it_cannot_read() {
             &[][..],
             "--max-connections 0: give a whole number from 1",
         ),
+        (
+            &["--config", ".", "--max-connections", "18446744073709551615"][..],
+            &[][..],
+            "give at most 1048576",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
             .env_clear()
