@@ -291,7 +291,8 @@ fn policy_name(policy: FailurePolicy) -> &'static str {
 /// Ping Redis at start-up (a Redis that is down then is a failure like any
 /// other, the policy decides, but the operator hears of it now), then log
 /// when the Redis limits start failing and when Redis answers them again,
-/// looking once a second.
+/// looking once a second, and pinging for the failing limits
+/// ([`RedisBackend::recover`]).
 async fn watch_redis(redis: RedisBackend) {
     let policy = redis.options().on_failure;
     match redis.ping().await {
@@ -303,12 +304,16 @@ async fn watch_redis(redis: RedisBackend) {
         ),
     }
     let health: Arc<RedisHealth> = redis.health();
-    drop(redis);
     let mut before = health.counts();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tick.tick().await;
+        if health.counts().failing_limits > 0 {
+            // A limit with no request since its call failed would stay
+            // failing (and this log silent) after Redis came back.
+            redis.recover().await;
+        }
         let now = health.counts();
         let new_failures = now.failures - before.failures;
         if before.failing_limits == 0 && now.failing_limits > 0 {

@@ -333,6 +333,27 @@ impl RedisBackend {
         Arc::clone(&self.health)
     }
 
+    /// Ping Redis on behalf of the limits failing now, so that a limit with
+    /// no request since its last call failed (idle, or dropped by a reload
+    /// and kept for a later one) learns that Redis answers again: one
+    /// limit's ping first, and the others' only if it succeeded (a Redis
+    /// still down costs one call). Each ping counts as that limit's call
+    /// would (a failure starts its backoff; a success ends it and its
+    /// degraded period). Returns the limits still failing.
+    pub async fn recover(&self) -> usize {
+        let failing = self.health.failing();
+        let Some((first, rest)) = failing.split_first() else {
+            return 0;
+        };
+        if first.ping().await.is_ok() {
+            for shared in rest {
+                let _ = shared.ping().await;
+            }
+        }
+        drop(failing);
+        self.health.failing().len()
+    }
+
     /// Send Redis a `PING`, within the connection's deadlines: at start-up,
     /// to say at once whether Redis answers (a single server or a Sentinel's
     /// primary connects on its first call).
@@ -511,6 +532,15 @@ struct Shared {
 }
 
 impl Shared {
+    /// A `PING` as this limit's call ([`RedisBackend::recover`]).
+    async fn ping(&self) -> Result<Duration, turnstile::redis::RedisLimitError> {
+        let mut con = self.con.clone();
+        match &self.decider {
+            Decider::Exact(guarded) => guarded.ping_async(&mut con).await,
+            Decider::Leased { leased, .. } => leased.ping_async(&mut con).await,
+        }
+    }
+
     /// This limit's counts: failures, fallbacks, degraded periods, and
     /// whether it is failing now.
     fn counts(&self) -> RedisCounts {
@@ -587,6 +617,17 @@ impl RedisHealth {
         let mut limits = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
         limits.0.retain(|weak| weak.strong_count() > 0);
         limits.0.push(Arc::downgrade(shared));
+    }
+
+    /// The limits whose last call failed.
+    fn failing(&self) -> Vec<Arc<Shared>> {
+        let limits = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
+        let alive: Vec<Arc<Shared>> = limits.0.iter().filter_map(Weak::upgrade).collect();
+        drop(limits);
+        alive
+            .into_iter()
+            .filter(|shared| shared.counts().failing_limits > 0)
+            .collect()
     }
 
     fn retire(&self, counts: RedisCounts) {

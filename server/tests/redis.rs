@@ -744,6 +744,91 @@ fn the_binary_logs_and_counts_what_redis_does() {
     }
 }
 
+/// A limit whose call failed, and that gets no request after, is told that
+/// Redis answers again: the binary pings for it, says so, and the gauge of
+/// failing limits goes back to 0.
+#[test]
+fn the_binary_says_when_redis_answers_again_with_no_request() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::sync::mpsc;
+
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("turnstile-redis-again-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    std::fs::write(
+        dir.join("d.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 100 }\n",
+    )
+    .expect("a file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
+        .env_clear()
+        .arg("--config")
+        .arg(&dir)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--redis", &url(&server), "--redis-mode", "exact"])
+        .args(["--redis-deadline", "50"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary");
+    let stderr = BufReader::new(child.stderr.take().expect("its stderr"));
+    let (lines_tx, lines) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let result = std::panic::catch_unwind(|| {
+        let wait_for = |what: &str| -> String {
+            let end = Instant::now() + Duration::from_secs(10);
+            loop {
+                let left = end.saturating_duration_since(Instant::now());
+                match lines.recv_timeout(left) {
+                    Ok(line) if line.contains(what) => return line,
+                    Ok(_) => {}
+                    Err(e) => panic!("no line with {what:?} ({e})"),
+                }
+            }
+        };
+        let http: std::net::SocketAddr = wait_for("HTTP on ")
+            .rsplit_once("HTTP on ")
+            .expect("the listener")
+            .1
+            .parse()
+            .expect("an address");
+        wait_for("Redis answers (PING in");
+        let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+        // Redis hangs (SIGSTOP): the call runs past its deadline.
+        server.stop();
+        let (status, text) = runtime.block_on(common::http(http, "POST", "/json", body));
+        assert!(status == 200 || status == 429, "{status}: {text}");
+        wait_for("Redis is failing");
+        // Redis runs again, and no request comes.
+        server.resume();
+        wait_for("Redis answers again");
+        let (_, metrics) = runtime.block_on(common::http(http, "GET", "/metrics", ""));
+        assert!(
+            metrics.contains("\nturnstile_rls_redis_failing_limits 0\n"),
+            "{metrics}"
+        );
+    });
+    server.resume();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// The binary started from envoyproxy/ratelimit's environment counts in the
 /// Redis its variables name (they were reported as not read, and each
 /// replica counted on its own); `--redis off` keeps the counts in process.
