@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
@@ -27,10 +27,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::server::{HTTP_BODIES_AT_ONCE, ServeLimits};
+use crate::server::{HTTP_BODY_BUDGET, ServeLimits};
 use crate::service::RateLimitService;
 
 /// The router of the HTTP endpoints, with bodies of at most `max_body` bytes
@@ -44,10 +45,12 @@ pub fn router(service: Arc<RateLimitService>, max_body: usize) -> Router {
 }
 
 /// The router of the HTTP endpoints, with bodies of at most
-/// `limits.max_message` bytes, at most [`HTTP_BODIES_AT_ONCE`] of them read
-/// at once, each within `limits.body_timeout`.
+/// `limits.max_message` bytes, at most [`HTTP_BODY_BUDGET`] bytes of them
+/// held at once, each read within `limits.body_timeout`.
 pub fn router_with(service: Arc<RateLimitService>, limits: &ServeLimits) -> Router {
-    let bodies = Arc::new(Semaphore::new(HTTP_BODIES_AT_ONCE));
+    // At least one whole body's room, whatever the message size.
+    let budget = HTTP_BODY_BUDGET.max(limits.max_message).div_ceil(1024);
+    let bodies = Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS)));
     let body_timeout = limits.body_timeout;
     let max_body = limits.max_message;
     Router::new()
@@ -56,7 +59,7 @@ pub fn router_with(service: Arc<RateLimitService>, limits: &ServeLimits) -> Rout
             any(
                 move |service: State<Arc<RateLimitService>>, request: Request| {
                     let bodies = Arc::clone(&bodies);
-                    async move { json(service, request, &bodies, body_timeout).await }
+                    async move { json(service, request, &bodies, body_timeout, max_body).await }
                 },
             ),
         )
@@ -401,23 +404,81 @@ async fn metrics(State(service): State<Arc<RateLimitService>>) -> Response {
         .into_response()
 }
 
+/// Read `request`'s body, at most `max_body` bytes, taking from `budget` a
+/// permit per KiB as each part arrives (so that a client that sends slowly
+/// holds only what it sent): the body and its permits, or the answer that
+/// refuses it (`413` past `max_body`, `400` for a body that broke off).
+async fn read_body(
+    request: Request,
+    budget: &Semaphore,
+    max_body: usize,
+) -> Result<(Vec<SemaphorePermit<'_>>, Bytes), Response> {
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than {max_body} bytes\n"),
+        )
+            .into_response()
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max_body as u64) {
+        return Err(too_large());
+    }
+    let mut body = request.into_body();
+    let mut held = Vec::new();
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("the body broke off: {e}\n"),
+            )
+                .into_response()
+        })?;
+        let Ok(data) = frame.into_data() else {
+            // Trailers: nothing to hold.
+            continue;
+        };
+        if bytes.len() + data.len() > max_body {
+            return Err(too_large());
+        }
+        // The body's KiB so far, rounded up, less those held already: a
+        // body sent a byte at a time holds no more than one sent whole.
+        let held_kib = bytes.len().div_ceil(1024);
+        let kib = (bytes.len() + data.len()).div_ceil(1024) - held_kib;
+        if kib > 0 {
+            // The budget holds at least `max_body` (rounded up to KiB), so
+            // a body within it always finds room once others are done; it
+            // is never closed.
+            let kib = u32::try_from(kib).unwrap_or(u32::MAX);
+            match budget.acquire_many(kib).await {
+                Ok(permit) => held.push(permit),
+                Err(_) => return Err(too_large()),
+            }
+        }
+        bytes.extend_from_slice(&data);
+    }
+    Ok((held, Bytes::from(bytes)))
+}
+
 async fn json(
     State(service): State<Arc<RateLimitService>>,
     request: Request,
     bodies: &Semaphore,
     body_timeout: Duration,
+    max_body: usize,
 ) -> Response {
-    // The body is read in its turn among the bodies read at once, all
-    // within the deadline; its turn is kept until it is parsed.
-    let read = tokio::time::timeout(body_timeout, async {
-        let turn = bodies.acquire().await;
-        (turn, Bytes::from_request(request, &()).await)
-    })
-    .await;
+    // The body is read within the deadline, each part as the budget of
+    // bodies held at once has room for it; the budget is kept until the
+    // body is parsed.
+    let read = tokio::time::timeout(body_timeout, read_body(request, bodies, max_body)).await;
     let (turn, body) = match read {
-        Ok((turn, Ok(body))) => (turn, body),
-        // Too large (413), or a body that broke off (400).
-        Ok((_, Err(rejection))) => return rejection.into_response(),
+        Ok(Ok(read)) => read,
+        Ok(Err(refused)) => return refused,
         Err(_) => {
             return (
                 StatusCode::REQUEST_TIMEOUT,

@@ -44,11 +44,13 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
 /// descriptors the other port and the configuration's reload need.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1_024;
 
-/// `POST /json` bodies read at once: with bodies of at most the message size
-/// (4 MiB by default), at most 64 MiB of bodies are held, however many
-/// connections send them. A body waits for its turn within the body
-/// timeout ([`ServeLimits::body_timeout`]).
-pub const HTTP_BODIES_AT_ONCE: usize = 16;
+/// The bytes of `POST /json` bodies held at once, whatever the number of
+/// connections sending them: each part of a body takes its share (by the
+/// KiB) as it arrives, until the body is parsed, so a client that sends
+/// slowly holds only what it has sent. A body waits for room within the
+/// body timeout ([`ServeLimits::body_timeout`]). 64 MiB: sixteen bodies of
+/// the 4 MiB message size.
+pub const HTTP_BODY_BUDGET: usize = 64 << 20;
 
 /// The bytes an HTTP connection buffers for a request's head: a head past
 /// them is refused (`431`). 64 KiB: envoyproxy/ratelimit's requests and
@@ -73,8 +75,8 @@ pub struct ServeLimits {
     /// connection that has not sent HTTP/2's handshake within as long of its
     /// accept. 10 s by default.
     pub header_timeout: Duration,
-    /// How long `POST /json` may take to receive its body (its turn among
-    /// the [`HTTP_BODIES_AT_ONCE`] included): past it the request is
+    /// How long `POST /json` may take to receive its body (waiting for room
+    /// in [`HTTP_BODY_BUDGET`] included): past it the request is
     /// answered `408 Request Timeout` and the connection closed. 10 s by
     /// default.
     pub body_timeout: Duration,

@@ -166,3 +166,36 @@ async fn a_grpc_connection_that_never_finishes_its_handshake_gives_its_slot_back
     );
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_hold_only_what_they_sent() {
+    let timeout = Duration::from_secs(2);
+    let running = start(&[("d.yaml", YAML)], options(64, timeout)).await;
+    // More slow senders than sixteen whole bodies' turns: each holds the
+    // byte it sent, not a body's room.
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        let mut stream = TcpStream::connect(running.http).await.expect("connect");
+        stream
+            .write_all(b"POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            .await
+            .expect("the head and a byte");
+        slow.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    let (status, text) = common::http(running.http, "POST", "/json", body).await;
+    assert_eq!(status, 200, "{text}");
+    // A body larger than the message size is refused at its head.
+    let mut large = TcpStream::connect(running.http).await.expect("connect");
+    large
+        .write_all(b"POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n")
+        .await
+        .expect("the head");
+    let answer = until_closed(&mut large, Duration::from_secs(5))
+        .await
+        .unwrap_or_default();
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    drop(slow);
+    running.stop().await;
+}
