@@ -667,6 +667,9 @@ fn the_binary_logs_and_counts_what_redis_does() {
         .arg(&dir)
         .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
         .args(["--redis", &url(&server), "--redis-mode", "exact"])
+        // A deadline a loaded machine keeps: the first call must not time
+        // out (the share it would fall back to starts empty).
+        .args(["--redis-deadline", "1000"])
         .stderr(Stdio::piped())
         .spawn()
         .expect("the binary");
@@ -769,7 +772,7 @@ fn the_binary_says_when_redis_answers_again_with_no_request() {
         .arg(&dir)
         .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
         .args(["--redis", &url(&server), "--redis-mode", "exact"])
-        .args(["--redis-deadline", "50"])
+        .args(["--redis-deadline", "300"])
         .stderr(Stdio::piped())
         .spawn()
         .expect("the binary");
@@ -863,7 +866,7 @@ fn the_binary_counts_in_the_redis_the_variables_name() {
             .arg("--config")
             .arg(&dir)
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--redis-mode", "exact"])
+            .args(["--redis-mode", "exact", "--redis-deadline", "1000"])
             .args(extra)
             .stderr(Stdio::piped())
             .spawn()
