@@ -80,6 +80,11 @@ pub struct ServeLimits {
     /// answered `408 Request Timeout` and the connection closed. 10 s by
     /// default.
     pub body_timeout: Duration,
+    /// How long the shutdown waits for the requests in flight once the
+    /// listeners are closed: past it, the connections still open (a client
+    /// that stopped reading its answer, a request that never ends) are cut
+    /// and [`serve_with`] returns. 30 s by default.
+    pub drain_timeout: Duration,
 }
 
 impl Default for ServeLimits {
@@ -89,6 +94,7 @@ impl Default for ServeLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -256,10 +262,34 @@ where
             http_stop,
         ))
     });
-    let grpc_result = grpc_task.await.map_err(io::Error::other)?;
-    grpc_result.map_err(io::Error::other)?;
-    if let Some(task) = http_task {
-        task.await.map_err(io::Error::other)?;
+    // From the shutdown on, the drain has its deadline.
+    let drained = {
+        let mut stop = stop_rx.clone();
+        async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+            tokio::time::sleep(limits.drain_timeout).await;
+        }
+    };
+    let mut drained = pin!(drained);
+    let mut grpc_task = grpc_task;
+    let grpc_result = tokio::select! {
+        result = &mut grpc_task => result,
+        () = &mut drained => {
+            grpc_task.abort();
+            if let Some(task) = &http_task {
+                task.abort();
+            }
+            return Ok(());
+        }
+    };
+    grpc_result
+        .map_err(io::Error::other)?
+        .map_err(io::Error::other)?;
+    if let Some(mut task) = http_task {
+        tokio::select! {
+            result = &mut task => result.map_err(io::Error::other)?,
+            () = &mut drained => task.abort(),
+        }
     }
     Ok(())
 }

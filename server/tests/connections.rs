@@ -199,3 +199,28 @@ async fn slow_bodies_hold_only_what_they_sent() {
     drop(slow);
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shutdown_cuts_what_outlasts_its_drain() {
+    let mut options = options(16, Duration::from_secs(120));
+    options.limits.drain_timeout = Duration::from_millis(300);
+    let mut running = start(&[("d.yaml", YAML)], options).await;
+    // A request whose body never ends: its deadline (120 s) is far past the
+    // drain's.
+    let mut stalled = TcpStream::connect(running.http).await.expect("connect");
+    stalled
+        .write_all(b"POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .await
+        .expect("the head and a byte");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    running.begin_shutdown();
+    let stopped = tokio::time::timeout(Duration::from_secs(10), async {
+        while !running.finished() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(stopped.is_ok(), "the shutdown waited past its drain");
+    drop(stalled);
+    running.stop().await;
+}
