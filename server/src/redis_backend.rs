@@ -615,7 +615,15 @@ impl RedisCounts {
 impl RedisHealth {
     fn register(&self, shared: &Arc<Shared>) {
         let mut limits = self.limits.lock().unwrap_or_else(PoisonError::into_inner);
-        limits.0.retain(|weak| weak.strong_count() > 0);
+        // The dropped limits' entries are pruned when the list is full, and
+        // room is made for as many again as are alive (64 at least): a load
+        // of `n` limits costs O(n) in all, and the list holds at most
+        // twice the limits alive at its last pruning, or 64 more.
+        if limits.0.len() >= limits.0.capacity() && limits.0.len() >= 64 {
+            limits.0.retain(|weak| weak.strong_count() > 0);
+            let alive = limits.0.len();
+            limits.0.reserve(alive.max(64));
+        }
         limits.0.push(Arc::downgrade(shared));
     }
 
