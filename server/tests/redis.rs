@@ -643,108 +643,157 @@ async fn an_override_is_one_limit_across_replicas() {
     }
 }
 
-/// The binary pings Redis at start-up, says when Redis starts failing, and
-/// counts the failures and the policy's decisions in `/metrics`.
-#[test]
-fn the_binary_logs_and_counts_what_redis_does() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-    use std::sync::mpsc;
+/// The service's binary on a directory of one configuration file, its
+/// stderr read line by line; killed, and the directory removed, when
+/// dropped.
+struct Binary {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    dir: std::path::PathBuf,
+    runtime: tokio::runtime::Runtime,
+    /// The HTTP listener, from the line that names it.
+    http: std::net::SocketAddr,
+}
 
-    let Some(server) = redis_server::server(SUITE) else {
-        return;
-    };
-    let dir = std::env::temp_dir().join(format!("turnstile-redis-health-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a directory");
-    std::fs::write(
-        dir.join("d.yaml"),
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 100 }\n",
-    )
-    .expect("a file");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
-        .env_clear()
-        .arg("--config")
-        .arg(&dir)
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .args(["--redis", &url(&server), "--redis-mode", "exact"])
-        // A deadline a loaded machine keeps: the first call must not time
-        // out (the share it would fall back to starts empty).
-        .args(["--redis-deadline", "1000"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary");
-    let stderr = BufReader::new(child.stderr.take().expect("its stderr"));
-    let (lines_tx, lines) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in stderr.lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let result = std::panic::catch_unwind(move || {
-        let wait_for = |what: &str| -> String {
-            let end = Instant::now() + Duration::from_secs(10);
-            loop {
-                let left = end.saturating_duration_since(Instant::now());
-                match lines.recv_timeout(left) {
-                    Ok(line) if line.contains(what) => return line,
-                    Ok(_) => {}
-                    Err(e) => panic!("no line with {what:?} ({e})"),
+const ONE_KEY: &str = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+
+impl Binary {
+    /// Start it with only `envs` in its environment, `yaml` as its
+    /// configuration (in a directory named after `tag`) and `args` after
+    /// the listeners', and wait for the line that names them.
+    fn start(tag: &str, yaml: &str, envs: &[(&str, String)], args: &[&str]) -> Binary {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+
+        let dir = std::env::temp_dir().join(format!("turnstile-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        std::fs::write(dir.join("d.yaml"), yaml).expect("a file");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
+            .env_clear()
+            .envs(envs.iter().map(|(k, v)| (k, v)))
+            .arg("--config")
+            .arg(&dir)
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary");
+        let stderr = BufReader::new(child.stderr.take().expect("its stderr"));
+        let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                if lines_tx.send(line).is_err() {
+                    return;
                 }
             }
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let mut binary = Binary {
+            child,
+            lines,
+            dir,
+            runtime,
+            http: ([127, 0, 0, 1], 0).into(),
         };
-        let first = wait_for("HTTP on ");
-        let http: std::net::SocketAddr = first
+        binary.http = binary
+            .wait_for("HTTP on ")
             .rsplit_once("HTTP on ")
             .expect("the listener")
             .1
             .parse()
             .expect("an address");
-        wait_for("Redis answers (PING in");
-        let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
-        let (status, text) = runtime.block_on(common::http(http, "POST", "/json", body));
-        assert_eq!(status, 200, "{text}");
-        let value = |metrics: &str, name: &str| -> u64 {
-            metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-                .unwrap_or_else(|| panic!("no {name} in {metrics}"))
-        };
-        let (_, metrics) = runtime.block_on(common::http(http, "GET", "/metrics", ""));
-        assert_eq!(value(&metrics, "turnstile_rls_redis_failures_total"), 0);
-        drop(server);
-        // Redis gone: answered by the policy (open: the share, from empty).
-        let (status, text) = runtime.block_on(common::http(http, "POST", "/json", body));
-        assert!(status == 200 || status == 429, "{status}: {text}");
-        let warning = wait_for("Redis is failing");
-        assert!(warning.contains("--on-redis-failure open"), "{warning}");
-        let (_, metrics) = runtime.block_on(common::http(http, "GET", "/metrics", ""));
-        assert!(
-            value(&metrics, "turnstile_rls_redis_failures_total") >= 1,
-            "{metrics}"
-        );
-        assert!(
-            value(&metrics, "turnstile_rls_redis_fallbacks_total") >= 1,
-            "{metrics}"
-        );
-        assert_eq!(
-            value(&metrics, "turnstile_rls_redis_failing_limits"),
-            1,
-            "{metrics}"
-        );
-        assert!(metrics.contains("# TYPE turnstile_rls_redis_failing_limits gauge"));
-    });
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
+        binary
     }
+
+    /// The next line of stderr that holds `what`, within 10 s.
+    fn wait_for(&self, what: &str) -> String {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(what) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no line with {what:?} ({e})"),
+            }
+        }
+    }
+
+    /// `method path` over HTTP: the status and the body.
+    fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        self.runtime
+            .block_on(common::http(self.http, method, path, body))
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The value of the series `name` in Prometheus text.
+fn series(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+}
+
+const PER_SECOND: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 100 }\n";
+
+/// The binary pings Redis at start-up, says when Redis starts failing, and
+/// counts the failures and the policy's decisions in `/metrics`.
+#[test]
+fn the_binary_logs_and_counts_what_redis_does() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    // A deadline a loaded machine keeps: the first call must not time out
+    // (the share it would fall back to starts empty).
+    let binary = Binary::start(
+        "redis-health",
+        PER_SECOND,
+        &[],
+        &[
+            "--redis",
+            &url(&server),
+            "--redis-mode",
+            "exact",
+            "--redis-deadline",
+            "1000",
+        ],
+    );
+    binary.wait_for("Redis answers (PING in");
+    let (status, text) = binary.http("POST", "/json", ONE_KEY);
+    assert_eq!(status, 200, "{text}");
+    let (_, metrics) = binary.http("GET", "/metrics", "");
+    assert_eq!(series(&metrics, "turnstile_rls_redis_failures_total"), 0);
+    drop(server);
+    // Redis gone: answered by the policy (open: the share, from empty).
+    let (status, text) = binary.http("POST", "/json", ONE_KEY);
+    assert!(status == 200 || status == 429, "{status}: {text}");
+    let warning = binary.wait_for("Redis is failing");
+    assert!(warning.contains("--on-redis-failure open"), "{warning}");
+    let (_, metrics) = binary.http("GET", "/metrics", "");
+    assert!(
+        series(&metrics, "turnstile_rls_redis_failures_total") >= 1,
+        "{metrics}"
+    );
+    assert!(
+        series(&metrics, "turnstile_rls_redis_fallbacks_total") >= 1,
+        "{metrics}"
+    );
+    assert_eq!(
+        series(&metrics, "turnstile_rls_redis_failing_limits"),
+        1,
+        "{metrics}"
+    );
+    assert!(metrics.contains("# TYPE turnstile_rls_redis_failing_limits gauge"));
 }
 
 /// A limit whose call failed, and that gets no request after, is told that
@@ -752,84 +801,42 @@ fn the_binary_logs_and_counts_what_redis_does() {
 /// failing limits goes back to 0.
 #[test]
 fn the_binary_says_when_redis_answers_again_with_no_request() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-    use std::sync::mpsc;
-
     let Some(server) = redis_server::server(SUITE) else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("turnstile-redis-again-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a directory");
-    std::fs::write(
-        dir.join("d.yaml"),
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 100 }\n",
-    )
-    .expect("a file");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
-        .env_clear()
-        .arg("--config")
-        .arg(&dir)
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .args(["--redis", &url(&server), "--redis-mode", "exact"])
-        .args(["--redis-deadline", "300"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary");
-    let stderr = BufReader::new(child.stderr.take().expect("its stderr"));
-    let (lines_tx, lines) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in stderr.lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let binary = Binary::start(
+        "redis-again",
+        PER_SECOND,
+        &[],
+        &[
+            "--redis",
+            &url(&server),
+            "--redis-mode",
+            "exact",
+            "--redis-deadline",
+            "300",
+        ],
+    );
+    binary.wait_for("Redis answers (PING in");
+    // Redis hangs (SIGSTOP): the call runs past its deadline.
+    server.stop();
     let result = std::panic::catch_unwind(|| {
-        let wait_for = |what: &str| -> String {
-            let end = Instant::now() + Duration::from_secs(10);
-            loop {
-                let left = end.saturating_duration_since(Instant::now());
-                match lines.recv_timeout(left) {
-                    Ok(line) if line.contains(what) => return line,
-                    Ok(_) => {}
-                    Err(e) => panic!("no line with {what:?} ({e})"),
-                }
-            }
-        };
-        let http: std::net::SocketAddr = wait_for("HTTP on ")
-            .rsplit_once("HTTP on ")
-            .expect("the listener")
-            .1
-            .parse()
-            .expect("an address");
-        wait_for("Redis answers (PING in");
-        let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
-        // Redis hangs (SIGSTOP): the call runs past its deadline.
-        server.stop();
-        let (status, text) = runtime.block_on(common::http(http, "POST", "/json", body));
+        let (status, text) = binary.http("POST", "/json", ONE_KEY);
         assert!(status == 200 || status == 429, "{status}: {text}");
-        wait_for("Redis is failing");
-        // Redis runs again, and no request comes.
-        server.resume();
-        wait_for("Redis answers again");
-        let (_, metrics) = runtime.block_on(common::http(http, "GET", "/metrics", ""));
-        assert!(
-            metrics.contains("\nturnstile_rls_redis_failing_limits 0\n"),
-            "{metrics}"
-        );
+        binary.wait_for("Redis is failing");
     });
+    // Redis runs again, and no request comes.
     server.resume();
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
     }
+    binary.wait_for("Redis answers again");
+    let (_, metrics) = binary.http("GET", "/metrics", "");
+    assert_eq!(
+        series(&metrics, "turnstile_rls_redis_failing_limits"),
+        0,
+        "{metrics}"
+    );
 }
 
 /// The binary started from envoyproxy/ratelimit's environment counts in the
@@ -837,67 +844,29 @@ fn the_binary_says_when_redis_answers_again_with_no_request() {
 /// replica counted on its own); `--redis off` keeps the counts in process.
 #[test]
 fn the_binary_counts_in_the_redis_the_variables_name() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-
     let Some(server) = redis_server::server(SUITE) else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("turnstile-redis-env-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a directory");
-    std::fs::write(
-        dir.join("d.yaml"),
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
-    )
-    .expect("a file");
     let keys = || -> Vec<String> {
         let mut con = server.plain();
         redis::cmd("KEYS").arg("*").query(&mut con).expect("KEYS")
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n";
+    let envs = [
+        ("REDIS_SOCKET_TYPE", "tcp".to_string()),
+        ("REDIS_URL", format!("127.0.0.1:{}", server.port())),
+    ];
     for (extra, counted_in_redis) in [(&["--redis", "off"][..], false), (&[][..], true)] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
-            .env_clear()
-            .env("REDIS_SOCKET_TYPE", "tcp")
-            .env("REDIS_URL", format!("127.0.0.1:{}", server.port()))
-            .arg("--config")
-            .arg(&dir)
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--redis-mode", "exact", "--redis-deadline", "1000"])
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the binary");
-        let mut stderr = BufReader::new(child.stderr.take().expect("its stderr"));
-        let mut line = String::new();
-        stderr.read_line(&mut line).expect("a line");
-        let result = std::panic::catch_unwind(|| {
-            let http: std::net::SocketAddr = line
-                .trim_end()
-                .rsplit_once("HTTP on ")
-                .unwrap_or_else(|| panic!("{line}"))
-                .1
-                .parse()
-                .expect("an address");
-            let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
-            let (status, text) = runtime.block_on(common::http(http, "POST", "/json", body));
-            assert_eq!(status, 200, "{text}");
-            assert_eq!(
-                !keys().is_empty(),
-                counted_in_redis,
-                "{extra:?}: {:?}",
-                keys()
-            );
-        });
-        let _ = child.kill();
-        let _ = child.wait();
-        if let Err(panic) = result {
-            let _ = std::fs::remove_dir_all(&dir);
-            std::panic::resume_unwind(panic);
-        }
+        let mut args = vec!["--redis-mode", "exact", "--redis-deadline", "1000"];
+        args.extend_from_slice(extra);
+        let binary = Binary::start("redis-env", yaml, &envs, &args);
+        let (status, text) = binary.http("POST", "/json", ONE_KEY);
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(
+            !keys().is_empty(),
+            counted_in_redis,
+            "{extra:?}: {:?}",
+            keys()
+        );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
