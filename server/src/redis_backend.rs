@@ -329,6 +329,19 @@ impl RedisBackend {
 
     /// What the limits of this backend met in Redis so far, for
     /// `/metrics` and the log.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use turnstile_server::redis_backend::{RedisBackend, RedisOptions};
+    ///
+    /// // A single server connects on its first call: nothing is sent yet.
+    /// let backend = RedisBackend::connect("redis://127.0.0.1:6379", RedisOptions::default()).await?;
+    /// let counts = backend.health().counts();
+    /// assert_eq!((counts.failures, counts.fallbacks, counts.failing_limits), (0, 0, 0));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn health(&self) -> Arc<RedisHealth> {
         Arc::clone(&self.health)
     }

@@ -174,6 +174,44 @@ where
 /// # Errors
 ///
 /// As [`serve`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// use tokio::net::{TcpListener, TcpStream};
+/// use tokio::sync::oneshot;
+/// use turnstile_server::config::Config;
+/// use turnstile_server::server::{ServeLimits, serve_with};
+/// use turnstile_server::service::{Bounds, RateLimitService};
+///
+/// let service = Arc::new(RateLimitService::new(Config::default(), Bounds::default(), false));
+/// let grpc = TcpListener::bind("127.0.0.1:0").await?;
+/// let http = TcpListener::bind("127.0.0.1:0").await?;
+/// let http_addr = http.local_addr()?;
+/// let mut limits = ServeLimits::default();
+/// limits.max_connections = 256;
+/// limits.header_timeout = Duration::from_millis(200);
+/// let (stop, stopped) = oneshot::channel::<()>();
+/// let server = tokio::spawn(serve_with(service, grpc, Some(http), limits, async move {
+///     let _ = stopped.await;
+/// }));
+///
+/// // A client that never finishes its request's head is cut off.
+/// let mut slow = TcpStream::connect(http_addr).await?;
+/// slow.write_all(b"GET /healthz HTTP/1.1\r\n").await?;
+/// let mut answer = Vec::new();
+/// slow.read_to_end(&mut answer).await?;
+///
+/// let _ = stop.send(());
+/// server.await??;
+/// # Ok(())
+/// # }
+/// ```
 pub async fn serve_with<F>(
     service: Arc<RateLimitService>,
     grpc: TcpListener,
