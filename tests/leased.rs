@@ -340,6 +340,60 @@ fn window_replicas_stay_within_the_windows_own_bound() {
     }
 }
 
+/// A leased peek: the lease held here answers with no call, taking nothing;
+/// beyond it, Redis' answer for the limit's own state (an exact process's
+/// spending shows), again taking nothing; past the limit, a denial.
+#[test]
+fn a_leased_peek_answers_from_the_lease_held_or_from_redis_and_spends_nothing() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let global = bucket("peek", 10, 1, Duration::from_secs(3_600));
+    let leased = LeasedBuilder::new(global.clone(), 4)
+        .unwrap()
+        .build()
+        .unwrap();
+    // Nothing held: Redis answers, and nothing is written.
+    assert_eq!(
+        leased.peek_n(&mut con, "k", 3),
+        Ok(turnstile::Decision::Allowed { remaining: 7 })
+    );
+    assert_eq!(dbsize(&mut con), 0);
+    // The first leases are small; a few requests grow one that lasts.
+    for _ in 0..3 {
+        if leased.held("k") == 0 {
+            assert!(leased.try_acquire(&mut con, "k").unwrap().is_allowed());
+        }
+    }
+    let held = leased.held("k");
+    assert!(held >= 1, "a lease is held");
+    let calls = leased.stats().lease_calls + leased.stats().exact_calls;
+    let in_redis = bucket_tokens(&mut con, &global.redis_key("k"));
+    for _ in 0..3 {
+        assert_eq!(
+            leased.peek_n(&mut con, "k", held),
+            Ok(turnstile::Decision::Allowed { remaining: 0 })
+        );
+    }
+    assert_eq!(leased.held("k"), held, "a peek spends nothing held");
+    assert_eq!(
+        leased.stats().lease_calls + leased.stats().exact_calls,
+        calls
+    );
+    assert_eq!(bucket_tokens(&mut con, &global.redis_key("k")), in_redis);
+    // Past what is held: Redis' own state, which an exact process spends.
+    let left = u32::try_from(in_redis.expect("a state")).unwrap();
+    assert!(leased.peek_n(&mut con, "k", held + 1).unwrap().is_allowed());
+    for _ in 0..left {
+        assert!(global.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    assert!(leased.peek_n(&mut con, "k", held + 1).unwrap().is_denied());
+    assert_eq!(leased.held("k"), held);
+    assert_eq!(
+        leased.peek_n(&mut con, "k", 0),
+        Err(turnstile::AcquireError::ZeroPermits)
+    );
+}
+
 /// A GCRA lease moves the TAT by what it took and a give-back moves it back
 /// by what was not spent: with no emission over the test, exact and leased
 /// processes together admit exactly the burst, and what was given back is

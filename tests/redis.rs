@@ -38,6 +38,27 @@ fn state(con: &mut dyn ConnectionLike, key: &[u8]) -> Vec<u64> {
         .collect()
 }
 
+/// A key's value, absent or not, and how many `SET`s Redis has run (scripts'
+/// own included): a peek changes neither.
+fn raw(con: &mut dyn ConnectionLike, key: &[u8]) -> (Option<String>, u64) {
+    let value: Option<String> = redis::cmd("GET").arg(key).query(con).expect("GET");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(con)
+        .expect("INFO");
+    let sets = info
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
+        .map_or(0, |rest| {
+            rest.split(',')
+                .next()
+                .unwrap_or("0")
+                .parse()
+                .expect("a count")
+        });
+    (value, sets)
+}
+
 /// Redis' clock, in microseconds since the Unix epoch.
 fn redis_time(con: &mut dyn ConnectionLike) -> u64 {
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query(con).expect("TIME");
@@ -110,6 +131,25 @@ fn differential<A: Algorithm + Copy + Into<turnstile::redis::RedisAlgorithm>>(
             1 + rng.below(capacity.min(3))
         } as u32;
         let word = words[key];
+        if rng.below(3) == 0 {
+            // A peek: the decision it would get, and nothing written (the
+            // acquisitions after it, compared with the words, show that too).
+            let asked = 1 + rng.below(capacity) as u32;
+            let before = raw(&mut con, &limiter.redis_key(key));
+            let peeked = limiter
+                .peek_n_at(&mut con, key, asked, now)
+                .expect("the peek answers");
+            assert_eq!(
+                peeked,
+                algorithm.decide(word, now * 1_000, asked).0,
+                "{name}, seed {seed}, step {step}: a peek of {asked} for key {key} at {now} us"
+            );
+            assert_eq!(
+                raw(&mut con, &limiter.redis_key(key)),
+                before,
+                "{name}: a peek wrote"
+            );
+        }
         let (expected, next) = algorithm.decide(word, now * 1_000, n);
         if let Some(next) = next {
             words.insert(key, next);
@@ -934,6 +974,85 @@ fn failing_closed_denies_until_redis_is_tried_again() {
             "missing {line:?} in:\n{text}"
         );
     }
+}
+
+/// A guarded peek: Redis' answer while Redis answers, taking nothing (a key
+/// never asked for stays absent); while Redis is down, failing closed, a
+/// denial with the wait until Redis is tried; failing open, a denial until
+/// the key's first request of the outage has emptied its share, then the
+/// share's answer, spending nothing of it.
+#[test]
+fn a_guarded_peek_spends_nothing_and_answers_by_the_policy_while_redis_fails() {
+    let Some(server) = server() else { return };
+    let window = FixedWindow::new(2, 60 * 1_000 * MS).unwrap();
+    let backoff = Duration::from_secs(5);
+    let closed = Guarded::fail_closed(RedisLimiter::new("pc", window).unwrap(), backoff);
+    let share = KeyedLimiter::new(Quota::per_second(1_000).unwrap());
+    let open = Guarded::new(
+        RedisLimiter::new("po", window).unwrap(),
+        OnFailure::Local(share),
+        backoff,
+    );
+    let mut con = server.connection();
+    for guarded in [&closed, &open] {
+        for _ in 0..3 {
+            assert_eq!(
+                guarded.peek_n(&mut con, "k", 2),
+                Ok(Decision::Allowed { remaining: 0 })
+            );
+        }
+    }
+    assert_eq!(dbsize(&mut con), 0, "a peek writes nothing");
+    assert_eq!(
+        closed.try_acquire_n(&mut con, "k", 2),
+        Ok(Decision::Allowed { remaining: 0 })
+    );
+    assert!(closed.peek_n(&mut con, "k", 1).unwrap().is_denied());
+    assert!(open.peek_n(&mut con, "k", 1).unwrap().is_allowed());
+    assert_eq!(
+        closed.peek_n(&mut con, "k", 0),
+        Err(AcquireError::ZeroPermits)
+    );
+    assert_eq!(
+        closed.peek_n(&mut con, "k", 3),
+        Err(AcquireError::InsufficientCapacity {
+            requested: 3,
+            capacity: 2
+        })
+    );
+    drop(server);
+    let wait = closed
+        .peek_n(&mut con, "fresh", 1)
+        .unwrap()
+        .retry_after()
+        .expect("failing closed, denied")
+        .duration();
+    assert!(
+        wait <= backoff && wait > backoff - Duration::from_secs(1),
+        "{wait:?}"
+    );
+    assert_eq!(closed.stats().failures, 1);
+    // Failing open: the first peek finds Redis down and the share not yet
+    // emptied for the outage, so it denies with the wait until Redis is tried.
+    let first = open.peek_n(&mut con, "k", 1).unwrap();
+    assert!(
+        first
+            .retry_after()
+            .is_some_and(|w| w.duration() > backoff - Duration::from_secs(1)),
+        "{first:?}"
+    );
+    // The key's first request empties its share; once the share refills
+    // (1,000 a second), a peek answers from it, spending nothing.
+    assert!(open.try_acquire(&mut con, "k").unwrap().is_denied());
+    thread::sleep(Duration::from_millis(20));
+    let remaining = |d: Decision| match d {
+        Decision::Allowed { remaining } => remaining,
+        denied => panic!("the share has refilled: {denied:?}"),
+    };
+    let peeked = remaining(open.peek_n(&mut con, "k", 1).unwrap());
+    let again = remaining(open.peek_n(&mut con, "k", 1).unwrap());
+    assert!(again >= peeked, "a peek spent: {peeked} then {again}");
+    assert!(open.try_acquire(&mut con, "k").unwrap().is_allowed());
 }
 
 /// Any parameters, not just the hand-picked ones: a random algorithm with a

@@ -15,9 +15,9 @@
 //! Hits ([`RateLimitService::should_rate_limit`](service::RateLimitService::should_rate_limit)):
 //! the request's `hits_addend`, where 0 is the same as unset and counts 1
 //! (Envoy sends 0 on ordinary requests); a descriptor's own `hits_addend`
-//! overrides it, and set to 0 it checks without spending (answered from
-//! what this replica holds with the Redis backends, which have no read-only
-//! call yet).
+//! overrides it, and set to 0 it checks without spending (`OVER_LIMIT`
+//! when not even one permit is left, with every backend: the Redis ones
+//! read the limit's state with a script that writes nothing).
 //!
 //! A descriptor's `limit` override (with
 //! [`with_overrides`](service::RateLimitService::with_overrides), as the

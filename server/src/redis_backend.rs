@@ -20,10 +20,12 @@
 //! turnstile's exact scripts.
 //!
 //! A check without spending (a descriptor's `hits_addend` set to 0, or
-//! `is_negative_hits`) calls no script: the scripts have no read-only form
-//! yet, so it is answered `OK` with what this replica holds as the remaining
-//! (a leased key's tokens here; 0 in exact mode), even where the limit in
-//! Redis is spent. The in-process backend answers it `OVER_LIMIT` then.
+//! `is_negative_hits`) is answered as one hit would be now, taking nothing,
+//! as the in-process backend answers it: from the lease held here when it
+//! has a token (leased mode, no call), otherwise by a read-only script on
+//! the limit's state in Redis (the decision's own, without its write), or
+//! by the failure policy while Redis fails (a denial, or the local share's
+//! answer without spending it).
 //!
 //! # Failures
 //!
@@ -713,22 +715,18 @@ impl Shared {
 
 impl LimitState for Shared {
     fn decide<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
-        if hits == 0 {
-            // A check without spending: the Redis modes have no read-only
-            // call, so it is answered from what this replica holds (a
-            // leased key's tokens here; nothing in exact mode), admitted.
-            let remaining = match &self.decider {
-                Decider::Leased { leased, .. } => leased.held(key),
-                Decider::Exact(_) => 0,
-            };
-            return Verdict::Admitted {
-                remaining,
-                reset: Duration::ZERO,
-            }
-            .into();
-        }
         Decide::Pending(Box::pin(async move {
             let mut con = self.con.clone();
+            if hits == 0 {
+                // A check without spending: the decision one permit would
+                // get, from the limit's state in Redis (or the lease held
+                // here), taking nothing.
+                let decision = match &self.decider {
+                    Decider::Exact(guarded) => guarded.peek_n_async(&mut con, key, 1).await,
+                    Decider::Leased { leased, .. } => leased.peek_n_async(&mut con, key, 1).await,
+                };
+                return self.verdict(decision);
+            }
             let decision = match &self.decider {
                 Decider::Exact(guarded) => guarded.try_acquire_n_async(&mut con, key, hits).await,
                 Decider::Leased { leased, .. } => {

@@ -747,9 +747,9 @@ impl RateLimitService {
     /// Hits: the request's `hits_addend`, where 0 (unset) counts 1; a
     /// descriptor's own `hits_addend`, when set, overrides it, and an explicit
     /// 0 checks without spending (`OVER_LIMIT` when not even one permit is
-    /// left, with the in-process backend; the Redis backends have no
-    /// read-only call yet and answer a check `OK` with what this replica
-    /// holds as the remaining: see [`RedisBackend`](crate::redis_backend::RedisBackend)).
+    /// left, with every backend; the Redis backends read the limit's state
+    /// in Redis, or the lease held here: see
+    /// [`RedisBackend`](crate::redis_backend::RedisBackend)).
     /// `is_negative_hits` (a give-back) is answered as a check: nothing is
     /// spent or returned.
     ///

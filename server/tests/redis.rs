@@ -273,6 +273,75 @@ async fn two_replicas_in_leased_mode_hold_one_limit_within_the_lease_bound() {
     }
 }
 
+/// A descriptor's `hits_addend` of 0 checks the limit in Redis without
+/// spending it, in both modes and for each algorithm: checks on one replica
+/// leave the whole limit to the other, and once the other has spent it a
+/// check on either is `OVER_LIMIT` (it was answered `OK` from what the
+/// replica held before there was a read-only script).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_check_of_zero_hits_reads_the_limit_in_redis_and_spends_nothing() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let limit = 3;
+    for mode in [RedisMode::Exact, RedisMode::Leased] {
+        for (algorithm, unit) in [
+            ("token_bucket", "minute"),
+            ("gcra", "minute"),
+            ("fixed_window", "hour"),
+            ("sliding_window", "hour"),
+        ] {
+            let what = format!("{mode:?} {algorithm}");
+            let yaml = format!(
+                "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: {unit}\n      \
+                 requests_per_unit: {limit}\n      algorithm: {algorithm}\n"
+            );
+            let options = options(mode, FailurePolicy::Closed, Duration::from_secs(2));
+            let replicas = two_replicas(&url(&server), &yaml, options).await;
+            let user = format!("carol-{mode:?}-{algorithm}");
+            let ask = |replica: &Replica, hits: Option<u64>| {
+                let mut client = replica.client.clone();
+                let mut asked = descriptor(&[("user", &user)]);
+                if let Some(hits) = hits {
+                    asked = common::with_hits(asked, hits);
+                }
+                async move {
+                    let response = client
+                        .should_rate_limit(request("api", vec![asked]))
+                        .await
+                        .expect("an answer")
+                        .into_inner();
+                    ok(&response.statuses[0])
+                }
+            };
+            for _ in 0..5 {
+                assert!(
+                    ask(&replicas[0], Some(0)).await,
+                    "{what}: a check of a fresh limit"
+                );
+            }
+            for i in 0..limit {
+                assert!(
+                    ask(&replicas[1], None).await,
+                    "{what}: hit {i} after the checks"
+                );
+            }
+            assert!(!ask(&replicas[1], None).await, "{what}: past the limit");
+            assert!(
+                !ask(&replicas[0], Some(0)).await,
+                "{what}: a check on the replica that spent nothing"
+            );
+            assert!(
+                !ask(&replicas[1], Some(0)).await,
+                "{what}: a check on the replica that spent the limit"
+            );
+            for replica in replicas {
+                replica.stop().await;
+            }
+        }
+    }
+}
+
 /// Redis killed while both replicas serve: each request is answered by the
 /// policy (no gRPC error) within the deadlines, fail closed denying what no
 /// lease covers, fail open admitting no more than the replica's share.

@@ -176,6 +176,25 @@ struct Entry {
     converting: bool,
 }
 
+impl Entry {
+    /// What a call asking for `n` permits, with `room` more within the
+    /// capacity, takes of this debt ([`Ledger::claim`]).
+    fn claimable(&self, n: u32, room: u32) -> Claimed {
+        // A request that leaves no room beside it (one for the whole
+        // capacity: every request of a capacity-1 limit) could never carry
+        // any of the debt, and, never denied with a debt beside it, would
+        // never start paying as it goes: it pays as it goes at once.
+        let convert = self.converting || (room == 0 && self.owed > 0);
+        let most = if convert { n } else { room };
+        // At most `room` or `n`, so it fits a u32.
+        let take = self.owed.min(u64::from(most)) as u32;
+        Claimed {
+            amount: take,
+            convert: convert && take > 0,
+        }
+    }
+}
+
 /// One shard of the [`Ledger`]: its keys' lines.
 type Shard = HashMap<Vec<u8>, Entry>;
 
@@ -277,6 +296,14 @@ impl Ledger {
         true
     }
 
+    /// Whether `key`'s local bucket was emptied in stretch `period` already
+    /// (so that [`prepare`](Self::prepare) would change nothing).
+    pub(crate) fn prepared(&self, key: &[u8], period: u64) -> bool {
+        lock(self.shard(key))
+            .get(key)
+            .is_some_and(|entry| entry.drained == period)
+    }
+
     /// The local share admitted `n` permits for `key`: owed to Redis.
     pub(crate) fn owe(&self, key: &[u8], n: u32) {
         let mut shard = lock(self.shard(key));
@@ -316,24 +343,27 @@ impl Ledger {
         let Some(entry) = shard.get_mut(key) else {
             return Claimed::NONE;
         };
-        // A request that leaves no room beside it (one for the whole
-        // capacity: every request of a capacity-1 limit) could never carry
-        // any of the debt, and, never denied with a debt beside it, would
-        // never start paying as it goes: it pays as it goes at once.
-        let convert = entry.converting || (room == 0 && entry.owed > 0);
-        let most = if convert { n } else { room };
-        // At most `room` or `n`, so it fits a u32.
-        let take = entry.owed.min(u64::from(most)) as u32;
-        entry.owed -= u64::from(take);
+        let claimed = entry.claimable(n, room);
+        entry.owed -= u64::from(claimed.amount);
         if entry.owed == 0 {
             entry.converting = false;
         }
         // Relaxed: as in `owe`.
-        self.owed.fetch_sub(u64::from(take), Ordering::Relaxed);
-        Claimed {
-            amount: take,
-            convert: convert && take > 0,
+        self.owed
+            .fetch_sub(u64::from(claimed.amount), Ordering::Relaxed);
+        claimed
+    }
+
+    /// What [`claim`](Self::claim) would take for the same call, taking
+    /// nothing: for a peek, which asks Redis what the call would.
+    pub(crate) fn peek(&self, key: &[u8], n: u32, room: u32) -> Claimed {
+        if self.total() == 0 {
+            return Claimed::NONE;
         }
+        let shard = lock(self.shard(key));
+        shard
+            .get(key)
+            .map_or(Claimed::NONE, |entry| entry.claimable(n, room))
     }
 
     /// A call that asked for its request and `key`'s debt at once was
@@ -371,6 +401,28 @@ impl Claimed {
         amount: 0,
         convert: false,
     };
+
+    /// What a peek asks Redis for, for a request of `n`: what the call
+    /// with this claim would ask ([`Debt::ask`]).
+    pub(crate) fn ask(self, n: u32) -> u32 {
+        if self.convert {
+            self.amount
+        } else {
+            n + self.amount
+        }
+    }
+
+    /// The request's decision from Redis' answer to [`ask`](Self::ask), as
+    /// [`Debt::settle`] would make it, changing nothing: paying as it goes,
+    /// an admission pays the debt and is the request's denial.
+    pub(crate) fn answer(self, decision: Decision) -> Decision {
+        match decision {
+            Decision::Allowed { .. } if self.convert => Decision::Denied {
+                retry_after: RetryAfter::from_nanos(1),
+            },
+            decision => decision,
+        }
+    }
 }
 
 /// A debt claimed for a call: owed again when dropped unless the call's
@@ -407,11 +459,7 @@ impl<'a> Debt<'a> {
     /// alone (at most `n`): the request, admitted, only pays it, so asking
     /// for all of `n` would charge Redis for permits nobody gets.
     pub(crate) fn ask(&self, n: u32) -> u32 {
-        if self.claimed.convert {
-            self.claimed.amount
-        } else {
-            n + self.claimed.amount
-        }
+        self.claimed.ask(n)
     }
 
     /// Keep the claim past this guard (a step to be made later):

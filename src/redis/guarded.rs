@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use ::redis::ConnectionLike;
 
-use super::failover::{DEFAULT_TIMEOUTS_TO_BACK_OFF, Debt, Failure, Ledger, Strikes};
+use super::failover::{Claimed, DEFAULT_TIMEOUTS_TO_BACK_OFF, Debt, Failure, Ledger, Strikes};
 use super::health::{Counts, Health, Source};
 use super::{RedisAlgorithm, RedisLimitError, RedisLimiter, RedisReceipt};
 use crate::admission::{Receipt, Stage};
@@ -60,6 +60,35 @@ impl<A: Algorithm, C: Clock> OnFailure<A, C> {
                 share.is_empty()
             }
             _ => true,
+        }
+    }
+
+    /// The policy's answer to a peek of `n` permits for `key` (`n` checked)
+    /// while Redis is not called, taking nothing: the local share's, once
+    /// `stretch` has emptied the key's bucket; before that (the key's first
+    /// request of the stretch empties it), and failing closed, a denial with
+    /// `wait` until Redis is tried.
+    pub(crate) fn peek(
+        &self,
+        ledger: &Ledger,
+        stretch: u64,
+        key: &[u8],
+        n: u32,
+        wait: Duration,
+    ) -> Decision {
+        match self {
+            OnFailure::Local(local) if ledger.prepared(key, stretch) => {
+                match local.stage(key).peek(n) {
+                    Ok(KeyedDecision::Allowed { remaining }) => Decision::Allowed { remaining },
+                    Ok(
+                        KeyedDecision::Denied { retry_after }
+                        | KeyedDecision::KeyLimit { retry_after },
+                    ) => Decision::Denied { retry_after },
+                    // More than the share holds: as the request would be.
+                    Err(_) => deny_for(wait),
+                }
+            }
+            _ => deny_for(wait),
         }
     }
 }
@@ -737,6 +766,94 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
             Ok(decision) => Ok(decision),
             Err(call) => self.call_async(con, key, n, call).await,
         }
+    }
+
+    /// The decision `n` permits for `key` would get now, taking nothing:
+    /// Redis' answer to the same call ([`RedisLimiter::peek_n`], the key's
+    /// debt to Redis asked for beside it as a request would), or, while
+    /// Redis fails, the policy's, from the local share without spending it
+    /// (failing closed, or before the key's first request of an outage has
+    /// emptied its share, a denial with the wait until Redis is tried). A
+    /// failed peek counts and starts a backoff as any call does.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    pub fn peek_n(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<Decision, AcquireError> {
+        let key = key.as_ref();
+        let turn = self.turn(n)?;
+        if let Turn::Skip { wait } = turn {
+            return Ok(self.fallback_peek(key, n, wait));
+        }
+        let claimed = self.peek_claim(key, n);
+        let result = self.limiter.peek_n(con, key, claimed.ask(n));
+        self.settle_peek(turn, key, n, claimed, result)
+    }
+
+    /// [`peek_n`](Self::peek_n) on an asynchronous connection (feature
+    /// `tokio` too).
+    ///
+    /// # Errors
+    ///
+    /// As [`peek_n`](Self::peek_n).
+    #[cfg(feature = "tokio")]
+    pub async fn peek_n_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<Decision, AcquireError> {
+        let key = key.as_ref();
+        let turn = self.turn(n)?;
+        if let Turn::Skip { wait } = turn {
+            return Ok(self.fallback_peek(key, n, wait));
+        }
+        let claimed = self.peek_claim(key, n);
+        let result = self.limiter.peek_n_async(con, key, claimed.ask(n)).await;
+        self.settle_peek(turn, key, n, claimed, result)
+    }
+
+    /// What a call for `n` would claim of `key`'s debt, claiming nothing.
+    fn peek_claim(&self, key: &[u8], n: u32) -> Claimed {
+        self.ledger
+            .peek(key, n, self.limiter.capacity().saturating_sub(n))
+    }
+
+    /// A peek's answer: as [`settle`](Self::settle) records a call, with the
+    /// debt left as it is.
+    fn settle_peek(
+        &self,
+        turn: Turn,
+        key: &[u8],
+        n: u32,
+        claimed: Claimed,
+        result: Result<Decision, RedisLimitError>,
+    ) -> Result<Decision, AcquireError> {
+        match result {
+            Ok(decision) => {
+                self.succeeded(&turn);
+                Ok(claimed.answer(decision))
+            }
+            Err(RedisLimitError::Acquire(e)) => Err(e),
+            Err(e) => {
+                self.failed(&e);
+                Ok(self.fallback_peek(key, n, self.backoff))
+            }
+        }
+    }
+
+    /// [`fallback`](Self::fallback) for a peek: counted as the policy's
+    /// decision, taking nothing.
+    fn fallback_peek(&self, key: &[u8], n: u32, wait: Duration) -> Decision {
+        // Relaxed: a counter.
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        self.on_failure
+            .peek(&self.ledger, self.health.stretch(), key, n, wait)
     }
 
     /// [`try_acquire`](Self::try_acquire), keeping what is needed to give the

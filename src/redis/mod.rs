@@ -38,6 +38,16 @@
 //! documentation gives each algorithm's rule. [`Guarded`] refunds to whichever
 //! admitted, Redis or its local fallback ([`GuardedReceipt`]).
 //!
+//! # Checks that spend nothing
+//!
+//! [`RedisLimiter::peek_n`] answers with the decision `n` permits would get
+//! now, from the key's state in Redis, and writes nothing: the same
+//! `remaining` and the same wait as [`try_acquire_n`](RedisLimiter::try_acquire_n)
+//! at that moment. Each algorithm's peek is its decision's own script with
+//! the one write left out (a read-only script: a replica could run it).
+//! [`Guarded::peek_n`] and [`LeasedLimiter::peek_n`] peek through their
+//! failure policy and, in leased mode, the tokens this process holds.
+//!
 //! # Leased mode
 //!
 //! [`LeasedLimiter`] shares any algorithm's limit through the same key and
@@ -212,6 +222,25 @@ static FIXED_WINDOW: LazyLock<Script> = script!("fixed_window.lua");
 static SLIDING_WINDOW: LazyLock<Script> = script!("sliding_window.lua");
 static GCRA: LazyLock<Script> = script!("gcra.lua");
 
+/// A peek's script: the decision's own, with the state's one write
+/// (`store_state`) made a no-op, so that it reads the key and answers as
+/// the decision would, writing nothing.
+macro_rules! peek {
+    ($($file:literal),+) => {
+        LazyLock::new(|| Script::new(concat!(
+            include_str!("prelude.lua"),
+            "local function store_state() end\n",
+            $(include_str!($file)),+
+        )))
+    };
+}
+
+/// Each algorithm's peek.
+static TOKEN_BUCKET_PEEK: LazyLock<Script> = peek!("token_bucket_level.lua", "token_bucket.lua");
+static FIXED_WINDOW_PEEK: LazyLock<Script> = peek!("fixed_window.lua");
+static SLIDING_WINDOW_PEEK: LazyLock<Script> = peek!("sliding_window.lua");
+static GCRA_PEEK: LazyLock<Script> = peek!("gcra.lua");
+
 /// A refundable decision's script: the decision's own part run as a function,
 /// whose reply to an admission also carries the state it wrote (what the
 /// refund compares against). A denial's reply is the decision's.
@@ -324,6 +353,16 @@ impl RedisAlgorithm {
             RedisAlgorithm::Gcra(_) => (&GCRA_LEASE, &GCRA_GIVE_BACK),
             RedisAlgorithm::FixedWindow(_) => (&FIXED_WINDOW_LEASE, &FIXED_WINDOW_GIVE_BACK),
             RedisAlgorithm::SlidingWindow(_) => (&SLIDING_WINDOW_LEASE, &SLIDING_WINDOW_GIVE_BACK),
+        }
+    }
+
+    /// The peek's script: the decision's, writing nothing.
+    fn peek_script(&self) -> &'static Script {
+        match self {
+            RedisAlgorithm::TokenBucket(_) => &TOKEN_BUCKET_PEEK,
+            RedisAlgorithm::Gcra(_) => &GCRA_PEEK,
+            RedisAlgorithm::FixedWindow(_) => &FIXED_WINDOW_PEEK,
+            RedisAlgorithm::SlidingWindow(_) => &SLIDING_WINDOW_PEEK,
         }
     }
 
@@ -648,6 +687,89 @@ impl RedisLimiter {
     ) -> Result<Decision, RedisLimitError> {
         let invocation = self.invocation(key.as_ref(), n, Some(now_micros))?;
         self.decide(invocation.invoke_async(con).await)
+    }
+
+    /// The decision `n` permits for `key` would get now, on Redis' clock,
+    /// taking nothing: the same `remaining` and exact wait as
+    /// [`try_acquire_n`](Self::try_acquire_n) at that moment, from one
+    /// script that reads the key and writes nothing (a key never asked for
+    /// stays absent). For a check before the work whose cost is charged
+    /// after it (Envoy's `hits_addend` of 0).
+    ///
+    /// ```no_run
+    /// use turnstile::redis::{Deadlines, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let mut con = Deadlines::default().blocking(redis::Client::open("redis://127.0.0.1/")?);
+    /// let tokens = RedisLimiter::new("llm", TokenBucket::new(Quota::per_minute(10_000)?))?;
+    /// if tokens.peek_n(&mut con, "team-a", 1)?.is_allowed() {
+    ///     // ... run the request, then charge what it used:
+    ///     let used = 1_200;
+    ///     let _ = tokens.try_acquire_n(&mut con, "team-a", used)?;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    pub fn peek_n(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<Decision, RedisLimitError> {
+        let invocation = self.peek_invocation(key.as_ref(), n, None)?;
+        self.decide(invocation.invoke(con))
+    }
+
+    /// [`peek_n`](Self::peek_n) at `now_micros`, as
+    /// [`try_acquire_n_at`](Self::try_acquire_n_at).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n_at`](Self::try_acquire_n_at).
+    pub fn peek_n_at(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: impl AsRef<[u8]>,
+        n: u32,
+        now_micros: u64,
+    ) -> Result<Decision, RedisLimitError> {
+        let invocation = self.peek_invocation(key.as_ref(), n, Some(now_micros))?;
+        self.decide(invocation.invoke(con))
+    }
+
+    /// [`peek_n`](Self::peek_n) on an asynchronous connection (feature
+    /// `tokio` too).
+    ///
+    /// # Errors
+    ///
+    /// As [`peek_n`](Self::peek_n).
+    #[cfg(feature = "tokio")]
+    pub async fn peek_n_async<C: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut C,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<Decision, RedisLimitError> {
+        let invocation = self.peek_invocation(key.as_ref(), n, None)?;
+        self.decide(invocation.invoke_async(con).await)
+    }
+
+    /// The peek's script call for `n` permits for `key`.
+    fn peek_invocation(
+        &self,
+        key: &[u8],
+        n: u32,
+        now_micros: Option<u64>,
+    ) -> Result<ScriptInvocation<'static>, RedisLimitError> {
+        self.invocation_of(
+            self.algorithm.peek_script(),
+            self.redis_key(key),
+            n,
+            now_micros,
+        )
     }
 
     /// The script call for `n` permits for `key`, after every check that needs

@@ -544,6 +544,105 @@ impl<C: Clock> LeasedLimiter<C> {
         Ok(self.complete_async(con, key, n, step).await)
     }
 
+    /// The decision `n` permits for `key` would get now, taking nothing: an
+    /// admission when the lease held here has them (no call, `remaining`
+    /// what it would have left); otherwise Redis' answer for the limit's
+    /// own state ([`RedisLimiter::peek_n`]: the tokens other processes'
+    /// leases hold are not counted, as a request here could not spend them),
+    /// with the key's debt to Redis asked for beside it as a request would;
+    /// while Redis fails, the failure policy's, from the local share without
+    /// spending it (failing closed, or before the key's first request of an
+    /// outage has emptied its share, a denial with the wait until Redis is
+    /// tried). A failed peek counts and starts a backoff as any call does.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_n`](Self::try_acquire_n).
+    pub fn peek_n(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<Decision, AcquireError> {
+        let key = key.as_ref();
+        match self.peek_step(key, n)? {
+            Ok(decision) => Ok(decision),
+            Err(claimed) => {
+                let result = self.limiter.peek_n(con, key, claimed.ask(n));
+                self.finish_peek(key, n, claimed, result)
+            }
+        }
+    }
+
+    /// [`peek_n`](Self::peek_n) on an asynchronous connection (feature
+    /// `tokio` too); a peek the lease held answers awaits nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`peek_n`](Self::peek_n).
+    #[cfg(feature = "tokio")]
+    pub async fn peek_n_async<Con: ::redis::aio::ConnectionLike>(
+        &self,
+        con: &mut Con,
+        key: impl AsRef<[u8]>,
+        n: u32,
+    ) -> Result<Decision, AcquireError> {
+        let key = key.as_ref();
+        match self.peek_step(key, n)? {
+            Ok(decision) => Ok(decision),
+            Err(claimed) => {
+                let result = self.limiter.peek_n_async(con, key, claimed.ask(n)).await;
+                self.finish_peek(key, n, claimed, result)
+            }
+        }
+    }
+
+    /// A peek's answer without a call (`Ok`), or the debt a call for `n`
+    /// would claim beside it (`Err`).
+    fn peek_step(&self, key: &[u8], n: u32) -> Result<Result<Decision, Claimed>, AcquireError> {
+        crate::error::check_permits(n, self.capacity)?;
+        let held = self.held(key);
+        if n <= held {
+            return Ok(Ok(Decision::Allowed {
+                remaining: held - n,
+            }));
+        }
+        Ok(match self.turn() {
+            Turn::Skip { wait } => Ok(self.fallback_peek(key, n, wait)),
+            Turn::Call => Err(self.ledger.peek(key, n, self.capacity - n)),
+        })
+    }
+
+    /// A peek's answer from Redis' reply, or from the policy when the call
+    /// failed (which counts and starts a backoff, as any call's failure).
+    fn finish_peek(
+        &self,
+        key: &[u8],
+        n: u32,
+        claimed: Claimed,
+        result: Result<Decision, crate::redis::RedisLimitError>,
+    ) -> Result<Decision, AcquireError> {
+        match result {
+            Ok(decision) => {
+                self.succeed();
+                Ok(claimed.answer(decision))
+            }
+            Err(crate::redis::RedisLimitError::Acquire(e)) => Err(e),
+            Err(e) => {
+                self.fail(&e);
+                Ok(self.fallback_peek(key, n, self.backoff))
+            }
+        }
+    }
+
+    /// The failure policy's answer to a peek: counted as its decision,
+    /// taking nothing.
+    fn fallback_peek(&self, key: &[u8], n: u32, wait: Duration) -> Decision {
+        Counters::add(&self.counters.fallbacks, 1);
+        self.on_failure
+            .peek(&self.ledger, self.health.stretch(), key, n, wait)
+    }
+
     /// Make the call `step` asked for, if any, and answer the request. Dropped
     /// before the call returns, it releases the key's fetch, so that a
     /// cancelled request (a client that hung up) does not leave the key
