@@ -222,6 +222,15 @@ pub trait LimitState: Send + Sync + fmt::Debug {
     /// nothing and answers whether a request of one permit would be admitted.
     fn decide<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a>;
 
+    /// What `hits` permits for `key` would get now (one for `hits = 0`),
+    /// spending nothing: the check before a request's descriptors spend
+    /// together ([`with_stop_increments`](crate::service::RateLimitService::with_stop_increments)).
+    /// By default the check of one permit, `decide(key, 0)`.
+    fn check<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
+        let _ = hits;
+        self.decide(key, 0)
+    }
+
     /// The `RateLimit-Policy` this limit can promise, if any.
     fn policy(&self) -> Option<&RateLimitPolicy>;
 
@@ -468,6 +477,10 @@ impl<A: LiveForm> LimitState for Live<A> {
         self.0.decide(key, hits)
     }
 
+    fn check<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
+        self.0.check(key, hits)
+    }
+
     fn policy(&self) -> Option<&RateLimitPolicy> {
         self.0.policy()
     }
@@ -583,6 +596,10 @@ where
         self.decide_now(key, hits).into()
     }
 
+    fn check<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
+        self.check_now(key, hits.max(1)).into()
+    }
+
     fn policy(&self) -> Option<&RateLimitPolicy> {
         self.policy.as_ref()
     }
@@ -595,40 +612,43 @@ where
 }
 
 impl<A: Algorithm> Keyed<A> {
-    fn decide_now(&self, key: &str, hits: u32) -> Verdict {
-        let capacity = self.limiter.algorithm().capacity();
-        let whole = |remaining: u32| {
-            let now = self.limiter.clock().now();
-            self.reset
-                .until_whole(u64::from(capacity.saturating_sub(remaining)), now)
-        };
-        if hits == 0 {
-            // The decision one permit would get, taking nothing: its exact
-            // wait (a sliding window's is past the window's end while the
-            // previous window still counts) and the key bound (a new key
-            // with the map full is refused as a request would be).
-            return match self.limiter.stage(key).peek(1) {
-                Ok(KeyedDecision::Allowed { .. }) => {
-                    let remaining = self.limiter.remaining(key);
-                    Verdict::Admitted {
-                        remaining,
-                        reset: whole(remaining),
-                    }
-                }
-                Ok(
-                    KeyedDecision::Denied { retry_after } | KeyedDecision::KeyLimit { retry_after },
-                ) => Verdict::Denied {
+    /// The decision `n` permits would get, taking nothing: its exact wait
+    /// (a sliding window's is past the window's end while the previous
+    /// window still counts) and the key bound (a new key with the map full
+    /// is refused as a request would be). Admitted, `remaining` is what the
+    /// key has now (nothing taken).
+    fn check_now(&self, key: &str, n: u32) -> Verdict {
+        match self.limiter.stage(key).peek(n) {
+            Ok(KeyedDecision::Allowed { .. }) => self.admitted(self.limiter.remaining(key)),
+            Ok(KeyedDecision::Denied { retry_after } | KeyedDecision::KeyLimit { retry_after }) => {
+                Verdict::Denied {
                     retry_after: Some(retry_after.duration()),
-                },
-                // A capacity of 0 is never built; never admitted.
-                Err(_) => Verdict::Denied { retry_after: None },
-            };
+                }
+            }
+            // More than the capacity: never admitted.
+            Err(_) => Verdict::Denied { retry_after: None },
+        }
+    }
+
+    /// Admitted with `remaining` left: the reset is when the key is whole
+    /// again.
+    fn admitted(&self, remaining: u32) -> Verdict {
+        let capacity = self.limiter.algorithm().capacity();
+        let now = self.limiter.clock().now();
+        Verdict::Admitted {
+            remaining,
+            reset: self
+                .reset
+                .until_whole(u64::from(capacity.saturating_sub(remaining)), now),
+        }
+    }
+
+    fn decide_now(&self, key: &str, hits: u32) -> Verdict {
+        if hits == 0 {
+            return self.check_now(key, 1);
         }
         match self.limiter.try_acquire_n(key, hits) {
-            Ok(KeyedDecision::Allowed { remaining }) => Verdict::Admitted {
-                remaining,
-                reset: whole(remaining),
-            },
+            Ok(KeyedDecision::Allowed { remaining }) => self.admitted(remaining),
             Ok(KeyedDecision::Denied { retry_after } | KeyedDecision::KeyLimit { retry_after }) => {
                 Verdict::Denied {
                     retry_after: Some(retry_after.duration()),

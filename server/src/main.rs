@@ -48,6 +48,9 @@ usage: turnstile-server --config DIR [options]
                           (default: SHADOW_MODE)
   --merge-domain-config   files that name one domain add their descriptors to it
                           (default: MERGE_DOMAIN_CONFIG; else a domain in two files is an error)
+  --stop-increments-over-limit
+                          a request's descriptors spend only if none is over its limit (each limit
+                          checked first) (default: STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT)
 
   --redis URL|off         share the limits with other replicas in Redis: redis://HOST:PORT[/DB],
                           redis+unix:///PATH, redis+cluster://HOST:PORT,HOST:PORT... or
@@ -78,6 +81,7 @@ struct Args {
     headers: ResponseHeaders,
     shadow_mode: bool,
     merge_domains: bool,
+    stop_increments: bool,
     redis: Option<String>,
     redis_options: RedisOptions,
     warnings: Vec<String>,
@@ -102,6 +106,7 @@ fn parse_args() -> Result<Args, String> {
         }
         "SHADOW_MODE" => has("--shadow-mode"),
         "MERGE_DOMAIN_CONFIG" => has("--merge-domain-config"),
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT" => has("--stop-increments-over-limit"),
         "BACKEND_TYPE" => has("--redis"),
         name if name.starts_with("REDIS_") => has("--redis"),
         _ => false,
@@ -123,6 +128,7 @@ fn parse_args() -> Result<Args, String> {
     let mut headers = env.response_headers;
     let mut shadow_mode = env.shadow_mode;
     let mut merge_domains = env.merge_domains;
+    let mut stop_increments = env.stop_increments;
     let mut redis = env.redis;
     let mut redis_options = RedisOptions::default();
     let mut args = given.iter().cloned();
@@ -148,6 +154,10 @@ fn parse_args() -> Result<Args, String> {
         }
         if flag == "--merge-domain-config" {
             merge_domains = true;
+            continue;
+        }
+        if flag == "--stop-increments-over-limit" {
+            stop_increments = true;
             continue;
         }
         if !flag.starts_with("--") {
@@ -237,6 +247,7 @@ fn parse_args() -> Result<Args, String> {
         headers,
         shadow_mode,
         merge_domains,
+        stop_increments,
         redis,
         warnings: env.warnings,
         redis_options: RedisOptions {
@@ -387,6 +398,7 @@ async fn main() -> ExitCode {
         RateLimitService::new(config, args.bounds, false)
             .with_response_headers(args.headers)
             .with_shadow_mode(args.shadow_mode)
+            .with_stop_increments(args.stop_increments)
             .with_overrides(Arc::clone(&backend), args.max_overrides),
     );
     if let Some(redis) = &redis {

@@ -715,23 +715,30 @@ impl Shared {
 
 impl LimitState for Shared {
     fn decide<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
+        if hits == 0 {
+            return self.check(key, 1);
+        }
         Decide::Pending(Box::pin(async move {
             let mut con = self.con.clone();
-            if hits == 0 {
-                // A check without spending: the decision one permit would
-                // get, from the limit's state in Redis (or the lease held
-                // here), taking nothing.
-                let decision = match &self.decider {
-                    Decider::Exact(guarded) => guarded.peek_n_async(&mut con, key, 1).await,
-                    Decider::Leased { leased, .. } => leased.peek_n_async(&mut con, key, 1).await,
-                };
-                return self.verdict(decision);
-            }
             let decision = match &self.decider {
                 Decider::Exact(guarded) => guarded.try_acquire_n_async(&mut con, key, hits).await,
                 Decider::Leased { leased, .. } => {
                     leased.try_acquire_n_async(&mut con, key, hits).await
                 }
+            };
+            self.verdict(decision)
+        }))
+    }
+
+    /// The decision `hits` would get (one for 0), from the limit's state in
+    /// Redis (or the lease held here), taking nothing.
+    fn check<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
+        let n = hits.max(1);
+        Decide::Pending(Box::pin(async move {
+            let mut con = self.con.clone();
+            let decision = match &self.decider {
+                Decider::Exact(guarded) => guarded.peek_n_async(&mut con, key, n).await,
+                Decider::Leased { leased, .. } => leased.peek_n_async(&mut con, key, n).await,
             };
             self.verdict(decision)
         }))

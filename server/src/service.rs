@@ -398,6 +398,9 @@ pub struct RateLimitService {
     overrides: Option<Overrides>,
     /// The global shadow mode: a request over a limit is answered `OK`.
     shadow_mode: bool,
+    /// A request's descriptors spend only if none is over its limit
+    /// ([`with_stop_increments`](RateLimitService::with_stop_increments)).
+    stop_increments: bool,
     /// Whether the health checks answer serving: true from the start, false
     /// once the service is shutting down.
     serving: tokio::sync::watch::Sender<bool>,
@@ -541,6 +544,7 @@ impl RateLimitService {
             metrics: Metrics::default(),
             overrides: None,
             shadow_mode: false,
+            stop_increments: false,
             serving: tokio::sync::watch::Sender::new(true),
         }
     }
@@ -640,6 +644,71 @@ impl RateLimitService {
     #[must_use]
     pub fn with_shadow_mode(mut self, shadow_mode: bool) -> RateLimitService {
         self.shadow_mode = shadow_mode;
+        self
+    }
+
+    /// A request's descriptors spend together or not at all, as
+    /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`:
+    /// when two or more of them have limits, each limit is first checked
+    /// for the descriptor's hits, spending nothing; if any would be over its
+    /// limit, no descriptor spends, and each is answered by its check (the
+    /// over ones `OVER_LIMIT` with their waits, the others `OK` with what
+    /// they have now). Otherwise each spends as without the setting. A
+    /// descriptor past the bound of override limits is over its limit too.
+    /// Without it (the default, as there) each descriptor within its limit
+    /// spends its hits whatever the others answer.
+    ///
+    /// The checks and the spending after them are two steps, not one: a
+    /// request racing another on the same limits can still be refused by
+    /// one descriptor after others have spent, as there. The setting costs
+    /// a check per limited descriptor of each request (with the Redis
+    /// backends, a call each).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    /// use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    /// use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    /// use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    /// use turnstile::ManualClock;
+    /// use turnstile_server::backend::InProcess;
+    /// use turnstile_server::clock::ServiceClock;
+    /// use turnstile_server::config::Config;
+    /// use turnstile_server::service::{Bounds, RateLimitService};
+    ///
+    /// // 1 an hour per user, 10 an hour per path.
+    /// let yaml = "domain: d\ndescriptors:\n  \
+    ///     - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  \
+    ///     - key: path\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
+    /// let backend = InProcess::new(ServiceClock::manual(ManualClock::new()), 1_000);
+    /// let config = Config::from_files(&[("d.yaml".to_string(), yaml.to_string())], &backend)?;
+    /// let service =
+    ///     RateLimitService::new(config, Bounds::default(), false).with_stop_increments(true);
+    /// let one = |key: &str, value: &str| RateLimitDescriptor {
+    ///     entries: vec![Entry { key: key.to_string(), value: value.to_string() }],
+    ///     ..RateLimitDescriptor::default()
+    /// };
+    /// let request = |user: &str| RateLimitRequest {
+    ///     domain: "d".to_string(),
+    ///     descriptors: vec![one("user", user), one("path", "/")],
+    ///     hits_addend: 0,
+    /// };
+    /// assert_eq!(service.should_rate_limit(&request("alice")).await?.overall_code, Code::Ok as i32);
+    /// // alice is over her limit: the path's limit spends nothing for her.
+    /// for _ in 0..20 {
+    ///     let over = service.should_rate_limit(&request("alice")).await?;
+    ///     assert_eq!(over.statuses[1].code, Code::Ok as i32);
+    ///     assert_eq!(over.statuses[1].limit_remaining, 9);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_stop_increments(mut self, stop_increments: bool) -> RateLimitService {
+        self.stop_increments = stop_increments;
         self
     }
 
@@ -884,6 +953,67 @@ impl RateLimitService {
         } else {
             request.hits_addend
         };
+        let limit_key = |i: usize, descriptor: &RateLimitDescriptor| {
+            let (shared, wild) = shares
+                .get(i)
+                .map_or((&[][..], &[][..]), |(s, w)| (s.as_slice(), w.as_slice()));
+            if matches!(overridden.get(i), Some(Some(Some(_)))) {
+                compact(override_key(descriptor))
+            } else {
+                compact(descriptor_key(descriptor, shared, wild))
+            }
+        };
+        let hits_of = |descriptor: &RateLimitDescriptor| {
+            if descriptor.is_negative_hits {
+                0
+            } else {
+                match &descriptor.hits_addend {
+                    Some(hits) => u32::try_from(hits.value).unwrap_or(u32::MAX),
+                    None => default_hits,
+                }
+            }
+        };
+        // With `stop_increments`, each limit checked first: the checks'
+        // verdicts answer the request when any is over, and nothing spends.
+        let mut checked: Vec<Option<Verdict>> = Vec::new();
+        if self.stop_increments {
+            let refused = (0..request.descriptors.len())
+                .filter(|i| matches!(overridden.get(*i), Some(Some(None))))
+                .count();
+            let limited: Vec<(usize, &Arc<Rule>)> = rules
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !matches!(overridden.get(*i), Some(Some(None))))
+                .filter_map(|(i, rule)| Some((i, (*rule)?)))
+                .filter(|(_, rule)| {
+                    !rule.unlimited
+                        && !rule
+                            .name
+                            .as_deref()
+                            .is_some_and(|name| replaced.contains(&name))
+                })
+                .collect();
+            if limited.len() + refused >= 2 {
+                let mut over = refused > 0;
+                checked = request.descriptors.iter().map(|_| None).collect();
+                for (i, rule) in limited {
+                    let descriptor = &request.descriptors[i];
+                    let verdict = match &rule.state {
+                        Some(state) => {
+                            state
+                                .check(&limit_key(i, descriptor), hits_of(descriptor))
+                                .await
+                        }
+                        None => Verdict::Denied { retry_after: None },
+                    };
+                    over |= matches!(verdict, Verdict::Denied { .. });
+                    checked[i] = Some(verdict);
+                }
+                if !over {
+                    checked.clear();
+                }
+            }
+        }
         let mut response = RateLimitResponse {
             overall_code: Code::Ok as i32,
             ..RateLimitResponse::default()
@@ -919,9 +1049,7 @@ impl RateLimitService {
                     .as_deref()
                     .is_some_and(|name| replaced.contains(&name))
             });
-            let (shared, wild) = shares
-                .get(i)
-                .map_or((&[][..], &[][..]), |(s, w)| (s.as_slice(), w.as_slice()));
+            let shared = shares.get(i).map_or(&[][..], |(s, _)| s.as_slice());
             // A shared entry is its wildcard's pattern, in the limit's key as
             // in its metrics.
             let entries = || {
@@ -953,27 +1081,18 @@ impl RateLimitService {
                 });
                 continue;
             }
-            let hits = if descriptor.is_negative_hits {
-                0
-            } else {
-                match &descriptor.hits_addend {
-                    Some(hits) => u32::try_from(hits.value).unwrap_or(u32::MAX),
-                    None => default_hits,
-                }
-            };
-            let key = compact(if matches!(overridden.get(i), Some(Some(Some(_)))) {
-                override_key(descriptor)
-            } else {
-                counter_key(
-                    entries()
-                        .enumerate()
-                        .map(|(j, (key, value))| (wild.contains(&j).then_some(key), value)),
-                )
-            });
-            let verdict = match &rule.state {
-                Some(state) => state.decide(&key, hits).await,
-                // A limit of 0 per unit.
-                None => Verdict::Denied { retry_after: None },
+            let verdict = match checked.get_mut(i).and_then(Option::take) {
+                // Another descriptor is over its limit: this one's check.
+                Some(verdict) => verdict,
+                None => match &rule.state {
+                    Some(state) => {
+                        state
+                            .decide(&limit_key(i, descriptor), hits_of(descriptor))
+                            .await
+                    }
+                    // A limit of 0 per unit.
+                    None => Verdict::Denied { retry_after: None },
+                },
             };
             let mut status = DescriptorStatus {
                 code: Code::Ok as i32,
@@ -1092,6 +1211,23 @@ fn counter_key<'a>(entries: impl Iterator<Item = (Option<&'a str>, &'a str)>) ->
         }
     }
     key
+}
+
+/// A descriptor's key in its configured limit ([`counter_key`]): `shared`,
+/// the entries a `share_threshold` wildcard matched with their pattern;
+/// `wild`, the entries a wildcard matched.
+fn descriptor_key(
+    descriptor: &RateLimitDescriptor,
+    shared: &[(usize, &str)],
+    wild: &[usize],
+) -> String {
+    counter_key(descriptor.entries.iter().enumerate().map(|(j, e)| {
+        let value = shared
+            .iter()
+            .find(|(at, _)| *at == j)
+            .map_or(e.value.as_str(), |(_, pattern)| pattern);
+        (wild.contains(&j).then_some(e.key.as_str()), value)
+    }))
 }
 
 /// The key of a descriptor in an override limit, which descriptors of every

@@ -30,6 +30,9 @@
 //!   counted ([`Defaults::shadow_mode`], `--shadow-mode`), the descriptors'
 //!   statuses left as they are, as envoyproxy/ratelimit's global shadow
 //!   mode does.
+//! - `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: a request's descriptors
+//!   spend only if none is over its limit ([`Defaults::stop_increments`],
+//!   `--stop-increments-over-limit`).
 //!
 //! An empty variable is as an unset one, and the binary does not read the
 //! variables a flag given replaces (`--grpc-addr`: `GRPC_HOST`,
@@ -37,12 +40,13 @@
 //! `RUNTIME_*` three; `--response-headers`:
 //! `LIMIT_RESPONSE_HEADERS_ENABLED`; `--redis`: `BACKEND_TYPE` and the
 //! `REDIS_*` variables; `--shadow-mode`: `SHADOW_MODE`;
-//! `--merge-domain-config`: `MERGE_DOMAIN_CONFIG`), nor any for
+//! `--merge-domain-config`: `MERGE_DOMAIN_CONFIG`;
+//! `--stop-increments-over-limit`: `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), nor any for
 //! `--help`. What would make the service unreachable as the deployment
 //! expects (`GRPC_UDS`, `GRPC_SERVER_USE_TLS=true`), or count where it does
 //! not (`BACKEND_TYPE=memcache`, `REDIS_TLS=true`), is refused; variables
 //! that change the decisions and are not read here
-//! (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `REDIS_PERSECOND`, ...) are reported in [`Defaults::warnings`]. The rest
+//! (`REDIS_PERSECOND`, ...) are reported in [`Defaults::warnings`]. The rest
 //! (statsd, logging, tracing, `DEBUG_PORT`) are not read: metrics are served
 //! at `GET /metrics`.
 
@@ -81,6 +85,10 @@ pub struct Defaults {
     /// `MERGE_DOMAIN_CONFIG`: files that name one domain add their
     /// descriptors to it ([`LoadOptions`](crate::config::LoadOptions)).
     pub merge_domains: bool,
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: a request's descriptors
+    /// spend only if none is over its limit
+    /// ([`with_stop_increments`](crate::service::RateLimitService::with_stop_increments)).
+    pub stop_increments: bool,
     /// envoyproxy/ratelimit's variables that are set and change what it
     /// decides, but that this service does not read: one line each.
     pub warnings: Vec<String>,
@@ -117,6 +125,7 @@ pub struct Defaults {
 ///     ("REDIS_SOCKET_TYPE", "tcp"),
 ///     ("REDIS_URL", "redis:6379"),
 ///     ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+///     ("REDIS_PERSECOND", "true"),
 /// ]);
 /// let defaults = from_env(|name| env.get(name).map(|value| value.to_string()))?;
 /// assert_eq!(defaults.http, "0.0.0.0:9090".parse::<SocketAddr>()?);
@@ -131,7 +140,9 @@ pub struct Defaults {
 /// assert_eq!(defaults.redis.as_deref(), Some("redis://redis:6379"));
 /// // Not read here, but it changes what envoyproxy/ratelimit decides.
 /// assert_eq!(defaults.warnings.len(), 1);
-/// assert!(defaults.warnings[0].starts_with("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true is not read"));
+/// assert!(defaults.warnings[0].starts_with("REDIS_PERSECOND=true is not read"));
+/// // A request's descriptors spend together or not at all.
+/// assert!(defaults.stop_increments);
 ///
 /// // Nothing set: envoyproxy/ratelimit's defaults.
 /// let none = from_env(|_| None)?;
@@ -218,14 +229,8 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Defaults, String
     let redis = redis_url(&get, &flag)?;
     let shadow_mode = flag("SHADOW_MODE")?;
     let merge_domains = flag("MERGE_DOMAIN_CONFIG")?;
+    let stop_increments = flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?;
     let mut warnings = Vec::new();
-    if flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
-        warnings.push(
-            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true is not read: a request's descriptors within \
-             their limits spend their hits even when another is over its limit"
-                .to_string(),
-        );
-    }
     if redis.is_some() && flag("REDIS_PERSECOND")? {
         warnings.push(
             "REDIS_PERSECOND=true is not read: per-second limits are counted in REDIS_URL's Redis too"
@@ -252,6 +257,7 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Defaults, String
         redis,
         shadow_mode,
         merge_domains,
+        stop_increments,
         warnings,
     })
 }

@@ -51,6 +51,8 @@ pub struct Options {
     pub response_headers: Option<ResponseHeaders>,
     /// What the listeners hold to.
     pub limits: ServeLimits,
+    /// `with_stop_increments`.
+    pub stop_increments: bool,
 }
 
 impl Default for Options {
@@ -62,6 +64,7 @@ impl Default for Options {
             max_overrides: DEFAULT_MAX_OVERRIDE_LIMITS,
             response_headers: None,
             limits: ServeLimits::default(),
+            stop_increments: false,
         }
     }
 }
@@ -79,7 +82,8 @@ pub async fn start(files: &[(&str, &str)], options: Options) -> Running {
         .collect();
     let config = Config::from_files(&files, &*backend).expect("a valid configuration");
     let mut service = RateLimitService::new(config, options.bounds, options.headers)
-        .with_overrides(backend, options.max_overrides);
+        .with_overrides(backend, options.max_overrides)
+        .with_stop_increments(options.stop_increments);
     if let Some(headers) = options.response_headers {
         service = service.with_response_headers(headers);
     }

@@ -43,6 +43,16 @@ struct Replica {
 
 impl Replica {
     async fn start(url: &str, yaml: &str, options: RedisOptions) -> Replica {
+        Replica::start_with(url, yaml, options, false).await
+    }
+
+    /// [`start`](Self::start), with `with_stop_increments(stop_increments)`.
+    async fn start_with(
+        url: &str,
+        yaml: &str,
+        options: RedisOptions,
+        stop_increments: bool,
+    ) -> Replica {
         let backend = RedisBackend::connect(url, options)
             .await
             .expect("a URL of a server, a cluster or a Sentinel");
@@ -50,7 +60,8 @@ impl Replica {
         let config = Config::from_files(&files, &backend).expect("a valid configuration");
         let service = Arc::new(
             RateLimitService::new(config, Bounds::default(), false)
-                .with_overrides(Arc::new(backend.clone()), 16),
+                .with_overrides(Arc::new(backend.clone()), 16)
+                .with_stop_increments(stop_increments),
         );
         let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -339,6 +350,57 @@ async fn a_check_of_zero_hits_reads_the_limit_in_redis_and_spends_nothing() {
                 replica.stop().await;
             }
         }
+    }
+}
+
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` on the Redis backends: a
+/// request whose user is over its limit spends nothing of its path's limit
+/// in Redis, in both modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_stop_increments_a_refused_request_spends_nothing_in_redis() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  \
+                - key: path\n    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: fixed_window}\n";
+    for mode in [RedisMode::Exact, RedisMode::Leased] {
+        let options = options(mode, FailurePolicy::Closed, Duration::from_secs(2));
+        let replica = Replica::start_with(&url(&server), yaml, options, true).await;
+        let path = format!("/{mode:?}");
+        let mut client = replica.client.clone();
+        let mut ask = async |user: &str| {
+            let user = format!("{user}-{mode:?}");
+            let asked = vec![
+                descriptor(&[("user", &user)]),
+                descriptor(&[("path", &path)]),
+            ];
+            client
+                .should_rate_limit(request("api", asked))
+                .await
+                .expect("an answer")
+                .into_inner()
+        };
+        let first = ask("dave").await;
+        assert!(overall_ok(&first), "{mode:?}: {first:?}");
+        for _ in 0..10 {
+            let refused = ask("dave").await;
+            assert!(
+                !overall_ok(&refused) && ok(&refused.statuses[1]),
+                "{mode:?}: {refused:?}"
+            );
+        }
+        // The path's 5: 1 spent by dave's one admission, so 4 more users.
+        for i in 0..4 {
+            assert!(
+                overall_ok(&ask(&format!("user{i}")).await),
+                "{mode:?}: user {i}"
+            );
+        }
+        assert!(
+            !overall_ok(&ask("erin").await),
+            "{mode:?}: the path is spent"
+        );
+        replica.stop().await;
     }
 }
 

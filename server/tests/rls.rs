@@ -284,6 +284,79 @@ descriptors:
     rls.stop().await;
 }
 
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: with it, a request whose user
+/// is over its limit spends nothing of its path's limit (each descriptor
+/// answered by its check), and one within every limit spends them all;
+/// without it, the path's limit is spent by every request.
+#[tokio::test]
+async fn with_stop_increments_a_descriptor_over_its_limit_spends_nothing_of_the_others() {
+    let yaml = "\
+domain: stop
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: path
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}
+  - key: free
+    rate_limit: {unlimited: true}
+";
+    for stop in [false, true] {
+        let options = Options {
+            stop_increments: stop,
+            ..Options::default()
+        };
+        let mut rls = start(&[("stop.yaml", yaml)], options).await;
+        let asked = |user: &str, path_hits: Option<u64>| {
+            let mut path = descriptor(&[("path", "/")]);
+            if let Some(hits) = path_hits {
+                path = with_hits(path, hits);
+            }
+            request(
+                "stop",
+                vec![
+                    descriptor(&[("user", user)]),
+                    path,
+                    descriptor(&[("free", "x")]),
+                ],
+            )
+        };
+        for _ in 0..2 {
+            assert!(overall_ok(&rls.decide(asked("alice", None)).await));
+        }
+        for _ in 0..5 {
+            let r = rls.decide(asked("alice", None)).await;
+            assert!(!overall_ok(&r) && over(&r.statuses[0]), "{r:?}");
+            assert!(ok(&r.statuses[1]) && ok(&r.statuses[2]), "{r:?}");
+            assert!(reset_nanos(&r.statuses[0]).is_some_and(|n| n > 0), "{r:?}");
+        }
+        // The path's limit: 2 spent by alice's admitted requests, and with
+        // the setting nothing by the 5 refused.
+        let spent = if stop { 2 } else { 7 };
+        let r = rls.decide(asked("bob", None)).await;
+        assert!(overall_ok(&r), "{r:?}");
+        assert_eq!(
+            r.statuses[1].limit_remaining,
+            100 - spent - 1,
+            "stop: {stop}"
+        );
+        // More hits than the path's limit holds: never admitted, so bob's
+        // own limit spends nothing of it with the setting.
+        let r = rls.decide(asked("bob", Some(101))).await;
+        assert!(
+            over(&r.statuses[1]) && reset_nanos(&r.statuses[1]).is_none(),
+            "{r:?}"
+        );
+        let check = request("stop", vec![with_hits(descriptor(&[("user", "bob")]), 0)]);
+        let r = rls.decide(check).await;
+        let bob_left = if stop { 1 } else { 0 };
+        assert_eq!(
+            r.statuses[0].limit_remaining, bob_left,
+            "stop: {stop}: {r:?}"
+        );
+        rls.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn replaces_drops_the_named_limit() {
     let yaml = "\

@@ -99,19 +99,24 @@ fn what_cannot_be_read_or_served_is_refused_by_name() {
         assert!(error.contains(says), "{error}");
     }
     let d = env(&[
-        ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_URL", "redis:6379"),
         ("MERGE_DOMAIN_CONFIG", "1"),
+        ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
     ])
     .unwrap();
     assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
     assert!(
-        d.warnings[0].starts_with("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true is not read"),
+        d.warnings[0].starts_with("REDIS_PERSECOND=true is not read"),
         "{:?}",
         d.warnings
     );
-    // Read: files naming one domain are merged.
+    // Read: files naming one domain are merged, and descriptors spend
+    // together or not at all.
     assert!(d.merge_domains);
+    assert!(d.stop_increments);
     assert!(!env(&[]).unwrap().merge_domains);
+    assert!(!env(&[]).unwrap().stop_increments);
 }
 
 /// A deployment of envoyproxy/ratelimit counts in Redis (its default
