@@ -654,7 +654,12 @@ impl RateLimitService {
     /// limit, no descriptor spends, and each is answered by its check (the
     /// over ones `OVER_LIMIT` with their waits, the others `OK` with what
     /// they have now). Otherwise each spends as without the setting. A
-    /// descriptor past the bound of override limits is over its limit too.
+    /// descriptor past the bound of override limits is over its limit too;
+    /// a limit in shadow mode (`shadow_mode: true`) is not enforced, so over
+    /// it the others still spend (the request goes on). The global shadow
+    /// mode ([`with_shadow_mode`](Self::with_shadow_mode)) answers `OK` as
+    /// always, and the limits count as if enforcing: a request that one of
+    /// them is over spends nothing.
     /// Without it (the default, as there) each descriptor within its limit
     /// spends its hits whatever the others answer.
     ///
@@ -1006,7 +1011,9 @@ impl RateLimitService {
                         }
                         None => Verdict::Denied { retry_after: None },
                     };
-                    over |= matches!(verdict, Verdict::Denied { .. });
+                    // A limit in shadow mode is not enforced: over it, the
+                    // request still goes on (and spends the others).
+                    over |= matches!(verdict, Verdict::Denied { .. }) && !rule.shadow_mode;
                     checked[i] = Some(verdict);
                 }
                 if !over {

@@ -299,6 +299,9 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}
   - key: free
     rate_limit: {unlimited: true}
+  - key: watch
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
 ";
     for stop in [false, true] {
         let options = Options {
@@ -353,6 +356,20 @@ descriptors:
             r.statuses[0].limit_remaining, bob_left,
             "stop: {stop}: {r:?}"
         );
+        // A limit in shadow mode is not enforced: over it, the request goes
+        // on and the path's limit is spent (admitted and not counted would
+        // let it past the path's limit).
+        let watched = || {
+            request(
+                "stop",
+                vec![descriptor(&[("watch", "w")]), descriptor(&[("path", "/w")])],
+            )
+        };
+        for i in 0..3u32 {
+            let r = rls.decide(watched()).await;
+            assert!(overall_ok(&r), "{r:?}");
+            assert_eq!(r.statuses[1].limit_remaining, 99 - i, "stop: {stop}: {r:?}");
+        }
         rls.stop().await;
     }
 }
