@@ -44,7 +44,7 @@
 //! now, from the key's state in Redis, and writes nothing: the same
 //! `remaining` and the same wait as [`try_acquire_n`](RedisLimiter::try_acquire_n)
 //! at that moment. Each algorithm's peek is its decision's own script with
-//! the one write left out (a read-only script: a replica could run it).
+//! the one write left out.
 //! [`Guarded::peek_n`] and [`LeasedLimiter::peek_n`] peek through their
 //! failure policy and, in leased mode, the tokens this process holds.
 //!
