@@ -394,6 +394,78 @@ fn a_leased_peek_answers_from_the_lease_held_or_from_redis_and_spends_nothing() 
     );
 }
 
+/// A peek answers what a request would at that moment where the word
+/// decides: short of `n` in the lease held, with the rest in Redis, the
+/// request leases what it lacks, and the peek asks Redis for that much (not
+/// for all of `n`, which Redis no longer has).
+#[test]
+fn a_leased_peek_past_the_lease_held_asks_redis_for_what_it_lacks() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let global = bucket("peek-lack", 10, 1, Duration::from_secs(3_600));
+    let leased = LeasedBuilder::new(global.clone(), 4)
+        .unwrap()
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        if leased.held("k") == 0 {
+            assert!(leased.try_acquire(&mut con, "k").unwrap().is_allowed());
+        }
+    }
+    let held = leased.held("k");
+    assert!(held >= 1);
+    // Another (exact) process spends Redis down to one token.
+    let key = global.redis_key("k");
+    while bucket_tokens(&mut con, &key).unwrap() > 1 {
+        assert!(global.try_acquire(&mut con, "k").unwrap().is_allowed());
+    }
+    let peeked = leased.peek_n(&mut con, "k", held + 1).unwrap();
+    assert_eq!(
+        bucket_tokens(&mut con, &key),
+        Some(1),
+        "a peek takes nothing"
+    );
+    let acquired = leased.try_acquire_n(&mut con, "k", held + 1).unwrap();
+    assert!(
+        peeked.is_allowed() && acquired.is_allowed(),
+        "held {held}, Redis 1: the peek of {} answered {peeked:?}, the request {acquired:?}",
+        held + 1
+    );
+    assert!(leased.peek_n(&mut con, "k", 1).unwrap().is_denied());
+}
+
+/// A denial kept in the key's word answers a request with no call, and a
+/// peek the same: a refund to Redis meanwhile changes neither.
+#[test]
+fn a_leased_peek_answers_with_the_denial_kept_as_a_request_would() {
+    let Some(server) = server() else { return };
+    let mut con = server.connection();
+    let global = bucket("peek-kept", 100, 1, Duration::from_secs(3_600));
+    let leased = LeasedBuilder::new(global.clone(), 64)
+        .unwrap()
+        .build()
+        .unwrap();
+    assert!(
+        global
+            .try_acquire_n(&mut con, "k", 99)
+            .unwrap()
+            .is_allowed()
+    );
+    let (last, receipt) = global.try_acquire_refundable(&mut con, "k").unwrap();
+    assert!(last.is_allowed());
+    // Redis is dry: the leased request is denied and the denial kept.
+    assert!(leased.try_acquire(&mut con, "k").unwrap().is_denied());
+    // The exact process gives its permit back: Redis holds one token.
+    assert!(global.refund(&mut con, receipt.unwrap()).unwrap());
+    assert_eq!(bucket_tokens(&mut con, &global.redis_key("k")), Some(1));
+    let peeked = leased.peek_n(&mut con, "k", 1).unwrap();
+    let acquired = leased.try_acquire_n(&mut con, "k", 1).unwrap();
+    assert!(
+        peeked.is_denied() && acquired.is_denied(),
+        "peek {peeked:?}, request {acquired:?}"
+    );
+}
+
 /// A GCRA lease moves the TAT by what it took and a give-back moves it back
 /// by what was not spent: with no emission over the test, exact and leased
 /// processes together admit exactly the burst, and what was given back is

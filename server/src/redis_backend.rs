@@ -731,7 +731,9 @@ impl LimitState for Shared {
     }
 
     /// The decision `hits` would get (one for 0), from the limit's state in
-    /// Redis (or the lease held here), taking nothing.
+    /// Redis (or the lease held here), taking nothing. Admitted, the
+    /// remaining is what is there now, as in process: the peek's, which is
+    /// after the hits, with them added back.
     fn check<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
         let n = hits.max(1);
         Decide::Pending(Box::pin(async move {
@@ -740,7 +742,12 @@ impl LimitState for Shared {
                 Decider::Exact(guarded) => guarded.peek_n_async(&mut con, key, n).await,
                 Decider::Leased { leased, .. } => leased.peek_n_async(&mut con, key, n).await,
             };
-            self.verdict(decision)
+            self.verdict(decision.map(|decision| match decision {
+                Decision::Allowed { remaining } => Decision::Allowed {
+                    remaining: remaining.saturating_add(n).min(self.capacity),
+                },
+                denied => denied,
+            }))
         }))
     }
 

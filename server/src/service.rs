@@ -665,9 +665,13 @@ impl RateLimitService {
     ///
     /// The checks and the spending after them are two steps, not one: a
     /// request racing another on the same limits can still be refused by
-    /// one descriptor after others have spent, as there. The setting costs
-    /// a check per limited descriptor of each request (with the Redis
-    /// backends, a call each).
+    /// one descriptor after others have spent, as there; so can one whose
+    /// Redis limit is leased, where a lease call may ask Redis for more than
+    /// the check did (see `LeasedLimiter::peek_n`). Descriptors of one
+    /// request on the same limit and key are checked for their hits
+    /// together. The setting costs a check per limited descriptor of each
+    /// request (with the Redis backends, a call each, but in leased mode
+    /// where the lease held or a denial kept answers).
     ///
     /// # Examples
     ///
@@ -1001,14 +1005,20 @@ impl RateLimitService {
             if limited.len() + refused >= 2 {
                 let mut over = refused > 0;
                 checked = request.descriptors.iter().map(|_| None).collect();
+                // Descriptors on one limit and key are checked for their
+                // hits together, each with those before it.
+                // (Keyed by the rule's address: limits are told apart by identity.)
+                let mut asked: HashMap<(usize, String), u32> = HashMap::new();
                 for (i, rule) in limited {
                     let descriptor = &request.descriptors[i];
+                    let key = limit_key(i, descriptor);
+                    let together = asked
+                        .entry((Arc::as_ptr(rule) as usize, key.clone()))
+                        .or_insert(0);
+                    *together = together.saturating_add(hits_of(descriptor));
+                    let hits = *together;
                     let verdict = match &rule.state {
-                        Some(state) => {
-                            state
-                                .check(&limit_key(i, descriptor), hits_of(descriptor))
-                                .await
-                        }
+                        Some(state) => state.check(&key, hits).await,
                         None => Verdict::Denied { retry_after: None },
                     };
                     // A limit in shadow mode is not enforced: over it, the

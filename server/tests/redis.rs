@@ -404,6 +404,99 @@ async fn with_stop_increments_a_refused_request_spends_nothing_in_redis() {
     }
 }
 
+/// With the setting, failing open through an outage: the checks answer from
+/// the local share (its first check of the outage empties it, as a request
+/// would), so requests are admitted once it refills, as without the
+/// setting. (When only a spending request emptied the share, the checks
+/// denied for the whole outage and nothing was admitted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_stop_increments_a_fail_open_outage_admits_from_the_share() {
+    let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 100}\n  \
+                - key: path\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
+    let mut admitted_by_setting = Vec::new();
+    for stop in [false, true] {
+        let Some(server) = redis_server::server(SUITE) else {
+            return;
+        };
+        let options = RedisOptions {
+            backoff: Duration::from_millis(100),
+            ..options(
+                RedisMode::Exact,
+                FailurePolicy::Open,
+                Duration::from_millis(200),
+            )
+        };
+        let replica = Replica::start_with(&url(&server), yaml, options, stop).await;
+        let mut client = replica.client.clone();
+        let ask = || {
+            request(
+                "api",
+                vec![
+                    descriptor(&[("user", "alice")]),
+                    descriptor(&[("path", "/")]),
+                ],
+            )
+        };
+        let first = client.should_rate_limit(ask()).await.expect("an answer");
+        assert!(overall_ok(first.get_ref()));
+        drop(server);
+        let start = Instant::now();
+        let mut admitted = 0;
+        while start.elapsed() < Duration::from_millis(1_500) {
+            let r = client.should_rate_limit(ask()).await.expect("an answer");
+            admitted += u32::from(overall_ok(r.get_ref()));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        admitted_by_setting.push(admitted);
+        replica.stop().await;
+    }
+    assert!(
+        admitted_by_setting.iter().all(|a| *a > 0),
+        "admitted through the outage without and with the setting: {admitted_by_setting:?}"
+    );
+}
+
+/// A descriptor answered by its check reports what its limit has now, on
+/// Redis as in process (not what one more hit would leave).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_on_redis_reports_the_remaining_as_in_process() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  \
+                - key: path\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
+    let mut seen = Vec::new();
+    for mode in [RedisMode::Exact, RedisMode::Leased] {
+        let options = options(mode, FailurePolicy::Closed, Duration::from_secs(2));
+        let replica = Replica::start_with(&url(&server), yaml, options, true).await;
+        let mut client = replica.client.clone();
+        let path = format!("/{mode:?}");
+        let ask = || {
+            request(
+                "api",
+                vec![
+                    descriptor(&[("user", &format!("frank-{mode:?}"))]),
+                    descriptor(&[("path", &path)]),
+                ],
+            )
+        };
+        let first = client.should_rate_limit(ask()).await.expect("an answer");
+        assert!(overall_ok(first.get_ref()), "{mode:?}");
+        let refused = client.should_rate_limit(ask()).await.expect("an answer");
+        let refused = refused.into_inner();
+        assert!(
+            !overall_ok(&refused) && ok(&refused.statuses[1]),
+            "{mode:?}"
+        );
+        seen.push(refused.statuses[1].limit_remaining);
+        replica.stop().await;
+    }
+    // Exact: the limit's 9 left in Redis. Leased: what this replica holds
+    // of its lease (the backend's documented remaining), at most that.
+    assert_eq!(seen[0], 9, "exact: {seen:?}");
+    assert!(seen[1] <= 9, "leased: {seen:?}");
+}
+
 /// Redis killed while both replicas serve: each request is answered by the
 /// policy (no gRPC error) within the deadlines, fail closed denying what no
 /// lease covers, fail open admitting no more than the replica's share.

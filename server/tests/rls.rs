@@ -374,6 +374,44 @@ descriptors:
     }
 }
 
+/// With the setting, descriptors of one request on the same limit and key
+/// are checked for their hits together: two for a user with one left are
+/// refused before anything spends, and the path's limit is left whole.
+#[tokio::test]
+async fn with_stop_increments_the_same_key_twice_is_checked_for_both() {
+    let yaml = "\
+domain: twice
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: path
+    rate_limit: {unit: hour, requests_per_unit: 3}
+";
+    let options = Options {
+        stop_increments: true,
+        ..Options::default()
+    };
+    let mut rls = start(&[("twice.yaml", yaml)], options).await;
+    for user in ["a", "b", "c"] {
+        let r = rls
+            .decide(request(
+                "twice",
+                vec![
+                    descriptor(&[("user", user)]),
+                    descriptor(&[("user", user)]),
+                    descriptor(&[("path", "/")]),
+                ],
+            ))
+            .await;
+        assert!(!overall_ok(&r), "{user}: {r:?}");
+    }
+    let r = rls
+        .decide(request("twice", vec![descriptor(&[("path", "/")])]))
+        .await;
+    assert_eq!(r.statuses[0].limit_remaining, 2, "{r:?}");
+    rls.stop().await;
+}
+
 #[tokio::test]
 async fn replaces_drops_the_named_limit() {
     let yaml = "\

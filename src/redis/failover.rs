@@ -296,14 +296,6 @@ impl Ledger {
         true
     }
 
-    /// Whether `key`'s local bucket was emptied in stretch `period` already
-    /// (so that [`prepare`](Self::prepare) would change nothing).
-    pub(crate) fn prepared(&self, key: &[u8], period: u64) -> bool {
-        lock(self.shard(key))
-            .get(key)
-            .is_some_and(|entry| entry.drained == period)
-    }
-
     /// The local share admitted `n` permits for `key`: owed to Redis.
     pub(crate) fn owe(&self, key: &[u8], n: u32) {
         let mut shard = lock(self.shard(key));
@@ -397,7 +389,7 @@ pub(crate) struct Claimed {
 }
 
 impl Claimed {
-    const NONE: Claimed = Claimed {
+    pub(crate) const NONE: Claimed = Claimed {
         amount: 0,
         convert: false,
     };

@@ -64,10 +64,12 @@ impl<A: Algorithm, C: Clock> OnFailure<A, C> {
     }
 
     /// The policy's answer to a peek of `n` permits for `key` (`n` checked)
-    /// while Redis is not called, taking nothing: the local share's, once
-    /// `stretch` has emptied the key's bucket; before that (the key's first
-    /// request of the stretch empties it), and failing closed, a denial with
-    /// `wait` until Redis is tried.
+    /// while Redis is not called, taking nothing: the local share's. As a
+    /// request does, the key's first peek of a stretch empties its share
+    /// (the share starts empty in each outage), so that the share refills
+    /// from then on whether requests or only peeks come. Failing closed (or
+    /// with no room in the share for the key), a denial with `wait` until
+    /// Redis is tried.
     pub(crate) fn peek(
         &self,
         ledger: &Ledger,
@@ -77,7 +79,7 @@ impl<A: Algorithm, C: Clock> OnFailure<A, C> {
         wait: Duration,
     ) -> Decision {
         match self {
-            OnFailure::Local(local) if ledger.prepared(key, stretch) => {
+            OnFailure::Local(local) if ledger.prepare(local, key, stretch) => {
                 match local.stage(key).peek(n) {
                     Ok(KeyedDecision::Allowed { remaining }) => Decision::Allowed { remaining },
                     Ok(
@@ -771,10 +773,11 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
     /// The decision `n` permits for `key` would get now, taking nothing:
     /// Redis' answer to the same call ([`RedisLimiter::peek_n`], the key's
     /// debt to Redis asked for beside it as a request would), or, while
-    /// Redis fails, the policy's, from the local share without spending it
-    /// (failing closed, or before the key's first request of an outage has
-    /// emptied its share, a denial with the wait until Redis is tried). A
-    /// failed peek counts and starts a backoff as any call does.
+    /// Redis fails, the policy's: failing closed, a denial with the wait
+    /// until Redis is tried; failing open, the local share's answer without
+    /// spending it (the key's first peek or request of an outage empties its
+    /// share, which starts empty in each outage). A failed peek counts and
+    /// starts a backoff as any call does.
     ///
     /// # Errors
     ///

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use ::redis::{ConnectionLike, RedisResult, ScriptInvocation, Value};
 
+use crate::admission::Stage;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::clock::{Clock, RealClock};
 use crate::decision::{Decision, KeyedDecision, RetryAfter};
@@ -544,16 +545,21 @@ impl<C: Clock> LeasedLimiter<C> {
         Ok(self.complete_async(con, key, n, step).await)
     }
 
-    /// The decision `n` permits for `key` would get now, taking nothing: an
-    /// admission when the lease held here has them (no call, `remaining`
-    /// what it would have left); otherwise Redis' answer for the limit's
-    /// own state ([`RedisLimiter::peek_n`]: the tokens other processes'
-    /// leases hold are not counted, as a request here could not spend them),
-    /// with the key's debt to Redis asked for beside it as a request would;
-    /// while Redis fails, the failure policy's, from the local share without
-    /// spending it (failing closed, or before the key's first request of an
-    /// outage has emptied its share, a denial with the wait until Redis is
-    /// tried). A failed peek counts and starts a backoff as any call does.
+    /// The decision `n` permits for `key` would get now, taking nothing.
+    /// Where the key's word answers a request with no call, the peek is that
+    /// answer: an admission from the lease held here (`remaining` what it
+    /// would have left), or the denial kept here. Otherwise it asks Redis
+    /// ([`RedisLimiter::peek_n`]) for what a request would: the tokens the
+    /// lease held lacks for `n` (a lease call may ask for more at once, up
+    /// to a quarter of the lease size, so a request can wait where the peek
+    /// admitted), or, for `n` above the largest lease or a key that owes
+    /// Redis for a fail-open outage, `n` and the debt as an exact call; an
+    /// admission's `remaining` is then what Redis would have left. The
+    /// tokens other processes' leases hold are not counted, as a request
+    /// here could not spend them. While Redis fails, the failure policy
+    /// answers, from the local share without spending it (failing closed, a
+    /// denial with the wait until Redis is tried). A failed peek counts and
+    /// starts a backoff as any call does.
     ///
     /// # Errors
     ///
@@ -567,15 +573,15 @@ impl<C: Clock> LeasedLimiter<C> {
         let key = key.as_ref();
         match self.peek_step(key, n)? {
             Ok(decision) => Ok(decision),
-            Err(claimed) => {
-                let result = self.limiter.peek_n(con, key, claimed.ask(n));
+            Err((claimed, ask)) => {
+                let result = self.limiter.peek_n(con, key, ask);
                 self.finish_peek(key, n, claimed, result)
             }
         }
     }
 
     /// [`peek_n`](Self::peek_n) on an asynchronous connection (feature
-    /// `tokio` too); a peek the lease held answers awaits nothing.
+    /// `tokio` too); a peek the key's word answers awaits nothing.
     ///
     /// # Errors
     ///
@@ -590,27 +596,49 @@ impl<C: Clock> LeasedLimiter<C> {
         let key = key.as_ref();
         match self.peek_step(key, n)? {
             Ok(decision) => Ok(decision),
-            Err(claimed) => {
-                let result = self.limiter.peek_n_async(con, key, claimed.ask(n)).await;
+            Err((claimed, ask)) => {
+                let result = self.limiter.peek_n_async(con, key, ask).await;
                 self.finish_peek(key, n, claimed, result)
             }
         }
     }
 
-    /// A peek's answer without a call (`Ok`), or the debt a call for `n`
-    /// would claim beside it (`Err`).
-    fn peek_step(&self, key: &[u8], n: u32) -> Result<Result<Decision, Claimed>, AcquireError> {
+    /// A peek's answer without a call (`Ok`), or the debt claim it reads
+    /// and the permits to ask Redis about (`Err`).
+    fn peek_step(
+        &self,
+        key: &[u8],
+        n: u32,
+    ) -> Result<Result<Decision, (Claimed, u32)>, AcquireError> {
         crate::error::check_permits(n, self.capacity)?;
-        let held = self.held(key);
-        if n <= held {
-            return Ok(Ok(Decision::Allowed {
-                remaining: held - n,
-            }));
+        // What a lease call would ask for: `None` for an exact call.
+        let mut lease = None;
+        if n <= self.max_lease {
+            match self.local.stage(key).peek(n) {
+                Ok(KeyedDecision::Allowed { remaining }) => {
+                    return Ok(Ok(Decision::Allowed { remaining }));
+                }
+                // A denial kept here answers a request with no call.
+                Ok(KeyedDecision::Denied { retry_after }) if retry_after.as_nanos() > 0 => {
+                    return Ok(Ok(Decision::Denied { retry_after }));
+                }
+                // Dry: a lease for what the tokens held lack.
+                Ok(KeyedDecision::Denied { .. }) => lease = Some(n - self.held(key).min(n)),
+                // Not held here (the key bound): an exact call.
+                _ => {}
+            }
         }
-        Ok(match self.turn() {
-            Turn::Skip { wait } => Ok(self.fallback_peek(key, n, wait)),
-            Turn::Call => Err(self.ledger.peek(key, n, self.capacity - n)),
-        })
+        if let Turn::Skip { wait } = self.turn() {
+            return Ok(Ok(self.fallback_peek(key, n, wait)));
+        }
+        Ok(Err(match lease {
+            // A key that owes Redis pays by an exact call first.
+            Some(lack) if !self.ledger.owes(key) => (Claimed::NONE, lack),
+            _ => {
+                let claimed = self.ledger.peek(key, n, self.capacity - n);
+                (claimed, claimed.ask(n))
+            }
+        }))
     }
 
     /// A peek's answer from Redis' reply, or from the policy when the call
