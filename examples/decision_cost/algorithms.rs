@@ -112,23 +112,33 @@ pub(crate) fn run_algorithm(path: &str, which: &str, n: u64) -> ExitCode {
     use turnstile::{FixedWindow, Gcra, ManualClock, Quota, RateLimiter, SlidingWindow};
     const HOUR: Duration = Duration::from_secs(3_600);
     let (allow, check) = match path {
-        "allow" => (true, false),
-        "deny" => (false, false),
+        "allow" | "allow-call" => (true, false),
+        "deny" | "deny-call" => (false, false),
         "deny-check" => (false, true),
         other => {
-            eprintln!("unknown path {other:?}: allow, deny or deny-check");
+            eprintln!("unknown path {other:?}: allow, deny, deny-check, allow-call or deny-call");
             return ExitCode::FAILURE;
         }
     };
+    let call = path.ends_with("-call");
     macro_rules! run {
         ($a:expr, $n:expr $(,)?) => {
-            run_on($a, $n, check)
+            run_on($a, $n, check, call)
         };
     }
-    fn run_on<A: turnstile::Algorithm>(a: A, n: u64, check: bool) {
+    /// One decision behind a call of its own, as a request's is: nothing of
+    /// the limiter (its parameters above all) is kept in registers from the
+    /// decision before, as it can be in `measured`'s loop.
+    #[inline(never)]
+    fn once<A: turnstile::Algorithm>(l: &RateLimiter<A, ManualClock>) -> turnstile::Decision {
+        l.try_acquire()
+    }
+    fn run_on<A: turnstile::Algorithm>(a: A, n: u64, check: bool, call: bool) {
         let l = RateLimiter::from_parts(a, ManualClock::new());
         let _ = l.try_acquire();
-        if check {
+        if call {
+            measured(n, || once(black_box(&l)));
+        } else if check {
             measured(n, || l.check().is_ok());
         } else {
             measured(n, || l.try_acquire());

@@ -38,11 +38,13 @@
 //!   two on disjoint keys.
 //! - `paired-algorithms`: each algorithm's direct decision against governor's
 //!   GCRA in alternating blocks, coarse clocks.
-//! - `algorithm allow|deny|deny-check token-bucket|live-token-bucket|fixed-window|sliding-window|gcra|live-gcra|live-fixed-window|live-sliding-window|warm-up|warm-up-warm|governor N`:
+//! - `algorithm allow|deny|deny-check|allow-call|deny-call token-bucket|live-token-bucket|fixed-window|sliding-window|gcra|live-gcra|live-fixed-window|live-sliding-window|warm-up|warm-up-warm|governor N`:
 //!   one algorithm's direct decision on a manual clock (governor's GCRA on its
 //!   fake clock), so that callgrind counts the algorithm without a clock read;
 //!   `deny-check` denies through `check`, whose wait is worked out only when
-//!   asked.
+//!   asked; `allow-call` and `deny-call` make each decision behind a call of
+//!   its own (not for `warm-up-warm` and `governor`), so that no parameter stays in a
+//!   register from one decision to the next.
 //! - `keyed-hot turnstile|turnstile-tiered|turnstile-admitted|turnstile-admitted-coarse|floor-admitted-coarse N`:
 //!   N decisions on one key, on a keyed limiter or on per-key quotas
 //!   (`Tiered`, two tiers), for callgrind; the first two on a quota that denies
@@ -120,7 +122,7 @@ usage: decision_cost MODE ARGS (cargo run --profile bench --example decision_cos
   neighbours: one direct limiter's size, and two threads on two adjacent limiters, then on one
   paired-keyed: keyed limiters (turnstile, governor, governor-ahash, floor) on 1M keys and a hot key, then 2-thread scaling
   paired-algorithms: each algorithm against governor's GCRA, direct, coarse clocks, alternating blocks
-  algorithm allow|deny|deny-check token-bucket|live-token-bucket|fixed-window|sliding-window|gcra|live-gcra|live-fixed-window|live-sliding-window|warm-up|warm-up-warm|governor N: N decisions on a manual clock inside `measured`
+  algorithm allow|deny|deny-check|allow-call|deny-call token-bucket|live-token-bucket|fixed-window|sliding-window|gcra|live-gcra|live-fixed-window|live-sliding-window|warm-up|warm-up-warm|governor N: N decisions on a manual clock inside `measured`
   keyed-1m turnstile|turnstile-tiered|governor|governor-ahash|floor N: 1,000,000 keys, then N shuffled checks inside `measured`
   keyed-new turnstile|governor|governor-ahash N: N checks of keys never seen before, from an empty limiter, inside `measured`
   keyed-hot turnstile|turnstile-tiered|turnstile-admitted|turnstile-admitted-coarse|floor-admitted-coarse N: N decisions on one key inside `measured` (tiered: two tiers, per-key quotas; admitted: every check admitted, as in the keyed_hot_key benchmark)

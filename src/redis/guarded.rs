@@ -237,7 +237,8 @@ pub struct GuardedStats {
     /// including those that failed for their key alone (it holds something
     /// other than this limiter's state), which start no degraded period.
     pub failures: u64,
-    /// Decisions made by the failure policy instead of Redis.
+    /// Decisions made by the failure policy instead of Redis (peeks
+    /// included: a check before a request counts as well as the request).
     pub fallbacks: u64,
     /// Refunds that gave the permits back ([`Guarded::refund`]), to Redis or
     /// to the local limit.

@@ -32,7 +32,8 @@ pub struct LeasedStats {
     /// including those that failed for their key alone (it holds something
     /// other than this limiter's state), which start no degraded period.
     pub failures: u64,
-    /// Decisions made by the failure policy instead of Redis.
+    /// Decisions made by the failure policy instead of Redis (peeks
+    /// included: a check before a request counts as well as the request).
     pub fallbacks: u64,
     /// Whether Redis is failing now: from a failed call until a call
     /// succeeds ([`LeasedLimiter::is_degraded`]). A call that failed for
