@@ -261,6 +261,48 @@ async fn a_waiting_reader_wakes_once_per_wait_and_pays_for_what_it_read() {
     );
 }
 
+/// Many short-lived connections on one shared cap, each reading one message
+/// and closing with it unpaid: the dropped reader charges it (the token
+/// bucket lends it), so the cap holds. Before, each connection took its
+/// message free once the bucket was empty: 250,000 bytes at once against a
+/// cap of 1,000 a second.
+#[tokio::test(start_paused = true)]
+async fn readers_that_read_and_close_pay_a_shared_cap() {
+    let clock = TokioClock::new();
+    // 1,000 bytes a second, bursts of 1,000.
+    let cap = Arc::new(RateLimiter::with_clock(
+        Quota::new(1_000, 1, Duration::from_millis(1)).unwrap(),
+        clock.clone(),
+    ));
+    let mut delivered = 0u64;
+    for _ in 0..1_000 {
+        let data = [7u8; 250];
+        let mut conn = ShapedRead::new(&data[..], Arc::clone(&cap));
+        let mut message = [0u8; 250];
+        conn.read_exact(&mut message).await.unwrap();
+        delivered += 250;
+        // Dropped here, possibly with the message unpaid.
+    }
+    let elapsed = Duration::from_nanos(clock.now());
+    // The cap's bound: the burst, the refill over the time it took, and
+    // the one message of the last reader (its charge is a loan the clock
+    // has not reached).
+    let allowed = 1_000 + elapsed.as_millis() as u64 + 250;
+    assert!(
+        delivered <= allowed,
+        "delivered {delivered} bytes in {elapsed:?}; the cap allows {allowed}"
+    );
+    assert!(delivered >= 250_000, "every message is read");
+    // The same with `into_inner`, which charges as a drop does.
+    let data = [7u8; 250];
+    let mut conn = ShapedRead::new(&data[..], Arc::clone(&cap));
+    let mut message = [0u8; 250];
+    conn.read_exact(&mut message).await.unwrap();
+    let before = conn.owed();
+    let _inner = conn.into_inner();
+    assert!(before == 0 || cap.remaining() == 0, "charged: {before}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_idle_reader_holds_no_permits() {
     let clock = TokioClock::new();

@@ -152,6 +152,17 @@ pub trait Algorithm {
         refund()
     }
 
+    /// Take `n` permits from `word` at `now` even where they are not there
+    /// yet, as a loan the next decisions wait behind (a reservation's word):
+    /// the word after it, or `None` when this algorithm does not lend (only
+    /// the token buckets do) or the loan would reach past one fill time.
+    /// For bytes a shaped reader delivered before it could pay them.
+    #[doc(hidden)]
+    fn owe(&self, word: u64, now: u64, n: u32) -> Option<u64> {
+        let _ = (word, now, n);
+        None
+    }
+
     /// Whether a denial's wait may be worked out later, from the word and the
     /// reading it was decided on ([`NotYet`](crate::NotYet)): true unless the
     /// parameters a word names can be rewritten meanwhile (a live bucket's).

@@ -77,7 +77,15 @@
 //! for the bytes that arrived: at once when the permits are there, else
 //! the next read waits for them before reading more. An idle connection
 //! holds no permits, and a reader is at most one read (one chunk) ahead of
-//! its limiter.
+//! its limiter. A read that owes nothing waits, taking nothing, until the
+//! limiter has a permit before it reads. A reader dropped (or unwrapped by
+//! `into_inner`) while its last read is unpaid pays it then: a token bucket
+//! (the crate's limiters' default, and `LiveTokenBucket`) lends the
+//! permits, so the limiter's next permits come that much later and the next
+//! reader's read waits for them: a shared cap holds against connections
+//! that each read a message and close. Another algorithm takes them if they
+//! are there and otherwise leaves them unpaid (one chunk, once, per such
+//! reader).
 //!
 //! # Holding a rate
 //!
@@ -209,6 +217,19 @@ where
     #[inline]
     fn try_once(&self, _now: u64, n: u32) -> KeyedDecision {
         self.limiter.try_uncounted(&self.key, n)
+    }
+
+    #[inline]
+    fn peek_once(&self, _now: u64, n: u32) -> KeyedDecision {
+        self.limiter.peek(&self.key, n)
+    }
+
+    fn charge(&self, n: u32) -> bool {
+        let debtor = crate::wait::Debtor(self.limiter.algorithm());
+        self.limiter
+            .take_with(&debtor, &self.key, n, false)
+            .0
+            .is_allowed()
     }
 
     #[inline]

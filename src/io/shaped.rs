@@ -269,6 +269,10 @@ pin_project_lite::pin_project! {
     /// only for bytes that arrived (an idle connection holds no permits),
     /// and is at most one read ahead of its limiter: at most one chunk
     /// beyond what the limiter admitted has been delivered at any time.
+    /// A read that owes nothing first waits, taking nothing, until the
+    /// limiter has a permit; dropped with its last read unpaid, a reader
+    /// charges it (a token bucket lends it: see the [module](crate::io)'s
+    /// "Every byte is paid for once").
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -292,8 +296,34 @@ pin_project_lite::pin_project! {
     pub struct ShapedRead<R, L> {
         #[pin]
         inner: R,
-        limiter: L,
-        budget: Budget,
+        meter: Meter<L>,
+    }
+}
+
+/// A reader's limiter and budget, kept together so that dropping the reader
+/// (or taking its inner reader back) pays what its last read owes.
+#[derive(Debug)]
+struct Meter<L> {
+    limiter: L,
+    budget: Budget,
+    /// The limiter's [`charge`](crate::wait::Waitable::charge), taken where
+    /// `L: Throttle` is known (the reader's constructor), so that `Drop`
+    /// needs no bound.
+    charge: fn(&L, u32) -> bool,
+}
+
+impl<L> Drop for Meter<L> {
+    /// Bytes delivered and not paid for yet are charged: lent by a token
+    /// bucket (its next permits come that much later), taken by another
+    /// algorithm if they are there. Without this, a connection that reads a
+    /// message and closes would take one chunk free of a shared cap.
+    fn drop(&mut self) {
+        if self.budget.owed > 0 {
+            // One read's bytes: at most a chunk, a u32.
+            let owed = u32::try_from(self.budget.owed).unwrap_or(u32::MAX);
+            self.budget.owed = 0;
+            let _ = (self.charge)(&self.limiter, owed);
+        }
     }
 }
 
@@ -302,22 +332,25 @@ impl<R, L: Throttle> ShapedRead<R, L> {
     pub const fn new(inner: R, limiter: L) -> ShapedRead<R, L> {
         ShapedRead {
             inner,
-            limiter,
-            budget: Budget::new(),
+            meter: Meter {
+                limiter,
+                budget: Budget::new(),
+                charge: <L as crate::wait::Waitable>::charge,
+            },
         }
     }
 
     /// As [`ShapedWrite::chunk`].
     #[must_use]
     pub fn chunk(mut self, bytes: u32) -> ShapedRead<R, L> {
-        self.budget.chunk = bytes.max(1);
+        self.meter.budget.chunk = bytes.max(1);
         self
     }
 
     /// As [`ShapedWrite::with_options`].
     #[must_use]
     pub fn with_options(mut self, options: WaitOptions) -> ShapedRead<R, L> {
-        self.budget.options = options;
+        self.meter.budget.options = options;
         self
     }
 }
@@ -335,16 +368,17 @@ impl<R, L> ShapedRead<R, L> {
 
     /// The limiter.
     pub fn limiter(&self) -> &L {
-        &self.limiter
+        &self.meter.limiter
     }
 
     /// Bytes read and not paid for yet: the next read waits for them
-    /// before it reads more.
+    /// before it reads more, and dropping the reader charges them.
     pub fn owed(&self) -> u64 {
-        self.budget.owed
+        self.meter.budget.owed
     }
 
-    /// The inner reader.
+    /// The inner reader. What the last read owes is charged first, as when
+    /// the reader is dropped.
     pub fn into_inner(self) -> R {
         self.inner
     }
@@ -361,12 +395,32 @@ impl<R: AsyncRead, L: Throttle> AsyncRead for ShapedRead<R, L> {
         if buf.remaining() == 0 {
             return this.inner.poll_read(cx, buf);
         }
-        let budget = this.budget;
+        let Meter {
+            limiter, budget, ..
+        } = this.meter;
+        let limiter = &*limiter;
         // What the last read could not pay at once is paid first.
-        if budget.owed > 0 {
+        let paying = budget.owed > 0;
+        if paying {
             match budget
                 .pacer
-                .poll_pay(cx, this.limiter, &mut budget.owed, &budget.options)
+                .poll_pay(cx, limiter, &mut budget.owed, &budget.options)
+            {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(wait_error(e))),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        // Otherwise no read while the limiter has nothing: wait, taking
+        // nothing, for a permit to be there (a loan a dropped reader made, or
+        // what others spent, is waited out first: readers that read and
+        // close would otherwise each take a read free of a shared cap). A
+        // reader that has just paid reads on, one read ahead at most, as
+        // before.
+        if !paying {
+            match budget
+                .pacer
+                .poll_take(cx, &crate::wait::Peeking(limiter), 1, &budget.options)
             {
                 Poll::Ready(Ok(())) => {}
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(wait_error(e))),
@@ -374,7 +428,7 @@ impl<R: AsyncRead, L: Throttle> AsyncRead for ShapedRead<R, L> {
             }
         }
         let most = u32::try_from(buf.remaining()).unwrap_or(u32::MAX);
-        let grant = most.min(grant_limit(budget.chunk, this.limiter.capacity()));
+        let grant = most.min(grant_limit(budget.chunk, limiter.capacity()));
         // The inner reader fills at most the grant: a buffer over that part
         // of the caller's (initialized once, as tokio's own adapters do
         // without `unsafe`; a reused buffer is initialized already).
@@ -386,7 +440,7 @@ impl<R: AsyncRead, L: Throttle> AsyncRead for ShapedRead<R, L> {
             buf.advance(n);
             // At most the grant, a u32.
             let n = u32::try_from(n).unwrap_or(u32::MAX);
-            if n > 0 && !budget.pacer.try_take_now(this.limiter, n) {
+            if n > 0 && !budget.pacer.try_take_now(limiter, n) {
                 budget.owed = u64::from(n);
             }
         }

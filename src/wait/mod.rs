@@ -219,6 +219,21 @@ pub(crate) mod sealed {
         /// The most permits one decision can admit now (a live quota may lower
         /// it while a wait sleeps).
         fn capacity(&self) -> u32;
+
+        /// The decision `n` permits would get at `now`, taking nothing (a
+        /// keyed limiter reads its clock itself, as in `try_once`).
+        #[cfg_attr(not(feature = "io"), allow(dead_code))]
+        fn peek_once(&self, now: u64, n: u32) -> KeyedDecision;
+
+        /// Take `n` permits now, into debt where the algorithm lends
+        /// ([`Algorithm::owe`](crate::Algorithm::owe): the token buckets),
+        /// for what was used before it was paid; otherwise only if they are
+        /// there. Not counted. `false` when nothing was taken.
+        #[cfg_attr(not(feature = "io"), allow(dead_code))]
+        fn charge(&self, n: u32) -> bool {
+            let now = self.wait_clock().now();
+            self.try_once(now, n).is_allowed()
+        }
     }
 
     /// A reference waits as what it refers to.
@@ -244,6 +259,14 @@ pub(crate) mod sealed {
         #[inline]
         fn capacity(&self) -> u32 {
             (**self).capacity()
+        }
+
+        fn charge(&self, n: u32) -> bool {
+            (**self).charge(n)
+        }
+
+        fn peek_once(&self, now: u64, n: u32) -> KeyedDecision {
+            (**self).peek_once(now, n)
         }
     }
 
@@ -271,14 +294,111 @@ pub(crate) mod sealed {
         fn capacity(&self) -> u32 {
             (**self).capacity()
         }
+
+        fn charge(&self, n: u32) -> bool {
+            (**self).charge(n)
+        }
+
+        fn peek_once(&self, now: u64, n: u32) -> KeyedDecision {
+            (**self).peek_once(now, n)
+        }
     }
 }
 
 pub(crate) use sealed::Waitable;
 
+/// An algorithm whose denials are loans where it lends
+/// ([`Algorithm::owe`]): what [`Waitable::charge`] decides with.
+#[cfg_attr(not(feature = "io"), allow(dead_code))]
+pub(crate) struct Debtor<'a, A>(pub(crate) &'a A);
+
+impl<A: Algorithm> Algorithm for Debtor<'_, A> {
+    fn fresh(&self) -> u64 {
+        self.0.fresh()
+    }
+
+    fn capacity(&self) -> u32 {
+        self.0.capacity()
+    }
+
+    fn decide(&self, word: u64, now: u64, n: u32) -> (crate::Decision, Option<u64>) {
+        match self.0.decide(word, now, n) {
+            (crate::Decision::Denied { retry_after }, _) => match self.0.owe(word, now, n) {
+                Some(next) => (crate::Decision::Allowed { remaining: 0 }, Some(next)),
+                None => (crate::Decision::Denied { retry_after }, None),
+            },
+            taken => taken,
+        }
+    }
+
+    fn remaining(&self, word: u64, now: u64) -> u32 {
+        self.0.remaining(word, now)
+    }
+
+    fn refund(&self, _word: u64, _written: u64, _n: u32) -> Option<u64> {
+        None
+    }
+
+    fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
+        self.0.is_fresh_equivalent(word, now)
+    }
+
+    fn fresh_after_idle(&self) -> Duration {
+        self.0.fresh_after_idle()
+    }
+
+    const DEFERRED_WAIT: bool = A::DEFERRED_WAIT;
+    const RECHECK_DENIAL: bool = A::RECHECK_DENIAL;
+}
+
+/// A limiter whose tries take nothing and count nothing: a wait on it ends
+/// when the permits are there, leaving them (a shaped reader's wait before
+/// it reads).
+#[cfg_attr(not(feature = "io"), allow(dead_code))]
+pub(crate) struct Peeking<'a, W: ?Sized>(pub(crate) &'a W);
+
+impl<W: Waitable + ?Sized> Waitable for Peeking<'_, W> {
+    type Clock = W::Clock;
+    const READS_OWN_CLOCK: bool = W::READS_OWN_CLOCK;
+
+    fn wait_clock(&self) -> &W::Clock {
+        self.0.wait_clock()
+    }
+
+    fn try_once(&self, now: u64, n: u32) -> KeyedDecision {
+        self.0.peek_once(now, n)
+    }
+
+    fn count(&self, _admitted: bool) {}
+
+    fn capacity(&self) -> u32 {
+        self.0.capacity()
+    }
+
+    fn peek_once(&self, now: u64, n: u32) -> KeyedDecision {
+        self.0.peek_once(now, n)
+    }
+
+    fn charge(&self, _n: u32) -> bool {
+        false
+    }
+}
+
 impl<A: Algorithm, C: Clock, M: Counter> Waitable for RateLimiter<A, C, M> {
     type Clock = C;
     const READS_OWN_CLOCK: bool = false;
+
+    fn charge(&self, n: u32) -> bool {
+        let now = self.clock().now();
+        self.cell()
+            .take(&Debtor(self.algorithm()), now, n)
+            .0
+            .is_allowed()
+    }
+
+    fn peek_once(&self, now: u64, n: u32) -> KeyedDecision {
+        self.algorithm().decide(self.cell().load(), now, n).0.into()
+    }
 
     #[inline]
     fn wait_clock(&self) -> &C {
@@ -323,6 +443,10 @@ where
 
     fn try_once(&self, _now: u64, n: u32) -> KeyedDecision {
         self.limiter.try_uncounted(self.key, n)
+    }
+
+    fn peek_once(&self, _now: u64, n: u32) -> KeyedDecision {
+        self.limiter.peek(self.key, n)
     }
 
     fn count(&self, admitted: bool) {
