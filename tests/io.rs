@@ -519,6 +519,48 @@ async fn a_dropped_next_spends_nothing_and_the_item_waits_for_the_next_poll() {
     assert_eq!(clock.now() / 1_000_000, 100);
 }
 
+/// An inner sink that is never ready.
+struct NeverReady;
+
+impl Sink<u32> for NeverReady {
+    type Error = ();
+
+    fn poll_ready(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), ()>> {
+        Poll::Pending
+    }
+
+    fn start_send(self: Pin<&mut Self>, _: u32) -> Result<(), ()> {
+        Ok(())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), ()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_close(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), ()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Permits are taken only for an item the inner sink is ready for: a sink
+/// dropped while its inner sink is not ready spends nothing (it spent the
+/// item's cost before).
+#[test]
+fn a_sink_whose_inner_sink_is_not_ready_spends_nothing() {
+    let clock = ManualClock::new();
+    let limiter =
+        RateLimiter::with_clock(Quota::new(10, 1, Duration::from_millis(1)).unwrap(), clock);
+    {
+        let mut sink = NeverReady.throttle_sink_weighted(&limiter, |_: &u32| 4);
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut sink = Pin::new(&mut sink);
+        assert!(sink.as_mut().poll_ready(&mut cx).is_ready());
+        sink.as_mut().start_send(1).unwrap();
+        assert!(sink.as_mut().poll_flush(&mut cx).is_pending());
+    }
+    assert_eq!(limiter.remaining(), 10, "the item was never sent");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_sink_sends_each_item_when_its_permits_are_due() {
     let clock = TokioClock::new();

@@ -204,10 +204,12 @@ pin_project_lite::pin_project! {
     ///
     /// [`start_send`](Sink::start_send) holds the item;
     /// [`poll_ready`](Sink::poll_ready), [`poll_flush`](Sink::poll_flush)
-    /// and [`poll_close`](Sink::poll_close) wait for its permits, then for
-    /// the inner sink to be ready, and send it. So at most one item is held
-    /// back, and permits are taken only for an item about to be sent:
-    /// dropping a send future while it waits spends nothing.
+    /// and [`poll_close`](Sink::poll_close) wait for the inner sink to be
+    /// ready, then for the item's permits, and send it. So at most one item
+    /// is held back, and permits are taken only for an item the inner sink
+    /// is ready for: dropping a send future while it waits, or the sink
+    /// while its inner sink is not ready, spends nothing (an item whose cost
+    /// is paid in instalments keeps those already paid).
     #[must_use = "sinks do nothing unless polled"]
     pub struct ThrottledSink<Si, L, T, F = PerItem> {
         #[pin]
@@ -243,12 +245,17 @@ where
     Si: Sink<T>,
     L: Throttle,
 {
-    /// Send the item held back, if any: its permits, then the inner sink's
-    /// readiness.
+    /// Send the item held back, if any: the inner sink's readiness, then
+    /// the item's permits (none taken for an item the inner sink cannot
+    /// take yet).
     fn poll_send(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Si::Error>> {
         let mut this = self.project();
         if this.item.is_none() {
             return Poll::Ready(Ok(()));
+        }
+        match this.inner.as_mut().poll_ready(cx) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
         }
         match this
             .pacer
@@ -257,10 +264,6 @@ where
             Poll::Ready(Ok(())) => {}
             // As in `Throttled::poll_next`.
             Poll::Ready(Err(_)) | Poll::Pending => return Poll::Pending,
-        }
-        match this.inner.as_mut().poll_ready(cx) {
-            Poll::Ready(Ok(())) => {}
-            other => return other,
         }
         match this.item.take() {
             Some(item) => Poll::Ready(this.inner.start_send(item)),
