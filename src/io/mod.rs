@@ -38,7 +38,12 @@
 //! timer for the limiter's exact retry-after, so an adapter alone on its
 //! limiter is woken once per wait, when the permits are due, and not before
 //! (there is no polling loop; tokio's timer rounds a sleep up to its next
-//! millisecond). Adapters sharing a limiter are not queued: each sleeps
+//! millisecond). That holds on a clock that reads what tokio's timer does
+//! (`RealClock`, the default): a [`CoarseClock`](crate::CoarseClock), whose
+//! readings lag by up to its tick, can find the permits not yet due when the
+//! timer fires and sleep again (a few more wake-ups than waits). A
+//! reader that owes nothing also waits, taking nothing, for one permit before
+//! it reads (below). Adapters sharing a limiter are not queued: each sleeps
 //! until the bucket could serve it, and one that finds that another took
 //! the permits first sleeps again, so `n` adapters waiting on one limiter
 //! wake up to `n` times for each chunk admitted to one of them (32 writers
