@@ -628,12 +628,12 @@ impl Algorithm for LiveTokenBucket {
     }
 
     #[cfg(feature = "std")]
-    fn owe(&self, word: u64, now: u64, n: u32) -> Option<u64> {
+    fn owe(&self, word: u64, now: u64, n: u32) -> Option<(u64, u64)> {
         // At most one fill time ahead, as a reservation's loan.
         let max_ahead = u64::try_from(self.quota().fill_time().as_nanos()).unwrap_or(u64::MAX);
         self.reserve(word, now, n, max_ahead)
             .ok()
-            .map(|(_, next, _)| next)
+            .map(|(_, next, ahead)| (next, ahead))
     }
 
     #[inline]

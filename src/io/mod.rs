@@ -230,7 +230,11 @@ where
     }
 
     fn charge(&self, n: u32) -> bool {
-        let debtor = crate::wait::Debtor(self.limiter.algorithm());
+        let note = |ahead| self.limiter.note_loan(ahead);
+        let debtor = crate::wait::Debtor {
+            algorithm: self.limiter.algorithm(),
+            on_loan: &note,
+        };
         self.limiter
             .take_with(&debtor, &self.key, n, false)
             .0

@@ -308,31 +308,41 @@ pub(crate) mod sealed {
 pub(crate) use sealed::Waitable;
 
 /// An algorithm whose denials are loans where it lends
-/// ([`Algorithm::owe`]): what [`Waitable::charge`] decides with.
+/// ([`Algorithm::owe`]): what [`Waitable::charge`] decides with. `on_loan`
+/// is told how far ahead of the clock a loan stamps its word, before it is
+/// written (a keyed limiter's key-limit denials wait that much longer).
 #[cfg_attr(not(feature = "io"), allow(dead_code))]
-pub(crate) struct Debtor<'a, A>(pub(crate) &'a A);
+pub(crate) struct Debtor<'a, A> {
+    pub(crate) algorithm: &'a A,
+    pub(crate) on_loan: &'a dyn Fn(u64),
+}
 
 impl<A: Algorithm> Algorithm for Debtor<'_, A> {
     fn fresh(&self) -> u64 {
-        self.0.fresh()
+        self.algorithm.fresh()
     }
 
     fn capacity(&self) -> u32 {
-        self.0.capacity()
+        self.algorithm.capacity()
     }
 
     fn decide(&self, word: u64, now: u64, n: u32) -> (crate::Decision, Option<u64>) {
-        match self.0.decide(word, now, n) {
-            (crate::Decision::Denied { retry_after }, _) => match self.0.owe(word, now, n) {
-                Some(next) => (crate::Decision::Allowed { remaining: 0 }, Some(next)),
-                None => (crate::Decision::Denied { retry_after }, None),
-            },
+        match self.algorithm.decide(word, now, n) {
+            (crate::Decision::Denied { retry_after }, _) => {
+                match self.algorithm.owe(word, now, n) {
+                    Some((next, ahead)) => {
+                        (self.on_loan)(ahead);
+                        (crate::Decision::Allowed { remaining: 0 }, Some(next))
+                    }
+                    None => (crate::Decision::Denied { retry_after }, None),
+                }
+            }
             taken => taken,
         }
     }
 
     fn remaining(&self, word: u64, now: u64) -> u32 {
-        self.0.remaining(word, now)
+        self.algorithm.remaining(word, now)
     }
 
     fn refund(&self, _word: u64, _written: u64, _n: u32) -> Option<u64> {
@@ -340,11 +350,11 @@ impl<A: Algorithm> Algorithm for Debtor<'_, A> {
     }
 
     fn is_fresh_equivalent(&self, word: u64, now: u64) -> bool {
-        self.0.is_fresh_equivalent(word, now)
+        self.algorithm.is_fresh_equivalent(word, now)
     }
 
     fn fresh_after_idle(&self) -> Duration {
-        self.0.fresh_after_idle()
+        self.algorithm.fresh_after_idle()
     }
 
     const DEFERRED_WAIT: bool = A::DEFERRED_WAIT;
@@ -390,10 +400,11 @@ impl<A: Algorithm, C: Clock, M: Counter> Waitable for RateLimiter<A, C, M> {
 
     fn charge(&self, n: u32) -> bool {
         let now = self.clock().now();
-        self.cell()
-            .take(&Debtor(self.algorithm()), now, n)
-            .0
-            .is_allowed()
+        let debtor = Debtor {
+            algorithm: self.algorithm(),
+            on_loan: &|_| {},
+        };
+        self.cell().take(&debtor, now, n).0.is_allowed()
     }
 
     fn peek_once(&self, now: u64, n: u32) -> KeyedDecision {
