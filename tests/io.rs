@@ -303,6 +303,59 @@ async fn readers_that_read_and_close_pay_a_shared_cap() {
     assert!(before == 0 || cap.remaining() == 0, "charged: {before}");
 }
 
+/// An inner reader that is pending once before each read, as a socket
+/// whose bytes arrive a little after they are asked for.
+struct Stutter {
+    max: usize,
+    left: usize,
+    ready: bool,
+}
+
+impl AsyncRead for Stutter {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.ready && self.left > 0 {
+            self.ready = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.ready = false;
+        let n = buf.remaining().min(self.max).min(self.left);
+        buf.put_slice(&vec![1; n]);
+        self.left -= n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A reader that has just waited for its payment reads on without waiting
+/// for a permit first, even when its inner reader is pending in between: at
+/// most one wake-up for the inner reader and one for the payment per read
+/// (a wait for a permit before each such read made it three, 140 wake-ups
+/// for 50 reads).
+#[tokio::test(start_paused = true)]
+async fn a_reader_that_paid_reads_on_without_another_wait() {
+    let clock = TokioClock::new();
+    // 1,000 bytes a second, bursts of 10: reads of 2 bytes (a quarter).
+    let limiter = RateLimiter::with_clock(
+        Quota::per_second_with_burst(1_000, 10).unwrap(),
+        clock.clone(),
+    );
+    let inner = Stutter {
+        max: 100,
+        left: 100,
+        ready: false,
+    };
+    let mut input = ShapedRead::new(inner, &limiter);
+    let mut all = Vec::new();
+    let (read, _polls, wakes) = counted(input.read_to_end(&mut all)).await;
+    assert_eq!(read.unwrap(), 100);
+    let reads = 100 / 2;
+    assert!(wakes <= 2 * reads, "{wakes} wake-ups for {reads} reads");
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_idle_reader_holds_no_permits() {
     let clock = TokioClock::new();

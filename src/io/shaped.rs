@@ -41,6 +41,9 @@ struct Budget {
     /// its last read could not pay at once.
     asked: u64,
     owed: u64,
+    /// A reader: it waited for its last read's payment, and has not read
+    /// since (its next read needs no wait for a permit first).
+    paid: bool,
     /// The most bytes one decision asks for.
     chunk: u32,
     options: WaitOptions,
@@ -53,6 +56,7 @@ impl Budget {
             credit: 0,
             asked: 0,
             owed: 0,
+            paid: false,
             chunk: DEFAULT_CHUNK,
             options: WaitOptions::new(),
         }
@@ -270,9 +274,11 @@ pin_project_lite::pin_project! {
     /// and is at most one read ahead of its limiter: at most one chunk
     /// beyond what the limiter admitted has been delivered at any time.
     /// A read that owes nothing first waits, taking nothing, until the
-    /// limiter has a permit; dropped with its last read unpaid, a reader
-    /// charges it (a token bucket lends it: see the [module](crate::io)'s
-    /// "Every byte is paid for once").
+    /// limiter has a permit (unless the reader has just waited for its own
+    /// payment); dropped with its last read unpaid, a reader charges it (a
+    /// token bucket lends it: see the [module](crate::io)'s "Every byte is
+    /// paid for once", which also says what readers reading at once on one
+    /// cap can take).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -400,13 +406,12 @@ impl<R: AsyncRead, L: Throttle> AsyncRead for ShapedRead<R, L> {
         } = this.meter;
         let limiter = &*limiter;
         // What the last read could not pay at once is paid first.
-        let paying = budget.owed > 0;
-        if paying {
+        if budget.owed > 0 {
             match budget
                 .pacer
                 .poll_pay(cx, limiter, &mut budget.owed, &budget.options)
             {
-                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Ok(())) => budget.paid = true,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(wait_error(e))),
                 Poll::Pending => return Poll::Pending,
             }
@@ -414,10 +419,12 @@ impl<R: AsyncRead, L: Throttle> AsyncRead for ShapedRead<R, L> {
         // Otherwise no read while the limiter has nothing: wait, taking
         // nothing, for a permit to be there (a loan a dropped reader made, or
         // what others spent, is waited out first: readers that read and
-        // close would otherwise each take a read free of a shared cap). A
-        // reader that has just paid reads on, one read ahead at most, as
-        // before.
-        if !paying {
+        // close one after another would otherwise each take a read free of a
+        // shared cap). A reader that has just waited for its own payment
+        // reads on (until its next read delivers), one read ahead at most,
+        // as before: its inner reader pending in between costs no second
+        // wait.
+        if !budget.paid {
             match budget
                 .pacer
                 .poll_take(cx, &crate::wait::Peeking(limiter), 1, &budget.options)
@@ -440,8 +447,11 @@ impl<R: AsyncRead, L: Throttle> AsyncRead for ShapedRead<R, L> {
             buf.advance(n);
             // At most the grant, a u32.
             let n = u32::try_from(n).unwrap_or(u32::MAX);
-            if n > 0 && !budget.pacer.try_take_now(limiter, n) {
-                budget.owed = u64::from(n);
+            if n > 0 {
+                budget.paid = false;
+                if !budget.pacer.try_take_now(limiter, n) {
+                    budget.owed = u64::from(n);
+                }
             }
         }
         read
