@@ -985,6 +985,8 @@ impl RateLimitService {
         // With `stop_increments`, each limit checked first: the checks'
         // verdicts answer the request when any is over, and nothing spends.
         let mut checked: Vec<Option<Verdict>> = Vec::new();
+        // The keys the checks worked out, for the decisions after them.
+        let mut keys: Vec<Option<String>> = Vec::new();
         if self.stop_increments {
             let refused = (0..request.descriptors.len())
                 .filter(|i| matches!(overridden.get(*i), Some(Some(None))))
@@ -1005,6 +1007,7 @@ impl RateLimitService {
             if limited.len() + refused >= 2 {
                 let mut over = refused > 0;
                 checked = request.descriptors.iter().map(|_| None).collect();
+                keys = request.descriptors.iter().map(|_| None).collect();
                 // Descriptors on one limit and key are checked for their
                 // hits together, each with those before it.
                 // (Keyed by the rule's address: limits are told apart by identity.)
@@ -1025,6 +1028,7 @@ impl RateLimitService {
                     // request still goes on (and spends the others).
                     over |= matches!(verdict, Verdict::Denied { .. }) && !rule.shadow_mode;
                     checked[i] = Some(verdict);
+                    keys[i] = Some(key);
                 }
                 if !over {
                     checked.clear();
@@ -1069,15 +1073,7 @@ impl RateLimitService {
             let shared = shares.get(i).map_or(&[][..], |(s, _)| s.as_slice());
             // A shared entry is its wildcard's pattern, in the limit's key as
             // in its metrics.
-            let entries = || {
-                descriptor.entries.iter().enumerate().map(|(j, e)| {
-                    let value = shared
-                        .iter()
-                        .find(|(at, _)| *at == j)
-                        .map_or(e.value.as_str(), |(_, pattern)| pattern);
-                    (e.key.as_str(), value)
-                })
-            };
+            let entries = || shared_entries(descriptor, shared);
             let Some(rule) = rule else {
                 if known_domain && !replaced_here {
                     self.metrics.unknown_descriptor();
@@ -1104,7 +1100,13 @@ impl RateLimitService {
                 None => match &rule.state {
                     Some(state) => {
                         state
-                            .decide(&limit_key(i, descriptor), hits_of(descriptor))
+                            .decide(
+                                &keys
+                                    .get_mut(i)
+                                    .and_then(Option::take)
+                                    .unwrap_or_else(|| limit_key(i, descriptor)),
+                                hits_of(descriptor),
+                            )
                             .await
                     }
                     // A limit of 0 per unit.
@@ -1238,13 +1240,27 @@ fn descriptor_key(
     shared: &[(usize, &str)],
     wild: &[usize],
 ) -> String {
-    counter_key(descriptor.entries.iter().enumerate().map(|(j, e)| {
+    counter_key(
+        shared_entries(descriptor, shared)
+            .enumerate()
+            .map(|(j, (key, value))| (wild.contains(&j).then_some(key), value)),
+    )
+}
+
+/// A descriptor's entries as its limit counts them: a `share_threshold`
+/// wildcard's pattern in place of the value of an entry it matched
+/// (`shared`), in the limit's key as in its metrics.
+fn shared_entries<'a>(
+    descriptor: &'a RateLimitDescriptor,
+    shared: &'a [(usize, &'a str)],
+) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+    descriptor.entries.iter().enumerate().map(|(j, e)| {
         let value = shared
             .iter()
             .find(|(at, _)| *at == j)
             .map_or(e.value.as_str(), |(_, pattern)| pattern);
-        (wild.contains(&j).then_some(e.key.as_str()), value)
-    }))
+        (e.key.as_str(), value)
+    })
 }
 
 /// The key of a descriptor in an override limit, which descriptors of every

@@ -465,23 +465,17 @@ impl<'a> Debt<'a> {
     /// owed, and a denial of the request and the debt at once makes the key
     /// pay as it goes (as does a denial of a debt paid as it goes).
     pub(crate) fn settle(mut self, decision: Decision) -> Decision {
-        let Claimed { amount, convert } = core::mem::replace(&mut self.claimed, Claimed::NONE);
-        match decision {
-            Decision::Allowed { .. } if convert => Decision::Denied {
-                retry_after: RetryAfter::from_nanos(1),
-            },
-            Decision::Allowed { .. } => decision,
-            Decision::Denied { .. } => {
-                self.ledger.unpaid(self.key, amount);
-                // Denied with a debt beside the request: pay as it goes. And
-                // denied paying as it goes: go on so (the claim may have
-                // taken the whole debt and ended the mode).
-                if amount > 0 {
-                    self.ledger.convert(self.key);
-                }
-                decision
+        let claimed = core::mem::replace(&mut self.claimed, Claimed::NONE);
+        if let Decision::Denied { .. } = decision {
+            self.ledger.unpaid(self.key, claimed.amount);
+            // Denied with a debt beside the request: pay as it goes. And
+            // denied paying as it goes: go on so (the claim may have taken
+            // the whole debt and ended the mode).
+            if claimed.amount > 0 {
+                self.ledger.convert(self.key);
             }
         }
+        claimed.answer(decision)
     }
 }
 

@@ -790,13 +790,13 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         n: u32,
     ) -> Result<Decision, AcquireError> {
         let key = key.as_ref();
-        let turn = self.turn(n)?;
-        if let Turn::Skip { wait } = turn {
-            return Ok(self.fallback_peek(key, n, wait));
+        match self.begin_peek(key, n)? {
+            Ok(decision) => Ok(decision),
+            Err((turn, claimed)) => {
+                let result = self.limiter.peek_n(con, key, claimed.ask(n));
+                self.settle_peek(turn, key, n, claimed, result)
+            }
         }
-        let claimed = self.peek_claim(key, n);
-        let result = self.limiter.peek_n(con, key, claimed.ask(n));
-        self.settle_peek(turn, key, n, claimed, result)
     }
 
     /// [`peek_n`](Self::peek_n) on an asynchronous connection (feature
@@ -813,19 +813,29 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
         n: u32,
     ) -> Result<Decision, AcquireError> {
         let key = key.as_ref();
-        let turn = self.turn(n)?;
-        if let Turn::Skip { wait } = turn {
-            return Ok(self.fallback_peek(key, n, wait));
+        match self.begin_peek(key, n)? {
+            Ok(decision) => Ok(decision),
+            Err((turn, claimed)) => {
+                let result = self.limiter.peek_n_async(con, key, claimed.ask(n)).await;
+                self.settle_peek(turn, key, n, claimed, result)
+            }
         }
-        let claimed = self.peek_claim(key, n);
-        let result = self.limiter.peek_n_async(con, key, claimed.ask(n)).await;
-        self.settle_peek(turn, key, n, claimed, result)
     }
 
-    /// What a call for `n` would claim of `key`'s debt, claiming nothing.
-    fn peek_claim(&self, key: &[u8], n: u32) -> Claimed {
-        self.ledger
-            .peek(key, n, self.limiter.capacity().saturating_sub(n))
+    /// A peek's answer by the policy while Redis is not called (`Ok`), or
+    /// the turn it calls on and what a call for `n` would claim of `key`'s
+    /// debt, claiming nothing (`Err`).
+    fn begin_peek(
+        &self,
+        key: &[u8],
+        n: u32,
+    ) -> Result<Result<Decision, (Turn, Claimed)>, AcquireError> {
+        let turn = self.turn(n)?;
+        if let Turn::Skip { wait } = turn {
+            return Ok(Ok(self.fallback_peek(key, n, wait)));
+        }
+        let room = self.limiter.capacity().saturating_sub(n);
+        Ok(Err((turn, self.ledger.peek(key, n, room))))
     }
 
     /// A peek's answer: as [`settle`](Self::settle) records a call, with the
