@@ -780,6 +780,22 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
     /// share, which starts empty in each outage). A failed peek counts and
     /// starts a backoff as any call does.
     ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use turnstile::redis::{Deadlines, Guarded, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let mut con = Deadlines::default().blocking(redis::Client::open("redis://127.0.0.1/")?);
+    /// let tokens = RedisLimiter::new("llm", TokenBucket::new(Quota::per_minute(10_000)?))?;
+    /// let limiter = Guarded::fail_closed(tokens, Duration::from_secs(1));
+    /// // Is anything left for this team? Nothing is taken.
+    /// if limiter.peek_n(&mut con, "team-a", 1)?.is_allowed() {
+    ///     // ... run the request, then charge what it used.
+    ///     let _ = limiter.try_acquire_n(&mut con, "team-a", 1_200)?;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`try_acquire_n`](Self::try_acquire_n).

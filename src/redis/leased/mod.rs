@@ -561,6 +561,19 @@ impl<C: Clock> LeasedLimiter<C> {
     /// denial with the wait until Redis is tried). A failed peek counts and
     /// starts a backoff as any call does.
     ///
+    /// ```no_run
+    /// use turnstile::redis::{Deadlines, LeasedBuilder, RedisLimiter};
+    /// use turnstile::{Quota, TokenBucket};
+    ///
+    /// let mut con = Deadlines::default().blocking(redis::Client::open("redis://127.0.0.1/")?);
+    /// let global = RedisLimiter::new("api", TokenBucket::new(Quota::per_second(1_000)?))?;
+    /// let leased = LeasedBuilder::new(global, 100)?.build()?;
+    /// // Answered from the lease held here when it has the permits: no call.
+    /// let would = leased.peek_n(&mut con, "k_live_123", 5)?;
+    /// println!("5 permits now: {would:?}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`try_acquire_n`](Self::try_acquire_n).
