@@ -170,7 +170,9 @@ pub enum Verdict {
         /// The time until the key's allowance is whole again.
         reset: Duration,
     },
-    /// Over the limit: nothing was spent. `retry_after` is the wait until
+    /// Over the limit: nothing was spent (the service may then spend what
+    /// is left: see [`should_rate_limit`](crate::service::RateLimitService::should_rate_limit)).
+    /// `retry_after` is the wait until
     /// the same request would be admitted, or `None` when it never can be
     /// (more hits than the limit's capacity).
     Denied {

@@ -19,7 +19,7 @@ use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use turnstile::{Outcome, RetryAfter};
 
-use crate::backend::{AlgorithmKind, Backend, LimitSpec, Unit, Verdict};
+use crate::backend::{AlgorithmKind, Backend, LimitSpec, LimitState, Unit, Verdict};
 use crate::config::{Config, Rule};
 use crate::metrics::{Metrics, Outcome as Counted};
 
@@ -661,7 +661,9 @@ impl RateLimitService {
     /// always, and the limits count as if enforcing: a request that one of
     /// them is over spends nothing.
     /// Without it (the default, as there) each descriptor within its limit
-    /// spends its hits whatever the others answer.
+    /// spends its hits whatever the others answer, and one refused for more
+    /// hits than its key has left spends what is left; with it, a
+    /// descriptor over its limit spends nothing even alone.
     ///
     /// The checks and the spending after them are two steps, not one: a
     /// request racing another on the same limits can still be refused by
@@ -830,6 +832,14 @@ impl RateLimitService {
     /// [`RedisBackend`](crate::redis_backend::RedisBackend)).
     /// `is_negative_hits` (a give-back) is answered as a check: nothing is
     /// spent or returned.
+    ///
+    /// A descriptor refused for more hits than its key has left spends what
+    /// is left (unless [`with_stop_increments`](Self::with_stop_increments)):
+    /// envoyproxy/ratelimit counts a refused request's hits, and a count
+    /// reported after the fact (Envoy's `apply_on_stream_done`, with the
+    /// `hits_addend` an LLM's response reports) must use the limit up even
+    /// when it is larger than what is left. Its `duration_until_reset` is the
+    /// wait for the same request after that.
     ///
     /// # Errors
     ///
@@ -1099,15 +1109,22 @@ impl RateLimitService {
                 Some(verdict) => verdict,
                 None => match &rule.state {
                     Some(state) => {
-                        state
-                            .decide(
-                                &keys
-                                    .get_mut(i)
-                                    .and_then(Option::take)
-                                    .unwrap_or_else(|| limit_key(i, descriptor)),
-                                hits_of(descriptor),
-                            )
-                            .await
+                        let key = keys
+                            .get_mut(i)
+                            .and_then(Option::take)
+                            .unwrap_or_else(|| limit_key(i, descriptor));
+                        let hits = hits_of(descriptor);
+                        let verdict = state.decide(&key, hits).await;
+                        // With `stop_increments`, as envoyproxy/ratelimit with
+                        // it, a request over the limit spends nothing.
+                        if hits > 1
+                            && !self.stop_increments
+                            && matches!(verdict, Verdict::Denied { .. })
+                        {
+                            spend_what_is_left(&**state, &key, hits, verdict).await
+                        } else {
+                            verdict
+                        }
                     }
                     // A limit of 0 per unit.
                     None => Verdict::Denied { retry_after: None },
@@ -1209,6 +1226,51 @@ impl RateLimitService {
         }
         Ok(response)
     }
+}
+
+/// A request refused for more hits than `key` has left spends what is left
+/// (up to `hits`), as envoyproxy/ratelimit counts a refused request's hits:
+/// otherwise a count reported after the fact (Envoy's `apply_on_stream_done`
+/// with a descriptor's `hits_addend` read from the response, an LLM's
+/// tokens) that is larger than what is left would be refused and spend
+/// nothing, and the limit would never run out. Answered with the wait the
+/// same request gets after that (`denied` if nothing was left to take).
+///
+/// A few tries: another request may take what was seen between the look and
+/// the take. Should the key hold all of `hits` by then (a refill in
+/// between), the request is admitted after all.
+async fn spend_what_is_left(
+    state: &dyn LimitState,
+    key: &str,
+    hits: u32,
+    denied: Verdict,
+) -> Verdict {
+    for _ in 0..4 {
+        // A check answers with what the key holds now, nothing taken.
+        let left = match state.check(key, 1).await {
+            Verdict::Admitted { remaining, .. } => remaining,
+            Verdict::Denied { .. } => break,
+        };
+        let ask = hits.min(left);
+        if ask == 0 {
+            break;
+        }
+        let verdict = state.decide(key, ask).await;
+        if let Verdict::Admitted { .. } = verdict {
+            if ask == hits {
+                return verdict;
+            }
+            // The wait for the whole request now that the key is empty.
+            return match state.check(key, hits).await {
+                // A refill since the take: the request would fit now.
+                Verdict::Admitted { .. } => Verdict::Denied {
+                    retry_after: Some(Duration::ZERO),
+                },
+                denied => denied,
+            };
+        }
+    }
+    denied
 }
 
 /// The entries a `share_threshold` wildcard matched, each with its pattern.

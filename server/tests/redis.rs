@@ -353,6 +353,54 @@ async fn a_check_of_zero_hits_reads_the_limit_in_redis_and_spends_nothing() {
     }
 }
 
+/// A count reported after the fact that is larger than what is left uses
+/// the limit in Redis up, in both modes: the next check on either replica
+/// is `OVER_LIMIT` (a refused report that spent nothing left it open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_report_larger_than_what_is_left_empties_the_limit_in_redis() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    for mode in [RedisMode::Exact, RedisMode::Leased] {
+        for algorithm in ["fixed_window", "token_bucket"] {
+            let what = format!("{mode:?} {algorithm}");
+            let yaml = format!(
+                "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      \
+                 requests_per_unit: 100\n      algorithm: {algorithm}\n"
+            );
+            let options = options(mode, FailurePolicy::Closed, Duration::from_secs(2));
+            let replicas = two_replicas(&url(&server), &yaml, options).await;
+            let user = format!("dave-{mode:?}-{algorithm}");
+            let ask = |replica: &Replica, hits: u64| {
+                let mut client = replica.client.clone();
+                let asked = common::with_hits(descriptor(&[("user", &user)]), hits);
+                async move {
+                    let response = client
+                        .should_rate_limit(request("api", vec![asked]))
+                        .await
+                        .expect("an answer")
+                        .into_inner();
+                    ok(&response.statuses[0])
+                }
+            };
+            assert!(ask(&replicas[0], 0).await, "{what}: a fresh limit");
+            assert!(ask(&replicas[0], 60).await, "{what}: 60 of 100");
+            assert!(ask(&replicas[1], 0).await, "{what}: 40 left");
+            assert!(
+                !ask(&replicas[1], 60).await,
+                "{what}: 60 more than the 40 left"
+            );
+            for (i, replica) in replicas.iter().enumerate() {
+                assert!(!ask(replica, 0).await, "{what}: a check on replica {i}");
+                assert!(!ask(replica, 1).await, "{what}: a hit on replica {i}");
+            }
+            for replica in replicas {
+                replica.stop().await;
+            }
+        }
+    }
+}
+
 /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` on the Redis backends: a
 /// request whose user is over its limit spends nothing of its path's limit
 /// in Redis, in both modes.

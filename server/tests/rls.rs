@@ -461,6 +461,73 @@ descriptors:
     rls.stop().await;
 }
 
+/// A count reported after the fact (Envoy's `apply_on_stream_done` with a
+/// descriptor's `hits_addend` read from the response: an LLM's tokens),
+/// checked before the request with a `hits_addend` of 0: a report larger
+/// than what is left empties the limit, so the next check refuses until it
+/// refills. Were a refused report to spend nothing, the limit would never
+/// run out.
+#[tokio::test]
+async fn usage_reported_after_the_fact_empties_the_limit() {
+    let yaml = "\
+domain: llm
+descriptors:
+  - key: user
+    rate_limit: { unit: minute, requests_per_unit: 1000 }
+  - key: bucket
+    rate_limit: { unit: minute, requests_per_unit: 1000, algorithm: token_bucket }
+";
+    let mut rls = start(&[("llm.yaml", yaml)], Options::default()).await;
+    for key in ["user", "bucket"] {
+        let check = || request("llm", vec![with_hits(descriptor(&[(key, "u")]), 0)]);
+        let report = |tokens| request("llm", vec![with_hits(descriptor(&[(key, "u")]), tokens)]);
+        assert!(overall_ok(&rls.decide(check()).await), "{key}");
+        assert!(overall_ok(&rls.decide(report(600)).await), "{key}");
+        let r = rls.decide(check()).await;
+        assert!(overall_ok(&r), "{key}");
+        assert_eq!(r.statuses[0].limit_remaining, 400, "{key}");
+        // 600 more against the 400 left: refused, and the 400 are spent.
+        assert!(!overall_ok(&rls.decide(report(600)).await), "{key}");
+        let r = rls.decide(check()).await;
+        assert!(over(&r.statuses[0]), "{key}: the next request is refused");
+        // A report larger than the whole limit empties it as well.
+        let other = |tokens| request("llm", vec![with_hits(descriptor(&[(key, "v")]), tokens)]);
+        assert!(!overall_ok(&rls.decide(other(1200)).await), "{key}");
+        assert!(!overall_ok(&rls.decide(other(1)).await), "{key}");
+    }
+    // The window's end gives the fixed window back whole; the bucket
+    // refills at its rate (1000 a minute: 600 ms a token).
+    rls.clock.advance(Duration::from_secs(60));
+    let r = rls
+        .decide(request("llm", vec![descriptor(&[("user", "u")])]))
+        .await;
+    assert_eq!(r.statuses[0].limit_remaining, 999);
+    rls.stop().await;
+}
+
+/// With `--stop-increments-over-limit`, as envoyproxy/ratelimit with
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, a descriptor refused for more
+/// hits than are left spends nothing, even alone.
+#[tokio::test]
+async fn with_stop_increments_a_lone_refused_descriptor_spends_nothing() {
+    let yaml = "domain: s\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 10 }\n";
+    let mut rls = start(
+        &[("s.yaml", yaml)],
+        Options {
+            stop_increments: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    let asked = |hits| request("s", vec![with_hits(descriptor(&[("user", "u")]), hits)]);
+    assert!(overall_ok(&rls.decide(asked(6)).await));
+    assert!(!overall_ok(&rls.decide(asked(6)).await));
+    let r = rls.decide(asked(0)).await;
+    assert!(overall_ok(&r));
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    rls.stop().await;
+}
+
 #[tokio::test]
 async fn hits_addend_rules() {
     let yaml = "\
@@ -490,10 +557,11 @@ descriptors:
     // A descriptor's 4 overrides the request's 3.
     req.descriptors = vec![with_hits(d(), 4)];
     assert_eq!(rls.decide(req.clone()).await.statuses[0].limit_remaining, 2);
-    // 4 more than the 2 left: denied, nothing spent.
+    // 4 more than the 2 left: denied, and the 2 left are spent (as
+    // envoyproxy/ratelimit counts a refused request's hits).
     assert!(over(&rls.decide(req.clone()).await.statuses[0]));
-    req.descriptors = vec![with_hits(d(), 2)];
-    assert_eq!(rls.decide(req.clone()).await.statuses[0].limit_remaining, 0);
+    req.descriptors = vec![with_hits(d(), 1)];
+    assert!(over(&rls.decide(req.clone()).await.statuses[0]));
     // With nothing left, a check of 0 is OVER_LIMIT and still spends nothing.
     req.descriptors = vec![with_hits(d(), 0)];
     assert!(over(&rls.decide(req.clone()).await.statuses[0]));
@@ -859,14 +927,12 @@ descriptors:
     assert_eq!(reset_nanos(&r.statuses[0]), None);
     assert_eq!(header(&r, "Retry-After"), None);
     assert_eq!(header(&r, "RateLimit").as_deref(), Some("\"h.user\";r=0"));
-    // Nothing was spent: the two permits are still there.
+    // What was left is spent: the two permits are gone (a count reported
+    // after the fact that is larger than the limit still empties it).
     let r = rls
-        .decide(request(
-            "h",
-            vec![with_hits(descriptor(&[("user", "u")]), 2)],
-        ))
+        .decide(request("h", vec![descriptor(&[("user", "u")])]))
         .await;
-    assert!(overall_ok(&r));
+    assert!(!overall_ok(&r));
 
     let r = rls
         .decide(request("h", vec![descriptor(&[("closed", "c")])]))
