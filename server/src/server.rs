@@ -347,7 +347,15 @@ async fn accept(
             unreachable!();
         };
         match listener.accept().await {
-            Ok((stream, _)) => return (stream, slot),
+            Ok((stream, _)) => {
+                // A response's frames go out as they are written: with
+                // Nagle's algorithm a frame written after another waits for
+                // the peer's (delayed) ACK of the first, about 40 ms, on
+                // every answer. A socket that refuses the option still
+                // serves, only slower.
+                let _ = stream.set_nodelay(true);
+                return (stream, slot);
+            }
             Err(error) if is_connection_error(&error) => {}
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }

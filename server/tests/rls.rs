@@ -528,6 +528,41 @@ async fn with_stop_increments_a_lone_refused_descriptor_spends_nothing() {
     rls.stop().await;
 }
 
+/// Answers go out at once: without `TCP_NODELAY` on the service's sockets,
+/// the end of a response waited for the client's delayed ACK of its start
+/// (about 40 ms on Linux), past Envoy's default timeout of 20 ms for a call
+/// to the rate limit service, on every request of 16 descriptors (measured
+/// 44 ms each). The median of nine answers, of one descriptor and of
+/// sixteen, is held well under 40 ms.
+#[tokio::test]
+async fn answers_are_not_held_back_by_nagles_algorithm() {
+    let mut yaml = String::from("domain: n\ndescriptors:\n");
+    for i in 0..16 {
+        yaml.push_str(&format!(
+            "  - key: l{i}\n    rate_limit: {{ unit: second, requests_per_unit: 1000 }}\n"
+        ));
+    }
+    let mut rls = start(&[("n.yaml", &yaml)], Options::default()).await;
+    for count in [1, 16] {
+        let all: Vec<_> = (0..count)
+            .map(|i| descriptor(&[(&format!("l{i}"), "v")]))
+            .collect();
+        let mut took = Vec::new();
+        for _ in 0..9 {
+            let start = std::time::Instant::now();
+            let r = rls.decide(request("n", all.clone())).await;
+            took.push(start.elapsed());
+            assert!(overall_ok(&r));
+        }
+        took.sort();
+        assert!(
+            took[4] < Duration::from_millis(30),
+            "{count} descriptors: {took:?}"
+        );
+    }
+    rls.stop().await;
+}
+
 #[tokio::test]
 async fn hits_addend_rules() {
     let yaml = "\
