@@ -29,14 +29,20 @@
 //!
 //! # Failures
 //!
-//! Every call has a deadline ([`Deadlines`]); a call that fails or runs past
-//! it starts a backoff, during which decisions are the failure policy's
+//! Every call has a deadline ([`Deadlines`]); a call that fails, or the
+//! third in a row for one limit that runs past it, starts that limit's
+//! backoff, during which its decisions are the failure policy's
 //! ([`FailurePolicy`]): `Closed` denies (a leased replica still spends the
 //! leases it holds), `Open` decides on this replica's share of the limit
 //! (the limit over the number of replicas, a token bucket per key that
 //! starts empty in each outage, its admissions charged to Redis when it
 //! answers again). A request is never answered with a gRPC error for a
-//! Redis failure.
+//! Redis failure. The limits share one connection (one server, or a
+//! Sentinel primary), which after a failed attempt to connect makes no other
+//! for the backoff: their calls then fail at once and each limit starts its
+//! backoff, so that a Redis that accepts connections but does not answer
+//! costs one request a reply's deadline and one attempt to connect, not one
+//! attempt per descriptor.
 //!
 //! A replica's share starts empty in each outage (so that a failure and the
 //! recovery after it never let the replicas admit a second burst), so the
@@ -306,13 +312,21 @@ impl RedisBackend {
                 SentinelServerType::Master,
             )
             .map_err(|e| bad(e.to_string()))?;
-            deadlines.reconnecting_sentinel(client).into_any()
+            deadlines
+                .reconnecting_sentinel(client)
+                // Against a Redis that accepts but does not answer, one
+                // attempt to connect a backoff, not one per limit called.
+                .connect_backoff(options.backoff)
+                .into_any()
         } else if ["redis://", "redis+unix://", "unix://"]
             .iter()
             .any(|scheme| url.starts_with(scheme))
         {
             let client = redis::Client::open(url).map_err(|e| bad(e.to_string()))?;
-            deadlines.reconnecting(client).into_any()
+            deadlines
+                .reconnecting(client)
+                .connect_backoff(options.backoff)
+                .into_any()
         } else {
             return Err(bad("an unknown scheme".to_string()));
         };

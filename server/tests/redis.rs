@@ -353,6 +353,86 @@ async fn a_check_of_zero_hits_reads_the_limit_in_redis_and_spends_nothing() {
     }
 }
 
+/// A Redis that accepts connections but does not answer (`SIGSTOP`): the
+/// limits share one connection, and after an attempt to connect fails none
+/// is made for a backoff, so every limit's call fails at once (it was one
+/// attempt, with its whole connect deadline, per limit called: a request
+/// with 16 descriptors took half a second, three times over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_costs_one_attempt_to_connect_a_backoff_not_one_per_limit() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let mut yaml = String::from("domain: api\ndescriptors:\n");
+    for i in 0..16 {
+        yaml.push_str(&format!(
+            "  - key: l{i}\n    rate_limit: {{ unit: second, requests_per_unit: 100 }}\n"
+        ));
+    }
+    let options = RedisOptions {
+        deadlines: Deadlines::default()
+            .connect(Duration::from_millis(50))
+            .expect("a valid deadline")
+            .response(Duration::from_millis(10))
+            .expect("a valid deadline"),
+        backoff: Duration::from_secs(5),
+        ..options(
+            RedisMode::Exact,
+            FailurePolicy::Closed,
+            Duration::from_millis(50),
+        )
+    };
+    let replica = Replica::start(&url(&server), &yaml, options).await;
+    let all: Vec<_> = (0..16)
+        .map(|i| descriptor(&[(&format!("l{i}"), "v")]))
+        .collect();
+    let ask = || {
+        let mut client = replica.client.clone();
+        let all = all.clone();
+        async move {
+            let start = Instant::now();
+            let response = client
+                .should_rate_limit(request("api", all))
+                .await
+                .expect("an answer, never a gRPC error")
+                .into_inner();
+            (response.overall_code, start.elapsed())
+        }
+    };
+    assert_eq!(ask().await.0, 1, "OK while Redis answers");
+    let connections = || -> u64 {
+        let mut con = server.plain();
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query(&mut con)
+            .expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("total_connections_received")
+    };
+    let before = connections();
+    server.stop();
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        took.push(ask().await.1);
+    }
+    server.resume();
+    // The attempts made while Redis was stopped waited in its backlog.
+    let attempts = connections() - before - 1;
+    replica.stop().await;
+    assert!(
+        attempts <= 1,
+        "{attempts} attempts to connect, each request {took:?}"
+    );
+    // One call past its deadline and one attempt to connect, not 16.
+    assert!(
+        took[0] < Duration::from_millis(400)
+            && took[1..].iter().all(|t| *t < Duration::from_millis(100)),
+        "{took:?}"
+    );
+}
+
 /// A count reported after the fact that is larger than what is left uses
 /// the limit in Redis up, in both modes: the next check on either replica
 /// is `OVER_LIMIT` (a refused report that spent nothing left it open).

@@ -211,10 +211,12 @@ impl Deadlines {
             shared: std::sync::Arc::new(Reconnect {
                 source,
                 deadlines: *self,
+                connect_backoff: core::sync::atomic::AtomicU64::new(0),
                 slot: std::sync::Mutex::new(Slot {
                     generation: 0,
                     con: None,
                     connecting: None,
+                    down_until: None,
                 }),
             }),
         }
@@ -411,6 +413,9 @@ pub struct ReconnectingConnection {
 struct Reconnect {
     source: AsyncSource,
     deadlines: Deadlines,
+    /// Nanoseconds after an attempt to connect failed before another is
+    /// made ([`ReconnectingConnection::connect_backoff`]); 0: at once.
+    connect_backoff: core::sync::atomic::AtomicU64,
     /// Locked only to clone or replace the connection, or to join or start
     /// an attempt to connect; never across an await.
     slot: std::sync::Mutex<Slot>,
@@ -427,6 +432,16 @@ fn abandoned() -> ::redis::RedisError {
     ::redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::ConnectionAborted,
         "the attempt to connect to Redis was abandoned",
+    ))
+}
+
+/// The error of a call made while no attempt to connect is made, after one
+/// failed ([`ReconnectingConnection::connect_backoff`]).
+#[cfg(feature = "tokio")]
+fn not_reached() -> ::redis::RedisError {
+    ::redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "Redis was not reached at the last attempt to connect; the next is made after the connect backoff",
     ))
 }
 
@@ -449,6 +464,9 @@ struct Slot {
     /// until its deadline), and a call that gives up or is dropped leaves the
     /// attempt running for the next.
     connecting: Option<Attempt>,
+    /// After an attempt to connect failed, the time before which no other
+    /// is made: the calls until then fail at once.
+    down_until: Option<std::time::Instant>,
 }
 
 #[cfg(feature = "tokio")]
@@ -473,6 +491,46 @@ impl ReconnectingConnection {
         self.shared.lock().con.is_some()
     }
 
+    /// After an attempt to connect fails, make no other for `backoff`: the
+    /// calls until then fail at once, with an I/O error
+    /// ([`ErrorKind::NotConnected`](std::io::ErrorKind::NotConnected)), not
+    /// a timeout. Without it (`Duration::ZERO`, the default) each call that
+    /// finds no connection tries again, and against a server that accepts
+    /// connections but does not answer (stopped, or its host overloaded)
+    /// each such call waits out the connect deadline: one request that
+    /// calls for several limits waits that long for each. Applies to every
+    /// clone.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::redis::Deadlines;
+    ///
+    /// let client = redis::Client::open("redis://127.0.0.1/")?;
+    /// let con = Deadlines::default().reconnecting(client).connect_backoff(Duration::from_secs(1));
+    /// assert_eq!(con.connect_backoff_time(), Duration::from_secs(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn connect_backoff(self, backoff: Duration) -> Self {
+        let nanos = u64::try_from(backoff.as_nanos()).unwrap_or(u64::MAX);
+        // Relaxed: a setting read on its own; it publishes no other data.
+        self.shared
+            .connect_backoff
+            .store(nanos, core::sync::atomic::Ordering::Relaxed);
+        self
+    }
+
+    /// The time after a failed attempt to connect before another
+    /// ([`connect_backoff`](Self::connect_backoff)).
+    pub fn connect_backoff_time(&self) -> Duration {
+        // Relaxed: see `connect_backoff`.
+        Duration::from_nanos(
+            self.shared
+                .connect_backoff
+                .load(core::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
     /// The connection and its generation, or the one the attempt to connect
     /// under way makes (started here if none is): waited for within the
     /// connect deadline.
@@ -481,6 +539,12 @@ impl ReconnectingConnection {
             let mut slot = self.shared.lock();
             if let Some(con) = &slot.con {
                 return Ok((slot.generation, con.clone()));
+            }
+            if let Some(until) = slot.down_until {
+                if std::time::Instant::now() < until {
+                    return Err(not_reached());
+                }
+                slot.down_until = None;
             }
             match &slot.connecting {
                 // Under way: its sender is alive and has not answered.
@@ -497,8 +561,8 @@ impl ReconnectingConnection {
         // Outside a tokio runtime nothing can run beside the call: it
         // connects itself.
         let Some(mut attempt) = joined else {
-            let con = self.shared.source.connect(self.shared.deadlines).await?;
-            return Ok(self.shared.keep(con));
+            let made = self.shared.source.connect(self.shared.deadlines).await;
+            return self.shared.outcome(made);
         };
         let waited = tokio::time::timeout(
             self.shared.deadlines.connect,
@@ -557,7 +621,7 @@ impl Reconnect {
         let shared = std::sync::Arc::clone(this);
         drop(runtime.spawn(async move {
             let made = shared.source.connect(shared.deadlines).await;
-            let outcome = made.map(|con| shared.keep(con));
+            let outcome = shared.outcome(made);
             // Still the slot's attempt: another is started only once this
             // one has answered or its sender is gone.
             shared.lock().connecting = None;
@@ -565,6 +629,25 @@ impl Reconnect {
             let _ = answer.send(Some(outcome));
         }));
         attempt
+    }
+
+    /// An attempt to connect made: the connection kept, or the failure,
+    /// after which no attempt is made for the connect backoff.
+    fn outcome(&self, made: RedisResult<::redis::aio::MultiplexedConnection>) -> RedisResult<Held> {
+        match made {
+            Ok(con) => Ok(self.keep(con)),
+            Err(e) => {
+                // Relaxed: see `ReconnectingConnection::connect_backoff`.
+                let backoff = self
+                    .connect_backoff
+                    .load(core::sync::atomic::Ordering::Relaxed);
+                if backoff > 0 {
+                    self.lock().down_until =
+                        std::time::Instant::now().checked_add(Duration::from_nanos(backoff));
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Keep `con` as the connection (or the one another call kept meanwhile),
