@@ -20,9 +20,16 @@ use crate::sync::{Arc, AtomicU64, Ordering};
 /// one the kernel vouches for.
 ///
 /// For callers who take speed over precision: a limiter on this clock sees time
-/// in steps of the resolution, so refills arrive up to one resolution late (it
-/// under-credits, never over-credits). Clones share one upkeep thread; it stops
-/// when the last clone is dropped.
+/// in steps of the resolution. A reading is never early (it under-credits,
+/// never over-credits) but it is late: by up to one resolution, plus however
+/// long the upkeep thread waits to be woken and run once its sleep is over.
+/// That delay is the OS scheduler's, and nothing bounds it: typically tens of
+/// microseconds, so that now and then a reading is more than one resolution
+/// late; under load it can be milliseconds, and while the thread is not run at
+/// all the reading stands still. The thread sleeps to the next point of a grid
+/// of the resolution, read from the OS clock, so that its delays do not add up
+/// from one refresh to the next. Clones share one upkeep thread; it stops when
+/// the last clone is dropped.
 ///
 /// The thread is the clock's own rather than quanta's global upkeep: quanta allows
 /// one upkeep per process, so a second user (another library) would make ours
@@ -124,27 +131,54 @@ pub(super) struct Shared {
 
 pub(super) fn start(resolution: Duration) -> std::io::Result<Arc<Shared>> {
     let os = MonotonicClock::new();
+    let first = os.now();
     let shared = Arc::new(Shared {
-        now: CachePadded::new(AtomicU64::new(os.now())),
+        now: CachePadded::new(AtomicU64::new(first)),
         os,
         resolution,
         upkeep: Mutex::new(None),
     });
     // The thread holds only a weak reference, so dropping the last clock ends it.
     let weak: Weak<Shared> = Arc::downgrade(&shared);
+    // At least 100 µs (`MIN_RESOLUTION`), and below 2^64 ns (584 years).
+    let step = u64::try_from(resolution.as_nanos()).unwrap_or(u64::MAX);
     let handle = thread::Builder::new()
         .name("turnstile-coarse-clock".into())
         .spawn(move || {
+            let mut due = first.saturating_add(step);
+            let mut sleep = resolution;
             loop {
-                thread::park_timeout(resolution);
+                thread::park_timeout(sleep);
                 let Some(shared) = weak.upgrade() else { return };
+                let now = shared.os.now();
                 // Relaxed: see `CoarseClock::now`. `fetch_max` keeps the reading
                 // monotonic whatever the platform's `Instant` does.
-                shared.now.fetch_max(shared.os.now(), Ordering::Relaxed);
+                shared.now.fetch_max(now, Ordering::Relaxed);
+                sleep = Duration::from_nanos(next_sleep(&mut due, now, step));
             }
         })?;
     *shared.upkeep.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
     Ok(shared)
+}
+
+/// How long the upkeep thread sleeps after a refresh at `now`: until `due`, the
+/// next point of its grid (`due` moves on, to the first point after `now`, once
+/// `now` has reached it). A wake-up that came late shortens the next sleep by as
+/// much, so the refreshes keep to the grid instead of each adding its delay to
+/// the next; one later than a whole step (a thread not run for a while) skips
+/// the points it missed rather than refreshing in a burst; one that came early
+/// (a spurious wake-up) sleeps on to the same point.
+fn next_sleep(due: &mut u64, now: u64, step: u64) -> u64 {
+    if now >= *due {
+        // `now - due` < 2^64, and its remainder < `step`: the point is after
+        // `now`, by at most one step.
+        *due = now.saturating_add(step - (now - *due) % step);
+    }
+    match *due - now {
+        // Only where the grid meets the end of time (584 years on).
+        0 => step,
+        sleep => sleep,
+    }
 }
 
 impl Drop for Shared {
@@ -202,6 +236,28 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    #[test]
+    fn the_upkeep_sleeps_to_the_next_point_of_its_grid() {
+        let step = 1_000;
+        let mut due = 1_000;
+        // On time, or late by less than a step: the next point.
+        assert_eq!(next_sleep(&mut due, 1_000, step), 1_000);
+        assert_eq!(due, 2_000);
+        assert_eq!(next_sleep(&mut due, 2_300, step), 700);
+        assert_eq!(due, 3_000);
+        // Early (a spurious wake-up): the same point.
+        assert_eq!(next_sleep(&mut due, 2_900, step), 100);
+        assert_eq!(due, 3_000);
+        // Several steps late: the points missed are skipped.
+        assert_eq!(next_sleep(&mut due, 7_250, step), 750);
+        assert_eq!(due, 8_000);
+        // At the end of time: no overflow.
+        let mut due = u64::MAX - 10;
+        assert_eq!(next_sleep(&mut due, u64::MAX - 5, step), 5);
+        assert_eq!(due, u64::MAX);
+        assert_eq!(next_sleep(&mut due, u64::MAX, step), step);
     }
 
     #[test]
