@@ -100,6 +100,19 @@ pub trait Stage: sealed::Sealed {
     #[doc(hidden)]
     fn take_within(&self, n: u32) -> (KeyedDecision, Option<Receipt>);
 
+    /// [`take_within`](Stage::take_within) for a stage of several deciding
+    /// as one (a [chain](crate::chain)): a denial is counted in the stage's
+    /// stats at once, an admission only when
+    /// [`count_admission`](Stage::count_admission) says that every stage
+    /// admitted. (A count taken back instead would make the stats go down.)
+    #[doc(hidden)]
+    fn take_pending(&self, n: u32) -> (KeyedDecision, Option<Receipt>);
+
+    /// Count the admission of a [`take_pending`](Stage::take_pending) in the
+    /// stage's stats: the whole it was part of admitted the request.
+    #[doc(hidden)]
+    fn count_admission(&self);
+
     /// [`peek`](Stage::peek) for `n` the caller has checked.
     #[doc(hidden)]
     fn peek_within(&self, n: u32) -> KeyedDecision;
@@ -130,6 +143,16 @@ impl<T: Stage + ?Sized> Stage for &T {
     #[inline]
     fn take_within(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
         (**self).take_within(n)
+    }
+
+    #[inline]
+    fn take_pending(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        (**self).take_pending(n)
+    }
+
+    #[inline]
+    fn count_admission(&self) {
+        (**self).count_admission();
     }
 
     fn peek_within(&self, n: u32) -> KeyedDecision {

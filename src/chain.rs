@@ -37,8 +37,17 @@
 //! [`refund`](crate::Algorithm::refund), the inverse of its spend). So:
 //!
 //! - **Never over-admission.** A refund never leaves a stage admitting more
-//!   than if it had not been asked; one admitted chain is counted once in each
-//!   stage.
+//!   than if it had not been asked.
+//! - **Counted once, where it was decided.** An admitted chain is counted as
+//!   admitted once in each stage's stats ([`KeyedStats`](crate::KeyedStats),
+//!   a [counted](crate::RateLimiter::counted) limiter's
+//!   [`DirectStats`](crate::DirectStats)). A refused chain is counted as
+//!   denied in the stage that refused it, and in no other: the stages before
+//!   it, whose permits are given back (exactly or not), count it as neither
+//!   admitted nor denied, and the stages after it are only looked at. So a
+//!   stage's `admitted` counts the requests that went through it. An
+//!   admitted chain given back later ([`ChainAdmission::refund`]) stays
+//!   counted, as a refunded [`Admission`] does.
 //! - **No double counting where a refund can be exact**, which is when it is
 //!   known what the stage owes: always for the fixed and sliding windows (a
 //!   count goes back into the window it was counted in; nothing is owed once
@@ -161,7 +170,14 @@ fn decide(stages: &[&dyn Stage], n: u32) -> Chained {
             denied_by: None,
         };
     };
-    let (decision, receipt) = first.take_within(n);
+    // The last stage's admission is the chain's: counted at once. An
+    // earlier stage's is counted once every later stage has admitted too.
+    let last = rest.is_empty();
+    let (decision, receipt) = if last {
+        first.take_within(n)
+    } else {
+        first.take_pending(n)
+    };
     // Given back if a later stage panics (user code runs there: a key's
     // `Hash` or `Eq`, a hasher, a clock), so that no path leaks it.
     let mut held = Held {
@@ -179,12 +195,17 @@ fn decide(stages: &[&dyn Stage], n: u32) -> Chained {
     let rest = decide(rest, n);
     let receipt = held.receipt.take();
     match (rest.decision, rest.denied_by) {
-        (KeyedDecision::Allowed { remaining: left }, _) => Chained {
-            decision: KeyedDecision::Allowed {
-                remaining: remaining.min(left),
-            },
-            denied_by: None,
-        },
+        (KeyedDecision::Allowed { remaining: left }, _) => {
+            if !last {
+                first.count_admission();
+            }
+            Chained {
+                decision: KeyedDecision::Allowed {
+                    remaining: remaining.min(left),
+                },
+                denied_by: None,
+            }
+        }
         (denied, by) => {
             if let Some(receipt) = receipt {
                 // Declined or not, the chain's answer is the same denial.
@@ -331,7 +352,8 @@ fn decide_keeping<'a>(stages: &[&'a dyn Stage], n: u32) -> Result<ChainAdmission
     let mut taken = Taken(Vec::with_capacity(stages.len()));
     let mut remaining = u32::MAX;
     for (i, &stage) in stages.iter().enumerate() {
-        match stage.take_within(n) {
+        // Each admission counted only once the chain has admitted.
+        match stage.take_pending(n) {
             (KeyedDecision::Allowed { remaining: left }, receipt) => {
                 remaining = remaining.min(left);
                 if let Some(receipt) = receipt {
@@ -347,6 +369,9 @@ fn decide_keeping<'a>(stages: &[&'a dyn Stage], n: u32) -> Result<ChainAdmission
                 });
             }
         }
+    }
+    for stage in stages {
+        stage.count_admission();
     }
     Ok(ChainAdmission {
         taken: core::mem::take(&mut taken.0),

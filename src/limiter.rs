@@ -98,8 +98,16 @@ pub struct RateLimiter<
 #[non_exhaustive]
 pub struct DirectStats {
     /// Requests admitted.
+    ///
+    /// A request that several limits decide together (a
+    /// [chain](crate::chain)) is counted here only once all of them
+    /// admitted it: one a later limit
+    /// refused is not, though this limiter admitted it before its permits
+    /// were given back.
     pub admitted: u64,
-    /// Requests denied (a wait counts once, when its deadline refuses it).
+    /// Requests denied (a wait counts once, when its deadline refuses it;
+    /// with several limits deciding together, only when this limiter is the
+    /// one that refused).
     pub denied: u64,
 }
 
@@ -423,6 +431,18 @@ impl<A: Algorithm, C: Clock, M: Counter> RateLimiter<A, C, M> {
         self.take_counted(n, now, true)
     }
 
+    /// [`take_at`](Self::take_at) for a stage of several deciding as one
+    /// ([`Stage::take_pending`]): a denial is counted at once, an admission
+    /// only by [`count_admission`](Stage::count_admission).
+    #[inline]
+    pub(crate) fn take_pending_at(&self, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
+        let taken = self.take_counted(n, now, false);
+        if !taken.0.is_allowed() {
+            self.count(false);
+        }
+        taken
+    }
+
     /// [`take_at`](Self::take_at), counted in the stats when `counted` (not
     /// for a combined layer settling a response's cost, which is no decision
     /// on a request).
@@ -473,6 +493,16 @@ impl<A: Algorithm, C: Clock, M: Counter> Stage for RateLimiter<A, C, M> {
     #[inline]
     fn take_within(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
         self.take_at(n, self.clock().now())
+    }
+
+    #[inline]
+    fn take_pending(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        self.take_pending_at(n, self.clock().now())
+    }
+
+    #[inline]
+    fn count_admission(&self) {
+        self.count(true);
     }
 
     fn peek_within(&self, n: u32) -> KeyedDecision {

@@ -159,10 +159,9 @@ fn a_key_bound_denial_is_reported_as_such_and_refunds() {
 fn concurrent_chains_never_over_admit_and_refund_exactly() {
     let clock = ManualClock::new();
     let per_key = Arc::new(keyed(FixedWindow::new(40, SECOND).unwrap(), &clock));
-    let global = Arc::new(RateLimiter::with_clock(
-        Quota::new(50, 1, SECOND).unwrap(),
-        clock.clone(),
-    ));
+    let global = Arc::new(
+        RateLimiter::with_clock(Quota::new(50, 1, SECOND).unwrap(), clock.clone()).counted(),
+    );
     let keys = ["a", "b", "c"];
     let threads: Vec<_> = (0..2)
         .map(|t| {
@@ -188,6 +187,14 @@ fn concurrent_chains_never_over_admit_and_refund_exactly() {
     let total: u32 = admitted.iter().sum();
     assert!(total <= 50, "{admitted:?}");
     assert_eq!(global.remaining(), 50 - total);
+    // Each chain counted once, where it was decided: admitted in both
+    // stages, or denied in the one that refused.
+    let (keyed, direct) = (per_key.stats(), global.stats());
+    assert_eq!(
+        (keyed.admitted, direct.admitted),
+        (total.into(), total.into())
+    );
+    assert_eq!(keyed.denied + direct.denied, 40_000 - u64::from(total));
     for (k, key) in keys.iter().enumerate() {
         assert!(admitted[k] <= 40);
         assert_eq!(
@@ -391,4 +398,106 @@ fn a_panic_in_a_later_stage_gives_the_earlier_stages_back() {
     assert!(on_the_stack.is_err() && kept.is_err());
     assert_eq!(global.remaining(), 1, "the earlier stage's permit");
     assert!(chain::try_acquire(&[&global, &per_key.stage(&key)]).is_allowed());
+}
+
+/// A stage's stats count what went through it: an admission only when the
+/// whole chain admitted, a denial only in the stage that refused. A stage
+/// that admitted and was given back because a later one refused counts
+/// nothing (it counted an admission, that it kept, before).
+#[test]
+fn a_stage_counts_only_chains_that_went_through_and_its_own_refusals() {
+    let clock = ManualClock::new();
+    let per_key = KeyedLimiter::<String>::builder(Quota::new(5, 1, SECOND).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let global =
+        RateLimiter::with_clock(Quota::new(1, 1, SECOND).unwrap(), clock.clone()).counted();
+    let alice = per_key.stage("alice");
+    assert!(chain::try_acquire(&[&alice, &global]).is_allowed());
+    for _ in 0..3 {
+        assert_eq!(chain::try_acquire(&[&alice, &global]).denied_by(), Some(1));
+    }
+    let (keyed, direct) = (per_key.stats(), global.stats());
+    assert_eq!(
+        (keyed.admitted, keyed.denied),
+        (1, 0),
+        "alice went through once"
+    );
+    assert_eq!((direct.admitted, direct.denied), (1, 3));
+
+    // The other way round: the keyed stage refuses after a counted direct
+    // stage admitted.
+    let wide = RateLimiter::with_clock(Quota::new(5, 1, SECOND).unwrap(), clock.clone()).counted();
+    for _ in 0..5 {
+        assert!(per_key.try_acquire("bob").is_allowed());
+    }
+    let bob = per_key.stage("bob");
+    for _ in 0..3 {
+        assert_eq!(chain::try_acquire(&[&wide, &bob]).denied_by(), Some(1));
+    }
+    let (keyed, direct) = (per_key.stats(), wide.stats());
+    assert_eq!((keyed.admitted, keyed.denied), (1 + 5, 3));
+    assert_eq!(
+        (direct.admitted, direct.denied),
+        (0, 0),
+        "given back each time"
+    );
+    assert_eq!(wide.remaining(), 5);
+
+    // The refundable form counts the same; refunding an admitted chain
+    // later keeps it counted, as a refunded admission does.
+    let carol = per_key.stage("carol");
+    let admitted = chain::try_acquire_refundable(&[&wide, &carol]).unwrap();
+    assert!(chain::try_acquire_refundable(&[&wide, &carol, &global]).is_err());
+    assert!(admitted.refund());
+    let (keyed, direct) = (per_key.stats(), wide.stats());
+    assert_eq!((keyed.admitted, keyed.denied), (1 + 5 + 1, 3));
+    assert_eq!((direct.admitted, direct.denied), (1, 0));
+    assert_eq!(global.stats().denied, 3 + 1);
+}
+
+/// A chain longer than the stack holds (its receipts in a vector) counts as
+/// a short one.
+#[test]
+fn a_long_chain_counts_as_a_short_one() {
+    let clock = ManualClock::new();
+    let limiters: Vec<_> = (0..100)
+        .map(|i| {
+            let capacity = if i == 70 { 1 } else { 5 };
+            RateLimiter::with_clock(Quota::new(capacity, 1, SECOND).unwrap(), clock.clone())
+                .counted()
+        })
+        .collect();
+    let stages: Vec<&dyn Stage> = limiters.iter().map(|l| l as &dyn Stage).collect();
+    assert!(chain::try_acquire(&stages).is_allowed());
+    assert_eq!(chain::try_acquire(&stages).denied_by(), Some(70));
+    for (i, limiter) in limiters.iter().enumerate() {
+        let stats = limiter.stats();
+        let denied = u64::from(i == 70);
+        assert_eq!((stats.admitted, stats.denied), (1, denied), "stage {i}");
+    }
+}
+
+/// A refusal at a later stage's key bound counts there (as a key-bound
+/// refusal), and not as an admission in the stage before it.
+#[test]
+fn a_key_bound_refusal_counts_in_the_bound_only() {
+    let clock = ManualClock::new();
+    let bounded = KeyedLimiter::<String>::builder(Quota::new(5, 1, SECOND).unwrap())
+        .clock(clock.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    let global =
+        RateLimiter::with_clock(Quota::new(5, 1, SECOND).unwrap(), clock.clone()).counted();
+    assert!(chain::try_acquire(&[&global, &bounded.stage("a")]).is_allowed());
+    let refused = chain::try_acquire(&[&global, &bounded.stage("b")]);
+    assert!(refused.decision().is_key_limit(), "{refused:?}");
+    let (keyed, direct) = (bounded.stats(), global.stats());
+    assert_eq!(
+        (keyed.admitted, keyed.denied, keyed.denied_key_limit),
+        (1, 0, 1)
+    );
+    assert_eq!((direct.admitted, direct.denied), (1, 0));
 }

@@ -33,6 +33,23 @@ where
         (decision, written, at, self.owner_of_hash(hash))
     }
 
+    /// [`take`](Self::take) for a stage of several deciding as one
+    /// ([`Stage::take_pending`](crate::chain::Stage::take_pending)): a
+    /// denial for the rate is counted at once (one at the key bound always
+    /// is), an admission only by [`count_outcome`](Self::count_outcome).
+    #[inline]
+    pub(crate) fn take_pending<Q>(&self, key: &Q, n: u32) -> (KeyedDecision, Option<u64>, u64, u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (decision, written, at, hash) = self.inner.take(key, n, false);
+        if let KeyedDecision::Denied { .. } = decision {
+            self.count_outcome(false);
+        }
+        (decision, written, at, self.owner_of_hash(hash))
+    }
+
     /// Who a receipt for `key` belongs to: this limiter's table and the
     /// key's hash, so that a receipt given back for another key, or to
     /// another limiter, declines (their words can be bit for bit alike).
@@ -130,7 +147,8 @@ where
         self.inner.take(key, n, false).0
     }
 
-    /// Count a wait's outcome: admitted, or refused by its deadline.
+    /// Count a wait's outcome: admitted, or refused by its deadline; or the
+    /// admission of a [`take_pending`](Self::take_pending).
     pub(crate) fn count_outcome(&self, admitted: bool) {
         let inner = &*self.inner;
         inner

@@ -82,6 +82,19 @@ where
         (decision, receipt(written, n, epoch, at, owner))
     }
 
+    #[inline]
+    fn take_pending(&self, n: u32) -> (KeyedDecision, Option<Receipt>) {
+        // As `take_within`.
+        let epoch = self.limiter.algorithm().epoch();
+        let (decision, written, at, owner) = self.limiter.take_pending(self.key, n);
+        (decision, receipt(written, n, epoch, at, owner))
+    }
+
+    #[inline]
+    fn count_admission(&self) {
+        self.limiter.count_outcome(true);
+    }
+
     fn peek_within(&self, n: u32) -> KeyedDecision {
         self.limiter.peek(self.key, n)
     }

@@ -13,8 +13,15 @@ pub struct KeyedStats {
     /// Keys held now.
     pub keys: usize,
     /// Requests admitted.
+    ///
+    /// A request that several limits decide together (a
+    /// [chain](crate::chain)) is counted here only once all of them
+    /// admitted it: one a later limit
+    /// refused is not, though this limiter admitted it before its permits
+    /// were given back.
     pub admitted: u64,
-    /// Requests denied by a key's rate.
+    /// Requests denied by a key's rate (with several limits deciding
+    /// together, only when this limiter is the one that refused).
     pub denied: u64,
     /// Requests for new keys denied because the limiter was full.
     pub denied_key_limit: u64,
