@@ -100,8 +100,8 @@ pub struct DirectStats {
     /// Requests admitted.
     ///
     /// A request that several limits decide together (a
-    /// [chain](crate::chain)) is counted here only once all of them
-    /// admitted it: one a later limit
+    /// [chain](crate::chain), a combined `tower::Limits` layer) is
+    /// counted here only once all of them admitted it: one a later limit
     /// refused is not, though this limiter admitted it before its permits
     /// were given back.
     pub admitted: u64,

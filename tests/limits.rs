@@ -154,6 +154,36 @@ async fn a_denial_by_a_later_limit_spends_nothing_in_the_earlier_ones() {
         vec![("key".into(), 0), ("ip".into(), 1), ("all".into(), 0)]
     );
     assert_eq!((stats.admitted, stats.too_many_requests), (2, 1));
+    // Each limiter counts what went through it, and the refusal only where
+    // it was made: "c" was given back by the per-key limit, not admitted.
+    let (per_key, per_ip) = (t.per_key.stats(), t.per_ip.stats());
+    assert_eq!((per_key.admitted, per_key.denied), (2, 0), "{per_key:?}");
+    assert_eq!((per_ip.admitted, per_ip.denied), (2, 1), "{per_ip:?}");
+}
+
+/// A tier of a [`Tiered`] limit counts as a keyed limiter does: a request a
+/// later limit refused is not counted as admitted in the tier.
+#[tokio::test]
+async fn a_tier_counts_only_requests_every_limit_admitted() {
+    let tiered = Arc::new(tiers());
+    let global =
+        Arc::new(RateLimiter::new(Quota::new(1, 1, Duration::from_secs(3_600)).unwrap()).counted());
+    let layer = Limits::builder()
+        .limit_shared("api", api_key(), Arc::clone(&tiered))
+        .unwrap()
+        .limit_shared("all", Global, Arc::clone(&global))
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut service = layer.clone().layer(echo());
+    for status in [200, 429, 429] {
+        let response = send(&mut service, request(Some("paid_1"), "10.0.0.1:1")).await;
+        assert_eq!(response.status(), status);
+    }
+    let paid = tiered.tier(1).unwrap().stats();
+    assert_eq!((paid.admitted, paid.denied), (1, 0), "{paid:?}");
+    let all = global.stats();
+    assert_eq!((all.admitted, all.denied), (1, 2), "{all:?}");
 }
 
 #[tokio::test]

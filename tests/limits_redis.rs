@@ -143,6 +143,10 @@ async fn redis_is_asked_only_after_every_in_process_limit_and_gives_nothing_away
     assert_eq!(ratelimit(&d), r#""key";r=1, "fleet";r=0;t=3600"#);
     assert_eq!(per_key.remaining("d"), 1);
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // The per-key limiter counts what went through it: "d", which it
+    // admitted before the fleet refused, is not counted as admitted.
+    let keyed = per_key.stats();
+    assert_eq!((keyed.admitted, keyed.denied), (3, 1), "{keyed:?}");
     let stats = layer.stats();
     assert_eq!(
         stats.denied_by,
@@ -486,6 +490,9 @@ async fn a_request_dropped_while_redis_decides_gives_its_in_process_permits_back
         2,
         "the dropped request never ran"
     );
+    // Nor is it counted as admitted by the key's limiter.
+    let keyed = per_key.stats();
+    assert_eq!((keyed.admitted, keyed.denied), (2, 0), "{keyed:?}");
 }
 
 /// A Redis limit refuses after an in-process limit admitted, and that

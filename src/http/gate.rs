@@ -171,9 +171,16 @@ pub trait GateLimiter<Q: ?Sized>: LimiterStats {
         false
     }
     /// `n` permits for `key` (`1 <= n <= min_capacity()`), and the receipt
-    /// that gives them back.
+    /// that gives them back; for one limit of several deciding a request
+    /// together, so a denial is counted in the limiter's stats at once, an
+    /// admission only by [`stage_count_admission`](Self::stage_count_admission)
+    /// ([`Stage::take_pending`](crate::chain::Stage::take_pending)).
     #[doc(hidden)]
     fn stage_take(&self, key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>);
+    /// Count the admission of a [`stage_take`](Self::stage_take) for `key`:
+    /// every limit admitted the request.
+    #[doc(hidden)]
+    fn stage_count_admission(&self, key: &Q);
     /// [`Clock::shared_readings`] of the clock every decision of this
     /// limiter reads; `None` when it has none, or its tiers' differ.
     #[doc(hidden)]
@@ -306,7 +313,11 @@ where
 
     #[inline]
     fn stage_take(&self, key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>) {
-        self.stage(key).take_within(n)
+        self.stage(key).take_pending(n)
+    }
+
+    fn stage_count_admission(&self, key: &Q) {
+        self.stage(key).count_admission();
     }
 
     fn settle_take(&self, key: &Q, n: u32) -> bool {
@@ -324,7 +335,7 @@ where
 
     #[inline]
     fn stage_take_at(&self, key: &Q, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
-        self.stage(key).take_at(n, now)
+        self.stage(key).take_pending_at(n, now)
     }
 
     fn stage_give_back(&self, key: &Q, receipt: Receipt) -> bool {
@@ -433,7 +444,11 @@ where
 
     #[inline]
     fn stage_take(&self, key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>) {
-        self.limiter_of(key).stage(key).take_within(n)
+        self.limiter_of(key).stage(key).take_pending(n)
+    }
+
+    fn stage_count_admission(&self, key: &Q) {
+        self.limiter_of(key).stage(key).count_admission();
     }
 
     fn settle_take(&self, key: &Q, n: u32) -> bool {
@@ -455,7 +470,7 @@ where
 
     #[inline]
     fn stage_take_at(&self, key: &Q, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
-        self.limiter_of(key).stage(key).take_at(n, now)
+        self.limiter_of(key).stage(key).take_pending_at(n, now)
     }
 
     fn stage_give_back(&self, key: &Q, receipt: Receipt) -> bool {
@@ -529,7 +544,11 @@ where
 
     #[inline]
     fn stage_take(&self, _key: &Q, n: u32) -> (KeyedDecision, Option<Receipt>) {
-        Stage::take_within(self, n)
+        Stage::take_pending(self, n)
+    }
+
+    fn stage_count_admission(&self, _key: &Q) {
+        Stage::count_admission(self);
     }
 
     fn settle_take(&self, _key: &Q, n: u32) -> bool {
@@ -549,7 +568,7 @@ where
 
     #[inline]
     fn stage_take_at(&self, _key: &Q, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
-        self.take_at(n, now)
+        self.take_pending_at(n, now)
     }
 
     fn stage_give_back(&self, _key: &Q, receipt: Receipt) -> bool {

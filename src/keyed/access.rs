@@ -43,7 +43,28 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let (decision, written, at, hash) = self.inner.take(key, n, false);
+        self.take_pending_at(key, n, self.inner.clock.now())
+    }
+
+    /// [`take_pending`](Self::take_pending) at `now`, a reading of a clock
+    /// whose readings are this limiter's ([`Clock::shared_readings`]): a
+    /// combined layer's one reading for all its limits. Any reading is sound
+    /// for a key found in the table; a new key reads this limiter's clock
+    /// under its shard's lock, as `take` does.
+    #[inline]
+    pub(crate) fn take_pending_at<Q>(
+        &self,
+        key: &Q,
+        n: u32,
+        now: u64,
+    ) -> (KeyedDecision, Option<u64>, u64, u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (decision, written, at, hash) =
+            self.inner
+                .take_with_at(&self.inner.algorithm, key, n, false, now);
         if let KeyedDecision::Denied { .. } = decision {
             self.count_outcome(false);
         }
@@ -77,27 +98,6 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.inner.take(key, n, false).0.is_allowed()
-    }
-
-    /// [`take`](Self::take) at `now`, a reading of a clock whose readings
-    /// are this limiter's ([`Clock::shared_readings`]): a combined layer's
-    /// one reading for all its limits. Any reading is sound for a key found
-    /// in the table; a new key reads this limiter's clock under its shard's
-    /// lock, as `take` does.
-    pub(crate) fn take_at<Q>(
-        &self,
-        key: &Q,
-        n: u32,
-        now: u64,
-    ) -> (KeyedDecision, Option<u64>, u64, u64)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let (decision, written, at, hash) =
-            self.inner
-                .take_with_at(&self.inner.algorithm, key, n, true, now);
-        (decision, written, at, self.owner_of_hash(hash))
     }
 
     /// Note that a reservation stamps a word `ahead` nanoseconds ahead of the

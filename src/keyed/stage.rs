@@ -40,12 +40,12 @@ where
     C: Clock,
     S: BuildHasher,
 {
-    /// [`take`](Stage::take) at `now`, a reading of a clock whose readings
-    /// are the limiter's ([`Clock::shared_readings`]).
+    /// [`take_pending`](Stage::take_pending) at `now`, a reading of a clock
+    /// whose readings are the limiter's ([`Clock::shared_readings`]).
     #[inline]
-    pub(crate) fn take_at(&self, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
+    pub(crate) fn take_pending_at(&self, n: u32, now: u64) -> (KeyedDecision, Option<Receipt>) {
         let epoch = self.limiter.algorithm().epoch();
-        let (decision, written, at, owner) = self.limiter.take_at(self.key, n, now);
+        let (decision, written, at, owner) = self.limiter.take_pending_at(self.key, n, now);
         (decision, receipt(written, n, epoch, at, owner))
     }
 }

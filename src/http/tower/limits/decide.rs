@@ -41,6 +41,10 @@ pub(super) struct Decide {
     pub(super) advertise: bool,
     /// Keep tickets for settling.
     pub(super) keep: bool,
+    /// Remote limits decide after the in-process ones: an in-process
+    /// admission is counted in its limiter's stats only once they admit
+    /// too ([`Ticket::count_admission`]), not when the walk admits.
+    pub(super) remote: bool,
     pub(super) items: Items,
     pub(super) tickets: Vec<Box<dyn Ticket>>,
     /// The index of the limit deciding now.
@@ -318,6 +322,12 @@ where
         };
         let verdict = self.then.go(cx);
         let receipt = unwinding.receipt.take();
+        // Counted in the limiter's stats only when the request is admitted
+        // (the take counted a denial, and nothing else): one a later limit
+        // refuses is not, as its permits go back.
+        if matches!(verdict, Verdict::Admitted) && !cx.remote {
+            entry.limiter.stage_count_admission(key);
+        }
         match (&verdict, receipt) {
             // Kept even when the admission wrote nothing (so took nothing):
             // its limit is still told after the response.

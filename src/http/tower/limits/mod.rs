@@ -189,6 +189,14 @@ type CostOf = Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>;
 /// upstream answered 429; a [`Global`](crate::tower::Global) limit is
 /// never drained). The fields of such a response are read after the
 /// settlement, so they tell what is left then.
+///
+/// **Counted where decided.** An in-process limiter's own stats
+/// ([`KeyedLimiter::stats`](crate::KeyedLimiter::stats), a counted
+/// [`RateLimiter::stats`](crate::RateLimiter::stats)) count a request as
+/// admitted only once every limit, in process and in Redis, has admitted
+/// it, and as denied only in the limit that refused it: a limit whose
+/// permits went back because a later one refused counts it as neither, as
+/// in a [chain](crate::chain).
 pub struct Limits<R = PlainDenial> {
     shared: Arc<Shared>,
     respond: R,

@@ -68,6 +68,7 @@ where
             // A remote limit may still refuse: the in-process admissions
             // are kept, to give them back then.
             keep: remote || shared.settles(),
+            remote,
             items: Items::leaving_to(shared.policy_line.as_ref()),
             tickets: Vec::new(),
             depth: 0,
@@ -282,6 +283,10 @@ impl<R> Limits<R> {
         match outcome {
             RemoteOutcome::Admitted(taken) => {
                 shared.counts.add(ADMITTED, thread_slot());
+                // Every limit admitted: now the in-process ones count it.
+                for ticket in &tickets {
+                    ticket.count_admission();
+                }
                 let settlement = Settlement {
                     shared: Arc::clone(shared),
                     tickets,

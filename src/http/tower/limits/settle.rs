@@ -64,6 +64,9 @@ pub(super) trait Ticket: Send + Sync {
     fn settle(self: Box<Self>, how: Settle, items: &mut Items) -> Settled;
     /// Give the permits back, exactly or not at all (a later limit refused).
     fn give_back(self: Box<Self>) -> bool;
+    /// Count the admission in the limit's stats: the remote limits admitted
+    /// the request too.
+    fn count_admission(&self);
 }
 
 /// An admission by one limit, with what gives it back: `X`'s key, owned.
@@ -86,6 +89,10 @@ where
         // Nothing taken, nothing owed.
         self.receipt
             .is_none_or(|receipt| self.limiter.stage_give_back(key, receipt))
+    }
+
+    fn count_admission(&self) {
+        self.limiter.stage_count_admission(self.key.borrow());
     }
 
     fn settle(self: Box<Self>, how: Settle, items: &mut Items) -> Settled {
