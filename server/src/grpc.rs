@@ -163,10 +163,140 @@ impl Decoder for BoundedDecoder {
         }
         // INTERNAL, as grpc-go (envoyproxy/ratelimit's) and tonic answer a
         // message they cannot decode.
-        RateLimitRequest::decode(bytes).map(Some).map_err(|error| {
+        decode_request(bytes).map(Some).map_err(|error| {
             self.service.metrics().invalid();
             Status::internal(error.to_string())
         })
+    }
+}
+
+/// Decode a `RateLimitRequest`, taking a string that is not UTF-8 (a
+/// domain, an entry's key or value) with each invalid sequence replaced by
+/// U+FFFD instead of refusing the whole request.
+///
+/// Envoy fills a descriptor's value from a request header as it came, and a
+/// header may carry bytes above 0x7F that are not UTF-8; C++ protobuf sends
+/// such a string as it is. Refused (prost refuses it, as Go's protobuf does
+/// in envoyproxy/ratelimit), the call would fail, and Envoy admits a
+/// request whose rate-limit call failed unless told otherwise
+/// (`failure_mode_deny`): one byte in one header would skip every limit of
+/// the request. Values that differ only in their invalid bytes share a
+/// count: a stricter limit for them, never a looser one. A valid request is
+/// decoded once, as before; only one that fails is decoded again.
+///
+/// # Errors
+///
+/// prost's, for bytes that are not a `RateLimitRequest` even so.
+pub fn decode_request(bytes: prost::bytes::Bytes) -> Result<RateLimitRequest, prost::DecodeError> {
+    match RateLimitRequest::decode(bytes.clone()) {
+        Ok(request) => Ok(request),
+        Err(error) => lenient::Request::decode(bytes)
+            .map(lenient::Request::into_request)
+            // Not a request even with its strings as bytes: prost's first
+            // answer, which names the field.
+            .map_err(|_| error),
+    }
+}
+
+/// `RateLimitRequest` with its strings as bytes: the same wire format
+/// (strings and bytes are both length-delimited), decoded whatever they
+/// hold.
+mod lenient {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry as PbEntry, RateLimitOverride,
+    };
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::google::protobuf::UInt64Value;
+
+    /// `envoy.service.ratelimit.v3.RateLimitRequest`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Request {
+        #[prost(bytes = "vec", tag = "1")]
+        domain: Vec<u8>,
+        #[prost(message, repeated, tag = "2")]
+        descriptors: Vec<Descriptor>,
+        #[prost(uint32, tag = "3")]
+        hits_addend: u32,
+    }
+
+    /// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Descriptor {
+        #[prost(message, repeated, tag = "1")]
+        entries: Vec<Entry>,
+        #[prost(message, optional, tag = "2")]
+        limit: Option<RateLimitOverride>,
+        #[prost(message, optional, tag = "3")]
+        hits_addend: Option<UInt64Value>,
+        #[prost(bool, tag = "4")]
+        is_negative_hits: bool,
+    }
+
+    /// `RateLimitDescriptor.Entry`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Entry {
+        #[prost(bytes = "vec", tag = "1")]
+        key: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        value: Vec<u8>,
+    }
+
+    fn text(bytes: Vec<u8>) -> String {
+        String::from_utf8(bytes)
+            .unwrap_or_else(|invalid| String::from_utf8_lossy(invalid.as_bytes()).into_owned())
+    }
+
+    impl Request {
+        pub(super) fn into_request(self) -> RateLimitRequest {
+            RateLimitRequest {
+                domain: text(self.domain),
+                descriptors: self
+                    .descriptors
+                    .into_iter()
+                    .map(|d| RateLimitDescriptor {
+                        entries: d
+                            .entries
+                            .into_iter()
+                            .map(|e| PbEntry {
+                                key: text(e.key),
+                                value: text(e.value),
+                            })
+                            .collect(),
+                        limit: d.limit,
+                        hits_addend: d.hits_addend,
+                        is_negative_hits: d.is_negative_hits,
+                    })
+                    .collect(),
+                hits_addend: self.hits_addend,
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn entry(key: &[u8], value: &[u8]) -> Vec<u8> {
+        use prost::Message;
+        Request {
+            domain: b"d".to_vec(),
+            descriptors: vec![
+                Descriptor {
+                    entries: vec![Entry {
+                        key: key.to_vec(),
+                        value: value.to_vec(),
+                    }],
+                    ..Descriptor::default()
+                },
+                Descriptor {
+                    entries: vec![Entry {
+                        key: b"ip".to_vec(),
+                        value: b"10.0.0.1".to_vec(),
+                    }],
+                    ..Descriptor::default()
+                },
+            ],
+            hits_addend: 0,
+        }
+        .encode_to_vec()
     }
 }
 
@@ -480,6 +610,29 @@ mod tests {
 
     /// Malformed bytes are not this check's to refuse: counting stops, and
     /// the decoder reports them.
+    #[test]
+    fn a_value_that_is_not_utf8_is_decoded_with_replacement_characters() {
+        let bytes = lenient::entry(b"api_key", b"vic\xfftim");
+        assert!(
+            RateLimitRequest::decode(&bytes[..]).is_err(),
+            "prost refuses it"
+        );
+        let request = decode_request(bytes.into()).expect("decoded");
+        assert_eq!(request.domain, "d");
+        assert_eq!(request.descriptors.len(), 2);
+        assert_eq!(request.descriptors[0].entries[0].key, "api_key");
+        assert_eq!(request.descriptors[0].entries[0].value, "vic\u{fffd}tim");
+        assert_eq!(request.descriptors[1].entries[0].value, "10.0.0.1");
+        // Valid ones decode as prost decodes them.
+        let valid = lenient::entry(b"api_key", "vic\u{e9}tim".as_bytes());
+        assert_eq!(
+            decode_request(valid.clone().into()).expect("decoded"),
+            RateLimitRequest::decode(&valid[..]).expect("valid")
+        );
+        // Bytes that are no request at all are still refused.
+        assert!(decode_request(vec![0x0a, 0x05, b'a'].into()).is_err());
+    }
+
     #[test]
     fn malformed_bytes_are_left_to_the_decoder() {
         let bounds = Bounds::default();

@@ -563,6 +563,105 @@ async fn answers_are_not_held_back_by_nagles_algorithm() {
     rls.stop().await;
 }
 
+/// A descriptor value that is not UTF-8 (a header byte above 0x7F, which
+/// Envoy passes on as it came) is decided with replacement characters: the
+/// call used to fail as a whole (`INTERNAL`), and Envoy admits a request
+/// whose rate-limit call failed, so one such byte skipped every limit of
+/// the request, the per-address one beside it included.
+#[tokio::test]
+async fn a_value_that_is_not_utf8_is_still_limited_with_the_others() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+    use prost::Message as _;
+    use prost::bytes::{Buf as _, BufMut as _};
+
+    /// Sends a request's bytes as they are; decodes the answer with prost.
+    #[derive(Clone, Copy)]
+    struct Raw;
+    impl tonic::codec::Codec for Raw {
+        type Encode = Vec<u8>;
+        type Decode = RateLimitResponse;
+        type Encoder = Raw;
+        type Decoder = Raw;
+        fn encoder(&mut self) -> Raw {
+            Raw
+        }
+        fn decoder(&mut self) -> Raw {
+            Raw
+        }
+    }
+    impl tonic::codec::Encoder for Raw {
+        type Item = Vec<u8>;
+        type Error = tonic::Status;
+        fn encode(
+            &mut self,
+            item: Vec<u8>,
+            dst: &mut tonic::codec::EncodeBuf<'_>,
+        ) -> Result<(), tonic::Status> {
+            dst.put_slice(&item);
+            Ok(())
+        }
+    }
+    impl tonic::codec::Decoder for Raw {
+        type Item = RateLimitResponse;
+        type Error = tonic::Status;
+        fn decode(
+            &mut self,
+            src: &mut tonic::codec::DecodeBuf<'_>,
+        ) -> Result<Option<RateLimitResponse>, tonic::Status> {
+            let bytes = src.copy_to_bytes(src.remaining());
+            RateLimitResponse::decode(bytes)
+                .map(Some)
+                .map_err(|e| tonic::Status::internal(e.to_string()))
+        }
+    }
+    /// A length-delimited field.
+    fn field(tag: u8, bytes: &[u8]) -> Vec<u8> {
+        let mut out = vec![(tag << 3) | 2];
+        let mut n = bytes.len();
+        while n >= 0x80 {
+            out.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        out.push(n as u8);
+        out.extend_from_slice(bytes);
+        out
+    }
+    let descriptor =
+        |key: &[u8], value: &[u8]| field(2, &field(1, &[field(1, key), field(2, value)].concat()));
+
+    let yaml = "domain: d\ndescriptors:\n  - key: api_key\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n  - key: ip\n    rate_limit: { unit: hour, requests_per_unit: 3 }\n";
+    let mut rls = start(&[("d.yaml", yaml)], Options::default()).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", rls.grpc))
+        .expect("an address")
+        .connect()
+        .await
+        .expect("connected");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let bytes = [
+            field(1, b"d"),
+            descriptor(b"api_key", b"k\xff\xfe"),
+            descriptor(b"ip", b"10.0.0.1"),
+        ]
+        .concat();
+        grpc.ready().await.expect("ready");
+        let response = grpc
+            .unary(tonic::Request::new(bytes), path.clone(), Raw)
+            .await
+            .expect("an answer, not INTERNAL")
+            .into_inner();
+        codes.push(response.statuses.iter().map(|s| s.code).collect::<Vec<_>>());
+    }
+    // The key's 2 an hour, then the address's 3 (spent by the admitted two
+    // and the third, which the key refused), both enforced.
+    assert_eq!(codes, [vec![1, 1], vec![1, 1], vec![2, 1], vec![2, 2]]);
+    rls.stop().await;
+}
+
 #[tokio::test]
 async fn hits_addend_rules() {
     let yaml = "\
