@@ -3,7 +3,7 @@
 //! | series | labels |
 //! |---|---|
 //! | `turnstile_rls_decisions_total` | `domain`, `descriptor` (the limit's full key, `domain.key_value.key`; for a request's `limit` override, `domain.limit_override`, whatever its quota), `outcome`: `ok`, `over_limit`, `shadow_over_limit` (a would-be denial in shadow mode, answered OK) |
-//! | `turnstile_rls_detailed_decisions_total` | the same, with `descriptor` the request's own `domain.key_value.key_value` (past [`DETAILED_NAME_HELD`] bytes, cut and ended with `#` and its SHA-1): only for limits with `detailed_metric: true`, at most [`DETAILED_PER_LIMIT`] values per limit |
+//! | `turnstile_rls_detailed_decisions_total` | the same, with `descriptor` the request's own `domain.key_value.key_value` (past [`DETAILED_NAME_HELD`] bytes, cut and ended with `#` and its SHA-1): only for limits with `detailed_metric: true`, at most [`DETAILED_PER_LIMIT`] values per limit (two limits whose values give one name, as `key_value` joins them, share its series) |
 //! | `turnstile_rls_detailed_overflow_total` | `domain`, `descriptor`: decisions of a detailed limit past its bound of values, counted only in its aggregate series |
 //! | `turnstile_rls_unknown_domain_total`, `turnstile_rls_unknown_descriptor_total` | none: requests for a domain not configured, descriptors that match no limit |
 //! | `turnstile_rls_requests_total`, `turnstile_rls_invalid_requests_total` | none |
@@ -387,25 +387,38 @@ impl Metrics {
             }
         }
         out.push_str("# HELP turnstile_rls_detailed_decisions_total Descriptors decided, per value of a limit with detailed_metric.\n# TYPE turnstile_rls_detailed_decisions_total counter\n");
+        // Two limits can give one value's name (`key: a` per value, asked
+        // for `b.c_v`, beside `a: b` above `c` per value, asked for `v`):
+        // one series each name, their counts added, as a scrape of one
+        // series twice is not valid exposition.
+        let mut detailed_series: std::collections::BTreeMap<(&str, String), [u64; 3]> =
+            std::collections::BTreeMap::new();
         for name in &names {
             let limit = &limits[*name];
             let detailed = limit
                 .detailed
                 .read()
                 .unwrap_or_else(PoisonError::into_inner);
-            let mut values: Vec<(&String, &Arc<Counts>)> = detailed.iter().collect();
-            values.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            for (value, counts) in values {
+            for (value, counts) in detailed.iter() {
+                let sum = detailed_series
+                    .entry((limit.domain.as_str(), value.clone()))
+                    .or_default();
                 for outcome in Outcome::ALL {
-                    series(
-                        &mut out,
-                        "turnstile_rls_detailed_decisions_total",
-                        &limit.domain,
-                        value,
-                        Some(outcome),
-                        counts.get(outcome),
-                    );
+                    sum[outcome as usize] =
+                        sum[outcome as usize].saturating_add(counts.get(outcome));
                 }
+            }
+        }
+        for ((domain, value), counts) in &detailed_series {
+            for outcome in Outcome::ALL {
+                series(
+                    &mut out,
+                    "turnstile_rls_detailed_decisions_total",
+                    domain,
+                    value,
+                    Some(outcome),
+                    counts[outcome as usize],
+                );
             }
         }
         out.push_str("# HELP turnstile_rls_detailed_overflow_total Decisions of a detailed_metric limit past its bound of values.\n# TYPE turnstile_rls_detailed_overflow_total counter\n");

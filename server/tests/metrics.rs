@@ -146,3 +146,37 @@ async fn decisions_per_limit_and_outcome_and_bounded_detail() {
     assert_eq!(m[&decisions("m.user", "ok")], 4 + flood as u64);
     rls.stop().await;
 }
+
+/// Two detailed limits whose values give one series name (`a` per value,
+/// asked for `b.c_v`; `a: b` above `c` per value, asked for `v`): one
+/// series, their decisions added (the same series twice is not valid
+/// exposition; the scrape above refuses it).
+#[tokio::test]
+async fn detailed_values_of_two_limits_with_one_name_are_one_series() {
+    let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    detailed_metric: true
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+  - key: a
+    value: b
+    descriptors:
+      - key: c
+        detailed_metric: true
+        rate_limit: { unit: minute, requests_per_unit: 5 }
+";
+    let mut rls = start(&[("d.yaml", yaml)], Options::default()).await;
+    rls.decide(request("d", vec![descriptor(&[("a", "b.c_v")])]))
+        .await;
+    for _ in 0..2 {
+        rls.decide(request("d", vec![descriptor(&[("a", "b"), ("c", "v")])]))
+            .await;
+    }
+    let m = scrape(rls.http).await;
+    assert_eq!(
+        m["turnstile_rls_detailed_decisions_total{domain=\"d\",descriptor=\"d.a_b.c_v\",outcome=\"ok\"}"],
+        3
+    );
+    rls.stop().await;
+}
