@@ -89,9 +89,6 @@ struct Args {
 
 fn parse_args() -> Result<Args, String> {
     let given: Vec<String> = std::env::args().skip(1).collect();
-    if given.iter().any(|a| a == "-h" || a == "--help") {
-        return Err(String::new());
-    }
     // A flag wins over a variable: the variables a flag given replaces are
     // not read at all (a `GRPC_PORT=tcp://…` that Kubernetes sets for a
     // Service named `grpc`, or a `HOST` that does not resolve, must not stop
@@ -133,6 +130,8 @@ fn parse_args() -> Result<Args, String> {
     let mut redis_options = RedisOptions::default();
     let mut args = given.iter().cloned();
     let mut previous: Option<String> = None;
+    // Redis settings given, refused without a Redis to apply them to.
+    let mut redis_flags: Vec<String> = Vec::new();
     while let Some(flag) = args.next() {
         let before = previous.replace(flag.clone());
         if let Some(kind) = flag.strip_prefix("--response-headers") {
@@ -172,7 +171,33 @@ fn parse_args() -> Result<Args, String> {
                 }
             ));
         }
-        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        // `--flag value` or `--flag=value`; a name not known is told as
+        // such, not as a flag missing its value.
+        let (flag, inline) = match flag.split_once('=') {
+            Some((name, value)) => (name.to_string(), Some(value.to_string())),
+            None => (flag, None),
+        };
+        if !VALUE_FLAGS.contains(&flag.as_str()) {
+            let hint = if [
+                "--shadow-mode",
+                "--merge-domain-config",
+                "--stop-increments-over-limit",
+            ]
+            .contains(&flag.as_str())
+            {
+                " (it takes no value)"
+            } else {
+                ""
+            };
+            return Err(format!("unknown option {flag}{hint}"));
+        }
+        let value = match inline {
+            Some(value) => value,
+            None => args.next().ok_or_else(|| format!("{flag} needs a value"))?,
+        };
+        if REDIS_FLAGS.contains(&flag.as_str()) {
+            redis_flags.push(flag.clone());
+        }
         let count = |value: &str| {
             value
                 .parse::<usize>()
@@ -232,6 +257,14 @@ fn parse_args() -> Result<Args, String> {
             _ => return Err(format!("unknown option {flag}")),
         }
     }
+    if redis.is_none()
+        && let Some(flag) = redis_flags.first()
+    {
+        return Err(format!(
+            "{flag} applies to the Redis backend, and none is set: give --redis URL (or \
+             REDIS_URL), or leave {flag} out to count in this process"
+        ));
+    }
     let config = config.ok_or(
         "--config DIR (or RUNTIME_ROOT) is required: envoyproxy/ratelimit's default, \
          /srv/runtime_data/current/config, is not there",
@@ -256,6 +289,34 @@ fn parse_args() -> Result<Args, String> {
         },
     })
 }
+
+/// The flags that take a value.
+const VALUE_FLAGS: &[&str] = &[
+    "--config",
+    "--grpc-addr",
+    "--http-addr",
+    "--max-keys",
+    "--max-override-limits",
+    "--max-connections",
+    "--max-descriptors",
+    "--max-entries",
+    "--max-length",
+    "--redis",
+    "--redis-mode",
+    "--on-redis-failure",
+    "--redis-deadline",
+    "--replicas",
+    "--max-lease",
+];
+
+/// The flags that set the Redis backend's options.
+const REDIS_FLAGS: &[&str] = &[
+    "--redis-mode",
+    "--on-redis-failure",
+    "--redis-deadline",
+    "--replicas",
+    "--max-lease",
+];
 
 /// The largest `--max-connections`.
 const MAX_CONNECTIONS: usize = 1 << 20;
@@ -353,6 +414,11 @@ async fn watch_redis(redis: RedisBackend) {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Asked for: to standard output, a success.
+    if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {

@@ -243,6 +243,26 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Defaults, String
                 .to_string(),
         );
     }
+    // envoyproxy/ratelimit counts in Redis by default, at its nutcracker
+    // socket: a deployment that names a Redis setting but no `REDIS_URL`
+    // counted there, and here counts in each replica on its own.
+    if redis.is_none()
+        && [
+            "BACKEND_TYPE",
+            "REDIS_SOCKET_TYPE",
+            "REDIS_TYPE",
+            "REDIS_AUTH",
+        ]
+        .iter()
+        .any(|name| get(name).is_some())
+    {
+        warnings.push(
+            "REDIS_URL is not set: limits are counted in this process, each replica on its own \
+             (envoyproxy/ratelimit would count in Redis at /var/run/nutcracker/ratelimit.sock); \
+             give --redis URL (or REDIS_URL) to share them, or --redis off"
+                .to_string(),
+        );
+    }
     if let Some(kind) = get("CONFIG_TYPE").filter(|k| k != "FILE") {
         warnings.push(format!(
             "CONFIG_TYPE={kind} is not read: the configuration comes from files (--config, RUNTIME_ROOT)"

@@ -35,6 +35,13 @@ fn envoyproxy_ratelimits_defaults() {
     assert!(defaults.warnings.is_empty());
     // Empty is unset.
     assert_eq!(env(&[("PORT", ""), ("HOST", "")]).unwrap(), defaults);
+    // A Redis setting with no `REDIS_URL`: envoyproxy/ratelimit would count
+    // in Redis at its nutcracker socket; here each replica counts alone,
+    // and says so.
+    let alone = env(&[("BACKEND_TYPE", "redis"), ("REDIS_SOCKET_TYPE", "tcp")]).unwrap();
+    assert_eq!(alone.redis, None);
+    assert_eq!(alone.warnings.len(), 1, "{:?}", alone.warnings);
+    assert!(alone.warnings[0].starts_with("REDIS_URL is not set"));
 }
 
 #[test]
@@ -371,10 +378,10 @@ fn flags_win_over_variables_they_replace() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stderr.contains("GRPC_UDS"), "{stderr}");
-    assert!(
-        stdout.contains("usage") || stderr.contains("usage"),
-        "{stdout}{stderr}"
-    );
+    // Asked for: on standard output, and a success (it was on standard
+    // error with the exit code of a mistake).
+    assert!(stdout.contains("usage"), "{stdout}{stderr}");
+    assert_eq!(out.status.code(), Some(0));
 }
 
 /// `--response-headers` takes `=draft`, `=envoy` or `=off`; anything else is
@@ -403,6 +410,31 @@ fn the_binary_refuses_what_it_cannot_read() {
             &["--config", ".", "--max-connections", "18446744073709551615"][..],
             &[][..],
             "give at most 1048576",
+        ),
+        // A mistyped flag is named as unknown (it was told it "needs a
+        // value"), with or without a value after `=`.
+        (
+            &["--config", ".", "--shadow-mod"][..],
+            &[][..],
+            "unknown option --shadow-mod",
+        ),
+        (&["--bogus=1"][..], &[][..], "unknown option --bogus"),
+        (
+            &["--config", ".", "--shadow-mode=true"][..],
+            &[][..],
+            "unknown option --shadow-mode (it takes no value)",
+        ),
+        // Redis settings with no Redis to apply them to (they were
+        // ignored, and the limits counted in process).
+        (
+            &["--config", ".", "--redis-mode", "exact"][..],
+            &[][..],
+            "--redis-mode applies to the Redis backend, and none is set",
+        ),
+        (
+            &["--config", ".", "--redis", "off", "--replicas", "3"][..],
+            &[][..],
+            "--replicas applies to the Redis backend",
         ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_turnstile-server"))
