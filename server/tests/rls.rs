@@ -630,7 +630,7 @@ async fn a_value_that_is_not_utf8_is_still_limited_with_the_others() {
         |key: &[u8], value: &[u8]| field(2, &field(1, &[field(1, key), field(2, value)].concat()));
 
     let yaml = "domain: d\ndescriptors:\n  - key: api_key\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n  - key: ip\n    rate_limit: { unit: hour, requests_per_unit: 3 }\n";
-    let mut rls = start(&[("d.yaml", yaml)], Options::default()).await;
+    let rls = start(&[("d.yaml", yaml)], Options::default()).await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", rls.grpc))
         .expect("an address")
         .connect()
