@@ -1236,8 +1236,9 @@ impl RateLimitService {
 /// nothing, and the limit would never run out. Answered with the wait the
 /// same request gets after that (`denied` if nothing was left to take).
 ///
-/// A few tries: another request may take what was seen between the look and
-/// the take. Should the key hold all of `hits` by then (a refill in
+/// A few rounds: another request may take what was seen between the look
+/// and the take, and what a replica holds of a leased limit is taken before
+/// what Redis holds. Should the key give all of `hits` by then (a refill in
 /// between), the request is admitted after all.
 async fn spend_what_is_left(
     state: &dyn LimitState,
@@ -1245,32 +1246,36 @@ async fn spend_what_is_left(
     hits: u32,
     denied: Verdict,
 ) -> Verdict {
+    let mut taken = 0u32;
     for _ in 0..4 {
         // A check answers with what the key holds now, nothing taken.
         let left = match state.check(key, 1).await {
             Verdict::Admitted { remaining, .. } => remaining,
             Verdict::Denied { .. } => break,
         };
-        let ask = hits.min(left);
+        let ask = (hits - taken).min(left);
         if ask == 0 {
             break;
         }
         let verdict = state.decide(key, ask).await;
         if let Verdict::Admitted { .. } = verdict {
-            if ask == hits {
+            taken += ask;
+            if taken == hits {
                 return verdict;
             }
-            // The wait for the whole request now that the key is empty.
-            return match state.check(key, hits).await {
-                // A refill since the take: the request would fit now.
-                Verdict::Admitted { .. } => Verdict::Denied {
-                    retry_after: Some(Duration::ZERO),
-                },
-                denied => denied,
-            };
         }
     }
-    denied
+    if taken == 0 {
+        return denied;
+    }
+    // The wait for the whole request now that the key is empty.
+    match state.check(key, hits).await {
+        // A refill since the last take: the request would fit now.
+        Verdict::Admitted { .. } => Verdict::Denied {
+            retry_after: Some(Duration::ZERO),
+        },
+        denied => denied,
+    }
 }
 
 /// The entries a `share_threshold` wildcard matched, each with its pattern.
