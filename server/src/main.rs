@@ -93,7 +93,14 @@ fn parse_args() -> Result<Args, String> {
     // not read at all (a `GRPC_PORT=tcp://…` that Kubernetes sets for a
     // Service named `grpc`, or a `HOST` that does not resolve, must not stop
     // a service started with `--grpc-addr` or `--http-addr`).
-    let has = |flag: &str| given.iter().any(|a| a == flag);
+    // `--flag value` or `--flag=value`.
+    let has = |flag: &str| {
+        given.iter().any(|a| {
+            a == flag
+                || a.strip_prefix(flag)
+                    .is_some_and(|rest| rest.starts_with('='))
+        })
+    };
     let replaced = |name: &str| match name {
         "GRPC_HOST" | "GRPC_PORT" | "GRPC_UDS" => has("--grpc-addr"),
         "HOST" | "PORT" => has("--http-addr"),

@@ -484,6 +484,56 @@ async fn a_report_larger_than_what_is_left_empties_the_limit_in_redis() {
     }
 }
 
+/// In leased mode a report larger than what is left spends the lease the
+/// replica holds and what Redis holds: a replica whose lease had grown
+/// spent only its lease, and went on admitting what Redis still had (87
+/// of them in one run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leased_report_spends_the_lease_held_and_what_redis_holds() {
+    let Some(server) = redis_server::server(SUITE) else {
+        return;
+    };
+    let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      \
+                requests_per_unit: 1000\n      algorithm: fixed_window\n";
+    let options = options(
+        RedisMode::Leased,
+        FailurePolicy::Closed,
+        Duration::from_secs(2),
+    );
+    let replicas = two_replicas(&url(&server), yaml, options).await;
+    let ask = |replica: &Replica, hits: u64| {
+        let mut client = replica.client.clone();
+        let asked = common::with_hits(descriptor(&[("user", "erin")]), hits);
+        async move {
+            let response = client
+                .should_rate_limit(request("api", vec![asked]))
+                .await
+                .expect("an answer")
+                .into_inner();
+            ok(&response.statuses[0])
+        }
+    };
+    // Replica 0's lease grows; replica 1 spends most of the rest.
+    for _ in 0..40 {
+        assert!(ask(&replicas[0], 1).await);
+    }
+    assert!(ask(&replicas[1], 850).await);
+    // More than all that is left, in replica 0's lease and in Redis.
+    assert!(!ask(&replicas[0], 200).await);
+    let mut admitted = [0u32; 2];
+    for (i, replica) in replicas.iter().enumerate() {
+        for _ in 0..50 {
+            if ask(replica, 1).await {
+                admitted[i] += 1;
+            }
+        }
+    }
+    for replica in replicas {
+        replica.stop().await;
+    }
+    assert_eq!(admitted, [0, 0], "hits admitted after the report");
+}
+
 /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` on the Redis backends: a
 /// request whose user is over its limit spends nothing of its path's limit
 /// in Redis, in both modes.

@@ -357,7 +357,9 @@ fn flags_win_over_variables_they_replace() {
         .env("GRPC_UDS", "/tmp/ratelimit.sock")
         .args(["--config"])
         .arg(&dir)
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        // Either form of a flag replaces the variables (`--flag=value` did
+        // not, and the bad variable stopped the service).
+        .args(["--grpc-addr=127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

@@ -654,6 +654,9 @@ impl Reconnect {
     /// with its generation.
     fn keep(&self, con: ::redis::aio::MultiplexedConnection) -> Held {
         let mut slot = self.lock();
+        // Connected: an earlier attempt's failure (one that raced this one)
+        // no longer holds the calls back.
+        slot.down_until = None;
         if let Some(kept) = &slot.con {
             return (slot.generation, kept.clone());
         }
