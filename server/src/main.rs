@@ -139,6 +139,10 @@ fn parse_args() -> Result<Args, String> {
     let mut previous: Option<String> = None;
     // Redis settings given, refused without a Redis to apply them to.
     let mut redis_flags: Vec<String> = Vec::new();
+    // `--redis off` given: Redis flags beside it are set aside, not refused
+    // (a deployment that turns Redis off for a while keeps its flags).
+    let mut redis_off = false;
+    let mut warnings = env.warnings;
     while let Some(flag) = args.next() {
         let before = previous.replace(flag.clone());
         if let Some(kind) = flag.strip_prefix("--response-headers") {
@@ -236,7 +240,10 @@ fn parse_args() -> Result<Args, String> {
             "--max-descriptors" => bounds.max_descriptors = count(&value)?,
             "--max-entries" => bounds.max_entries = count(&value)?,
             "--max-length" => bounds.max_length = count(&value)?,
-            "--redis" if value == "off" => redis = None,
+            "--redis" if value == "off" => {
+                redis = None;
+                redis_off = true;
+            }
             "--redis" => redis = Some(value),
             "--redis-mode" => {
                 redis_options.mode = RedisMode::parse(&value)
@@ -267,10 +274,17 @@ fn parse_args() -> Result<Args, String> {
     if redis.is_none()
         && let Some(flag) = redis_flags.first()
     {
-        return Err(format!(
-            "{flag} applies to the Redis backend, and none is set: give --redis URL (or \
+        if redis_off {
+            warnings.push(format!(
+                "{} not read: --redis off counts in this process",
+                redis_flags.join(", ")
+            ));
+        } else {
+            return Err(format!(
+                "{flag} applies to the Redis backend, and none is set: give --redis URL (or \
              REDIS_URL), or leave {flag} out to count in this process"
-        ));
+            ));
+        }
     }
     let config = config.ok_or(
         "--config DIR (or RUNTIME_ROOT) is required: envoyproxy/ratelimit's default, \
@@ -289,7 +303,7 @@ fn parse_args() -> Result<Args, String> {
         merge_domains,
         stop_increments,
         redis,
-        warnings: env.warnings,
+        warnings,
         redis_options: RedisOptions {
             max_keys,
             ..redis_options

@@ -434,7 +434,7 @@ fn the_binary_refuses_what_it_cannot_read() {
             "--redis-mode applies to the Redis backend, and none is set",
         ),
         (
-            &["--config", ".", "--redis", "off", "--replicas", "3"][..],
+            &["--config", ".", "--replicas", "3"][..],
             &[][..],
             "--replicas applies to the Redis backend",
         ),
