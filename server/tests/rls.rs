@@ -1171,14 +1171,18 @@ async fn a_long_value_is_limited_not_refused() {
     rls.stop().await;
 }
 
-/// A protobuf string field with invalid UTF-8 is refused by prost's decoding,
-/// as a gRPC error; the service goes on answering.
+/// Bytes that are not a `RateLimitRequest` (its descriptors written as a
+/// number) are refused by prost's decoding, as a gRPC error, and counted;
+/// the service goes on answering. (Strings that are not UTF-8 are decided:
+/// `a_value_that_is_not_utf8_is_still_limited_with_the_others`.)
 #[tokio::test]
-async fn invalid_utf8_is_refused_and_the_service_goes_on() {
+async fn a_malformed_request_is_refused_and_the_service_goes_on() {
     #[derive(Clone, PartialEq, prost::Message)]
     struct RawRequest {
         #[prost(bytes = "vec", tag = "1")]
         domain: Vec<u8>,
+        #[prost(uint64, tag = "2")]
+        descriptors: u64,
     }
     let mut rls = start(&[("edge.yaml", EDGE)], Options::default()).await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", rls.grpc))
@@ -1194,11 +1198,12 @@ async fn invalid_utf8_is_refused_and_the_service_goes_on() {
     let codec: tonic_prost::ProstCodec<RawRequest, RawRequest> = tonic_prost::ProstCodec::default();
     let raw = RawRequest {
         domain: vec![0xff, 0xfe, b'x'],
+        descriptors: 7,
     };
     let status = grpc
         .unary(tonic::Request::new(raw), path, codec)
         .await
-        .expect_err("invalid UTF-8 must be refused");
+        .expect_err("a malformed request must be refused");
     assert_ne!(status.code(), GrpcCode::Ok);
     assert_eq!(rls.service.metrics().invalid_requests(), 1, "counted");
     assert!(
