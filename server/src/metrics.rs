@@ -6,7 +6,7 @@
 //! | `turnstile_rls_detailed_decisions_total` | the same, with `descriptor` the request's own `domain.key_value.key_value` (past [`DETAILED_NAME_HELD`] bytes, cut and ended with `#` and its SHA-1): only for limits with `detailed_metric: true`, at most [`DETAILED_PER_LIMIT`] values per limit (two limits whose values give one name, as `key_value` joins them, share its series) |
 //! | `turnstile_rls_detailed_overflow_total` | `domain`, `descriptor`: decisions of a detailed limit past its bound of values, counted only in its aggregate series |
 //! | `turnstile_rls_unknown_domain_total`, `turnstile_rls_unknown_descriptor_total` | none: requests for a domain not configured, descriptors that match no limit |
-//! | `turnstile_rls_requests_total`, `turnstile_rls_invalid_requests_total` | none |
+//! | `turnstile_rls_requests_total`, `turnstile_rls_invalid_requests_total` | none: requests decided; requests refused before any decision, past the bounds or malformed (gRPC `INVALID_ARGUMENT` or `INTERNAL`, `/json` 400) |
 //! | `turnstile_rls_config_reloads_total`, `turnstile_rls_config_reload_errors_total` | none |
 //! | `turnstile_rls_override_refused_total` | none: descriptors whose `limit` override was a new quota past the bound of override limits, answered `OVER_LIMIT` |
 //! | `turnstile_rls_global_shadow_mode_total` | none: requests over a limit answered `OK` by the global shadow mode (`--shadow-mode`, `SHADOW_MODE`) |
@@ -296,7 +296,7 @@ impl Metrics {
         scalar(
             &mut out,
             "turnstile_rls_invalid_requests_total",
-            "Requests refused as invalid (INVALID_ARGUMENT).",
+            "Requests refused as invalid: past the bounds or malformed (gRPC INVALID_ARGUMENT or INTERNAL, /json 400).",
             &self.invalid,
         );
         scalar(
