@@ -233,6 +233,17 @@ pub trait LimitState: Send + Sync + fmt::Debug {
         self.decide(key, 0)
     }
 
+    /// Charge `n` permits for `key` from its next refills, where the
+    /// algorithm can hold a debt (a token bucket in process lends up to one
+    /// fill ahead; the requests after wait until it is paid): the permits
+    /// lent, at most `n`. By default none: the rest of a refused request's
+    /// hits is forgiven (see
+    /// [`should_rate_limit`](crate::service::RateLimitService::should_rate_limit)).
+    fn lend(&self, key: &str, n: u32) -> u32 {
+        let _ = (key, n);
+        0
+    }
+
     /// The `RateLimit-Policy` this limit can promise, if any.
     fn policy(&self) -> Option<&RateLimitPolicy>;
 
@@ -366,6 +377,12 @@ trait LiveForm:
     fn build(setting: Self::Quota) -> Result<Self, QuotaError>;
     /// How long a key takes to be whole again.
     fn reset(setting: &Self::Quota) -> Reset;
+    /// Charge `n` permits for `key` from its next refills
+    /// ([`LimitState::lend`]); none by default.
+    fn lend(limiter: &KeyedLimiter<String, Self, ServiceClock>, key: &str, n: u32) -> u32 {
+        let _ = (limiter, key, n);
+        0
+    }
 }
 
 impl LiveForm for LiveTokenBucket {
@@ -378,6 +395,24 @@ impl LiveForm for LiveTokenBucket {
     }
     fn reset(quota: &Quota) -> Reset {
         bucket_reset(*quota)
+    }
+    /// Reservations that are kept: batches of at most the capacity, a
+    /// batch halved when the bucket refuses it (it lends at most one fill
+    /// ahead), so a debt of any size takes the bucket as far as it goes.
+    fn lend(limiter: &KeyedLimiter<String, Self, ServiceClock>, key: &str, n: u32) -> u32 {
+        let mut left = n;
+        let mut batch = n.min(limiter.algorithm().capacity());
+        while left > 0 && batch > 0 {
+            match limiter.reserve_n(key, batch, Duration::MAX) {
+                // Kept when dropped: the permits are spent ahead.
+                Ok(_kept) => {
+                    left -= batch;
+                    batch = batch.min(left);
+                }
+                Err(_) => batch /= 2,
+            }
+        }
+        n - left
     }
 }
 
@@ -477,6 +512,10 @@ struct Live<A: LiveForm>(Keyed<A>);
 impl<A: LiveForm> LimitState for Live<A> {
     fn decide<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {
         self.0.decide(key, hits)
+    }
+
+    fn lend(&self, key: &str, n: u32) -> u32 {
+        A::lend(&self.0.limiter, key, n)
     }
 
     fn check<'a>(&'a self, key: &'a str, hits: u32) -> Decide<'a> {

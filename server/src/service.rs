@@ -838,8 +838,11 @@ impl RateLimitService {
     /// envoyproxy/ratelimit counts a refused request's hits, and a count
     /// reported after the fact (Envoy's `apply_on_stream_done`, with the
     /// `hits_addend` an LLM's response reports) must use the limit up even
-    /// when it is larger than what is left. Its `duration_until_reset` is the
-    /// wait for the same request after that.
+    /// when it is larger than what is left. The rest is lent where the limit
+    /// can owe it ([`LimitState::lend`](crate::backend::LimitState::lend): an
+    /// in-process token bucket, up to one fill ahead) and forgiven
+    /// elsewhere. Its `duration_until_reset` is the wait for the same
+    /// request after that.
     ///
     /// # Errors
     ///
@@ -1229,12 +1232,14 @@ impl RateLimitService {
 }
 
 /// A request refused for more hits than `key` has left spends what is left
-/// (up to `hits`), as envoyproxy/ratelimit counts a refused request's hits:
-/// otherwise a count reported after the fact (Envoy's `apply_on_stream_done`
-/// with a descriptor's `hits_addend` read from the response, an LLM's
-/// tokens) that is larger than what is left would be refused and spend
-/// nothing, and the limit would never run out. Answered with the wait the
-/// same request gets after that (`denied` if nothing was left to take).
+/// (up to `hits`), and the rest where the limit can owe it
+/// ([`LimitState::lend`]), as envoyproxy/ratelimit counts a refused
+/// request's hits: otherwise a count reported after the fact (Envoy's
+/// `apply_on_stream_done` with a descriptor's `hits_addend` read from the
+/// response, an LLM's tokens) that is larger than what is left would be
+/// refused and spend nothing, and the limit would never run out. Answered
+/// with the wait the same request gets after that (`denied` if nothing was
+/// taken or lent).
 ///
 /// A few rounds: another request may take what was seen between the look
 /// and the take, and what a replica holds of a leased limit is taken before
@@ -1265,7 +1270,10 @@ async fn spend_what_is_left(
             }
         }
     }
-    if taken == 0 {
+    // The rest from the key's next refills, where its algorithm can owe
+    // them (in process, a token bucket: up to one fill ahead).
+    let lent = state.lend(key, hits - taken);
+    if taken == 0 && lent == 0 {
         return denied;
     }
     // The wait for the whole request now that the key is empty.

@@ -495,8 +495,18 @@ descriptors:
         assert!(!overall_ok(&rls.decide(other(1200)).await), "{key}");
         assert!(!overall_ok(&rls.decide(other(1)).await), "{key}");
     }
-    // The window's end gives the fixed window back whole; the bucket
-    // refills at its rate (1000 a minute: 600 ms a token).
+    // The token bucket lent the 200 beyond the 400 left from its next
+    // refills (1000 a minute: 60 ms a token): the next hit waits for 201
+    // tokens, 12.06 s, and is admitted then (forgiven, it waited 60 ms).
+    let hit = || request("llm", vec![descriptor(&[("bucket", "u")])]);
+    let r = rls.decide(hit()).await;
+    assert!(over(&r.statuses[0]));
+    assert_eq!(reset_nanos(&r.statuses[0]), Some(12_060_000_000));
+    rls.clock.advance(Duration::from_millis(12_059));
+    assert!(!overall_ok(&rls.decide(hit()).await));
+    rls.clock.advance(Duration::from_millis(1));
+    assert!(overall_ok(&rls.decide(hit()).await));
+    // The window's end gives the fixed window back whole.
     rls.clock.advance(Duration::from_secs(60));
     let r = rls
         .decide(request("llm", vec![descriptor(&[("user", "u")])]))
