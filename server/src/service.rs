@@ -839,7 +839,7 @@ impl RateLimitService {
     /// reported after the fact (Envoy's `apply_on_stream_done`, with the
     /// `hits_addend` an LLM's response reports) must use the limit up even
     /// when it is larger than what is left. The rest is lent where the limit
-    /// can owe it ([`LimitState::lend`](crate::backend::LimitState::lend): an
+    /// can owe it ([`LimitState::lend`]: an
     /// in-process token bucket, up to one fill ahead) and forgiven
     /// elsewhere. Its `duration_until_reset` is the wait for the same
     /// request after that.
