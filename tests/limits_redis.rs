@@ -734,3 +734,157 @@ async fn a_smaller_real_cost_in_redis_gives_back_the_unused_permits_in_one_call(
         429
     );
 }
+
+/// A limit in Redis that admitted a request a later one refused, and whose
+/// permit could not be given back (another replica spent its key while the
+/// request waited on the later limit, so the refund declined), is asked
+/// what the same request would get now: its wait is in the 429's, and its
+/// item tells it. The answer said `Retry-After: 2` (the later limit's) and
+/// `"key";r=1`, and a client that waited 2 s was refused again for an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_redis_limit_kept_spent_is_in_the_wait() {
+    let Some(a) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let Some(b) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let hour = Duration::from_secs(3_600);
+    let per_key = Arc::new(Guarded::<TokenBucket>::new(
+        RedisLimiter::new("key", TokenBucket::new(Quota::new(2, 1, hour).unwrap())).unwrap(),
+        OnFailure::Deny,
+        Duration::from_secs(1),
+    ));
+    let fleet = Arc::new(Guarded::<TokenBucket>::new(
+        RedisLimiter::new(
+            "fleet",
+            TokenBucket::new(Quota::new(1, 1, Duration::from_secs(2)).unwrap()),
+        )
+        .unwrap(),
+        OnFailure::Deny,
+        Duration::from_secs(1),
+    ));
+    let layer = Limits::builder()
+        .redis_limit(
+            "key",
+            api_key(),
+            Arc::clone(&per_key),
+            connection(a.client()),
+        )
+        .unwrap()
+        .redis_limit("fleet", Global, Arc::clone(&fleet), connection(b.client()))
+        .unwrap()
+        .build()
+        .unwrap();
+    let service = layer.clone().layer(inner(Arc::new(AtomicU64::new(0))));
+    // The fleet's one permit is spent.
+    assert_eq!(
+        service
+            .clone()
+            .oneshot(with_key("w"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let mut plain_a = a.plain();
+    let holds = |con: &mut redis::Connection| -> bool {
+        per_key.limiter().peek_n(con, "x", 2).unwrap().is_allowed()
+    };
+    // The fleet's Redis hangs while "x" waits on it, after "key" admitted.
+    b.stop();
+    let request = tokio::spawn(service.clone().oneshot(with_key("x")));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while holds(&mut plain_a) {
+        assert!(
+            Instant::now() < deadline,
+            "the key's admission was not seen"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Another replica spends the key's last permit meanwhile.
+    assert!(
+        per_key
+            .limiter()
+            .try_acquire(&mut plain_a, "x")
+            .unwrap()
+            .is_allowed()
+    );
+    b.resume();
+    let denied = request.await.unwrap().unwrap();
+    assert_eq!(denied.status(), 429);
+    assert_eq!(per_key.stats().refund_declined, 1);
+    let told: u64 = denied.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(told > 3_000, "Retry-After: {told}");
+    let fields = ratelimit(&denied);
+    assert!(fields.starts_with("\"key\";r=0;t="), "{fields}");
+}
+
+/// A request dropped while its second limit in Redis decides gives the
+/// first one's permit back too (it was kept spent, uncounted; the
+/// in-process permits already went back), by a task of its own, counted as
+/// a refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_while_a_later_redis_limit_decides_gives_the_earlier_one_back() {
+    let Some(a) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let Some(b) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let per_key = exact("key3", 5);
+    let layer = Limits::builder()
+        .redis_limit(
+            "key",
+            api_key(),
+            Arc::clone(&per_key),
+            connection(a.client()),
+        )
+        .unwrap()
+        .redis_limit(
+            "fleet",
+            Global,
+            exact("fleet3", 100),
+            connection(b.client()),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+    let service = layer.clone().layer(inner(Arc::new(AtomicU64::new(0))));
+    // Connected and the scripts loaded before the fleet's Redis hangs.
+    assert_eq!(
+        service
+            .clone()
+            .oneshot(with_key("w"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let mut plain_a = a.plain();
+    b.stop();
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        service.clone().oneshot(with_key("z")),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the request waits for the fleet");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while layer.stats().refunded == 0 {
+        assert!(Instant::now() < deadline, "{:?}", layer.stats());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    b.resume();
+    // All 5 of the key's permits are there again.
+    assert!(
+        per_key
+            .limiter()
+            .peek_n(&mut plain_a, "z", 5)
+            .unwrap()
+            .is_allowed()
+    );
+}

@@ -67,6 +67,10 @@ where
     fn take(&self, key: Vec<u8>, n: u32) -> BoxFuture<(Decision, Option<Refund>)> {
         self.limit.take_owned(self.con.clone(), key, n)
     }
+
+    fn peek(&self, key: Vec<u8>, n: u32) -> BoxFuture<Decision> {
+        self.limit.peek_owned(self.con.clone(), key, n)
+    }
 }
 
 impl LimitsBuilder {
@@ -81,8 +85,11 @@ impl LimitsBuilder {
     /// only for a request every in-process limit admitted. When one refuses,
     /// the Redis limits before it give their permits back (exact mode: by its
     /// refund script, exact or declined; leased mode keeps them spent) and so
-    /// do the in-process ones. The Redis limits after it are not called, so
-    /// the denial's wait does not include theirs.
+    /// do the in-process ones. One whose permits stay spent is then asked
+    /// what the same request would get (a peek, which takes nothing): its
+    /// wait, if it refuses now, is in the denial's, and its item tells what
+    /// it holds. The Redis limits after it are not called, so the denial's
+    /// wait does not include theirs.
     ///
     /// Settling by the response ([`refund_when`](Self::refund_when) and the
     /// others) reaches them too, by calls made beside the response on the

@@ -125,6 +125,16 @@ mod sealed {
             key: Vec<u8>,
             n: u32,
         ) -> BoxFuture<(Decision, Option<Refund>)>;
+
+        /// What `n` permits for `key` would get now, taking nothing, for a
+        /// combined layer telling the wait of a limit that kept a refused
+        /// request's permits.
+        fn peek_owned(
+            self: &Arc<Self>,
+            con: AnyAsyncConnection,
+            key: Vec<u8>,
+            n: u32,
+        ) -> BoxFuture<Decision>;
     }
 }
 
@@ -201,6 +211,20 @@ where
                 // built: never, but a denial rather than a panic.
                 Err(_) => (unreachable_denial(), None),
             }
+        })
+    }
+
+    fn peek_owned(
+        self: &Arc<Self>,
+        mut con: AnyAsyncConnection,
+        key: Vec<u8>,
+        n: u32,
+    ) -> BoxFuture<Decision> {
+        let this = Arc::clone(self);
+        Box::pin(async move {
+            this.peek_n_async(&mut con, &key, n)
+                .await
+                .unwrap_or_else(|_| unreachable_denial())
         })
     }
 }
@@ -281,6 +305,20 @@ impl<C: Clock + Send + Sync + 'static> sealed::Decide for LeasedLimiter<C> {
         Box::pin(async move {
             let decision = this.try_acquire_n_async(&mut con, &key, n).await;
             (decision.unwrap_or_else(|_| unreachable_denial()), None)
+        })
+    }
+
+    fn peek_owned(
+        self: &Arc<Self>,
+        mut con: AnyAsyncConnection,
+        key: Vec<u8>,
+        n: u32,
+    ) -> BoxFuture<Decision> {
+        let this = Arc::clone(self);
+        Box::pin(async move {
+            this.peek_n_async(&mut con, &key, n)
+                .await
+                .unwrap_or_else(|_| unreachable_denial())
         })
     }
 }

@@ -142,7 +142,9 @@ type CostOf = Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>;
 ///    full key bound) with the longest retry-after of the limit that denied
 ///    and of every later in-process limit that would deny too (and, when a
 ///    limit in Redis denied, of every in-process limit whose permit its
-///    give-back could not return): a client that waits that long is not
+///    give-back could not return, and of every earlier limit in Redis that
+///    kept its permit and, asked again without taking, would refuse the
+///    request now): a client that waits that long is not
 ///    refused by an in-process limit it never reached. Earlier limits
 ///    admitted, so waiting longer than their own wait is not needed for them;
 ///    the wait is never shorter than any refusing limit's, so a client that
@@ -188,7 +190,9 @@ type CostOf = Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>;
 /// [`drain_when`](LimitsBuilder::drain_when) empties the key's allowance (the
 /// upstream answered 429; a [`Global`](crate::tower::Global) limit is
 /// never drained). The fields of such a response are read after the
-/// settlement, so they tell what is left then.
+/// in-process limits' settlement, so they tell what is left then; a limit
+/// in Redis is settled by a call beside the response, and its item tells
+/// at most what it holds after (a refund not yet made is not counted in).
 ///
 /// **Counted where decided.** An in-process limiter's own stats
 /// ([`KeyedLimiter::stats`](crate::KeyedLimiter::stats), a counted

@@ -31,6 +31,8 @@ pub(crate) trait Remote: Send + Sync {
     /// Take `n` permits for `key`, and what gives them back (`None` when
     /// they cannot be).
     fn take(&self, key: Vec<u8>, n: u32) -> BoxFuture<(crate::decision::Decision, Option<Refund>)>;
+    /// What `n` permits for `key` would get now, taking nothing.
+    fn peek(&self, key: Vec<u8>, n: u32) -> BoxFuture<crate::decision::Decision>;
 }
 
 /// A remote admission kept for settling: its limit's index, its key, the
@@ -47,12 +49,13 @@ pub(crate) struct RemoteTaken {
 pub(crate) enum RemoteOutcome {
     Admitted(Vec<RemoteTaken>),
     /// Remote limit `by` refused; the ones before it admitted and were given
-    /// back (each its index, the permits it had left, and whether the refund
-    /// was exact).
+    /// back (each its index and what it holds now: after an exact refund,
+    /// what it had left and the permits given back; otherwise what a peek
+    /// answered, a wait when the same request would be refused now).
     Refused {
         by: usize,
         decision: crate::decision::Decision,
-        taken: Vec<(usize, u32, bool)>,
+        taken: Vec<(usize, State)>,
     },
 }
 
@@ -63,24 +66,46 @@ pub(super) fn remote_phase(
     n: u32,
 ) -> BoxFuture<RemoteOutcome> {
     Box::pin(async move {
-        let mut taken: Vec<RemoteTaken> = Vec::with_capacity(keys.len());
+        let mut held = Held {
+            taken: Vec::with_capacity(keys.len()),
+            n,
+            shared: Arc::clone(&shared),
+        };
         for (index, (limit, key)) in shared.remote.iter().zip(keys).enumerate() {
             let (decision, refund) = limit.take(key.clone(), n).await;
             match decision {
-                crate::decision::Decision::Allowed { remaining } => taken.push(RemoteTaken {
+                crate::decision::Decision::Allowed { remaining } => held.taken.push(RemoteTaken {
                     index,
                     key,
                     remaining,
                     refund,
                 }),
                 denied => {
+                    let taken = core::mem::take(&mut held.taken);
                     let mut back = Vec::with_capacity(taken.len());
                     for earlier in taken.into_iter().rev() {
                         let exact = match earlier.refund {
                             Some(refund) => refund(n).await,
                             None => false,
                         };
-                        back.push((earlier.index, earlier.remaining, exact));
+                        let state = if exact {
+                            State::Remaining(earlier.remaining.saturating_add(n))
+                        } else {
+                            // Kept spent (declined, or leased mode): another
+                            // request may have spent the key meanwhile, so
+                            // what it holds, or how long until the same
+                            // request is admitted, is asked.
+                            let limit = &shared.remote[earlier.index];
+                            match limit.peek(earlier.key, n).await {
+                                crate::decision::Decision::Allowed { remaining } => {
+                                    State::Remaining(remaining.saturating_add(n))
+                                }
+                                crate::decision::Decision::Denied { retry_after } => {
+                                    State::Wait(retry_after)
+                                }
+                            }
+                        };
+                        back.push((earlier.index, state));
                     }
                     back.reverse();
                     return RemoteOutcome::Refused {
@@ -91,8 +116,46 @@ pub(super) fn remote_phase(
                 }
             }
         }
-        RemoteOutcome::Admitted(taken)
+        RemoteOutcome::Admitted(core::mem::take(&mut held.taken))
     })
+}
+
+/// The remote admissions of a request still being decided: given back if
+/// the request is dropped first (a timeout around the service, a client
+/// gone while a later limit's call was in flight), as a refusal gives them
+/// back, by a task of their own; counted as refunds are. A limit that
+/// cannot give its permits back (leased mode) keeps them spent.
+struct Held {
+    taken: Vec<RemoteTaken>,
+    #[cfg_attr(not(all(feature = "redis", feature = "tokio")), allow(dead_code))]
+    n: u32,
+    #[cfg_attr(not(all(feature = "redis", feature = "tokio")), allow(dead_code))]
+    shared: Arc<Shared>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let taken = core::mem::take(&mut self.taken);
+        if taken.iter().all(|t| t.refund.is_none()) {
+            return;
+        }
+        #[cfg(all(feature = "redis", feature = "tokio"))]
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (n, shared) = (self.n, Arc::clone(&self.shared));
+            drop(runtime.spawn(async move {
+                for earlier in taken.into_iter().rev() {
+                    if let Some(refund) = earlier.refund {
+                        let counter = if refund(n).await {
+                            REFUNDED
+                        } else {
+                            REFUND_DECLINED
+                        };
+                        shared.counts.add(counter, thread_slot());
+                    }
+                }
+            }));
+        }
+    }
 }
 
 /// Remote limit `index`'s item.

@@ -317,24 +317,25 @@ impl<R> Limits<R> {
                 shared.count_denial(shared.limits.len() + by, decision);
                 // A give-back declined (a busy word changed during the round
                 // trip) keeps an in-process permit spent: that limit may
-                // refuse now too, and the wait is never shorter than its.
+                // refuse now too, and the wait is never shorter than its. So
+                // does a limit in Redis that kept its permits and would now
+                // refuse the same request (its peek's wait).
                 let decision = with_longest(
                     decision,
                     shared
                         .limits
                         .iter()
-                        .filter_map(|l| l.wait(&head, shared.cost)),
+                        .filter_map(|l| l.wait(&head, shared.cost))
+                        .chain(taken.iter().filter_map(|(_, state)| match state {
+                            State::Wait(wait) => Some(*wait),
+                            State::Remaining(_) => None,
+                        })),
                 );
                 let mut items = Items::default();
                 shared.report(&head, true, &mut items);
                 if shared.advertise {
-                    for (index, remaining, exact) in taken {
-                        let r = if exact {
-                            remaining.saturating_add(shared.cost)
-                        } else {
-                            remaining
-                        };
-                        push_remote(&mut items, shared, index, &State::Remaining(r));
+                    for (index, state) in &taken {
+                        push_remote(&mut items, shared, *index, state);
                     }
                     if let Some(wait) = own_wait {
                         push_remote(&mut items, shared, by, &State::Wait(wait));

@@ -486,6 +486,20 @@ mod tests {
             };
             Box::pin(async move { (decision, None) })
         }
+        fn peek(&self, _: Vec<u8>, n: u32) -> BoxFuture<Decision> {
+            // Relaxed: as `take`.
+            let holds = self.holds.load(Ordering::Relaxed);
+            let decision = if n <= holds {
+                Decision::Allowed {
+                    remaining: holds - n,
+                }
+            } else {
+                Decision::Denied {
+                    retry_after: RetryAfter::from_nanos(1),
+                }
+            };
+            Box::pin(async move { decision })
+        }
     }
 
     fn run<T>(future: impl std::future::Future<Output = T>) -> T {
