@@ -888,3 +888,114 @@ async fn a_request_dropped_while_a_later_redis_limit_decides_gives_the_earlier_o
             .is_allowed()
     );
 }
+
+/// A request dropped while a refusal is giving the earlier Redis limits'
+/// permits back: those not yet given back are given back by the guard (the
+/// give-back loop had taken them all out of it first, and they stayed spent
+/// for an hour, uncounted). Three Redis servers: the fleet (the third) has
+/// no permit left, and the second limit's server hangs during its refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_during_a_refusals_give_back_gives_the_rest_back() {
+    let Some(a) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let Some(b) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let Some(c) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let one = exact("rk1", 5);
+    let two = exact("rk2", 5);
+    let layer = Limits::builder()
+        .redis_limit("one", api_key(), Arc::clone(&one), connection(a.client()))
+        .unwrap()
+        .redis_limit("two", api_key(), Arc::clone(&two), connection(b.client()))
+        .unwrap()
+        .redis_limit("fleet", Global, exact("rfleet", 1), connection(c.client()))
+        .unwrap()
+        .build()
+        .unwrap();
+    let service = layer.clone().layer(inner(Arc::new(AtomicU64::new(0))));
+    // The fleet's one permit is spent.
+    assert_eq!(
+        service
+            .clone()
+            .oneshot(with_key("w"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let (mut pa, mut pb) = (a.plain(), b.plain());
+    c.stop();
+    let request = tokio::spawn(service.clone().oneshot(with_key("x")));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while one.limiter().peek_n(&mut pa, "x", 5).unwrap().is_allowed()
+        || two.limiter().peek_n(&mut pb, "x", 5).unwrap().is_allowed()
+    {
+        assert!(Instant::now() < deadline, "both limits admit first");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // The fleet refuses; the second limit's refund hangs; the request goes.
+    b.stop();
+    c.resume();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    request.abort();
+    assert!(request.await.is_err(), "dropped while giving back");
+    b.resume();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !one.limiter().peek_n(&mut pa, "x", 5).unwrap().is_allowed() {
+        assert!(
+            Instant::now() < deadline,
+            "the first limit's permit was never given back: {:?}",
+            layer.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(layer.stats().refunded >= 1, "{:?}", layer.stats());
+}
+
+/// A request's future dropped outside a runtime while a later Redis limit
+/// decides: no call can give the earlier admission back, and it is counted
+/// as a refund declined (it was silent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_outside_a_runtime_counts_its_redis_permits_declined() {
+    let Some(a) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let Some(b) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let layer = Limits::builder()
+        .redis_limit("one", api_key(), exact("ro1", 5), connection(a.client()))
+        .unwrap()
+        .redis_limit(
+            "fleet",
+            Global,
+            exact("rofleet", 100),
+            connection(b.client()),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+    let service = layer.clone().layer(inner(Arc::new(AtomicU64::new(0))));
+    assert_eq!(
+        service
+            .clone()
+            .oneshot(with_key("w"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    b.stop();
+    let mut pending = Box::pin(service.clone().oneshot(with_key("z")));
+    tokio::select! {
+        _ = &mut pending => panic!("answered while the fleet's Redis hangs"),
+        _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+    }
+    std::thread::spawn(move || drop(pending)).join().unwrap();
+    b.resume();
+    assert_eq!(layer.stats().refund_declined, 1, "{:?}", layer.stats());
+}

@@ -81,9 +81,11 @@ pub(super) fn remote_phase(
                     refund,
                 }),
                 denied => {
-                    let taken = core::mem::take(&mut held.taken);
-                    let mut back = Vec::with_capacity(taken.len());
-                    for earlier in taken.into_iter().rev() {
+                    let mut back = Vec::with_capacity(held.taken.len());
+                    // The last first, each taken out of the guard only as
+                    // its own refund is made: dropped meanwhile, the guard
+                    // gives the rest back.
+                    while let Some(earlier) = held.taken.pop() {
                         let exact = match earlier.refund {
                             Some(refund) => refund(n).await,
                             None => false,
@@ -140,20 +142,29 @@ impl Drop for Held {
             return;
         }
         #[cfg(all(feature = "redis", feature = "tokio"))]
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (n, shared) = (self.n, Arc::clone(&self.shared));
-            drop(runtime.spawn(async move {
-                for earlier in taken.into_iter().rev() {
-                    if let Some(refund) = earlier.refund {
-                        let counter = if refund(n).await {
-                            REFUNDED
-                        } else {
-                            REFUND_DECLINED
-                        };
-                        shared.counts.add(counter, thread_slot());
+        {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let (n, shared) = (self.n, Arc::clone(&self.shared));
+                drop(runtime.spawn(async move {
+                    for earlier in taken.into_iter().rev() {
+                        if let Some(refund) = earlier.refund {
+                            let counter = if refund(n).await {
+                                REFUNDED
+                            } else {
+                                REFUND_DECLINED
+                            };
+                            shared.counts.add(counter, thread_slot());
+                        }
                     }
-                }
-            }));
+                }));
+            } else {
+                // Dropped outside a runtime: no call can be made, and the
+                // permits stay spent, counted as refunds declined.
+                let declined = taken.iter().filter(|t| t.refund.is_some()).count();
+                self.shared
+                    .counts
+                    .add_n(REFUND_DECLINED, thread_slot(), declined as u64);
+            }
         }
     }
 }
