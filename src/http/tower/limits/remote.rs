@@ -69,9 +69,9 @@ pub(super) fn remote_phase(
         let mut held = Held {
             taken: Vec::with_capacity(keys.len()),
             n,
-            shared: Arc::clone(&shared),
+            shared,
         };
-        for (index, (limit, key)) in shared.remote.iter().zip(keys).enumerate() {
+        for (index, (limit, key)) in held.shared.remote.iter().zip(keys).enumerate() {
             let (decision, refund) = limit.take(key.clone(), n).await;
             match decision {
                 crate::decision::Decision::Allowed { remaining } => held.taken.push(RemoteTaken {
@@ -97,7 +97,7 @@ pub(super) fn remote_phase(
                             // request may have spent the key meanwhile, so
                             // what it holds, or how long until the same
                             // request is admitted, is asked.
-                            let limit = &shared.remote[earlier.index];
+                            let limit = &held.shared.remote[earlier.index];
                             match limit.peek(earlier.key, n).await {
                                 crate::decision::Decision::Allowed { remaining } => {
                                     State::Remaining(remaining.saturating_add(n))
@@ -131,7 +131,6 @@ struct Held {
     taken: Vec<RemoteTaken>,
     #[cfg_attr(not(all(feature = "redis", feature = "tokio")), allow(dead_code))]
     n: u32,
-    #[cfg_attr(not(all(feature = "redis", feature = "tokio")), allow(dead_code))]
     shared: Arc<Shared>,
 }
 
