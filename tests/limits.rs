@@ -396,6 +396,98 @@ async fn tiers_advertise_the_keys_own_tier() {
     assert!(param(&value, "api.paid", "r") <= param(&policy, "api.paid", "q"));
 }
 
+/// Tiers whose tier function counts its calls: `paid_` keys are paid.
+fn counted_tiers(
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+) -> Tiered<String, impl Fn(&str) -> usize + Send + Sync + 'static> {
+    Tiered::new(
+        [
+            (
+                "free",
+                KeyedLimiter::<String>::new(Quota::per_second(10).unwrap()),
+            ),
+            (
+                "paid",
+                KeyedLimiter::<String>::new(Quota::per_second(100).unwrap()),
+            ),
+        ],
+        move |key: &str| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            usize::from(key.starts_with("paid_"))
+        },
+    )
+    .unwrap()
+}
+
+/// A tier function (a lookup in a map of paid keys, say) is asked once per
+/// request, in the gate's layer and in a combined layer: the request is
+/// decided, counted and advertised in the one tier it named, and a key
+/// upgraded while a request is decided cannot be decided in one tier and
+/// advertised in another.
+#[tokio::test]
+async fn a_tier_function_is_asked_once_a_request() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = RateLimitLayer::new(
+        Gate::tiered(counted_tiers(Arc::clone(&calls)))
+            .with_derived_policy("api")
+            .unwrap(),
+        api_key(),
+    );
+    let mut service = layer.layer(echo());
+    for (i, key) in ["paid_1", "free_1", "paid_1"].into_iter().enumerate() {
+        let before = calls.load(Ordering::Relaxed);
+        let response = send(&mut service, request(Some(key), "10.0.0.1:1")).await;
+        assert_eq!(response.status(), 200, "{key}");
+        assert_eq!(calls.load(Ordering::Relaxed) - before, 1, "request {i}");
+        let policy = list(response.headers(), "ratelimit-policy");
+        let tier = if key.starts_with("paid_") {
+            "api.paid"
+        } else {
+            "api.free"
+        };
+        assert_eq!(names(&policy), [tier]);
+    }
+    // A refusal too.
+    for _ in 0..9 {
+        send(&mut service, request(Some("free_1"), "10.0.0.1:1")).await;
+    }
+    let before = calls.load(Ordering::Relaxed);
+    let refused = send(&mut service, request(Some("free_1"), "10.0.0.1:1")).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(calls.load(Ordering::Relaxed) - before, 1);
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tiers = Arc::new(counted_tiers(Arc::clone(&calls)));
+    let layer = Limits::builder()
+        .limit_shared("api", api_key(), Arc::clone(&tiers))
+        .unwrap()
+        .limit(
+            "all",
+            Global,
+            RateLimiter::new(Quota::per_second(1000).unwrap()),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut service = layer.layer(echo());
+    for (i, key) in ["paid_1", "free_1", "paid_1"].into_iter().enumerate() {
+        let before = calls.load(Ordering::Relaxed);
+        let response = send(&mut service, request(Some(key), "10.0.0.1:1")).await;
+        assert_eq!(response.status(), 200, "{key}");
+        assert_eq!(calls.load(Ordering::Relaxed) - before, 1, "request {i}");
+        let policy = list(response.headers(), "ratelimit-policy");
+        let tier = if key.starts_with("paid_") {
+            "api.paid"
+        } else {
+            "api.free"
+        };
+        assert_eq!(names(&policy), [tier, "all"]);
+    }
+    let admitted: Vec<u64> = tiers.tier_stats().iter().map(|(_, s)| s.admitted).collect();
+    assert_eq!(admitted, [1, 2]);
+}
+
 #[test]
 fn the_builder_refuses_what_could_never_work() {
     let quota = Quota::per_second(10).unwrap();

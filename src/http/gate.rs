@@ -147,6 +147,16 @@ pub struct GateStats {
 /// [`KeyedLimiter`] ([`Gate::new`]) or a [`Tiered`] set of them
 /// ([`Gate::tiered`]). Sealed: implemented for those two only.
 pub trait GateLimiter<Q: ?Sized>: LimiterStats {
+    /// The limiter that decides a key: the limiter itself, or for tiers
+    /// one tier's.
+    #[doc(hidden)]
+    type Decider: GateLimiter<Q> + ?Sized;
+    /// The limiter that decides `key` ([`Decider`](Self::Decider)), and the
+    /// name of its tier for a limiter with tiers: asked once per request,
+    /// so a tier function is called once and every step of the request is
+    /// decided, counted and advertised in the one tier it named.
+    #[doc(hidden)]
+    fn decider(&self, key: &Q) -> (&Self::Decider, Option<&str>);
     /// One permit for `key`.
     #[doc(hidden)]
     fn acquire(&self, key: &Q) -> KeyedDecision;
@@ -251,7 +261,17 @@ pub struct Advertised<'a> {
     pub tier: Option<&'a str>,
 }
 
-impl Advertised<'_> {
+impl<'a> Advertised<'a> {
+    /// As advertised in `tier` ([`GateLimiter::decider`]'s name): a tier's
+    /// own limiter knows no tier.
+    #[inline]
+    pub(crate) fn in_tier(self, tier: Option<&'a str>) -> Advertised<'a> {
+        Advertised {
+            tier: tier.or(self.tier),
+            ..self
+        }
+    }
+
     fn untiered((quota, window): (u32, core::time::Duration)) -> Advertised<'static> {
         Advertised {
             quota,
@@ -297,6 +317,13 @@ where
     C: Clock,
     S: BuildHasher,
 {
+    type Decider = Self;
+
+    #[inline(always)]
+    fn decider(&self, _key: &Q) -> (&Self, Option<&str>) {
+        (self, None)
+    }
+
     #[inline]
     fn acquire(&self, key: &Q) -> KeyedDecision {
         self.try_acquire(key)
@@ -420,6 +447,14 @@ where
     C: Clock,
     S: BuildHasher,
 {
+    type Decider = KeyedLimiter<K, A, C, S>;
+
+    #[inline(always)]
+    fn decider(&self, key: &Q) -> (&KeyedLimiter<K, A, C, S>, Option<&str>) {
+        let (limiter, name) = self.resolve(key);
+        (limiter, Some(name))
+    }
+
     #[inline]
     fn acquire(&self, key: &Q) -> KeyedDecision {
         self.try_acquire(key)
@@ -482,11 +517,12 @@ where
     }
 
     fn advertise_for(&self, key: &Q) -> Option<Advertised<'_>> {
-        let (quota, window) = self.limiter_of(key).algorithm().advertise()?;
+        let (limiter, tier) = self.resolve(key);
+        let (quota, window) = limiter.algorithm().advertise()?;
         Some(Advertised {
             quota,
             window,
-            tier: Some(self.tier_name(key)),
+            tier: Some(tier),
         })
     }
 
@@ -524,6 +560,13 @@ where
     M: Counter,
     Q: ?Sized,
 {
+    type Decider = Self;
+
+    #[inline(always)]
+    fn decider(&self, _key: &Q) -> (&Self, Option<&str>) {
+        (self, None)
+    }
+
     #[inline]
     fn acquire(&self, _key: &Q) -> KeyedDecision {
         self.try_acquire().into()
@@ -909,10 +952,20 @@ impl<L> Gate<L> {
         L: GateLimiter<Q>,
         Q: ?Sized,
     {
+        self.advertised_as(|| self.limiter.advertise_for(key))
+    }
+
+    /// [`advertised`](Self::advertised), with what the key's limit
+    /// advertises found by `advertise` (asked only for a derived policy).
+    #[inline]
+    fn advertised_as<'a>(
+        &'a self,
+        advertise: impl FnOnce() -> Option<Advertised<'a>>,
+    ) -> Option<Cow<'a, RateLimitPolicy>> {
         let Some(name) = &self.derived else {
             return self.policy.as_ref().map(Cow::Borrowed);
         };
-        let advertised = self.limiter.advertise_for(key)?;
+        let advertised = advertise()?;
         let window = advertised.window.max(core::time::Duration::from_secs(1));
         match advertised.tier {
             Some(tier) => RateLimitPolicy::new(&format!("{name}.{tier}"), advertised.quota, window),
@@ -926,17 +979,25 @@ impl<L> Gate<L> {
     /// `outcome`: those of [`advertised`](Self::advertised), with the policy
     /// item written once when `key`'s policy is the gate's own (set by hand,
     /// or derived from a limiter without tiers whose quota is still the one
-    /// it was derived from).
-    #[cfg(feature = "tower")]
-    #[inline]
+    /// it was derived from). The layer asks [`check_fields`](Self::check_fields),
+    /// which decides too; the tests ask this.
+    #[cfg(all(test, feature = "tower"))]
     pub(crate) fn fields<Q>(&self, key: &Q, outcome: &Outcome) -> Option<Fields>
     where
         L: GateLimiter<Q>,
         Q: ?Sized,
     {
+        self.fields_as(self.limiter.advertise_for(key), outcome)
+    }
+
+    /// [`fields`](Self::fields) of a key whose limit advertises
+    /// `advertised`.
+    #[cfg(feature = "tower")]
+    #[inline]
+    fn fields_as(&self, advertised: Option<Advertised<'_>>, outcome: &Outcome) -> Option<Fields> {
         if let (Some(policy), Some(item)) = (&self.policy, &self.policy_item) {
             let own = self.derived.is_none()
-                || self.limiter.advertise_for(key).is_some_and(|advertised| {
+                || advertised.is_some_and(|advertised| {
                     advertised.tier.is_none()
                         && policy.advertises(advertised.quota, advertised.window)
                 });
@@ -944,7 +1005,7 @@ impl<L> Gate<L> {
                 return Some(policy_fields_with(policy, item, outcome));
             }
         }
-        self.advertised(key)
+        self.advertised_as(|| advertised)
             .map(|policy| policy_fields(&policy, outcome))
     }
 
@@ -997,7 +1058,7 @@ impl<L: LimiterStats> Gate<L> {
     /// deriving them from the limiter's denials less the shadowed ones: each
     /// count then only grows, as a counter must, even while shadowed denials
     /// are being counted between two reads.
-    #[inline]
+    #[inline(always)]
     fn answer(&self, outcome: Outcome) -> Outcome {
         let (enforced, shadowed) = match outcome {
             Outcome::Admitted { .. } => {
@@ -1029,6 +1090,30 @@ impl<L: LimiterStats> Gate<L> {
         self.answer(Outcome::from_decision(
             key.map(|key| self.limiter.acquire(key)),
         ))
+    }
+
+    /// [`check`](Self::check) and the request's [`fields`](Self::fields),
+    /// from one call of a tier function: the key is decided and advertised
+    /// in the one tier it names.
+    #[cfg(feature = "tower")]
+    #[inline(always)]
+    pub(crate) fn check_fields<Q>(&self, key: Option<&Q>, fields: &mut Option<Fields>) -> Outcome
+    where
+        L: GateLimiter<Q>,
+        Q: ?Sized,
+    {
+        let Some(key) = key else {
+            return self.answer(Outcome::from_decision(None));
+        };
+        let (limiter, tier) = self.limiter.decider(key);
+        let outcome = self.answer(Outcome::from_decision(Some(limiter.acquire(key))));
+        let advertised = if self.derived.is_some() {
+            limiter.advertise_for(key).map(|a| a.in_tier(tier))
+        } else {
+            None
+        };
+        *fields = self.fields_as(advertised, &outcome);
+        outcome
     }
 
     /// Decide a request that costs `n` permits.

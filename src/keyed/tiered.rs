@@ -232,6 +232,18 @@ where
         self.limiter(key)
     }
 
+    /// The limiter for `key`'s tier and the tier's name, from one call of
+    /// the tier function.
+    #[inline(always)]
+    pub(crate) fn resolve<Q>(&self, key: &Q) -> (&KeyedLimiter<K, A, C, S>, &str)
+    where
+        F: Fn(&Q) -> usize,
+        Q: ?Sized,
+    {
+        let index = self.index((self.tier_of)(key));
+        (&self.tiers[index], &self.names[index])
+    }
+
     /// The limiter for `key`'s tier.
     #[inline(always)]
     fn limiter<Q>(&self, key: &Q) -> &KeyedLimiter<K, A, C, S>

@@ -344,11 +344,10 @@ where
             close_if_body_unread(request.version(), request.headers(), response.headers_mut());
             return ResponseFuture::denied(response);
         }
-        let outcome = layer.gate.check(key.as_deref());
-        // The policy of this key's own limit (its tier's), when one is set.
-        let fields = key
-            .as_deref()
-            .and_then(|key| layer.gate.fields(key, &outcome));
+        // The decision and the policy of this key's own limit (its tier's),
+        // when one is set.
+        let mut fields = None;
+        let outcome = layer.gate.check_fields(key.as_deref(), &mut fields);
         drop(key);
         if outcome.is_admitted() {
             ResponseFuture::admitted(self.inner.call(request), fields)

@@ -292,12 +292,16 @@ where
     fn go(&mut self, cx: &mut Decide) -> Verdict {
         let (entry, key, head, n, rest) = (self.entry, self.key, self.head, self.n, self.rest);
         let by = cx.depth;
+        // The key's limiter (its tier's, for tiers: the tier function is
+        // called once, and the request is decided, given back, counted and
+        // advertised in that one tier).
+        let (limiter, tier) = entry.limiter.decider(key);
         let (decision, receipt) = match cx.now {
-            Some(now) => entry.limiter.stage_take_at(key, n, now),
-            None => entry.limiter.stage_take(key, n),
+            Some(now) => limiter.stage_take_at(key, n, now),
+            None => limiter.stage_take(key, n),
         };
         let KeyedDecision::Allowed { remaining } = decision else {
-            if n > entry.limiter.capacity_for(key) {
+            if n > limiter.capacity_for(key) {
                 return beyond_capacity();
             }
             return refused(by, decision, rest, head, n);
@@ -307,7 +311,7 @@ where
                 by,
                 &entry.name,
                 entry.cached.as_ref(),
-                entry.limiter.advertise_for(key),
+                limiter.advertise_for(key).map(|a| a.in_tier(tier)),
                 &State::Remaining(remaining),
             );
         }
@@ -315,8 +319,8 @@ where
         // Given back should a later limit's user code (a key's `Hash`, an
         // extractor asked again for a refusal's wait) panic: the request is
         // then admitted by none, as by a refusal.
-        let mut unwinding = GiveBackOnUnwind {
-            entry,
+        let mut unwinding = GiveBackOnUnwind::<X, L> {
+            limiter,
             key,
             receipt,
         };
@@ -326,14 +330,14 @@ where
         // (the take counted a denial, and nothing else): one a later limit
         // refuses is not, as its permits go back.
         if matches!(verdict, Verdict::Admitted) && !cx.remote {
-            entry.limiter.stage_count_admission(key);
+            limiter.stage_count_admission(key);
         }
         match (&verdict, receipt) {
             // Kept even when the admission wrote nothing (so took nothing):
             // its limit is still told after the response.
             (Verdict::Admitted, receipt) if cx.keep => keep(cx, entry, key, receipt, n),
             (Verdict::Admitted, _) => {}
-            (_, Some(receipt)) => give_back(entry, key, receipt),
+            (_, Some(receipt)) => give_back::<X, L>(limiter, key, receipt),
             (_, None) => {}
         }
         verdict
@@ -346,7 +350,8 @@ struct GiveBackOnUnwind<'a, X: KeyExtractor, L>
 where
     L: GateLimiter<X::Lookup> + Send + Sync + 'static,
 {
-    entry: &'a Entry<X, L>,
+    /// The key's limiter (its tier's), which took the receipt.
+    limiter: &'a L::Decider,
     key: &'a X::Lookup,
     receipt: Option<Receipt>,
 }
@@ -358,7 +363,7 @@ where
 {
     fn drop(&mut self) {
         if let Some(receipt) = self.receipt.take() {
-            give_back(self.entry, self.key, receipt);
+            give_back::<X, L>(self.limiter, self.key, receipt);
         }
     }
 }
@@ -445,12 +450,12 @@ fn keep<X, L>(
 /// answer is the same denial.
 #[cold]
 #[inline(never)]
-fn give_back<X, L>(entry: &Entry<X, L>, key: &X::Lookup, receipt: Receipt)
+fn give_back<X, L>(limiter: &L::Decider, key: &X::Lookup, receipt: Receipt)
 where
     X: KeyExtractor,
     L: GateLimiter<X::Lookup> + Send + Sync + 'static,
 {
-    let _ = entry.limiter.stage_give_back(key, receipt);
+    let _ = limiter.stage_give_back(key, receipt);
 }
 
 /// The verdict for a request without `extractor`'s key: nothing was taken.
