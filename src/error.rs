@@ -98,7 +98,9 @@ pub enum QuotaError {
     /// idle for up to 4.46 years is still read exactly. A larger limit leaves
     /// fewer bits, so it needs longer windows.
     WindowTooShort {
-        /// The limit asked for.
+        /// The limit asked for; for a live window, the larger of it and the
+        /// window's ceiling (the counts are as wide as the ceiling, whatever
+        /// the limit now).
         limit: u32,
         /// The window asked for.
         window: Duration,
@@ -249,7 +251,8 @@ impl fmt::Display for QuotaError {
                 f,
                 "a window of {window:?} is too short for a limit of {limit}: the packed \
                  word needs windows of at least {min:?} for that limit; lengthen the \
-                 window or lower the limit"
+                 window or lower the limit (for a live window, the larger of its limit \
+                 and its ceiling: a lower ceiling through its form's `with_ceiling`)"
             ),
             QuotaError::LimitTooLarge { limit, max } => write!(
                 f,

@@ -707,6 +707,34 @@ fn a_refund_across_a_change_declines() {
     assert_eq!(limiter.remaining(), 2);
 }
 
+/// A window too short for a live window's word names what its counts are
+/// laid out for (the ceiling, 65,535 by default), not the limit asked for:
+/// a limit of 1 takes a 10 ms sliding window on its own, so "lower the
+/// limit" could never help; a lower ceiling does, and the message says how.
+#[test]
+fn a_window_too_short_for_a_live_word_names_its_ceiling() {
+    let window = SlidingWindow::new(1, Duration::from_millis(10)).unwrap();
+    let err = LiveSlidingWindow::new(window).unwrap_err();
+    let QuotaError::WindowTooShort { limit, min, .. } = err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(limit, 65_535);
+    assert!(min > Duration::from_millis(10), "{min:?}");
+    assert!(err.to_string().contains("with_ceiling"), "{err}");
+    // The ceiling the message points to: a live window of that 10 ms.
+    assert!(LiveSlidingWindow::with_ceiling(window, 1).is_ok());
+    let fixed = FixedWindow::new(1, Duration::from_nanos(1)).unwrap();
+    assert!(matches!(
+        LiveFixedWindow::new(fixed),
+        Err(QuotaError::WindowTooShort { limit: 65_535, .. })
+    ));
+    // A plain window names its own limit, as before.
+    assert!(matches!(
+        SlidingWindow::new(65_535, Duration::from_micros(1)),
+        Err(QuotaError::WindowTooShort { limit: 65_535, .. })
+    ));
+}
+
 /// A live sliding window's word keeps two counts as wide as its ceiling and
 /// a window number in what is left of 63 bits: at a ceiling of `2^30` or
 /// more that is one bit, which cannot tell the next window from the one

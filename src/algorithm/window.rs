@@ -95,8 +95,11 @@ impl Windows {
         let min = MIN_SPAN_NANOS.div_ceil(1u128 << index_bits.min(127));
         if nanos < min {
             let min = u64::try_from(min).unwrap_or(u64::MAX);
+            // The counts are as wide as the larger of the limit and the
+            // ceiling (a live window's), and so the window number as narrow:
+            // name that, as `LimitTooLarge` does.
             return Err(QuotaError::WindowTooShort {
-                limit,
+                limit: limit.max(ceiling),
                 window,
                 min: Duration::from_nanos(min),
             });
