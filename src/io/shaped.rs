@@ -182,8 +182,30 @@ impl<W, L: Throttle> ShapedWrite<W, L> {
 
     /// Give each wait a deadline or jitter: a write whose bytes would not be
     /// there within the deadline fails at once with
-    /// [`io::ErrorKind::TimedOut`] (its source the [`WaitError`]), taking
-    /// nothing.
+    /// [`io::ErrorKind::TimedOut`], taking nothing. The error carries the
+    /// [`WaitError`]: `error.get_ref()` downcasts to it (as with any
+    /// [`io::Error::new`], `source()` is the wrapped error's own source, not
+    /// the `WaitError` itself).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tokio::io::AsyncWriteExt;
+    /// use turnstile::io::ShapedWrite;
+    /// use turnstile::{ManualClock, Quota, RateLimiter, WaitError, WaitOptions};
+    ///
+    /// let limiter = RateLimiter::with_clock(Quota::per_second(100)?, ManualClock::new());
+    /// let mut out = ShapedWrite::new(Vec::new(), &limiter)
+    ///     .with_options(WaitOptions::new().deadline(Duration::from_millis(1)));
+    /// out.write_all(&[0; 100]).await?; // the burst
+    /// let err = out.write(&[0; 10]).await.unwrap_err();
+    /// assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+    /// let wait = err.get_ref().and_then(|e| e.downcast_ref::<WaitError>());
+    /// assert!(matches!(wait, Some(WaitError::DeadlineExceeded { .. })));
+    /// # Ok(())
+    /// # }
+    /// ```
     #[must_use]
     pub fn with_options(mut self, options: WaitOptions) -> ShapedWrite<W, L> {
         self.budget.options = options;
