@@ -999,3 +999,91 @@ async fn a_request_dropped_outside_a_runtime_counts_its_redis_permits_declined()
     b.resume();
     assert_eq!(layer.stats().refund_declined, 1, "{:?}", layer.stats());
 }
+
+/// A fixed window's refund takes its permits out of a count that later
+/// admissions are in too, so after a refusal by a later Redis limit the
+/// earlier window's item tells what its key holds then, asked, not what its
+/// admission left plus the permits given back: another request that took
+/// two permits while the fleet decided made `"key";r=4` of a key with 2
+/// left, more than the limit would admit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_given_back_after_other_admissions_advertises_what_it_holds() {
+    let Some(a) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let Some(b) = redis_server::server("limits_redis") else {
+        return;
+    };
+    let window = turnstile::FixedWindow::new(5, Duration::from_secs(3_600)).unwrap();
+    let per_key = Arc::new(Guarded::<turnstile::FixedWindow>::new(
+        RedisLimiter::new("key4", window).unwrap(),
+        OnFailure::Deny,
+        Duration::from_secs(1),
+    ));
+    let layer = Limits::builder()
+        .redis_limit(
+            "key",
+            api_key(),
+            Arc::clone(&per_key),
+            connection(a.client()),
+        )
+        .unwrap()
+        .redis_limit("fleet", Global, exact("fleet4", 1), connection(b.client()))
+        .unwrap()
+        .build()
+        .unwrap();
+    let service = layer.clone().layer(inner(Arc::new(AtomicU64::new(0))));
+    // The fleet's one permit: connected, scripts loaded, nothing left.
+    let first = service.clone().oneshot(with_key("z")).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(ratelimit(&first), r#""key";r=4, "fleet";r=0"#);
+    // The fleet's Redis hangs while a request is decided: the key's window
+    // has admitted it (3 left), and another client takes two meanwhile.
+    b.stop();
+    let request = tokio::spawn(service.clone().oneshot(with_key("z")));
+    let mut plain_a = a.plain();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while per_key
+        .limiter()
+        .peek_n(&mut plain_a, "z", 4)
+        .unwrap()
+        .is_allowed()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached the key"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        per_key
+            .limiter()
+            .try_acquire_n(&mut plain_a, "z", 2)
+            .unwrap()
+            .is_allowed()
+    );
+    b.resume();
+    let refused = request.await.unwrap().unwrap();
+    assert_eq!(refused.status(), 429);
+    // Given back: 5 less the first request's one and the other client's two.
+    assert_eq!(per_key.stats().refunded, 1);
+    assert!(
+        ratelimit(&refused).starts_with(r#""key";r=2, "fleet";r=0;t="#),
+        "{}",
+        ratelimit(&refused)
+    );
+    assert!(
+        per_key
+            .limiter()
+            .peek_n(&mut plain_a, "z", 2)
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(
+        !per_key
+            .limiter()
+            .peek_n(&mut plain_a, "z", 3)
+            .unwrap()
+            .is_allowed()
+    );
+}

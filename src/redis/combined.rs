@@ -8,7 +8,7 @@ use http::HeaderValue;
 
 use super::layer::RedisKey;
 use super::layer::RedisLimit;
-use super::{AnyAsyncConnection, AsyncRedisConnection};
+use super::{AnyAsyncConnection, AsyncRedisConnection, RedisAlgorithm};
 use crate::decision::Decision;
 use crate::http::gate::{AdvertisedQuota, Outcome};
 use crate::http::tower::{
@@ -71,6 +71,16 @@ where
     fn peek(&self, key: Vec<u8>, n: u32) -> BoxFuture<Decision> {
         self.limit.peek_owned(self.con.clone(), key, n)
     }
+
+    fn refund_restores_state(&self) -> bool {
+        // The token bucket's and GCRA's refund scripts are exact only on the
+        // very state the admission wrote; the windows' take the permits out
+        // of a count that may hold later admissions too.
+        matches!(
+            self.limit.redis_limiter().algorithm(),
+            RedisAlgorithm::TokenBucket(_) | RedisAlgorithm::Gcra(_)
+        )
+    }
 }
 
 impl LimitsBuilder {
@@ -85,8 +95,10 @@ impl LimitsBuilder {
     /// only for a request every in-process limit admitted. When one refuses,
     /// the Redis limits before it give their permits back (exact mode: by its
     /// refund script, exact or declined; leased mode keeps them spent) and so
-    /// do the in-process ones. One whose permits stay spent is then asked
-    /// what the same request would get (a peek, which takes nothing): its
+    /// do the in-process ones. One whose permits stay spent, or a window
+    /// (whose refund takes the permits out of a count that other requests
+    /// may have added to meanwhile), is then asked what the same request
+    /// would get (a peek, which takes nothing): its
     /// wait, if it refuses now, is in the denial's, and its item tells what
     /// it holds. The Redis limits after it are not called, so the denial's
     /// wait does not include theirs.

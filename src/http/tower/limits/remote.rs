@@ -33,6 +33,15 @@ pub(crate) trait Remote: Send + Sync {
     fn take(&self, key: Vec<u8>, n: u32) -> BoxFuture<(crate::decision::Decision, Option<Refund>)>;
     /// What `n` permits for `key` would get now, taking nothing.
     fn peek(&self, key: Vec<u8>, n: u32) -> BoxFuture<crate::decision::Decision>;
+    /// Whether an exact refund leaves the key as it was before the
+    /// admission, so that what it holds is the admission's `remaining` and
+    /// the permits given back (a token bucket's or GCRA's refund, exact only
+    /// while no other decision changed the key). A window's refund takes its
+    /// permits out of a count that later admissions are in too: what the key
+    /// holds then is asked.
+    fn refund_restores_state(&self) -> bool {
+        false
+    }
 }
 
 /// A remote admission kept for settling: its limit's index, its key, the
@@ -50,7 +59,8 @@ pub(crate) enum RemoteOutcome {
     Admitted(Vec<RemoteTaken>),
     /// Remote limit `by` refused; the ones before it admitted and were given
     /// back (each its index and what it holds now: after an exact refund,
-    /// what it had left and the permits given back; otherwise what a peek
+    /// what it had left and the permits given back, for a refund that
+    /// restores the state it found; otherwise what a peek
     /// answered, a wait when the same request would be refused now).
     Refused {
         by: usize,
@@ -90,14 +100,15 @@ pub(super) fn remote_phase(
                             Some(refund) => refund(n).await,
                             None => false,
                         };
-                        let state = if exact {
+                        let limit = &held.shared.remote[earlier.index];
+                        let state = if exact && limit.refund_restores_state() {
                             State::Remaining(earlier.remaining.saturating_add(n))
                         } else {
-                            // Kept spent (declined, or leased mode): another
-                            // request may have spent the key meanwhile, so
-                            // what it holds, or how long until the same
-                            // request is admitted, is asked.
-                            let limit = &held.shared.remote[earlier.index];
+                            // Kept spent (declined, or leased mode), or given
+                            // back into a window's count that other requests
+                            // may have added to meanwhile: what the key
+                            // holds, or how long until the same request is
+                            // admitted, is asked.
                             match limit.peek(earlier.key, n).await {
                                 crate::decision::Decision::Allowed { remaining } => {
                                     State::Remaining(remaining.saturating_add(n))
