@@ -419,6 +419,34 @@ fn counted_tiers(
     .unwrap()
 }
 
+/// Sends a paid, a free and a paid request through `service`: each admitted,
+/// with one call of the tier function, and advertising its own tier first,
+/// then `others`.
+async fn one_tier_call_each<S>(
+    service: &mut S,
+    calls: &std::sync::atomic::AtomicUsize,
+    others: &[&str],
+) where
+    S: Service<Request<()>, Response = Response<String>, Error = Infallible>,
+{
+    use std::sync::atomic::Ordering;
+    for (i, key) in ["paid_1", "free_1", "paid_1"].into_iter().enumerate() {
+        let before = calls.load(Ordering::Relaxed);
+        let response = send(service, request(Some(key), "10.0.0.1:1")).await;
+        assert_eq!(response.status(), 200, "{key}");
+        assert_eq!(calls.load(Ordering::Relaxed) - before, 1, "request {i}");
+        let policy = list(response.headers(), "ratelimit-policy");
+        let tier = if key.starts_with("paid_") {
+            "api.paid"
+        } else {
+            "api.free"
+        };
+        let mut expected = vec![tier];
+        expected.extend_from_slice(others);
+        assert_eq!(names(&policy), expected);
+    }
+}
+
 /// A tier function (a lookup in a map of paid keys, say) is asked once per
 /// request, in the gate's layer and in a combined layer: the request is
 /// decided, counted and advertised in the one tier it named, and a key
@@ -435,19 +463,7 @@ async fn a_tier_function_is_asked_once_a_request() {
         api_key(),
     );
     let mut service = layer.layer(echo());
-    for (i, key) in ["paid_1", "free_1", "paid_1"].into_iter().enumerate() {
-        let before = calls.load(Ordering::Relaxed);
-        let response = send(&mut service, request(Some(key), "10.0.0.1:1")).await;
-        assert_eq!(response.status(), 200, "{key}");
-        assert_eq!(calls.load(Ordering::Relaxed) - before, 1, "request {i}");
-        let policy = list(response.headers(), "ratelimit-policy");
-        let tier = if key.starts_with("paid_") {
-            "api.paid"
-        } else {
-            "api.free"
-        };
-        assert_eq!(names(&policy), [tier]);
-    }
+    one_tier_call_each(&mut service, &calls, &[]).await;
     // A refusal too.
     for _ in 0..9 {
         send(&mut service, request(Some("free_1"), "10.0.0.1:1")).await;
@@ -471,19 +487,7 @@ async fn a_tier_function_is_asked_once_a_request() {
         .build()
         .unwrap();
     let mut service = layer.layer(echo());
-    for (i, key) in ["paid_1", "free_1", "paid_1"].into_iter().enumerate() {
-        let before = calls.load(Ordering::Relaxed);
-        let response = send(&mut service, request(Some(key), "10.0.0.1:1")).await;
-        assert_eq!(response.status(), 200, "{key}");
-        assert_eq!(calls.load(Ordering::Relaxed) - before, 1, "request {i}");
-        let policy = list(response.headers(), "ratelimit-policy");
-        let tier = if key.starts_with("paid_") {
-            "api.paid"
-        } else {
-            "api.free"
-        };
-        assert_eq!(names(&policy), [tier, "all"]);
-    }
+    one_tier_call_each(&mut service, &calls, &["all"]).await;
     let admitted: Vec<u64> = tiers.tier_stats().iter().map(|(_, s)| s.admitted).collect();
     assert_eq!(admitted, [1, 2]);
 }
