@@ -1072,6 +1072,23 @@ impl RateLimitService {
                 });
                 continue;
             }
+            let shared = shares.get(i).map_or(&[][..], |(s, _)| s.as_slice());
+            // A shared entry is its wildcard's pattern, in the limit's key as
+            // in its metrics.
+            let entries = || shared_entries(descriptor, shared);
+            // Unlimited whether or not another matched limit replaces it, as
+            // envoyproxy/ratelimit marks a descriptor unlimited before it
+            // applies `replaces`.
+            if let Some(rule) = rule.filter(|rule| rule.unlimited) {
+                self.metrics
+                    .decided(&request.domain, rule, entries(), Counted::Ok);
+                response.statuses.push(DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..DescriptorStatus::default()
+                });
+                continue;
+            }
             let replaced_here = rule.is_some_and(|rule| {
                 rule.name
                     .as_deref()
@@ -1083,10 +1100,6 @@ impl RateLimitService {
                     .as_deref()
                     .is_some_and(|name| replaced.contains(&name))
             });
-            let shared = shares.get(i).map_or(&[][..], |(s, _)| s.as_slice());
-            // A shared entry is its wildcard's pattern, in the limit's key as
-            // in its metrics.
-            let entries = || shared_entries(descriptor, shared);
             let Some(rule) = rule else {
                 if known_domain && !replaced_here {
                     self.metrics.unknown_descriptor();
@@ -1097,16 +1110,6 @@ impl RateLimitService {
                 });
                 continue;
             };
-            if rule.unlimited {
-                self.metrics
-                    .decided(&request.domain, rule, entries(), Counted::Ok);
-                response.statuses.push(DescriptorStatus {
-                    code: Code::Ok as i32,
-                    limit_remaining: u32::MAX,
-                    ..DescriptorStatus::default()
-                });
-                continue;
-            }
             let verdict = match checked.get_mut(i).and_then(Option::take) {
                 // Another descriptor is over its limit: this one's check.
                 Some(verdict) => verdict,

@@ -461,6 +461,39 @@ descriptors:
     rls.stop().await;
 }
 
+/// An unlimited limit that another matched limit names in `replaces` is
+/// still answered unlimited (`limit_remaining` 4294967295), as
+/// envoyproxy/ratelimit marks a descriptor unlimited before it applies
+/// `replaces`; it was answered with 0 remaining.
+#[tokio::test]
+async fn an_unlimited_limit_replaced_by_another_is_still_answered_unlimited() {
+    let yaml = "\
+domain: unlimited_replaced
+descriptors:
+  - key: free
+    rate_limit:
+      name: open
+      unlimited: true
+  - key: user
+    rate_limit:
+      replaces:
+        - name: open
+      requests_per_unit: 10
+      unit: second
+";
+    let mut rls = start(&[("u.yaml", yaml)], Options::default()).await;
+    let r = rls
+        .decide(request(
+            "unlimited_replaced",
+            vec![descriptor(&[("free", "x")]), descriptor(&[("user", "u")])],
+        ))
+        .await;
+    assert!(overall_ok(&r), "{r:?}");
+    assert_eq!(r.statuses[0].limit_remaining, u32::MAX, "{r:?}");
+    assert_eq!(r.statuses[1].limit_remaining, 9, "{r:?}");
+    rls.stop().await;
+}
+
 /// A count reported after the fact (Envoy's `apply_on_stream_done` with a
 /// descriptor's `hits_addend` read from the response: an LLM's tokens),
 /// checked before the request with a `hits_addend` of 0: a report larger
