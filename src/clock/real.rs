@@ -296,7 +296,10 @@ impl fmt::Debug for RealClock {
 
 /// The start-up check behind [`RealClock`].
 fn check_tsc() -> ClockSource {
-    if !kernel_keeps_time_on_the_counter() {
+    // Miri cannot read the counter (quanta asks the CPU with `cpuid`, inline
+    // assembly it does not run): the OS clock, as on a machine whose kernel
+    // does not keep time on the counter.
+    if cfg!(miri) || !kernel_keeps_time_on_the_counter() {
         return ClockSource::OsUntrusted;
     }
     check_rate(&TscClock::new(), Duration::from_millis(2))

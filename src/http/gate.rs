@@ -264,6 +264,7 @@ pub struct Advertised<'a> {
 impl<'a> Advertised<'a> {
     /// As advertised in `tier` ([`GateLimiter::decider`]'s name): a tier's
     /// own limiter knows no tier.
+    #[cfg(feature = "tower")]
     #[inline]
     pub(crate) fn in_tier(self, tier: Option<&'a str>) -> Advertised<'a> {
         Advertised {
