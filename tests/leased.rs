@@ -681,6 +681,33 @@ fn every_algorithm_fails_open_to_its_local_share() {
     }
 }
 
+/// A request the local share refuses is told the wait until Redis is tried
+/// again when the share's own is longer: the share starts empty in each
+/// degraded period, so a bucket of 100 refilled one an hour, shared by two
+/// processes, told two hours where Redis was tried after a second.
+#[test]
+fn a_share_denial_waits_no_longer_than_until_redis_is_tried_again() {
+    // Nothing listens on port 1: every call fails at once.
+    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let mut con = Deadlines::default().blocking(client);
+    let quota = Quota::new(100, 1, Duration::from_secs(3_600)).unwrap();
+    let global = RedisLimiter::new("slow-refill", TokenBucket::new(quota)).unwrap();
+    let backoff = Duration::from_secs(1);
+    let leased = LeasedBuilder::new(global, 10)
+        .unwrap()
+        .on_failure(OnFailure::local_share(quota, 2).unwrap(), backoff)
+        .build()
+        .unwrap();
+    let denied = leased.try_acquire(&mut con, "k").unwrap();
+    let wait = denied.retry_after().expect("the share starts empty");
+    assert!(
+        wait.duration() <= backoff && wait.as_nanos() > 0,
+        "{wait:?}, {:?}",
+        leased.stats()
+    );
+    assert!(leased.stats().fallbacks > 0, "{:?}", leased.stats());
+}
+
 /// Every window has a local share, whatever its window and limit: a window
 /// that is not a whole number of the bucket's time unit over the limit (3
 /// per second, 7 per minute: 333,333.3 µs and 8.57 s a token; a million a

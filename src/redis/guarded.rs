@@ -30,7 +30,10 @@ pub enum OnFailure<A = TokenBucket, C = crate::clock::RealClock> {
     /// Fail open, to a limit in this process: each key gets its own bucket in
     /// this keyed limiter, which should hold this process's share of the
     /// global quota (the quota divided by the processes that share it, say),
-    /// so that all of them together stay near the global limit.
+    /// so that all of them together stay near the global limit. A request
+    /// the share refuses is told the shorter of the share's own wait and the
+    /// wait until Redis is tried again (the share starts empty in each
+    /// degraded period, so its own wait can be its whole refill).
     ///
     /// Fail-open reaches as many keys as the limiter's
     /// [`max_keys`](KeyedLimiter::max_keys) (an eighth more, for an uneven
@@ -1257,7 +1260,7 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
             (
                 KeyedDecision::Denied { retry_after } | KeyedDecision::KeyLimit { retry_after },
                 _,
-            ) => (Decision::Denied { retry_after }, None),
+            ) => (share_denial(retry_after, wait), None),
         }
     }
 
@@ -1281,12 +1284,27 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
                     }
                     Ok(KeyedDecision::Denied { retry_after })
                     | Ok(KeyedDecision::KeyLimit { retry_after }) => {
-                        Decision::Denied { retry_after }
+                        share_denial(retry_after, wait)
                     }
                     Err(_) => deny(),
                 }
             }
         }
+    }
+}
+
+/// The local share's denial, with its own wait or, when that is longer, the
+/// wait until Redis is tried again: then the request may be admitted by
+/// Redis, whatever the share holds. (The share starts empty in each degraded
+/// period, so its own wait can be its whole refill: one false timeout told
+/// a client to come back in two hours where Redis was tried after a
+/// second.)
+pub(super) fn share_denial(retry_after: RetryAfter, wait: Duration) -> Decision {
+    match deny_for(wait) {
+        Decision::Denied { retry_after: redis } => Decision::Denied {
+            retry_after: retry_after.min(redis),
+        },
+        allowed => allowed,
     }
 }
 

@@ -233,7 +233,9 @@ impl<C: Clock> LeasedLimiter<C> {
                     Decision::Allowed { remaining }
                 }
                 Ok(KeyedDecision::Denied { retry_after })
-                | Ok(KeyedDecision::KeyLimit { retry_after }) => Decision::Denied { retry_after },
+                | Ok(KeyedDecision::KeyLimit { retry_after }) => {
+                    crate::redis::guarded::share_denial(retry_after, wait)
+                }
                 Err(_) => deny,
             },
         }
