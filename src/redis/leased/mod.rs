@@ -209,7 +209,10 @@ fn saturating_nanos(d: Duration) -> u64 {
 ///   what it left is lost to the bucket, which refills it at its own rate.
 /// - **Redis calls.** Once the lease size has grown to `L`, one call brings
 ///   `L` tokens: at most one call per `L` admissions while the bucket has
-///   tokens, with or without a refresher, however many threads spend: a
+///   tokens, with or without a refresher, however many threads spend (the
+///   size grows to `L` only for a key that spends its leases within their
+///   idle time; a slower key's leases are given back or expire unspent, and
+///   it makes a call, and a give-back, for each lease it takes): a
 ///   request that finds the key dry while its lease is being fetched waits
 ///   for that fetch instead of calling. While the bucket is dry, a lease
 ///   brings only what has refilled, and costs two calls: the one that grants
