@@ -2247,23 +2247,23 @@ struct Shares {
     probes: Vec<u64>,
 }
 
-/// `spins.len()` processes (threads, each with its own `LeasedLimiter` and
+/// `pauses.len()` processes (threads, each with its own `LeasedLimiter` and
 /// connection, or exact mode for `lease: None`) ask for one permit of key
-/// "k" of one bucket for `run`, process `i` spinning `spins[i]` between
-/// requests.
+/// "k" of one bucket for `run`, process `i` sleeping `pauses[i]` between
+/// requests (none: flat out).
 fn shares(
     server: &Server,
     name: &str,
     quota: Quota,
     lease: Option<u32>,
-    spins: &[Duration],
+    pauses: &[Duration],
 ) -> Shares {
     let global = RedisLimiter::new(name, TokenBucket::new(quota)).unwrap();
     let run = Duration::from_millis(1_500);
-    let barrier = Arc::new(Barrier::new(spins.len()));
-    let threads: Vec<_> = spins
+    let barrier = Arc::new(Barrier::new(pauses.len()));
+    let threads: Vec<_> = pauses
         .iter()
-        .map(|&spin| {
+        .map(|&pause| {
             let (global, barrier) = (global.clone(), barrier.clone());
             let mut con = server.connection();
             thread::spawn(move || {
@@ -2283,9 +2283,8 @@ fn shares(
                     };
                     decisions += 1;
                     admitted += u64::from(decision.is_allowed());
-                    let worked = Instant::now();
-                    while worked.elapsed() < spin {
-                        std::hint::spin_loop();
+                    if !pause.is_zero() {
+                        thread::sleep(pause);
                     }
                 }
                 (decisions, admitted, limiter.map_or(0, |l| l.stats().probes))
@@ -2315,59 +2314,77 @@ fn share(part: u64, all: &[u64]) -> f64 {
 /// share of the requests, as in exact mode: a process's calls to a dry key
 /// (one per `L` requests its kept denial answers, besides one per wait)
 /// come in proportion to its requests, and the refill goes to the call that
-/// finds it. Four processes on one key of a real `redis-server`: one flat
-/// out, three spinning 20 µs per request. The busiest gets at least half its
-/// share of the requests, and more than any other process.
+/// finds it. Four processes on one key of a real `redis-server`, twice: one
+/// flat out beside three that pause 20 µs between requests, then all four
+/// flat out. Each process's share of the admissions is within
+/// `FAIR_SHARE_BOUND` of its share of the requests, and in the first run the
+/// busiest gets more than any other.
+///
+/// The slower processes sleep between requests rather than spin: four
+/// spinning threads and `redis-server` on a two-core machine measure the
+/// scheduler (whose thread runs when a refill lands), not the limiter; the
+/// processes of a real deployment do not share one machine's cores.
 #[test]
 fn flat_out_processes_share_a_dry_key_in_proportion_to_demand() {
+    const FAIR_SHARE_BOUND: f64 = 0.2;
     let Some(server) = server() else { return };
     // 2,000 per second, bursts of 100; leases of up to 64: dry under the
     // requests of four processes even on a loaded machine.
     let quota = Quota::per_second(2_000).unwrap().burst(100).unwrap();
-    let spins = [
-        Duration::ZERO,
-        20 * Duration::from_micros(1),
-        20 * Duration::from_micros(1),
-        20 * Duration::from_micros(1),
+    let pause = 20 * Duration::from_micros(1);
+    let runs = [
+        ("one-busy", [Duration::ZERO, pause, pause, pause]),
+        ("all-busy", [Duration::ZERO; 4]),
     ];
-    for (mode, lease) in [("exact", None), ("leased", Some(64))] {
-        let run = shares(&server, &format!("fair-{mode}"), quota, lease, &spins);
-        let demand: Vec<f64> = run
-            .decisions
-            .iter()
-            .map(|&d| share(d, &run.decisions))
-            .collect();
-        let got: Vec<f64> = run
-            .admitted
-            .iter()
-            .map(|&a| share(a, &run.admitted))
-            .collect();
-        eprintln!(
-            "{mode}: decisions {:?}, admitted {:?}, probes {:?}; demand shares {demand:.3?}, \
-             admission shares {got:.3?}",
-            run.decisions, run.admitted, run.probes
-        );
-        if lease.is_none() {
-            continue;
+    for (name, pauses) in runs {
+        for (mode, lease) in [("exact", None), ("leased", Some(64))] {
+            let run = shares(
+                &server,
+                &format!("fair-{name}-{mode}"),
+                quota,
+                lease,
+                &pauses,
+            );
+            let demand: Vec<f64> = run
+                .decisions
+                .iter()
+                .map(|&d| share(d, &run.decisions))
+                .collect();
+            let got: Vec<f64> = run
+                .admitted
+                .iter()
+                .map(|&a| share(a, &run.admitted))
+                .collect();
+            eprintln!(
+                "{name}, {mode}: decisions {:?}, admitted {:?}, probes {:?}; \
+                 demand shares {demand:.3?}, admission shares {got:.3?}",
+                run.decisions, run.admitted, run.probes
+            );
+            if lease.is_none() {
+                continue;
+            }
+            // Everyone asked for more than the refill: the bucket was dry.
+            let total: u64 = run.admitted.iter().sum();
+            assert!(total < run.decisions.iter().sum::<u64>() / 2, "{total}");
+            for (i, (got, demand)) in got.iter().zip(&demand).enumerate() {
+                assert!(
+                    (got - demand).abs() <= FAIR_SHARE_BOUND,
+                    "{name}: process {i} got {got:.3} of the admissions for {demand:.3} \
+                     of the requests"
+                );
+            }
+            if pauses[1..].iter().all(|p| !p.is_zero()) {
+                for i in 1..pauses.len() {
+                    assert!(got[0] > got[i], "{name}: {got:?}");
+                }
+                // Its calls came from its requests: it probed most.
+                assert!(
+                    run.probes[0] > run.probes[1..].iter().copied().max().unwrap(),
+                    "{name}: {:?}",
+                    run.probes
+                );
+            }
         }
-        // Everyone asked for more than the refill: the bucket was dry.
-        let total: u64 = run.admitted.iter().sum();
-        assert!(total < run.decisions.iter().sum::<u64>() / 2, "{total}");
-        assert!(
-            got[0] >= demand[0] / 2.0,
-            "the busiest process got {:.3} of the admissions for {:.3} of the requests",
-            got[0],
-            demand[0]
-        );
-        for i in 1..spins.len() {
-            assert!(got[0] > got[i], "{got:?}");
-        }
-        // Its calls came from its requests: it probed most.
-        assert!(
-            run.probes[0] > run.probes[1..].iter().copied().max().unwrap(),
-            "{:?}",
-            run.probes
-        );
     }
 }
 

@@ -174,11 +174,11 @@ fn saturating_nanos(d: Duration) -> u64 {
 /// counts them). A process's calls to a dry key so come in proportion to its
 /// requests, and the tokens the bucket refills go to the first call that
 /// finds a quarter lease of them: each process's share of the admissions
-/// follows its share of the requests, as in exact mode, where each request
-/// is a call (`tests/leased.rs` runs one process flat out beside three
-/// slower ones on one key, and checks that the busiest gets at least half
-/// its share of the requests, and more than any other). The probes cost at
-/// most one call per `L` denials.
+/// follows its share of the requests (`tests/leased.rs` runs four processes
+/// on one key, one flat out beside three slower ones and then all four flat
+/// out, and checks that each process's share of the admissions is within
+/// 0.2 of its share of the requests). The probes cost at most one call per
+/// `L` denials.
 ///
 /// # Bounds
 ///
