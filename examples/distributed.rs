@@ -1,7 +1,7 @@
 //! One limit shared by several processes through Redis, in exact mode and in
 //! leased mode.
 //!
-//! `cargo run --release --example distributed [-- --redis URL] [--replicas N]`
+//! `cargo run --release --example distributed -- [--redis URL] [--replicas N]`
 //! starts a `redis-server` on a free port (or uses the one at URL), then runs
 //! N replica processes (this program again, with `--replica`), each with its
 //! own connection, under uneven load (replica `i` works `i * 2 µs`, spinning,

@@ -1,6 +1,6 @@
 //! False failures under CPU load: a healthy Redis, a host kept busy.
 //!
-//! `cargo run --release --example false_failures [-- --spinners K]
+//! `cargo run --release --example false_failures -- [--spinners K]
 //! [--deadline-ms D] [--secs S]` starts a `redis-server` on a free port, `K`
 //! threads that spin (4 by default: more than the cores of a small CI
 //! machine), and then, in each mode (exact with `Guarded`, leased with

@@ -3,7 +3,7 @@
 //! of `turnstile-dev`, which builds limitador 0.14.0 with its Redis storages).
 //!
 //! `cargo run --release -p turnstile-dev --features limitador --example
-//! limitador_peer [-- --redis URL] [--replicas N] [--per-second R] [--lease L]
+//! limitador_peer -- [--redis URL] [--replicas N] [--per-second R] [--lease L]
 //! [--seconds S]` starts a `redis-server` on a free port (or uses the one at
 //! URL) and runs each contender in turn, on a flushed Redis, as N replica
 //! processes (this program again, with `--replica`), each with its own limiter

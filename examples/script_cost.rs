@@ -1,7 +1,7 @@
 //! What each exact-mode script costs Redis, beside the simplest script of the
 //! same algorithm and a bare `return 1`.
 //!
-//! `cargo run --release -p turnstile-dev --example script_cost [-- --calls N] [--rounds R]`
+//! `cargo run --release -p turnstile-dev --example script_cost -- [--calls N] [--rounds R]`
 //! starts a `redis-server` of its own on a free port and, for each case in
 //! turn (one script kind at a time, since `INFO commandstats` counts per
 //! command name), resets the statistics (`CONFIG RESETSTAT`), makes N calls

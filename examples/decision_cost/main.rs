@@ -31,6 +31,8 @@
 //!   blocks of 200,000 decisions, 101 blocks each, the median block of each and
 //!   their ratio: on a machine whose speed drifts, alternating keeps both sides
 //!   under the same conditions.
+//! - `neighbours`: one direct limiter's size, and two threads deciding on two
+//!   adjacent limiters, then on one (what sharing a cache line costs).
 //! - `paired-keyed`: the same for the keyed limiters (turnstile, governor,
 //!   governor with `ahash`, and the floor of `shared/floor.rs`): 1,000,000 keys
 //!   visited in a shuffled order, and one hot key, each with precise and coarse
