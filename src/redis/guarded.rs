@@ -1300,11 +1300,8 @@ impl<A: Algorithm, C: Clock> Guarded<A, C> {
 /// a client to come back in two hours where Redis was tried after a
 /// second.)
 pub(super) fn share_denial(retry_after: RetryAfter, wait: Duration) -> Decision {
-    match deny_for(wait) {
-        Decision::Denied { retry_after: redis } => Decision::Denied {
-            retry_after: retry_after.min(redis),
-        },
-        allowed => allowed,
+    Decision::Denied {
+        retry_after: retry_after.min(until_retried(wait)),
     }
 }
 
@@ -1313,10 +1310,13 @@ pub(super) fn share_denial(retry_after: RetryAfter, wait: Duration) -> Decision 
 /// (Retry-After: 1), never that it was due already.
 fn deny_for(wait: Duration) -> Decision {
     Decision::Denied {
-        retry_after: RetryAfter::from_nanos(
-            u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX).max(1),
-        ),
+        retry_after: until_retried(wait),
     }
+}
+
+/// `wait` left until Redis is tried again, as a denial's wait: at least 1 ns.
+fn until_retried(wait: Duration) -> RetryAfter {
+    RetryAfter::from_nanos(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX).max(1))
 }
 
 #[cfg(test)]
