@@ -263,17 +263,21 @@ async fn a_waiting_reader_wakes_once_per_wait_and_pays_for_what_it_read() {
 
 /// Many short-lived connections on one shared cap, each reading one message
 /// and closing with it unpaid: the dropped reader charges it (the token
-/// bucket lends it), so the cap holds. Before, each connection took its
+/// bucket, or GCRA, lends it), so the cap holds. Before, each connection took its
 /// message free once the bucket was empty: 250,000 bytes at once against a
 /// cap of 1,000 a second.
 #[tokio::test(start_paused = true)]
 async fn readers_that_read_and_close_pay_a_shared_cap() {
-    let clock = TokioClock::new();
     // 1,000 bytes a second, bursts of 1,000.
-    let cap = Arc::new(RateLimiter::with_clock(
-        Quota::new(1_000, 1, Duration::from_millis(1)).unwrap(),
-        clock.clone(),
-    ));
+    let quota = Quota::new(1_000, 1, Duration::from_millis(1)).unwrap();
+    read_and_close(turnstile::TokenBucket::new(quota)).await;
+    // GCRA lends too: its bound over the same span is the same.
+    read_and_close(turnstile::Gcra::new(quota)).await;
+}
+
+async fn read_and_close<A: turnstile::Algorithm + Send + Sync + 'static>(algorithm: A) {
+    let clock = TokioClock::new();
+    let cap = Arc::new(RateLimiter::from_parts(algorithm, clock.clone()));
     let mut delivered = 0u64;
     for _ in 0..1_000 {
         let data = [7u8; 250];

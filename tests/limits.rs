@@ -647,6 +647,81 @@ async fn cost_from_response_settles_lends_and_forgives_no_more_than_it_counts() 
     assert!((3..=12).contains(&wait), "wait {wait}");
 }
 
+/// GCRA lends as the token bucket does: a response dearer than what a key
+/// holds moves its meter on by the rest (a keyed meter and a direct live
+/// one), and the next request waits the debt out.
+#[tokio::test]
+async fn cost_from_response_lends_from_gcra_meters_too() {
+    let clock = ManualClock::new();
+    // A burst of 10, one permit back a second: a fill time of 10 s.
+    let quota = Quota::new(10, 1, Duration::from_secs(1)).unwrap();
+    let per_key = Arc::new(
+        turnstile::KeyedBuilder::<String, _>::new(turnstile::Gcra::new(quota))
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let global = Arc::new(RateLimiter::from_parts(
+        turnstile::LiveGcra::new(quota),
+        clock.clone(),
+    ));
+    let layer = Limits::builder()
+        .limit_shared("tokens", api_key(), Arc::clone(&per_key))
+        .unwrap()
+        .limit_shared("all", Global, Arc::clone(&global))
+        .unwrap()
+        .cost(2)
+        .cost_from_response(|parts| {
+            parts
+                .headers
+                .get("x-tokens-used")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()
+        })
+        .build()
+        .unwrap();
+    let mut service = layer.clone().layer(echo());
+    let costing = |cost: u32| {
+        let mut r = request(Some("a"), "10.0.0.1:1");
+        r.headers_mut().insert("x-cost", cost.into());
+        r
+    };
+    // 2 taken, 12 used: 8 more are held, 2 lent, in each limit.
+    let r = send(&mut service, costing(12)).await;
+    assert_eq!(r.status(), 200);
+    let stats = layer.stats();
+    assert_eq!((stats.charged, stats.lent, stats.forgiven), (16, 4, 0));
+    assert_eq!((per_key.remaining("a"), global.remaining()), (0, 0));
+    // The next request (2) waits for the 2 lent and its own 2: 4 s, where
+    // without the loan it would wait 2 s.
+    let refused = send(&mut service, costing(1)).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "4");
+    clock.advance(Duration::from_millis(3_999));
+    assert_eq!(send(&mut service, costing(1)).await.status(), 429);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(send(&mut service, costing(2)).await.status(), 200);
+    // A debt beyond one fill is not carried: 28 more than charged, of
+    // which each meter lends at most a fill's worth (10).
+    clock.advance(Duration::from_secs(60));
+    let before = layer.stats();
+    assert_eq!(send(&mut service, costing(30)).await.status(), 200);
+    let after = layer.stats();
+    let (charged, lent, forgiven) = (
+        after.charged - before.charged,
+        after.lent - before.lent,
+        after.forgiven - before.forgiven,
+    );
+    assert_eq!(charged, 2 * 8, "each meter's 8 left after the 2 charged");
+    assert_eq!(lent, 2 * 10, "one fill each");
+    assert_eq!(forgiven, 2 * 10);
+    // The requests after wait one fill plus their own two permits.
+    let refused = send(&mut service, costing(1)).await;
+    assert_eq!(refused.headers()["retry-after"], "12");
+}
+
 #[tokio::test]
 async fn drain_when_empties_the_allowance() {
     let t = three(10, 100, 100);

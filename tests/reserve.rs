@@ -13,14 +13,16 @@
 //!
 //! The same traces run on live buckets ([`LiveTokenBucket`]) with no change
 //! of quota; a change between reservations is checked by hand at the end.
+//! And on GCRA meters ([`Gcra`], [`LiveGcra`]), held to GCRA's own bound,
+//! `capacity + floor(T / interval)`.
 
 use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use turnstile::{
-    Decision, KeyedDecision, KeyedLimiter, KeyedReservation, LiveTokenBucket, ManualClock, Quota,
-    RateLimiter, Reservation, ReserveError, TokenBucket,
+    Decision, Gcra, KeyedDecision, KeyedLimiter, KeyedReservation, Lend, LiveGcra, LiveTokenBucket,
+    ManualClock, Quota, RateLimiter, Reservation, ReserveError, TokenBucket,
 };
 
 /// A limiter under test: a direct one, or one key of a keyed one (swept
@@ -39,8 +41,11 @@ trait Held {
     fn cancel(self) -> bool;
 }
 
-impl Subject for RateLimiter<TokenBucket, ManualClock> {
-    type Held<'a> = Reservation<'a, ManualClock>;
+impl<A: Lend> Subject for RateLimiter<A, ManualClock> {
+    type Held<'a>
+        = Reservation<'a, ManualClock, turnstile::Uncounted, A>
+    where
+        A: 'a;
     fn acquire(&self, n: u32) -> Decision {
         self.try_acquire_n(n).unwrap()
     }
@@ -52,7 +57,7 @@ impl Subject for RateLimiter<TokenBucket, ManualClock> {
     }
 }
 
-impl Held for Reservation<'_, ManualClock> {
+impl<A: Lend> Held for Reservation<'_, ManualClock, turnstile::Uncounted, A> {
     fn delay(&self) -> Duration {
         Reservation::delay(self)
     }
@@ -61,10 +66,13 @@ impl Held for Reservation<'_, ManualClock> {
     }
 }
 
-type Keyed = KeyedLimiter<u32, TokenBucket, ManualClock>;
+type Keyed<A = TokenBucket> = KeyedLimiter<u32, A, ManualClock>;
 
-impl Subject for Keyed {
-    type Held<'a> = KeyedReservation<'a, u32, u32, ManualClock, ahash::RandomState>;
+impl<A: Lend> Subject for Keyed<A> {
+    type Held<'a>
+        = KeyedReservation<'a, u32, u32, ManualClock, ahash::RandomState, A>
+    where
+        A: 'a;
     fn acquire(&self, n: u32) -> Decision {
         self.sweep();
         match self.try_acquire_n(&KEY, n).unwrap() {
@@ -82,7 +90,7 @@ impl Subject for Keyed {
     }
 }
 
-impl Held for KeyedReservation<'_, u32, u32, ManualClock, ahash::RandomState> {
+impl<A: Lend> Held for KeyedReservation<'_, u32, u32, ManualClock, ahash::RandomState, A> {
     fn delay(&self) -> Duration {
         KeyedReservation::delay(self)
     }
@@ -91,58 +99,7 @@ impl Held for KeyedReservation<'_, u32, u32, ManualClock, ahash::RandomState> {
     }
 }
 
-impl Subject for RateLimiter<LiveTokenBucket, ManualClock> {
-    type Held<'a> = Reservation<'a, ManualClock, turnstile::Uncounted, LiveTokenBucket>;
-    fn acquire(&self, n: u32) -> Decision {
-        self.try_acquire_n(n).unwrap()
-    }
-    fn remaining(&self) -> u32 {
-        RateLimiter::remaining(self)
-    }
-    fn reserve(&self, n: u32, max_delay: Duration) -> Result<Self::Held<'_>, ReserveError> {
-        self.reserve_n(n, max_delay)
-    }
-}
-
-impl Held for Reservation<'_, ManualClock, turnstile::Uncounted, LiveTokenBucket> {
-    fn delay(&self) -> Duration {
-        Reservation::delay(self)
-    }
-    fn cancel(self) -> bool {
-        Reservation::cancel(self)
-    }
-}
-
-type KeyedLive = KeyedLimiter<u32, LiveTokenBucket, ManualClock>;
-
-impl Subject for KeyedLive {
-    type Held<'a> =
-        KeyedReservation<'a, u32, u32, ManualClock, ahash::RandomState, LiveTokenBucket>;
-    fn acquire(&self, n: u32) -> Decision {
-        self.sweep();
-        match self.try_acquire_n(&KEY, n).unwrap() {
-            KeyedDecision::Allowed { remaining } => Decision::Allowed { remaining },
-            KeyedDecision::Denied { retry_after } => Decision::Denied { retry_after },
-            other => panic!("one key, no bound: {other:?}"),
-        }
-    }
-    fn remaining(&self) -> u32 {
-        KeyedLimiter::remaining(self, &KEY)
-    }
-    fn reserve(&self, n: u32, max_delay: Duration) -> Result<Self::Held<'_>, ReserveError> {
-        self.sweep();
-        self.reserve_n(&KEY, n, max_delay)
-    }
-}
-
-impl Held for KeyedReservation<'_, u32, u32, ManualClock, ahash::RandomState, LiveTokenBucket> {
-    fn delay(&self) -> Duration {
-        KeyedReservation::delay(self)
-    }
-    fn cancel(self) -> bool {
-        KeyedReservation::cancel(self)
-    }
-}
+type KeyedLive = Keyed<LiveTokenBucket>;
 
 static KEY: u32 = 7;
 
@@ -203,7 +160,29 @@ struct Kept {
     cancelled: bool,
 }
 
-fn check_bound(quota: Quota, kept: &[Kept]) -> Result<(), TestCaseError> {
+/// The algorithm whose bound the permits kept must keep.
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    /// A token bucket: RFC 1363's
+    /// `capacity + amount * floor(T / period) + (amount - 1)`.
+    Bucket,
+    /// A GCRA meter: `capacity + floor(T / interval)`, the interval the
+    /// meter's emission interval (whole nanoseconds, rounded up).
+    Meter,
+}
+
+impl Shape {
+    /// The longest a reservation may wait: one fill time (a meter's is its
+    /// interval times the capacity, its interval rounded up).
+    fn fill(self, quota: Quota) -> Duration {
+        match self {
+            Shape::Bucket => quota.fill_time(),
+            Shape::Meter => Gcra::new(quota).emission_interval() * quota.capacity(),
+        }
+    }
+}
+
+fn check_bound(quota: Quota, shape: Shape, kept: &[Kept]) -> Result<(), TestCaseError> {
     let mut kept: Vec<(u64, u64)> = kept
         .iter()
         .filter(|k| !k.cancelled)
@@ -212,18 +191,24 @@ fn check_bound(quota: Quota, kept: &[Kept]) -> Result<(), TestCaseError> {
     kept.sort_unstable();
     let (capacity, amount) = (u64::from(quota.capacity()), u64::from(quota.amount()));
     let period = quota.period().as_micros() as u64;
+    let interval = Gcra::new(quota).emission_interval().as_nanos() as u64;
     for i in 0..kept.len() {
         let mut sum = 0;
         for j in i..kept.len() {
             sum += kept[j].1;
-            let units = kept[j].0 / MICRO - kept[i].0 / MICRO;
-            let bound = capacity + amount * (units / period) + (amount - 1);
+            let bound = match shape {
+                Shape::Bucket => {
+                    let units = kept[j].0 / MICRO - kept[i].0 / MICRO;
+                    capacity + amount * (units / period) + (amount - 1)
+                }
+                Shape::Meter => capacity + (kept[j].0 - kept[i].0) / interval,
+            };
             prop_assert!(
                 sum <= bound,
-                "{} kept in {} µs (from {} ns); bound {}",
+                "{} kept from {} ns to {} ns; bound {}",
                 sum,
-                units,
                 kept[i].0,
+                kept[j].0,
                 bound
             );
         }
@@ -244,7 +229,7 @@ proptest! {
     ) {
         let clock = ManualClock::new();
         let limiter = RateLimiter::from_parts(TokenBucket::new(quota), clock.clone());
-        run(&limiter, &clock, quota, &ops)?;
+        run(&limiter, &clock, quota, Shape::Bucket, &ops)?;
     }
 
     #[test]
@@ -257,7 +242,7 @@ proptest! {
             .shards(1)
             .build()
             .unwrap();
-        run(&limiter, &clock, quota, &ops)?;
+        run(&limiter, &clock, quota, Shape::Bucket, &ops)?;
     }
 }
 
@@ -274,7 +259,7 @@ proptest! {
     ) {
         let clock = ManualClock::new();
         let limiter = RateLimiter::from_parts(LiveTokenBucket::new(quota).unwrap(), clock.clone());
-        run(&limiter, &clock, quota, &ops)?;
+        run(&limiter, &clock, quota, Shape::Bucket, &ops)?;
     }
 
     #[test]
@@ -287,7 +272,59 @@ proptest! {
             .shards(1)
             .build()
             .unwrap();
-        run(&limiter, &clock, quota, &ops)?;
+        run(&limiter, &clock, quota, Shape::Bucket, &ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 400,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn gcra_reservations_keep_the_bound_and_cancel_exactly(
+        (quota, ops) in quotas().prop_flat_map(|q| (Just(q), ops(q.period().as_micros() as u64)))
+    ) {
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::from_parts(Gcra::new(quota), clock.clone());
+        run(&limiter, &clock, quota, Shape::Meter, &ops)?;
+    }
+
+    #[test]
+    fn keyed_gcra_reservations_keep_the_bound_and_cancel_exactly_through_sweeps(
+        (quota, ops) in quotas().prop_flat_map(|q| (Just(q), ops(q.period().as_micros() as u64)))
+    ) {
+        let clock = ManualClock::new();
+        let limiter: Keyed<Gcra> = turnstile::KeyedBuilder::<u32, _>::new(Gcra::new(quota))
+            .clock(clock.clone())
+            .shards(1)
+            .build()
+            .unwrap();
+        run(&limiter, &clock, quota, Shape::Meter, &ops)?;
+    }
+
+    #[test]
+    fn live_gcra_reservations_keep_the_bound_and_cancel_exactly(
+        (quota, ops) in quotas().prop_flat_map(|q| (Just(q), ops(q.period().as_micros() as u64)))
+    ) {
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::from_parts(LiveGcra::new(quota), clock.clone());
+        run(&limiter, &clock, quota, Shape::Meter, &ops)?;
+    }
+
+    #[test]
+    fn keyed_live_gcra_reservations_keep_the_bound_and_cancel_exactly_through_sweeps(
+        (quota, ops) in quotas().prop_flat_map(|q| (Just(q), ops(q.period().as_micros() as u64)))
+    ) {
+        let clock = ManualClock::new();
+        let limiter: Keyed<LiveGcra> = turnstile::KeyedBuilder::<u32, _>::new(LiveGcra::new(quota))
+            .clock(clock.clone())
+            .shards(1)
+            .build()
+            .unwrap();
+        run(&limiter, &clock, quota, Shape::Meter, &ops)?;
     }
 }
 
@@ -295,9 +332,10 @@ fn run(
     limiter: &impl Subject,
     clock: &ManualClock,
     quota: Quota,
+    shape: Shape,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
-    let fill = quota.fill_time();
+    let fill = shape.fill(quota);
     let mut now = 0u64;
     let mut kept: Vec<Kept> = Vec::new();
     // Reservations held: (index in `kept`, the reservation).
@@ -387,7 +425,7 @@ fn run(
                 clock.advance(Duration::from_micros(micros));
             }
         }
-        check_bound(quota, &kept)?;
+        check_bound(quota, shape, &kept)?;
     }
     Ok(())
 }
@@ -446,17 +484,26 @@ fn a_keyed_reservation_for_a_new_key_at_a_full_bound_is_refused_with_the_key_lim
 
 #[test]
 fn a_live_reservation_outlives_a_change_and_later_ones_queue_at_the_new_rate() {
+    outlives_a_change(|q| LiveTokenBucket::new(q).unwrap());
+    // The meter's numbers are the bucket's here: one permit at a time.
+    outlives_a_change(LiveGcra::new);
+}
+
+fn outlives_a_change<A>(live: impl Fn(Quota) -> A)
+where
+    A: Lend + turnstile::Reconfigure<Quota = Quota>,
+{
     let clock = ManualClock::new();
     let limiter = RateLimiter::from_parts(
-        LiveTokenBucket::new(Quota::new(2, 1, Duration::from_millis(100)).unwrap()).unwrap(),
+        live(Quota::new(2, 1, Duration::from_millis(100)).unwrap()),
         clock.clone(),
     );
     assert!(limiter.try_acquire_n(2).unwrap().is_allowed());
     let lent = limiter.reserve(Duration::from_secs(1)).unwrap();
     assert_eq!(lent.delay(), Duration::from_millis(100));
 
-    // Four tokens, one every 10 ms: the bucket is empty and stamped with the
-    // loan's refill at 100 ms, which the change keeps.
+    // Four permits, one every 10 ms: the limit is empty and stamped with the
+    // loan's permit at 100 ms, which the change keeps.
     limiter
         .set_quota(Quota::new(4, 1, Duration::from_millis(10)).unwrap())
         .unwrap();

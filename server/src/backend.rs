@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use turnstile::chain::Stage;
 use turnstile::{
-    Algorithm, Clock, FixedWindow, Gcra, KeyedBuilder, KeyedDecision, KeyedLimiter,
+    Algorithm, Clock, FixedWindow, Gcra, KeyedBuilder, KeyedDecision, KeyedLimiter, Lend,
     LiveFixedWindow, LiveGcra, LiveSlidingWindow, LiveTokenBucket, Quota, QuotaError,
     RateLimitPolicy, Reconfigure, SlidingWindow,
 };
@@ -234,7 +234,7 @@ pub trait LimitState: Send + Sync + fmt::Debug {
     }
 
     /// Charge `n` permits for `key` from its next refills, where the
-    /// algorithm can hold a debt (a token bucket in process lends up to one
+    /// algorithm can hold a debt (a token bucket or GCRA in process lends up to one
     /// fill ahead; the requests after wait until it is paid): the permits
     /// lent, at most `n`. By default none: the rest of a refused request's
     /// hits is forgiven (see
@@ -396,24 +396,28 @@ impl LiveForm for LiveTokenBucket {
     fn reset(quota: &Quota) -> Reset {
         bucket_reset(*quota)
     }
-    /// Reservations that are kept: batches of at most the capacity, a
-    /// batch halved when the bucket refuses it (it lends at most one fill
-    /// ahead), so a debt of any size takes the bucket as far as it goes.
     fn lend(limiter: &KeyedLimiter<String, Self, ServiceClock>, key: &str, n: u32) -> u32 {
-        let mut left = n;
-        let mut batch = n.min(limiter.algorithm().capacity());
-        while left > 0 && batch > 0 {
-            match limiter.reserve_n(key, batch, Duration::MAX) {
-                // Kept when dropped: the permits are spent ahead.
-                Ok(_kept) => {
-                    left -= batch;
-                    batch = batch.min(left);
-                }
-                Err(_) => batch /= 2,
-            }
-        }
-        n - left
+        lend_kept(limiter, key, n)
     }
+}
+
+/// Reservations that are kept: batches of at most the capacity, a batch
+/// halved when the limit refuses it (it lends at most one fill ahead), so a
+/// debt of any size takes the limit as far as it goes.
+fn lend_kept<A: Lend>(limiter: &KeyedLimiter<String, A, ServiceClock>, key: &str, n: u32) -> u32 {
+    let mut left = n;
+    let mut batch = n.min(limiter.algorithm().capacity());
+    while left > 0 && batch > 0 {
+        match limiter.reserve_n(key, batch, Duration::MAX) {
+            // Kept when dropped: the permits are spent ahead.
+            Ok(_kept) => {
+                left -= batch;
+                batch = batch.min(left);
+            }
+            Err(_) => batch /= 2,
+        }
+    }
+    n - left
 }
 
 impl LiveForm for LiveGcra {
@@ -428,6 +432,11 @@ impl LiveForm for LiveGcra {
         Reset::Gcra {
             interval: duration_nanos(Gcra::new(*quota).emission_interval()),
         }
+    }
+    /// As the token bucket's: the meter's arrival time moves on by the
+    /// permits lent, at most one fill ahead.
+    fn lend(limiter: &KeyedLimiter<String, Self, ServiceClock>, key: &str, n: u32) -> u32 {
+        lend_kept(limiter, key, n)
     }
 }
 

@@ -840,7 +840,7 @@ impl RateLimitService {
     /// `hits_addend` an LLM's response reports) must use the limit up even
     /// when it is larger than what is left. The rest is lent where the limit
     /// can owe it ([`LimitState::lend`]: an
-    /// in-process token bucket, up to one fill ahead) and forgiven
+    /// in-process token bucket or GCRA, up to one fill ahead) and forgiven
     /// elsewhere. Its `duration_until_reset` is the wait for the same
     /// request after that.
     ///
@@ -1274,7 +1274,7 @@ async fn spend_what_is_left(
         }
     }
     // The rest from the key's next refills, where its algorithm can owe
-    // them (in process, a token bucket: up to one fill ahead).
+    // them (in process, a token bucket or GCRA: up to one fill ahead).
     let lent = state.lend(key, hits - taken);
     if taken == 0 && lent == 0 {
         return denied;

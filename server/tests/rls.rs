@@ -509,9 +509,11 @@ descriptors:
     rate_limit: { unit: minute, requests_per_unit: 1000 }
   - key: bucket
     rate_limit: { unit: minute, requests_per_unit: 1000, algorithm: token_bucket }
+  - key: meter
+    rate_limit: { unit: minute, requests_per_unit: 1000, algorithm: gcra }
 ";
     let mut rls = start(&[("llm.yaml", yaml)], Options::default()).await;
-    for key in ["user", "bucket"] {
+    for key in ["user", "bucket", "meter"] {
         let check = || request("llm", vec![with_hits(descriptor(&[(key, "u")]), 0)]);
         let report = |tokens| request("llm", vec![with_hits(descriptor(&[(key, "u")]), tokens)]);
         assert!(overall_ok(&rls.decide(check()).await), "{key}");
@@ -531,14 +533,21 @@ descriptors:
     // The token bucket lent the 200 beyond the 400 left from its next
     // refills (1000 a minute: 60 ms a token): the next hit waits for 201
     // tokens, 12.06 s, and is admitted then (forgiven, it waited 60 ms).
-    let hit = || request("llm", vec![descriptor(&[("bucket", "u")])]);
-    let r = rls.decide(hit()).await;
-    assert!(over(&r.statuses[0]));
-    assert_eq!(reset_nanos(&r.statuses[0]), Some(12_060_000_000));
+    // GCRA lent them from its next permits, one every 60 ms: the same.
+    let hit = |key| request("llm", vec![descriptor(&[(key, "u")])]);
+    for key in ["bucket", "meter"] {
+        let r = rls.decide(hit(key)).await;
+        assert!(over(&r.statuses[0]), "{key}");
+        assert_eq!(reset_nanos(&r.statuses[0]), Some(12_060_000_000), "{key}");
+    }
     rls.clock.advance(Duration::from_millis(12_059));
-    assert!(!overall_ok(&rls.decide(hit()).await));
+    for key in ["bucket", "meter"] {
+        assert!(!overall_ok(&rls.decide(hit(key)).await), "{key}");
+    }
     rls.clock.advance(Duration::from_millis(1));
-    assert!(overall_ok(&rls.decide(hit()).await));
+    for key in ["bucket", "meter"] {
+        assert!(overall_ok(&rls.decide(hit(key)).await), "{key}");
+    }
     // The window's end gives the fixed window back whole.
     rls.clock.advance(Duration::from_secs(60));
     let r = rls

@@ -46,6 +46,27 @@ pub(crate) trait Form: Algorithm + Copy {
         self.decide(word, now, n)
     }
 
+    /// A loan on a word of 63 bits, whose next word must fit 63 bits
+    /// ([`Lend`](crate::Lend)'s, at most `max_ahead` nanoseconds ahead):
+    /// `None` for a form that does not lend.
+    #[inline]
+    fn lend_low(
+        &self,
+        word: u64,
+        now: u64,
+        n: u32,
+        max_ahead: u64,
+    ) -> Option<Result<(Decision, u64, u64), u64>> {
+        let _ = (word, now, n, max_ahead);
+        None
+    }
+
+    /// How far ahead of the reading a loan may reach, in nanoseconds (one
+    /// fill time); 0 for a form that does not lend.
+    fn loan_limit(&self) -> u64 {
+        0
+    }
+
     /// `word` (63 bits) of these parameters, at clock reading `now`, as a
     /// word of `to`'s: the conversion rule, stated on each live form.
     fn convert(&self, to: &Self, word: u64, now: u64) -> u64;

@@ -122,6 +122,51 @@ impl Gcra {
     pub const fn tolerance(&self) -> Duration {
         Duration::from_nanos(self.horizon - self.interval.get())
     }
+
+    /// `capacity * T` in nanoseconds: how far a loan may reach ahead of the
+    /// reading (one fill time), so that a lent TAT stays within two of it.
+    #[cfg(feature = "std")]
+    #[inline]
+    pub(crate) fn loan_limit(&self) -> u64 {
+        self.horizon
+    }
+
+    /// A reservation ([`Lend`](crate::Lend)): the decision, the next word and
+    /// the nanoseconds until the permits conform; a request that does not
+    /// conform yet is lent when it will within `max_ahead`, its `n * T` added
+    /// to the TAT as an admission's is, so the requests after it wait behind
+    /// it. `Err` carries the wait: more than `max_ahead`, more permits than
+    /// the meter holds, or a TAT past `top` (the largest a word may hold).
+    #[inline]
+    pub(crate) fn lend_within(
+        &self,
+        word: u64,
+        now: u64,
+        n: u32,
+        max_ahead: u64,
+        top: u64,
+    ) -> Result<(Decision, u64, u64), u64> {
+        let (decision, next) = self.decide(word, now, n);
+        if let Some(next) = next {
+            return if next <= top {
+                Ok((decision, next, 0))
+            } else {
+                Err(u64::MAX)
+            };
+        }
+        let wait = decision.retry_after().map_or(0, |r| r.as_nanos());
+        // More than the meter holds is never lent (a live meter's word of an
+        // older quota may meet an `n` checked against a newer one).
+        if wait > max_ahead || n > self.capacity() {
+            return Err(wait);
+        }
+        // `n <= capacity`, so the cost is at most the horizon.
+        let cost = self.interval.get().saturating_mul(u64::from(n));
+        match word.max(now).checked_add(cost) {
+            Some(next) if next <= top => Ok((Decision::Allowed { remaining: 0 }, next, wait)),
+            _ => Err(wait),
+        }
+    }
 }
 
 impl Algorithm for Gcra {
@@ -185,6 +230,13 @@ impl Algorithm for Gcra {
             return None;
         }
         Some(word.saturating_sub(self.interval.get().saturating_mul(u64::from(n))))
+    }
+
+    /// A loan of at most one fill time ahead ([`lend_within`](Gcra::lend_within)).
+    fn owe(&self, word: u64, now: u64, n: u32) -> Option<(u64, u64)> {
+        self.lend_within(word, now, n, self.horizon, u64::MAX)
+            .ok()
+            .map(|(_, next, wait)| (next, wait))
     }
 
     #[inline]
@@ -259,19 +311,38 @@ impl crate::algorithm::form::Form for Gcra {
         }
     }
 
+    #[inline]
+    fn lend_low(
+        &self,
+        word: u64,
+        now: u64,
+        n: u32,
+        max_ahead: u64,
+    ) -> Option<Result<(Decision, u64, u64), u64>> {
+        Some(self.lend_within(word, now, n, max_ahead, TAT_MASK))
+    }
+
+    fn loan_limit(&self) -> u64 {
+        self.horizon
+    }
+
     /// Permits kept, not debt: the meter's permits available at `now`
     /// ([`remaining`](Algorithm::remaining)), at most the new capacity, with
     /// the next one a whole new emission interval away; an idle meter (TAT
-    /// not after `now`) is a fresh one.
+    /// not after `now`) is a fresh one. A loan's reach past an empty meter
+    /// (a reservation's, [`Lend`](crate::Lend)) is kept on top, in time: the
+    /// permits lent stay lent, and the requests after them wait as long
+    /// past the new quota's empty meter as they would have past the old.
     fn convert(&self, to: &Gcra, word: u64, now: u64) -> u64 {
         if word <= now {
             return to.fresh();
         }
+        let lent = word.saturating_sub(now.saturating_add(self.horizon));
         let available = u64::from(self.remaining(word, now).min(to.quota.capacity()));
         // `available <= capacity`, so within the horizon.
         let debt = to
             .horizon
             .saturating_sub(available.saturating_mul(to.interval.get()));
-        now.saturating_add(debt).min(TAT_MASK)
+        now.saturating_add(debt).saturating_add(lent).min(TAT_MASK)
     }
 }

@@ -155,8 +155,8 @@ pub trait Algorithm {
     /// Take `n` permits from `word` at `now` even where they are not there
     /// yet, as a loan the next decisions wait behind (a reservation's word):
     /// the word after it and how far ahead of `now` it reaches (nanoseconds),
-    /// or `None` when this algorithm does not lend (only the token buckets
-    /// do) or the loan would reach past one fill time. For bytes a shaped
+    /// or `None` when this algorithm does not lend (the token buckets and
+    /// GCRA do) or the loan would reach past one fill time. For bytes a shaped
     /// reader delivered before it could pay them.
     #[doc(hidden)]
     fn owe(&self, word: u64, now: u64, n: u32) -> Option<(u64, u64)> {

@@ -192,6 +192,24 @@ impl<F: Form> Live<F> {
         slot.seq.store(seq + 2, Ordering::Release);
     }
 
+    /// A loan ([`Lend`](crate::Lend)) decided on the parameters `word`'s
+    /// generation bit names; `None` for a form that does not lend. Written
+    /// by a compare-and-swap, which proves the word unchanged, as an
+    /// admission's is.
+    #[cfg(feature = "std")]
+    fn lend(
+        &self,
+        word: u64,
+        now: u64,
+        n: u32,
+        max_ahead: u64,
+    ) -> Option<Result<(Decision, u64, u64), u64>> {
+        let generation = word & GENERATION;
+        self.params_of(word)
+            .lend_low(word & !GENERATION, now, n, max_ahead)
+            .map(|lent| lent.map(|(decision, next, wait)| (decision, next | generation, wait)))
+    }
+
     fn unless_changed<R>(&self, since: u64, f: impl FnOnce() -> R) -> Option<R> {
         let _writer = self.writer.lock();
         // Relaxed: only changes store it, under `writer`, which this holds.
@@ -265,6 +283,15 @@ impl<F: Form> Algorithm for Live<F> {
 
     fn advertise(&self) -> Option<(u32, Duration)> {
         self.current().advertise()
+    }
+
+    fn owe(&self, word: u64, now: u64, n: u32) -> Option<(u64, u64)> {
+        let generation = word & GENERATION;
+        let params = self.params_of(word);
+        params
+            .lend_low(word & !GENERATION, now, n, params.loan_limit())?
+            .ok()
+            .map(|(_, next, wait)| (next | generation, wait))
     }
 
     fn epoch(&self) -> u64 {
@@ -472,6 +499,9 @@ macro_rules! live_form {
             fn advertise(&self) -> Option<(u32, Duration)> {
                 self.0.advertise()
             }
+            fn owe(&self, word: u64, now: u64, n: u32) -> Option<(u64, u64)> {
+                self.0.owe(word, now, n)
+            }
             fn epoch(&self) -> u64 {
                 self.0.epoch()
             }
@@ -618,6 +648,34 @@ impl LiveGcra {
     pub fn new(quota: Quota) -> LiveGcra {
         // The TAT takes no more bits for a larger quota: no ceiling.
         LiveGcra(Live::from_form(Gcra::new(quota), u32::MAX))
+    }
+
+    /// A reservation on the quota `word` names ([`Lend`](crate::Lend)).
+    #[cfg(feature = "std")]
+    pub(crate) fn lend(
+        &self,
+        word: u64,
+        now: u64,
+        n: u32,
+        max_ahead: u64,
+    ) -> Result<(Decision, u64, u64), u64> {
+        // GCRA always lends.
+        self.0
+            .lend(word, now, n, max_ahead)
+            .unwrap_or(Err(u64::MAX))
+    }
+
+    /// One fill time of the quota in force: the furthest a loan reaches.
+    #[cfg(feature = "std")]
+    pub(crate) fn loan_limit(&self) -> Duration {
+        Duration::from_nanos(self.0.current().loan_limit())
+    }
+
+    /// Run `f` with changes held off, if none has started since
+    /// [`changes`](LiveGcra::changes) returned `since`.
+    #[cfg(feature = "std")]
+    pub(crate) fn unless_changed<R>(&self, since: u64, f: impl FnOnce() -> R) -> Option<R> {
+        self.0.unless_changed(since, f)
     }
 }
 

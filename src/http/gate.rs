@@ -7,8 +7,11 @@ use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 use std::borrow::Cow;
 
+use crate::algorithm::gcra::Gcra;
 use crate::algorithm::live::LiveTokenBucket;
+use crate::algorithm::switch::LiveGcra;
 use crate::algorithm::token_bucket::TokenBucket;
+use crate::wait::reserve::Lend;
 
 use crate::admission::{Receipt, Stage};
 use crate::algorithm::Algorithm;
@@ -232,8 +235,8 @@ pub trait GateLimiter<Q: ?Sized>: LimiterStats {
         Vec::new()
     }
     /// Take `n` more permits for `key` from the limiter's future, when it
-    /// can lend (a token bucket, as [`RateLimiter::reserve_n`] does, at most
-    /// one fill time ahead): the permits taken, 0 when it cannot. Requests
+    /// can lend (a token bucket or GCRA, as [`RateLimiter::reserve_n`] does,
+    /// at most one fill time ahead): the permits taken, 0 when it cannot. Requests
     /// after it wait for the refills it took.
     #[doc(hidden)]
     fn stage_owe(&self, key: &Q, n: u32) -> u32
@@ -386,18 +389,31 @@ where
     where
         Self: 'static,
     {
+        /// The loan through reservations that are kept.
+        fn lend<K, A, C, S, Q>(bucket: &KeyedLimiter<K, A, C, S>, key: &Q, n: u32) -> u32
+        where
+            K: Hash + Eq + Borrow<Q>,
+            Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+            A: Lend,
+            C: Clock,
+            S: BuildHasher,
+        {
+            owe(bucket.algorithm().capacity(), n, |n| {
+                bucket.reserve_counted(key, n, Duration::MAX, false).is_ok()
+            })
+        }
         let this: &dyn Any = self;
         if let Some(bucket) = this.downcast_ref::<KeyedLimiter<K, TokenBucket, C, S>>() {
-            let capacity = bucket.algorithm().capacity();
-            return owe(capacity, n, |n| {
-                bucket.reserve_counted(key, n, Duration::MAX, false).is_ok()
-            });
+            return lend(bucket, key, n);
         }
         if let Some(bucket) = this.downcast_ref::<KeyedLimiter<K, LiveTokenBucket, C, S>>() {
-            let capacity = bucket.algorithm().capacity();
-            return owe(capacity, n, |n| {
-                bucket.reserve_counted(key, n, Duration::MAX, false).is_ok()
-            });
+            return lend(bucket, key, n);
+        }
+        if let Some(meter) = this.downcast_ref::<KeyedLimiter<K, Gcra, C, S>>() {
+            return lend(meter, key, n);
+        }
+        if let Some(meter) = this.downcast_ref::<KeyedLimiter<K, LiveGcra, C, S>>() {
+            return lend(meter, key, n);
         }
         0
     }
@@ -635,16 +651,24 @@ where
     where
         Self: 'static,
     {
+        /// The loan through reservations that are kept.
+        fn lend<A: Lend, C: Clock, M: Counter>(bucket: &RateLimiter<A, C, M>, n: u32) -> u32 {
+            owe(bucket.capacity(), n, |n| {
+                bucket.reserve_counted(n, Duration::MAX, false).is_ok()
+            })
+        }
         let this: &dyn Any = self;
         if let Some(bucket) = this.downcast_ref::<RateLimiter<TokenBucket, C, M>>() {
-            return owe(bucket.capacity(), n, |n| {
-                bucket.reserve_counted(n, Duration::MAX, false).is_ok()
-            });
+            return lend(bucket, n);
         }
         if let Some(bucket) = this.downcast_ref::<RateLimiter<LiveTokenBucket, C, M>>() {
-            return owe(bucket.capacity(), n, |n| {
-                bucket.reserve_counted(n, Duration::MAX, false).is_ok()
-            });
+            return lend(bucket, n);
+        }
+        if let Some(meter) = this.downcast_ref::<RateLimiter<Gcra, C, M>>() {
+            return lend(meter, n);
+        }
+        if let Some(meter) = this.downcast_ref::<RateLimiter<LiveGcra, C, M>>() {
+            return lend(meter, n);
         }
         0
     }

@@ -86,16 +86,17 @@
 //! waited for its own last payment) first waits, taking nothing, until the
 //! limiter has a permit. A reader dropped (or unwrapped by `into_inner`)
 //! while its last read is unpaid pays it then: a token bucket (the crate's
-//! limiters' default, and `LiveTokenBucket`) lends the permits, as a
-//! reservation does and no further than one fill time ahead, so the
+//! limiters' default, and `LiveTokenBucket`) or GCRA (`Gcra`, `LiveGcra`)
+//! lends the permits, as a reservation does and no further than one fill
+//! time ahead, so the
 //! limiter's next permits come that much later and later reads wait for
 //! them. Another algorithm, or a loan that would reach past one fill time,
 //! takes them if they are there and otherwise leaves them unpaid. So
 //! connections that each read a message and close one after another hold a
 //! shared cap (within a chunk); readers that read at the same moment are
 //! each one read ahead of it, as readers that pay after they read are: `n`
-//! of them up to `n` chunks beyond the cap (of which a token bucket lends
-//! back, when they close, what fits within one fill time). Give many such
+//! of them up to `n` chunks beyond the cap (of which a token bucket or GCRA
+//! lends back, when they close, what fits within one fill time). Give many such
 //! readers a small [`chunk`](ShapedRead::chunk). A reader's deadline
 //! ([`ShapedRead::with_options`]) covers its wait for a permit too.
 //!

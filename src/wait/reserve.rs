@@ -6,7 +6,9 @@ use core::fmt;
 use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
+use crate::algorithm::gcra::Gcra;
 use crate::algorithm::live::LiveTokenBucket;
+use crate::algorithm::switch::LiveGcra;
 use crate::algorithm::token_bucket::{self, TokenBucket};
 use crate::algorithm::{Algorithm, within_refund_horizon};
 use crate::clock::{Clock, RealClock, saturating_nanos};
@@ -16,9 +18,11 @@ use crate::error::check_permits;
 use crate::keyed::KeyedLimiter;
 use crate::limiter::{Counter, RateLimiter, Uncounted};
 
-/// Permits reserved from a token bucket ([`RateLimiter::reserve_n`]): taken
-/// now, usable once [`delay`](Reservation::delay) has passed. `A` is the
-/// bucket: a [`TokenBucket`], or a [`LiveTokenBucket`] whose quota can change.
+/// Permits reserved from a token bucket or a GCRA meter
+/// ([`RateLimiter::reserve_n`]): taken now, usable once
+/// [`delay`](Reservation::delay) has passed. `A` is the algorithm: a
+/// [`TokenBucket`] or a [`Gcra`], or their live forms ([`LiveTokenBucket`],
+/// [`LiveGcra`]) whose quota can change.
 ///
 /// Dropping a reservation keeps its permits taken (the caller goes ahead
 /// after the delay). [`cancel`](Reservation::cancel) gives them back when that
@@ -98,14 +102,46 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for crate::TokenBucket {}
     impl Sealed for crate::LiveTokenBucket {}
+    impl Sealed for crate::Gcra {}
+    impl Sealed for crate::LiveGcra {}
 }
 
-/// A bucket that can lend permits from its future, for reservations
-/// ([`RateLimiter::reserve_n`], [`KeyedLimiter::reserve_n`]): [`TokenBucket`]
-/// and [`LiveTokenBucket`]. Sealed: a reservation's bound rests on the token
-/// bucket's refill grid.
+/// An algorithm that can lend permits from its future, for reservations
+/// ([`RateLimiter::reserve_n`], [`KeyedLimiter::reserve_n`]): [`TokenBucket`],
+/// [`Gcra`] and their live forms [`LiveTokenBucket`] and [`LiveGcra`].
+/// Sealed: a reservation's bound rests on each one's arithmetic. A token
+/// bucket lends from the refill that completes the permits; a GCRA meter
+/// moves its theoretical arrival time on by the permits' `n * T`, as the
+/// admission of the same request at its usable time would (so its bound
+/// holds with reservations counted then). The windows do not lend: a
+/// window's count cannot be taken from a window that has not begun.
 ///
-/// A live bucket lends on the quota in force. A change keeps a loan's future
+/// ```
+/// use std::time::Duration;
+/// use turnstile::{Gcra, ManualClock, Quota, RateLimiter};
+///
+/// let clock = ManualClock::new();
+/// // A burst of 2, one permit back every 100 ms.
+/// let meter = Gcra::new(Quota::new(2, 1, Duration::from_millis(100))?);
+/// let limiter = RateLimiter::from_parts(meter, clock.clone());
+/// assert_eq!(limiter.reserve_n(2, Duration::ZERO)?.delay(), Duration::ZERO);
+/// let next = limiter.reserve(Duration::from_secs(1))?;
+/// assert_eq!(next.delay(), Duration::from_millis(100));
+/// // The one after it waits behind it.
+/// assert_eq!(
+///     limiter.try_acquire().retry_after().map(|r| r.duration()),
+///     Some(Duration::from_millis(200))
+/// );
+/// // Nothing changed since: cancelling is exact.
+/// assert!(next.cancel());
+/// assert_eq!(
+///     limiter.try_acquire().retry_after().map(|r| r.duration()),
+///     Some(Duration::from_millis(100))
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A live form lends on the quota in force. A change keeps a loan's future
 /// stamp, so reservations made before it keep their permits and later ones
 /// queue behind them at the new rate; a cancel after the change declines.
 ///
@@ -207,6 +243,54 @@ impl Lend for LiveTokenBucket {
     }
 }
 
+impl Lend for Gcra {
+    fn lend(
+        &self,
+        word: u64,
+        now: u64,
+        n: u32,
+        max_ahead: u64,
+    ) -> Result<(Decision, u64, u64), u64> {
+        self.lend_within(word, now, n, max_ahead, u64::MAX)
+    }
+
+    fn lend_limit(&self) -> Duration {
+        Duration::from_nanos(self.loan_limit())
+    }
+
+    fn changes(&self) -> u64 {
+        0
+    }
+
+    fn cancel_unless_changed(&self, _since: u64, cancel: impl FnOnce() -> bool) -> bool {
+        cancel()
+    }
+}
+
+impl Lend for LiveGcra {
+    fn lend(
+        &self,
+        word: u64,
+        now: u64,
+        n: u32,
+        max_ahead: u64,
+    ) -> Result<(Decision, u64, u64), u64> {
+        LiveGcra::lend(self, word, now, n, max_ahead)
+    }
+
+    fn lend_limit(&self) -> Duration {
+        self.loan_limit()
+    }
+
+    fn changes(&self) -> u64 {
+        LiveGcra::changes(self)
+    }
+
+    fn cancel_unless_changed(&self, since: u64, cancel: impl FnOnce() -> bool) -> bool {
+        self.unless_changed(since, cancel).unwrap_or(false)
+    }
+}
+
 impl<A: Lend, C: Clock, M: Counter> RateLimiter<A, C, M> {
     /// Reserve one permit, usable after at most `max_delay`
     /// ([`reserve_n`](Self::reserve_n)).
@@ -227,7 +311,9 @@ impl<A: Lend, C: Clock, M: Counter> RateLimiter<A, C, M> {
     /// time they become usable. When the refill that completes a reservation
     /// brings more than the reservation needs (an `amount` above 1), the rest
     /// of that batch is dropped: a reservation may under-admit by less than
-    /// `amount`, never over-admit. A reservation counts as an admission in
+    /// `amount`, never over-admit. On a [`Gcra`] meter a reservation writes
+    /// what admitting the same request at its usable time would, so GCRA's
+    /// bound holds the same way, with nothing dropped (see [`Lend`]). A reservation counts as an admission in
     /// [`stats`](RateLimiter::stats), a refused one as a denial.
     ///
     /// ```
@@ -450,7 +536,7 @@ impl<A: Lend> Algorithm for Lender<'_, A> {
     }
 }
 
-/// Permits reserved for one key of a keyed token bucket
+/// Permits reserved for one key of a keyed token bucket or GCRA meter
 /// ([`KeyedLimiter::reserve_n`]): as [`Reservation`], and it cancels by
 /// looking the key up again. A key evicted since (it can be only once its
 /// bucket has refilled, long after the permits were usable) declines.

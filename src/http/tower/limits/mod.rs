@@ -516,11 +516,11 @@ impl LimitsBuilder {
     /// than it used because of a refund.
     ///
     /// **The bound.** The difference is taken from what the limit holds
-    /// when the response arrives, then, for a token bucket (direct, keyed
-    /// or tiered, live or not), lent from its next refills as a reservation
-    /// is ([`RateLimiter::reserve_n`](crate::RateLimiter::reserve_n)): a
-    /// debt the requests after it wait out ([`LimitsStats::lent`]). A
-    /// bucket lends at most one fill time ahead; what it can neither hold
+    /// when the response arrives, then, for a token bucket or a GCRA meter
+    /// (direct, keyed or tiered, live or not), lent from its next permits as
+    /// a reservation is ([`RateLimiter::reserve_n`](crate::RateLimiter::reserve_n)): a
+    /// debt the requests after it wait out ([`LimitsStats::lent`]). Each
+    /// lends at most one fill time ahead; what it can neither hold
     /// nor lend, and the whole difference for the other algorithms and for
     /// limits in Redis, is *forgiven* and counted
     /// ([`LimitsStats::forgiven`]), not carried. So each limit admits, over

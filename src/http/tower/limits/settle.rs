@@ -154,9 +154,9 @@ where
 /// Take up to `want` permits for `key`, as many as the limiter holds: the
 /// permits taken and those it did not hold.
 /// Charge `want` permits for `key` after a response: from what the limiter
-/// holds, then from its next refills when it can lend (a token bucket, at
-/// most one fill ahead: the requests after it wait), and what is left is
-/// forgiven.
+/// holds, then from its next permits when it can lend (a token bucket or
+/// GCRA, at most one fill ahead: the requests after it wait), and what is
+/// left is forgiven.
 pub(super) fn charge<L, Q>(limiter: &L, key: &Q, want: u32, settled: &mut Settled)
 where
     L: GateLimiter<Q> + 'static,
