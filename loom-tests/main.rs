@@ -1091,6 +1091,27 @@ where
     A: turnstile::Reconfigure + Send + Sync + 'static,
     F: Fn(A::Quota) -> A + Send + Sync + 'static,
 {
+    live_form_changes_racing(build, quotas, spent, n, |limiter, n| {
+        limiter.try_acquire_n(n).unwrap()
+    });
+}
+
+/// [`live_form_changes_racing_a_decision`] with the decision `decide`'s: a
+/// reservation's, say, whose loan is written by a compare-and-swap as an
+/// admission is, and whose refusal (too far) writes nothing, as a denial.
+fn live_form_changes_racing<A, F, O, D>(
+    build: F,
+    quotas: [A::Quota; 3],
+    spent: u32,
+    n: u32,
+    decide: D,
+) where
+    A: turnstile::Reconfigure + Send + Sync + 'static,
+    F: Fn(A::Quota) -> A + Send + Sync + 'static,
+    O: Clone + PartialEq + std::fmt::Debug + Send + Sync + 'static,
+    D: Fn(&RateLimiter<A, ManualClock>, u32) -> O + Send + Sync + 'static,
+{
+    let decide = std::sync::Arc::new(decide);
     let ms = Duration::from_millis;
     let build = std::sync::Arc::new(build);
     // Every order, computed sequentially (one thread, one execution; loom's
@@ -1100,9 +1121,10 @@ where
     let orders = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut sequential = loom::model::Builder::new();
     sequential.max_branches = 1 << 20;
-    let (into, once) = (orders.clone(), build.clone());
+    let (into, once, decide_once) = (orders.clone(), build.clone(), decide.clone());
     sequential.check(move || {
         let build = &once;
+        let decide = &decide_once;
         let mut allowed = Vec::new();
         for position in 0..=2 {
             for (c1, c2) in [(25, 25), (25, 35), (35, 35)] {
@@ -1115,14 +1137,14 @@ where
                 {
                     if step == position {
                         clock.set(ms(35));
-                        decision = Some(limiter.try_acquire_n(n).unwrap());
+                        decision = Some(decide(&limiter, n));
                     }
                     clock.set(ms(at));
                     limiter.set_quota(quota).unwrap();
                 }
                 clock.set(ms(35));
                 if position == 2 {
-                    decision = Some(limiter.try_acquire_n(n).unwrap());
+                    decision = Some(decide(&limiter, n));
                 }
                 allowed.push((decision.unwrap(), limiter.remaining()));
             }
@@ -1144,7 +1166,7 @@ where
             })
         };
         clock.advance(ms(10));
-        let decision = limiter.try_acquire_n(n).unwrap();
+        let decision = decide(&limiter, n);
         changer.join().unwrap();
         let outcome = (decision, limiter.remaining());
         assert!(
@@ -1167,6 +1189,35 @@ fn live_gcra_changes_racing_a_decision_decide_as_some_order() {
     ];
     live_form_changes_racing_a_decision(turnstile::LiveGcra::new, quotas, 3, 1);
     live_form_changes_racing_a_decision(turnstile::LiveGcra::new, quotas, 4, 3);
+}
+
+/// A reservation on a live meter races two changes: its loan (a
+/// compare-and-swap) and its refusal as too far (which writes nothing, and
+/// is checked against the word as a denial is) are each some order's. The
+/// reservation is kept; the outcome is its delay or its refusal's wait,
+/// and what the limit holds after. (A refusal once measured the wait on the
+/// word's quota against the fill time of the quota in force when the
+/// reservation began: a wait of 25 ms refused as past 20 ms, where every
+/// order lends it.)
+#[test]
+fn live_reservations_racing_changes_decide_as_some_order() {
+    let ms = Duration::from_millis;
+    let quotas = [
+        Quota::new(4, 1, ms(20)).unwrap(),
+        Quota::new(4, 2, ms(10)).unwrap(),
+        Quota::new(8, 4, ms(10)).unwrap(),
+    ];
+    fn reserve<A: turnstile::Lend>(
+        limiter: &RateLimiter<A, ManualClock>,
+        n: u32,
+    ) -> Result<Duration, turnstile::ReserveError> {
+        limiter
+            .reserve_n(n, Duration::from_millis(30))
+            .map(|kept| kept.delay())
+    }
+    // The live meter's: the bucket's reservations run the same `Lender` and
+    // the same cell (the model takes about four minutes each here, so once).
+    live_form_changes_racing(turnstile::LiveGcra::new, quotas, 4, 3, reserve);
 }
 
 /// The fixed window, on a grid the changes move (20 ms, then 10 ms).

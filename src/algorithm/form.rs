@@ -47,8 +47,9 @@ pub(crate) trait Form: Algorithm + Copy {
     }
 
     /// A loan on a word of 63 bits, whose next word must fit 63 bits
-    /// ([`Lend`](crate::Lend)'s, at most `max_ahead` nanoseconds ahead):
-    /// `None` for a form that does not lend.
+    /// ([`Lend`](crate::Lend)'s, at most `max_ahead` nanoseconds and one
+    /// fill time of these parameters ahead): `None` for a form that does
+    /// not lend.
     #[inline]
     fn lend_low(
         &self,
@@ -59,12 +60,6 @@ pub(crate) trait Form: Algorithm + Copy {
     ) -> Option<Result<(Decision, u64, u64), u64>> {
         let _ = (word, now, n, max_ahead);
         None
-    }
-
-    /// How far ahead of the reading a loan may reach, in nanoseconds (one
-    /// fill time); 0 for a form that does not lend.
-    fn loan_limit(&self) -> u64 {
-        0
     }
 
     /// `word` (63 bits) of these parameters, at clock reading `now`, as a

@@ -123,20 +123,14 @@ impl Gcra {
         Duration::from_nanos(self.horizon - self.interval.get())
     }
 
-    /// `capacity * T` in nanoseconds: how far a loan may reach ahead of the
-    /// reading (one fill time), so that a lent TAT stays within two of it.
-    #[cfg(feature = "std")]
-    #[inline]
-    pub(crate) fn loan_limit(&self) -> u64 {
-        self.horizon
-    }
-
     /// A reservation ([`Lend`](crate::Lend)): the decision, the next word and
     /// the nanoseconds until the permits conform; a request that does not
-    /// conform yet is lent when it will within `max_ahead`, its `n * T` added
-    /// to the TAT as an admission's is, so the requests after it wait behind
-    /// it. `Err` carries the wait: more than `max_ahead`, more permits than
-    /// the meter holds, or a TAT past `top` (the largest a word may hold).
+    /// conform yet is lent when it will within `max_ahead` and within one
+    /// fill time (`capacity * T`, so that a lent TAT stays within two of the
+    /// reading), its `n * T` added to the TAT as an admission's is, so the
+    /// requests after it wait behind it. `Err` carries the wait: too far,
+    /// more permits than the meter holds, or a TAT past `top` (the largest a
+    /// word may hold).
     #[inline]
     pub(crate) fn lend_within(
         &self,
@@ -157,7 +151,7 @@ impl Gcra {
         let wait = decision.retry_after().map_or(0, |r| r.as_nanos());
         // More than the meter holds is never lent (a live meter's word of an
         // older quota may meet an `n` checked against a newer one).
-        if wait > max_ahead || n > self.capacity() {
+        if wait > max_ahead.min(self.horizon) || n > self.capacity() {
             return Err(wait);
         }
         // `n <= capacity`, so the cost is at most the horizon.
@@ -234,7 +228,7 @@ impl Algorithm for Gcra {
 
     /// A loan of at most one fill time ahead ([`lend_within`](Gcra::lend_within)).
     fn owe(&self, word: u64, now: u64, n: u32) -> Option<(u64, u64)> {
-        self.lend_within(word, now, n, self.horizon, u64::MAX)
+        self.lend_within(word, now, n, u64::MAX, u64::MAX)
             .ok()
             .map(|(_, next, wait)| (next, wait))
     }
@@ -320,10 +314,6 @@ impl crate::algorithm::form::Form for Gcra {
         max_ahead: u64,
     ) -> Option<Result<(Decision, u64, u64), u64>> {
         Some(self.lend_within(word, now, n, max_ahead, TAT_MASK))
-    }
-
-    fn loan_limit(&self) -> u64 {
-        self.horizon
     }
 
     /// Permits kept, not debt: the meter's permits available at `now`

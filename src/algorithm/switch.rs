@@ -287,9 +287,8 @@ impl<F: Form> Algorithm for Live<F> {
 
     fn owe(&self, word: u64, now: u64, n: u32) -> Option<(u64, u64)> {
         let generation = word & GENERATION;
-        let params = self.params_of(word);
-        params
-            .lend_low(word & !GENERATION, now, n, params.loan_limit())?
+        self.params_of(word)
+            .lend_low(word & !GENERATION, now, n, u64::MAX)?
             .ok()
             .map(|(_, next, wait)| (next | generation, wait))
     }
@@ -663,12 +662,6 @@ impl LiveGcra {
         self.0
             .lend(word, now, n, max_ahead)
             .unwrap_or(Err(u64::MAX))
-    }
-
-    /// One fill time of the quota in force: the furthest a loan reaches.
-    #[cfg(feature = "std")]
-    pub(crate) fn loan_limit(&self) -> Duration {
-        Duration::from_nanos(self.0.current().loan_limit())
     }
 
     /// Run `f` with changes held off, if none has started since

@@ -241,9 +241,8 @@ impl Algorithm for TokenBucket {
 
     #[cfg(feature = "std")]
     fn owe(&self, word: u64, now: u64, n: u32) -> Option<(u64, u64)> {
-        // At most one fill time ahead: the word's time stays within its span.
-        let max_ahead = u64::try_from(self.quota.fill_time().as_nanos()).unwrap_or(u64::MAX);
-        reserve(self, word, now, n, max_ahead)
+        // At most one fill time ahead (`reserve`'s own bound).
+        reserve(self, word, now, n, u64::MAX)
             .ok()
             .map(|(_, next, ahead)| (next, ahead))
     }
@@ -508,10 +507,17 @@ pub(crate) fn reserve<P: Params>(
         return Ok((decision, next, 0));
     }
     let wait = decision.retry_after().map_or(0, |r| r.as_nanos());
+    // At most one fill time ahead, the fill of the quota the word was
+    // decided under (a live bucket's may have changed since the caller
+    // looked): the word's time stays within its span.
+    let fill = p
+        .fill()
+        .saturating_mul(p.layout().unit_micros())
+        .saturating_mul(1_000);
     // More than the bucket holds is never lent (a live bucket's word of
     // an older quota may meet an `n` checked against a newer one): it
     // would spend refills a full bucket drops.
-    if wait > max_ahead || u64::from(n) > p.max_tokens() {
+    if wait > max_ahead.min(fill) || u64::from(n) > p.max_tokens() {
         return Err(wait);
     }
     let (tokens, base) = match level(p, word, p.layout().time_of(now)) {

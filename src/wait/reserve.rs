@@ -165,7 +165,10 @@ mod sealed {
 pub trait Lend: Algorithm + sealed::Sealed {
     /// Reserve `n` permits in `word` at clock reading `now`: the decision,
     /// the next word and the nanoseconds until the permits are there; or the
-    /// wait, when it would be more than `max_ahead` nanoseconds.
+    /// wait, when it would be more than `max_ahead` nanoseconds or than one
+    /// fill time of the quota `word` was decided under (which keeps the
+    /// word's time within its span; a live form's quota may have changed
+    /// since the caller looked).
     #[doc(hidden)]
     fn lend(
         &self,
@@ -174,11 +177,6 @@ pub trait Lend: Algorithm + sealed::Sealed {
         n: u32,
         max_ahead: u64,
     ) -> Result<(Decision, u64, u64), u64>;
-
-    /// The longest a reservation may wait: one fill time of the quota in
-    /// force, which keeps the word's time within its span.
-    #[doc(hidden)]
-    fn lend_limit(&self) -> Duration;
 
     /// How many times the quota has changed (0 for a bucket whose quota
     /// cannot).
@@ -206,10 +204,6 @@ impl Lend for TokenBucket {
         token_bucket::reserve(self, word, now, n, max_ahead)
     }
 
-    fn lend_limit(&self) -> Duration {
-        self.quota().fill_time()
-    }
-
     fn changes(&self) -> u64 {
         0
     }
@@ -228,10 +222,6 @@ impl Lend for LiveTokenBucket {
         max_ahead: u64,
     ) -> Result<(Decision, u64, u64), u64> {
         self.reserve(word, now, n, max_ahead)
-    }
-
-    fn lend_limit(&self) -> Duration {
-        self.quota().fill_time()
     }
 
     fn changes(&self) -> u64 {
@@ -254,10 +244,6 @@ impl Lend for Gcra {
         self.lend_within(word, now, n, max_ahead, u64::MAX)
     }
 
-    fn lend_limit(&self) -> Duration {
-        Duration::from_nanos(self.loan_limit())
-    }
-
     fn changes(&self) -> u64 {
         0
     }
@@ -276,10 +262,6 @@ impl Lend for LiveGcra {
         max_ahead: u64,
     ) -> Result<(Decision, u64, u64), u64> {
         LiveGcra::lend(self, word, now, n, max_ahead)
-    }
-
-    fn lend_limit(&self) -> Duration {
-        self.loan_limit()
     }
 
     fn changes(&self) -> u64 {
@@ -483,8 +465,9 @@ impl<'a, A: Lend> Lender<'a, A> {
         Lender {
             bucket,
             on_loan,
-            // At most one fill time ahead: the word's time stays within its span.
-            max_ahead: saturating_nanos(max_delay).min(saturating_nanos(bucket.lend_limit())),
+            // And at most one fill time ahead, of the quota the word names:
+            // each algorithm's `lend` holds to that itself.
+            max_ahead: saturating_nanos(max_delay),
             replaced: Cell::new(0),
             wait: Cell::new(0),
         }
@@ -534,6 +517,11 @@ impl<A: Lend> Algorithm for Lender<'_, A> {
     fn fresh_after_idle(&self) -> Duration {
         self.bucket.fresh_after_idle()
     }
+
+    // A live form's refusal (too far) is decided on parameters a change can
+    // rewrite, as its denials are: checked against the word as theirs are.
+    const DEFERRED_WAIT: bool = A::DEFERRED_WAIT;
+    const RECHECK_DENIAL: bool = A::RECHECK_DENIAL;
 }
 
 /// Permits reserved for one key of a keyed token bucket or GCRA meter
