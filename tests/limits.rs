@@ -66,6 +66,17 @@ fn echo() -> impl Service<
     })
 }
 
+/// The cost a response reports (`echo` copies a request's `x-cost` there).
+fn tokens_used(parts: &http::response::Parts) -> Option<u32> {
+    parts
+        .headers
+        .get("x-tokens-used")?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
 async fn send<S>(service: &mut S, request: Request<()>) -> Response<String>
 where
     S: Service<Request<()>, Response = Response<String>, Error = Infallible>,
@@ -590,15 +601,7 @@ async fn cost_from_response_settles_lends_and_forgives_no_more_than_it_counts() 
         .limit_shared("tokens", api_key(), Arc::clone(&t.per_key))
         .unwrap()
         .cost(2)
-        .cost_from_response(|parts| {
-            parts
-                .headers
-                .get("x-tokens-used")?
-                .to_str()
-                .ok()?
-                .parse()
-                .ok()
-        })
+        .cost_from_response(tokens_used)
         .build()
         .unwrap();
     let mut service = layer.clone().layer(echo());
@@ -671,15 +674,7 @@ async fn cost_from_response_lends_from_gcra_meters_too() {
         .limit_shared("all", Global, Arc::clone(&global))
         .unwrap()
         .cost(2)
-        .cost_from_response(|parts| {
-            parts
-                .headers
-                .get("x-tokens-used")?
-                .to_str()
-                .ok()?
-                .parse()
-                .ok()
-        })
+        .cost_from_response(tokens_used)
         .build()
         .unwrap();
     let mut service = layer.clone().layer(echo());
@@ -1262,15 +1257,7 @@ async fn settling_is_not_counted_as_decisions_in_the_limiters_stats() {
         .unwrap()
         .limit_shared("all", Global, Arc::clone(&global))
         .unwrap()
-        .cost_from_response(|parts| {
-            parts
-                .headers
-                .get("x-tokens-used")?
-                .to_str()
-                .ok()?
-                .parse()
-                .ok()
-        })
+        .cost_from_response(tokens_used)
         .drain_when(|parts| parts.status == StatusCode::TOO_MANY_REQUESTS)
         .build()
         .unwrap();

@@ -196,7 +196,6 @@ impl<F: Form> Live<F> {
     /// generation bit names; `None` for a form that does not lend. Written
     /// by a compare-and-swap, which proves the word unchanged, as an
     /// admission's is.
-    #[cfg(feature = "std")]
     fn lend(
         &self,
         word: u64,
@@ -286,11 +285,10 @@ impl<F: Form> Algorithm for Live<F> {
     }
 
     fn owe(&self, word: u64, now: u64, n: u32) -> Option<(u64, u64)> {
-        let generation = word & GENERATION;
-        self.params_of(word)
-            .lend_low(word & !GENERATION, now, n, u64::MAX)?
+        // One fill time ahead at most: `lend_low`'s own bound.
+        self.lend(word, now, n, u64::MAX)?
             .ok()
-            .map(|(_, next, wait)| (next | generation, wait))
+            .map(|(_, next, wait)| (next, wait))
     }
 
     fn epoch(&self) -> u64 {

@@ -178,19 +178,24 @@ pub trait Lend: Algorithm + sealed::Sealed {
         max_ahead: u64,
     ) -> Result<(Decision, u64, u64), u64>;
 
-    /// How many times the quota has changed (0 for a bucket whose quota
-    /// cannot).
+    /// How many times the quota has changed (0, the default, for an
+    /// algorithm whose quota cannot).
     #[doc(hidden)]
-    fn changes(&self) -> u64;
+    fn changes(&self) -> u64 {
+        0
+    }
 
     /// Run `cancel` with changes of the quota held off, if none has started
     /// since [`changes`](Self::changes) returned `since`; `false` without
     /// running it otherwise. A cancel's test of the word for the one its
     /// reservation wrote is proof that nothing touched the word only while no
     /// change runs: two changes can convert a lent word away and back to the
-    /// same bits.
+    /// same bits. By default (a quota that cannot change) `cancel` runs.
     #[doc(hidden)]
-    fn cancel_unless_changed(&self, since: u64, cancel: impl FnOnce() -> bool) -> bool;
+    fn cancel_unless_changed(&self, since: u64, cancel: impl FnOnce() -> bool) -> bool {
+        let _ = since;
+        cancel()
+    }
 }
 
 impl Lend for TokenBucket {
@@ -202,14 +207,6 @@ impl Lend for TokenBucket {
         max_ahead: u64,
     ) -> Result<(Decision, u64, u64), u64> {
         token_bucket::reserve(self, word, now, n, max_ahead)
-    }
-
-    fn changes(&self) -> u64 {
-        0
-    }
-
-    fn cancel_unless_changed(&self, _since: u64, cancel: impl FnOnce() -> bool) -> bool {
-        cancel()
     }
 }
 
@@ -242,14 +239,6 @@ impl Lend for Gcra {
         max_ahead: u64,
     ) -> Result<(Decision, u64, u64), u64> {
         self.lend_within(word, now, n, max_ahead, u64::MAX)
-    }
-
-    fn changes(&self) -> u64 {
-        0
-    }
-
-    fn cancel_unless_changed(&self, _since: u64, cancel: impl FnOnce() -> bool) -> bool {
-        cancel()
     }
 }
 
