@@ -314,33 +314,55 @@ fn value_field(
 
 /// `n` in decimal, two digits a division.
 #[cfg(feature = "tower")]
-pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    /// `00` to `99`.
-    const PAIRS: &[u8; 200] = b"\
-        0001020304050607080910111213141516171819\
-        2021222324252627282930313233343536373839\
-        4041424344454647484950515253545556575859\
-        6061626364656667686970717273747576777879\
-        8081828384858687888990919293949596979899";
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    while n >= 100 {
-        // `n % 100 < 100`: the pair is within the table.
-        let pair = (n % 100) as usize * 2;
-        n /= 100;
-        at -= 2;
-        digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+pub(crate) fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(Digits::of(n).as_bytes());
+}
+
+/// A number's decimal digits, written on the stack.
+#[cfg(feature = "tower")]
+pub(crate) struct Digits {
+    digits: [u8; 20],
+    /// Where the digits start: they end at the end of `digits`.
+    at: usize,
+}
+
+#[cfg(feature = "tower")]
+impl Digits {
+    /// `n` in decimal, two digits a division (`u64::MAX` has 20).
+    #[inline]
+    pub(crate) fn of(mut n: u64) -> Digits {
+        /// `00` to `99`.
+        const PAIRS: &[u8; 200] = b"\
+            0001020304050607080910111213141516171819\
+            2021222324252627282930313233343536373839\
+            4041424344454647484950515253545556575859\
+            6061626364656667686970717273747576777879\
+            8081828384858687888990919293949596979899";
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        while n >= 100 {
+            // `n % 100 < 100`: the pair is within the table.
+            let pair = (n % 100) as usize * 2;
+            n /= 100;
+            at -= 2;
+            digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        }
+        if n >= 10 {
+            let pair = n as usize * 2;
+            at -= 2;
+            digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        } else {
+            at -= 1;
+            // `n < 10`: the cast keeps every bit.
+            digits[at] = b'0' + n as u8;
+        }
+        Digits { digits, at }
     }
-    if n >= 10 {
-        let pair = n as usize * 2;
-        at -= 2;
-        digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    } else {
-        at -= 1;
-        // `n < 10`: the cast keeps every bit.
-        digits[at] = b'0' + n as u8;
+
+    #[inline]
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.digits[self.at..]
     }
-    out.extend_from_slice(&digits[at..]);
 }
 
 /// `"name"` or `"name.tier"`: a quoted policy name.

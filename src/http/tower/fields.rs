@@ -14,7 +14,7 @@ use crate::http::policy::RateLimitPolicy;
 #[cfg(any(test, all(feature = "redis", feature = "tokio")))]
 pub(crate) use crate::http::policy::policy_fields;
 use crate::http::policy::window_secs;
-pub(crate) use crate::http::policy::{Fields, push_decimal, push_name};
+pub(crate) use crate::http::policy::{Digits, Fields, push_decimal, push_name};
 
 /// `"name";q=Q;w=W`, the window in whole seconds rounded up (at least 1).
 pub(crate) fn push_policy(

@@ -6,7 +6,7 @@ use super::*;
 /// (written by hand: `core::fmt` costs several times the decision itself).
 pub(super) struct Items {
     pub(super) policy: Vec<u8>,
-    pub(super) value: Vec<u8>,
+    pub(super) value: List,
     /// Items written.
     pub(super) count: usize,
     /// Whether every policy item was the limit's cached one.
@@ -23,7 +23,7 @@ impl Default for Items {
     fn default() -> Items {
         Items {
             policy: Vec::new(),
-            value: Vec::new(),
+            value: List::new(),
             count: 0,
             all_cached: true,
             lazy: false,
@@ -134,8 +134,11 @@ impl Items {
         {
             self.skipped += 1;
             self.count += 1;
-            let value = next_item(&mut self.value);
-            value.extend_from_slice(&cached.value);
+            let value = &mut self.value;
+            if !value.is_empty() {
+                value.extend(b", ");
+            }
+            value.extend(&cached.value);
             push_state(value, state);
             return;
         }
@@ -160,15 +163,14 @@ impl Items {
         // denial writes every item through here.)
         if value.is_empty() {
             *policy = Vec::with_capacity(96);
-            *value = Vec::with_capacity(96);
         } else {
-            value.extend_from_slice(b", ");
+            value.extend(b", ");
             next_item(policy);
         }
         match cached {
             Some(cached) if cached.is_for(&advertised) => {
                 policy.extend_from_slice(&cached.item);
-                value.extend_from_slice(&cached.value);
+                value.extend(&cached.value);
             }
             _ => {
                 self.all_cached = false;
@@ -179,8 +181,10 @@ impl Items {
                     advertised.quota,
                     advertised.window,
                 );
-                push_name(value, name, advertised.tier);
-                value.extend_from_slice(b";r=");
+                let mut item = Vec::new();
+                push_name(&mut item, name, advertised.tier);
+                item.extend_from_slice(b";r=");
+                value.extend(&item);
             }
         }
         push_state(value, state);
@@ -191,7 +195,7 @@ impl Items {
     /// copied when every item written was that, and the source of the
     /// items left unwritten.
     #[inline]
-    pub(super) fn fields(self, line: Option<&PolicyLine>) -> Option<Fields> {
+    pub(super) fn fields(&self, line: Option<&PolicyLine>) -> Option<Fields> {
         if self.count == 0 {
             return None;
         }
@@ -201,7 +205,7 @@ impl Items {
     /// [`fields`](Self::fields) for a list with items: out of line, so a
     /// request with nothing to advertise runs only the check above.
     #[inline(never)]
-    fn values(self, line: Option<&PolicyLine>) -> Option<Fields> {
+    fn values(&self, line: Option<&PolicyLine>) -> Option<Fields> {
         let policy = match line {
             Some(line) if self.all_cached && self.count == line.ends.len() => {
                 Some(line.value.clone())
@@ -219,7 +223,7 @@ impl Items {
             // Validated names and numbers make valid values.
             _ => HeaderValue::from_bytes(&self.policy).ok(),
         };
-        Some([policy, HeaderValue::from_bytes(&self.value).ok()])
+        Some([policy, HeaderValue::from_bytes(self.value.as_bytes()).ok()])
     }
 }
 
@@ -237,13 +241,74 @@ fn next_item(list: &mut Vec<u8>) -> &mut Vec<u8> {
 
 /// A limit's state after its name in its `RateLimit` item: `r`, and `t` when
 /// it waits.
-fn push_state(value: &mut Vec<u8>, state: &State) {
+fn push_state(value: &mut List, state: &State) {
     match state {
-        State::Remaining(r) => push_decimal(value, (*r).into()),
+        State::Remaining(r) => value.extend(Digits::of((*r).into()).as_bytes()),
         State::Wait(wait) => {
-            value.extend_from_slice(b"0;t=");
-            push_decimal(value, wait.header_secs());
+            value.extend(b"0;t=");
+            value.extend(Digits::of(wait.header_secs()).as_bytes());
         }
+    }
+}
+
+/// The bytes a `RateLimit` value keeps on the stack: a few limits' items
+/// (`"name";r=N` is 10 to 25 bytes for short names).
+const INLINE: usize = 128;
+
+/// A field value being written: on the stack while it fits, as a few
+/// limits' items do, so that writing them allocates nothing; on the heap
+/// past that.
+pub(super) struct List {
+    inline: [u8; INLINE],
+    /// The bytes of `inline` written, while there is no `heap`.
+    len: usize,
+    /// Every byte, once they outgrew `inline`.
+    heap: Option<Vec<u8>>,
+}
+
+impl List {
+    fn new() -> List {
+        List {
+            inline: [0; INLINE],
+            len: 0,
+            heap: None,
+        }
+    }
+
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        match &self.heap {
+            Some(heap) => heap,
+            None => &self.inline[..self.len],
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.as_bytes().is_empty()
+    }
+
+    /// Append `bytes`.
+    #[inline]
+    pub(super) fn extend(&mut self, bytes: &[u8]) {
+        if self.heap.is_none()
+            && let Some(room) = self.inline.get_mut(self.len..self.len + bytes.len())
+        {
+            room.copy_from_slice(bytes);
+            self.len += bytes.len();
+            return;
+        }
+        self.spilled().extend_from_slice(bytes);
+    }
+
+    /// The bytes on the heap, moved there on the first call.
+    #[cold]
+    #[inline(never)]
+    fn spilled(&mut self) -> &mut Vec<u8> {
+        let (inline, len) = (&self.inline, self.len);
+        self.heap.get_or_insert_with(|| {
+            let mut heap = Vec::with_capacity(2 * INLINE);
+            heap.extend_from_slice(&inline[..len]);
+            heap
+        })
     }
 }
 
@@ -337,6 +402,64 @@ mod tests {
         }
         // All but the combination advertising nothing.
         assert_eq!(compared, 63);
+    }
+
+    /// A list written in pieces holds their bytes in order, on the stack or,
+    /// past its room there, on the heap: whatever the sizes of the pieces
+    /// and wherever one crosses the end of the room.
+    #[test]
+    fn a_list_holds_every_byte_written_across_its_room() {
+        for piece in [1, 2, 3, 7, 20, 63, 64, 65, INLINE - 1, INLINE, INLINE + 1] {
+            for pieces in 0..=(3 * INLINE / piece + 1) {
+                let mut list = List::new();
+                let mut expected = Vec::new();
+                for i in 0..pieces {
+                    let bytes: Vec<u8> = (0..piece).map(|j| b'a' + ((i + j) % 26) as u8).collect();
+                    list.extend(&bytes);
+                    expected.extend_from_slice(&bytes);
+                }
+                assert_eq!(list.as_bytes(), &expected[..], "{pieces} pieces of {piece}");
+                assert_eq!(list.is_empty(), expected.is_empty());
+                assert_eq!(list.heap.is_some(), expected.len() > INLINE);
+            }
+        }
+    }
+
+    /// Items too long for a list's room on the stack (three limits with
+    /// names of 64 characters, one waiting) are written whole.
+    #[test]
+    fn items_past_the_stack_room_are_written_whole() {
+        let names: Vec<String> = ["a", "b", "c"].iter().map(|c| c.repeat(64)).collect();
+        let cached: Vec<Cached> = names
+            .iter()
+            .map(|name| Cached::new(name, (10, Duration::from_secs(1))))
+            .collect();
+        let items: Vec<&[u8]> = cached.iter().map(|c| &*c.item).collect();
+        let line = PolicyLine::new(&items).expect("a line");
+        let advertised = Some(Advertised {
+            quota: 10,
+            window: Duration::from_secs(1),
+            tier: None,
+        });
+        let mut left = Items::leaving_to(Some(&line));
+        let states = [
+            State::Remaining(4_294_967_295),
+            State::Wait(RetryAfter::from_nanos(2_500_000_000)),
+            State::Remaining(0),
+        ];
+        for (i, state) in states.iter().enumerate() {
+            left.push_at(i, &names[i], Some(&cached[i]), advertised, state);
+        }
+        let expected = format!(
+            "\"{}\";r=4294967295, \"{}\";r=0;t=3, \"{}\";r=0",
+            names[0], names[1], names[2]
+        );
+        assert!(expected.len() > INLINE);
+        assert_eq!(field(left.fields(Some(&line)), 1), Some(expected));
+        assert_eq!(
+            field(left.fields(Some(&line)), 0).as_deref(),
+            line.value.to_str().ok()
+        );
     }
 
     /// The line is what writing each cached item in order would give, and

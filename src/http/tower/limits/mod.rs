@@ -23,7 +23,7 @@ use http::{Request, Response};
 
 use super::denial::{Denial, DenialResponse, DenyWith, PlainDenial, close_if_body_unread};
 use super::extract::{KeyExtractor, RequestHead};
-use super::fields::{Fields, append_items, push_decimal, push_name, push_policy};
+use super::fields::{Digits, Fields, append_items, push_name, push_policy};
 use super::layer::{Reported, deny};
 use super::{Layer, Service};
 use crate::admission::Receipt;
