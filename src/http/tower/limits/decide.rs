@@ -19,14 +19,19 @@ use super::items::{Cached, Items, State};
 use super::settle::{Held, Ticket, now_remaining, now_state};
 use super::*;
 
-/// How a request was decided.
+/// How a request was decided: one byte, passed up every frame of the walk
+/// in a register. Why one was not admitted is in [`Decide::why`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Verdict {
     Admitted,
+    /// Refused, or a key missing: [`Decide::why`] says which.
+    NotAdmitted,
+}
+
+/// Why a request was not admitted.
+pub(super) enum Why {
     /// Limit `by` refused first; `decision` carries the longest wait.
-    Refused {
-        by: usize,
-        decision: KeyedDecision,
-    },
+    Refused { by: usize, decision: KeyedDecision },
     /// A limit found no key, or (as [`Denial::Misconfigured`]) can never
     /// admit the request: nothing was taken anywhere.
     Missing {
@@ -52,6 +57,19 @@ pub(super) struct Decide {
     /// The one reading every limit decides at, when they share a clock's
     /// readings; otherwise each reads its own.
     pub(super) now: Option<u64>,
+    /// Why the request was not admitted, once the walk says
+    /// [`Verdict::NotAdmitted`].
+    pub(super) why: Option<Why>,
+}
+
+impl Decide {
+    /// Not admitted, for `why`.
+    #[cold]
+    #[inline(never)]
+    fn not_admitted(&mut self, why: Why) -> Verdict {
+        self.why = Some(why);
+        Verdict::NotAdmitted
+    }
 }
 
 /// The takes after one limit's: run once that limit admitted.
@@ -198,7 +216,7 @@ where
         before: &mut dyn Prefix,
     ) -> Verdict {
         let Some(key) = self.extractor.extract(head) else {
-            return missing(&self.extractor, head);
+            return cx.not_admitted(missing(&self.extractor, head));
         };
         let mut staged = Staged {
             entry: self,
@@ -302,9 +320,9 @@ where
         };
         let KeyedDecision::Allowed { remaining } = decision else {
             if n > limiter.capacity_for(key) {
-                return beyond_capacity();
+                return cx.not_admitted(beyond_capacity());
             }
-            return refused(by, decision, rest, head, n);
+            return cx.not_admitted(refused(by, decision, rest, head, n));
         };
         if cx.advertise && !cx.keep {
             cx.items.push_at(
@@ -374,8 +392,8 @@ where
 /// again, forever.
 #[cold]
 #[inline(never)]
-fn beyond_capacity() -> Verdict {
-    Verdict::Missing {
+fn beyond_capacity() -> Why {
+    Why::Missing {
         denial: Denial::Misconfigured(BEYOND_CAPACITY),
         challenge: HeaderValue::from_static("ApiKey"),
     }
@@ -397,7 +415,7 @@ fn refused(
     rest: &[Box<dyn Limit>],
     head: &RequestHead<'_>,
     n: u32,
-) -> Verdict {
+) -> Why {
     if rest.iter().any(|later| later.beyond(head, n)) {
         return beyond_capacity();
     }
@@ -405,7 +423,7 @@ fn refused(
         decision,
         rest.iter().filter_map(|later| later.wait(head, n)),
     );
-    Verdict::Refused { by, decision }
+    Why::Refused { by, decision }
 }
 
 /// `decision`, a denial, with the longest of its retry-after and `waits`.
@@ -458,11 +476,12 @@ where
     let _ = limiter.stage_give_back(key, receipt);
 }
 
-/// The verdict for a request without `extractor`'s key: nothing was taken.
+/// Why a request without `extractor`'s key is not admitted: nothing was
+/// taken.
 #[cold]
 #[inline(never)]
-fn missing<X: KeyExtractor>(extractor: &X, head: &RequestHead<'_>) -> Verdict {
-    Verdict::Missing {
+fn missing<X: KeyExtractor>(extractor: &X, head: &RequestHead<'_>) -> Why {
+    Why::Missing {
         denial: match extractor.misconfiguration(head) {
             Some(problem) => Denial::Misconfigured(problem),
             None => Denial::Refused(Outcome::Unauthorized),

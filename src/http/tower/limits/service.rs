@@ -1,7 +1,7 @@
 //! The [`Limited`] service: a request decided by the in-process limits at
 //! once, by the remote ones in its response future, then answered.
 
-use super::decide::{Decide, First, Verdict, with_longest};
+use super::decide::{Decide, First, Verdict, Why, with_longest};
 use super::items::{Items, State};
 use super::remote::{RemoteOutcome, push_remote, remote_phase};
 use super::settle::{Settlement, Ticket};
@@ -73,6 +73,7 @@ where
             tickets: Vec::new(),
             depth: 0,
             now: None,
+            why: None,
         };
         let verdict = match shared.limits.split_first() {
             None => Verdict::Admitted,
@@ -100,8 +101,15 @@ where
                 };
                 LimitedFuture::admitted(self.inner.call(request), fields, settle)
             }
-            Verdict::Refused { by, decision } => self.refused(&request, &head, by, decision),
-            Verdict::Missing { denial, challenge } => self.missing(&request, denial, challenge),
+            Verdict::NotAdmitted => match decide.why {
+                Some(Why::Refused { by, decision }) => self.refused(&request, &head, by, decision),
+                Some(Why::Missing { denial, challenge }) => {
+                    self.missing(&request, denial, challenge)
+                }
+                // The walk says why whenever it does not admit; were it not
+                // to, a 401, which spends nothing (every take was given back).
+                None => self.unauthorized(&request),
+            },
         }
     }
 }
