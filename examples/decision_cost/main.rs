@@ -68,8 +68,10 @@
 //! - `paired-layer`: the layer cases in pairs (three limits in one `Limits`
 //!   layer against one limit, without and with the `RateLimit` fields; one
 //!   limit against tower_governor), every request admitted, timed in 101
-//!   alternating blocks of 2,000 requests each: each side's median time per
-//!   request and the median and quartiles of the per-block ratios.
+//!   alternating blocks of 2,000 requests each (the responses kept until the
+//!   block's time is read, as criterion's `iter_batched` keeps them): each
+//!   side's median time per request and the median and quartiles of the
+//!   per-block ratios.
 //! - `leased-hot keyed|held|held-refresher N`: `N` decisions on one key inside
 //!   `measured`: a Redis leased limiter while a lease of the largest size is
 //!   held (no Redis: a connection of the program's own answers the lease
