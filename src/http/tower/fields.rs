@@ -63,6 +63,19 @@ pub(crate) fn add_policy_fields(headers: &mut HeaderMap, fields: Fields) {
 /// `limit=100, remaining=50`), neither is added, so the two never disagree
 /// and a client of the other draft reads what it was sent.
 pub(crate) fn append_items(headers: &mut HeaderMap, policy: HeaderValue, value: HeaderValue) {
+    // Neither field set closer to the service, as behind a single layer:
+    // each item is the whole field.
+    if !headers.contains_key(&RATELIMIT_POLICY) && !headers.contains_key(&RATELIMIT) {
+        headers.insert(RATELIMIT_POLICY, policy);
+        headers.insert(RATELIMIT, value);
+        return;
+    }
+    append_to_lines(headers, policy, value);
+}
+
+/// [`append_items`] where either field holds a line already.
+#[inline(never)]
+fn append_to_lines(headers: &mut HeaderMap, policy: HeaderValue, value: HeaderValue) {
     let (Some(policy_lines), Some(value_lines)) = (
         joined_lines(headers, &RATELIMIT_POLICY),
         joined_lines(headers, &RATELIMIT),
