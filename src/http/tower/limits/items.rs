@@ -181,10 +181,14 @@ impl Items {
                     advertised.quota,
                     advertised.window,
                 );
-                let mut item = Vec::new();
-                push_name(&mut item, name, advertised.tier);
-                item.extend_from_slice(b";r=");
-                value.extend(&item);
+                // `"name"` or `"name.tier"`, as `push_name` writes it.
+                value.extend(b"\"");
+                value.extend(name.as_bytes());
+                if let Some(tier) = advertised.tier {
+                    value.extend(b".");
+                    value.extend(tier.as_bytes());
+                }
+                value.extend(b"\";r=");
             }
         }
         push_state(value, state);
